@@ -1,0 +1,1 @@
+"""tiered.spark"""

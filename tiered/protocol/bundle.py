@@ -55,6 +55,7 @@ SNAPPY_MIN_BYTES = 1024
 MAX_MESSAGE_SET_BYTES = 512 * 1024 * 1024
 
 U64 = struct.Struct("<Q")
+U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,8 @@ def read_bundle_header(bundle) -> BundleHeader:
         else:
             gap, position = read_varint(bundle, position, "sparse bundle last seq")
             last_seq = first_seq + gap + 1
+            if last_seq > U64_MAX:
+                raise ProtocolError("sparse bundle last seq exceeds 64 bits", position)
             if last_seq - first_seq + 1 < count:
                 raise ProtocolError("sparse bundle seq range is smaller than its message count", position)
         if first_seq == 0:
@@ -158,6 +161,8 @@ def decode_message_set(data, header: BundleHeader, base_seq: int = 0) -> list[Me
             else:
                 delta, position = read_varint(data, position, "message seq delta")
                 seq += delta + 1
+            if 0 < i < header.count - 1 and seq >= header.last_seq:
+                raise ProtocolError(f"sparse bundle message {i} has seq {seq}, not below its last seq", position)
         elif i:
             seq += 1
         if not flags & USE_LAST_TS:
@@ -180,8 +185,6 @@ def decode_message_set(data, header: BundleHeader, base_seq: int = 0) -> list[Me
             raise ProtocolError("truncated message content", position)
         messages.append(Message(bytes(data[position : position + size]), key, last_ts, seq))
         position += size
-    if header.sparse and messages and messages[-1].seq != header.last_seq:
-        raise ProtocolError("sparse bundle seqs do not end at its last seq", position)
     if position != end:
         raise ProtocolError(f"{end - position} bytes after the last message of the bundle", position)
     return messages

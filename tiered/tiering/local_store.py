@@ -1,0 +1,218 @@
+"""An object store in a local directory: the embedded single-node default, and the second backend of every store test.
+
+An object key maps to the file `<root>/<object_key>`; `/` in a key makes directories. Writes go to a temporary file
+in the destination directory, are fsynced, then renamed over the key (os.replace is atomic on POSIX), and the
+directory is fsynced: a reader sees the old object or the new one, never part of one, and a crash leaves at most a
+temporary file, which list() never shows. Temporary names start with TEMP_PREFIX, and keys whose components do are
+refused, so the two cannot collide.
+
+Unlike S3, a key cannot be both an object and a prefix of other keys followed by `/` ("a" and "a/b"): the second put
+fails with StoreError. Keys from tiering/keys.py never do this. Deleting the last object of a directory removes the
+directory, so directories do not pile up under the hashed block prefixes.
+
+Blocking file I/O runs in worker threads (asyncio.to_thread) so the event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import secrets
+import shutil
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_object_key
+
+TEMP_PREFIX = ".tiered-tmp-"
+_COPY_CHUNK = 1024 * 1024
+
+
+class LocalObjectStore(ObjectStore):
+    def __init__(self, root: str | Path, *, fsync: bool = True):
+        super().__init__()
+        self.root = Path(root).absolute()
+        self.fsync = fsync
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create store directory {self.root}: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"LocalObjectStore({str(self.root)!r})"
+
+    # --- ObjectStore ----------------------------------------------------------------------------------------------
+
+    async def _put(self, object_key: str, data: bytes) -> None:
+        path = self._path(object_key)
+        await self._io(None, self._write_atomically, path, lambda f: f.write(data))
+
+    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int) -> int:
+        target = self._path(object_key)
+
+        def copy(f) -> int:
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, f, _COPY_CHUNK)
+            return f.tell()
+
+        return await self._io(None, self._write_atomically, target, copy)
+
+    async def _get_range(self, object_key: str, start: int, end: int | None) -> bytes:
+        path = self._path(object_key)
+
+        def read() -> bytes:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(end - start)
+
+        return await self._io(object_key, read)
+
+    async def _head(self, object_key: str) -> ObjectInfo:
+        path = self._path(object_key)
+
+        def stat_object() -> ObjectInfo:
+            st = os.stat(path)
+            if not _is_file(st):
+                raise FileNotFoundError(errno.ENOENT, "not an object", str(path))
+            return _info(object_key, st)
+
+        return await self._io(object_key, stat_object)
+
+    async def _list_page(self, prefix: str, start_after: str | None, max_keys: int) -> tuple[list[ObjectInfo], bool]:
+        page = await self._io(None, self._walk, prefix, start_after or "", max_keys + 1)
+        return page[:max_keys], len(page) > max_keys
+
+    async def _delete_many(self, object_keys: list[str]) -> None:
+        paths = [self._path(k) for k in object_keys]
+
+        def delete() -> None:
+            for path in paths:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except IsADirectoryError:  # a prefix of other keys, not an object
+                    continue
+                self._prune_dirs(path.parent)
+
+        await self._io(None, delete)
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _path(self, object_key: str) -> Path:
+        """The file for a key; keys that could escape the root or clash with temporary files are refused."""
+        parts = check_object_key(object_key)
+        if any(part.startswith(TEMP_PREFIX) for part in parts):
+            raise StoreError(f"object key {object_key!r} uses the reserved prefix {TEMP_PREFIX!r}")
+        return self.root.joinpath(*parts)
+
+    async def _io(self, object_key: str | None, fn, *args):
+        """Runs fn in a thread. A missing file means ObjectNotFound when reading `object_key`; writes pass None."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+            if object_key is None:
+                raise StoreError(f"local store {self.root}: {e}") from e
+            raise ObjectNotFound(object_key) from e
+        except OSError as e:
+            raise StoreError(f"local store {self.root}: {e}") from e
+
+    def _write_atomically(self, path: Path, write) -> int | None:
+        # A concurrent delete may prune the directory between mkdir and open: create it again and retry.
+        for attempt in range(3):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+            try:
+                f = open(temp, "xb")
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                continue
+            try:
+                with f:
+                    result = write(f)
+                    f.flush()
+                    if self.fsync:
+                        os.fsync(f.fileno())
+                try:
+                    os.replace(temp, path)
+                except IsADirectoryError as e:
+                    raise StoreError(f"object key {path.relative_to(self.root)} is a prefix of other objects") from e
+            except BaseException:
+                _unlink_quietly(temp)
+                raise
+            if self.fsync:
+                _fsync_dir(path.parent)
+            return result
+        raise AssertionError("unreachable")
+
+    def _walk(self, prefix: str, start_after: str, max_keys: int) -> list[ObjectInfo]:
+        """Up to max_keys objects under `prefix` after `start_after`, in key order, visiting only directories that
+        can hold such keys."""
+        out: list[ObjectInfo] = []
+
+        def visit(directory: Path, dir_key: str) -> bool:
+            try:
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            # Keys under directory d all sort between d + "/" and d + "0" ("0" follows "/"): sorting directories as
+            # name + "/" puts them among sibling files exactly where their keys fall in S3's key order.
+            entries.sort(key=lambda e: e.name + "/" if e.is_dir(follow_symlinks=False) else e.name)
+            for entry in entries:
+                if entry.name.startswith(TEMP_PREFIX):
+                    continue
+                key = dir_key + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    sub = key + "/"
+                    if not (sub.startswith(prefix) or prefix.startswith(sub)):
+                        continue
+                    if start_after >= key + "0":
+                        continue
+                    if not visit(Path(entry.path), sub):
+                        return False
+                elif entry.is_file(follow_symlinks=False) and key.startswith(prefix) and key > start_after:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # deleted while we walked
+                        continue
+                    out.append(_info(key, st))
+                    if len(out) >= max_keys:
+                        return False
+            return True
+
+        visit(self.root, "")
+        return out
+
+    def _prune_dirs(self, directory: Path) -> None:
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (or already gone): stop
+                return
+            directory = directory.parent
+
+
+def _info(object_key: str, st: os.stat_result) -> ObjectInfo:
+    return ObjectInfo(object_key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+
+
+def _is_file(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,219 @@
+"""The object store interface: a handful of async calls, like litestream's ReplicaClient.
+
+Callers use keys relative to the store (tiering/keys.py builds them); the store adds its own prefix. There is one
+error for a missing object, ObjectNotFound, whatever the backend; every other failure is a StoreError with the
+backend's exception chained, raised after the backend's own bounded retries, so a caller may retry it later.
+
+Store URLs (open_store):
+    s3://bucket[/prefix]    S3 or any S3-compatible service (options: see S3ObjectStore).
+    file:///abs/dir         a local directory (created if missing).
+    file://rel/dir, file:rel/dir
+                            a directory relative to the working directory. Not RFC 8089 (which would read `rel` as a
+                            host name); no file URL of ours ever names a host.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+MiB = 1024 * 1024
+DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MiB
+DEFAULT_PART_BYTES = 16 * MiB
+DEFAULT_LIST_PAGE = 1000
+
+
+class StoreError(Exception):
+    """The store failed (I/O, network, service error) after its own retries; the cause is chained."""
+
+
+class ObjectNotFound(LookupError):
+    """No object has this key. The same exception for every backend."""
+
+    def __init__(self, object_key: str):
+        self.object_key = object_key
+        super().__init__(object_key)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    object_key: str  # relative to the store's prefix
+    size_bytes: int
+    last_modified: datetime  # timezone-aware, UTC
+
+
+@dataclass(slots=True)
+class StoreCounters:
+    """Requests made through one store, for metrics and benchmarks. `errors` counts StoreErrors raised."""
+
+    puts: int = 0
+    put_bytes: int = 0
+    gets: int = 0
+    get_bytes: int = 0
+    lists: int = 0
+    deletes: int = 0
+    errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class ObjectStore(abc.ABC):
+    """Counting, argument checks and error accounting live here; backends implement the underscored methods.
+
+    A backend raises ObjectNotFound for a missing object and StoreError (cause chained) for any other failure.
+    """
+
+    def __init__(self) -> None:
+        self.counters = StoreCounters()
+
+    # --- public API -----------------------------------------------------------------------------------------------
+
+    async def put(self, object_key: str, data: bytes) -> None:
+        """Stores `data` under `object_key`, replacing any object there. Readers see the old object or the new one."""
+        await self._counted(self._put(object_key, bytes(data)))
+        self.counters.puts += 1
+        self.counters.put_bytes += len(data)
+
+    async def put_file(
+        self,
+        object_key: str,
+        path: str | Path,
+        *,
+        multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
+        part_bytes: int = DEFAULT_PART_BYTES,
+    ) -> None:
+        """Uploads a file; S3 uses a multipart upload above the threshold (S3 wants parts of at least 5 MiB)."""
+        if multipart_threshold_bytes < 1 or part_bytes < 1:
+            raise ValueError("multipart threshold and part size must be positive")
+        size = await self._counted(self._put_file(object_key, Path(path), multipart_threshold_bytes, part_bytes))
+        self.counters.puts += 1
+        self.counters.put_bytes += size
+
+    async def get(self, object_key: str) -> bytes:
+        data = await self._counted(self._get_range(object_key, 0, None))
+        self.counters.gets += 1
+        self.counters.get_bytes += len(data)
+        return data
+
+    async def get_range(self, object_key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object. Past the end it returns what exists (b"" from the end on), as S3 does."""
+        if not 0 <= start < end:
+            raise ValueError(f"bad byte range [{start}, {end})")
+        data = await self._counted(self._get_range(object_key, start, end))
+        self.counters.gets += 1
+        self.counters.get_bytes += len(data)
+        return data
+
+    async def head(self, object_key: str) -> ObjectInfo:
+        return await self._counted(self._head(object_key))
+
+    async def list(
+        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        """Objects whose key starts with `prefix` (a plain string prefix, as S3's) and sorts after `start_after`,
+        in key order, at most `limit` of them. Pages through the backend, one request per page."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"negative list limit {limit}")
+        remaining = limit
+        after = start_after
+        while remaining is None or remaining > 0:
+            page_size = DEFAULT_LIST_PAGE if remaining is None else min(DEFAULT_LIST_PAGE, remaining)
+            page, truncated = await self._counted(self._list_page(prefix, after, page_size))
+            self.counters.lists += 1
+            for info in page:
+                yield info
+            if remaining is not None:
+                remaining -= len(page)
+            if not truncated or not page:
+                return
+            after = page[-1].object_key
+
+    async def delete_many(self, object_keys: Iterable[str]) -> None:
+        """Deletes the objects; keys with no object are fine."""
+        keys = list(dict.fromkeys(object_keys))
+        if keys:
+            await self._counted(self._delete_many(keys))
+            self.counters.deletes += len(keys)
+
+    async def close(self) -> None:
+        await self._close()
+
+    async def __aenter__(self) -> ObjectStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- backend --------------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _put(self, object_key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int) -> int:
+        """Returns the bytes uploaded."""
+
+    @abc.abstractmethod
+    async def _get_range(self, object_key: str, start: int, end: int | None) -> bytes:
+        """end None: to the end of the object."""
+
+    @abc.abstractmethod
+    async def _head(self, object_key: str) -> ObjectInfo: ...
+
+    @abc.abstractmethod
+    async def _list_page(self, prefix: str, start_after: str | None, max_keys: int) -> tuple[list[ObjectInfo], bool]:
+        """Up to max_keys objects in key order, and whether more may follow."""
+
+    @abc.abstractmethod
+    async def _delete_many(self, object_keys: list[str]) -> None: ...
+
+    async def _close(self) -> None:
+        return None
+
+    async def _counted(self, awaitable):
+        try:
+            return await awaitable
+        except StoreError:
+            self.counters.errors += 1
+            raise
+
+
+def check_object_key(object_key: str) -> list[str]:
+    """The `/`-separated parts of a valid object key; a key that could name a path outside a store (absolute, empty
+    parts, `.` or `..`) is refused with StoreError by every backend alike."""
+    if not isinstance(object_key, str) or not object_key:
+        raise StoreError(f"invalid object key {object_key!r}")
+    parts = object_key.split("/")
+    if any(part in ("", ".", "..") or "\0" in part for part in parts):
+        raise StoreError(f"invalid object key {object_key!r}")
+    return parts
+
+
+def open_store(url: str, **options: Any) -> ObjectStore:
+    """An ObjectStore for a store URL (see the module docstring); options go to the backend's constructor."""
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        from tiered.tiering.s3_store import S3ObjectStore
+
+        if not parts.netloc:
+            raise ValueError(f"no bucket in store URL {url!r}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"store URL {url!r} has a query or fragment; pass options instead")
+        return S3ObjectStore(parts.netloc, unquote(parts.path).strip("/"), **options)
+    if parts.scheme == "file":
+        from tiered.tiering.local_store import LocalObjectStore
+
+        if parts.query or parts.fragment:
+            raise ValueError(f"store URL {url!r} has a query or fragment")
+        # file:///abs -> netloc "" and path "/abs"; file://rel/dir -> netloc "rel", path "/dir"; file:rel -> path "rel"
+        path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
+        if not path:
+            raise ValueError(f"no directory in store URL {url!r}")
+        return LocalObjectStore(path, **options)
+    raise ValueError(f"unsupported store URL {url!r}: use s3://bucket/prefix or file:///dir")

@@ -1,0 +1,162 @@
+{{/*
+Names. Kubernetes names are DNS labels: at most 63 characters, no trailing dash.
+*/}}
+{{- define "tiered.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tiered.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The headless Service gives every broker a stable DNS name: <fullname>-<ordinal>.<headless>.<namespace>.svc.
+Its name is cut so that the suffix always fits.
+*/}}
+{{- define "tiered.headlessName" -}}
+{{- printf "%s-headless" (include "tiered.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "tiered.migrationsName" -}}
+{{- printf "%s-db-upgrade" (include "tiered.fullname" . | trunc 52 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "tiered.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tiered.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tiered.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tiered.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Labels. The selector labels never change after the first install (a StatefulSet's selector is immutable), and
+they carry the component so that the migration Job's pod is never selected by the Services or the PDB.
+*/}}
+{{- define "tiered.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tiered.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tiered.brokerSelectorLabels" -}}
+{{ include "tiered.selectorLabels" . }}
+app.kubernetes.io/component: broker
+{{- end }}
+
+{{- define "tiered.labels" -}}
+helm.sh/chart: {{ include "tiered.chart" . }}
+{{ include "tiered.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | replace "+" "_" | trunc 63 | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tiered
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The catalog's environment, shared by the brokers and the migration Job so that both reach the same database.
+The password only ever travels as a reference to an existing Secret.
+*/}}
+{{- define "tiered.catalogEnv" -}}
+- name: TIERED_CATALOG_URL
+  value: {{ .Values.catalog.url | quote }}
+{{- with .Values.catalog.existingSecret }}
+- name: PGPASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.catalog.passwordKey | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The object store's environment, read by the AWS SDK itself. Credentials are references to an existing Secret;
+without one the SDK falls back to IRSA / web identity or the instance role.
+*/}}
+{{- define "tiered.storeEnv" -}}
+{{- with .Values.store.region }}
+- name: AWS_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.store.endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.store.existingSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.store.accessKeyIdKey | quote }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.store.secretAccessKeyKey | quote }}
+{{- if $.Values.store.sessionTokenKey }}
+- name: AWS_SESSION_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.store.sessionTokenKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+One TOML `"key" = value` line per entry, keys sorted. Keys are always quoted because TANK's keys contain dots,
+which TOML would otherwise read as nested tables; toJson writes strings, numbers and booleans in forms TOML
+reads identically (JSON string escapes are a subset of TOML basic-string escapes).
+*/}}
+{{- define "tiered.tomlPairs" -}}
+{{- range $key, $value := . }}
+{{ toJson $key }} = {{ toJson $value }}
+{{- end }}
+{{- end }}
+
+{{/*
+The config file. Settings the chart owns come first; values.schema.json keeps them out of .Values.config.
+*/}}
+{{- define "tiered.configToml" -}}
+{{- if ge (int .Values.shutdownTimeoutSeconds) (int .Values.terminationGracePeriodSeconds) }}
+{{- fail (printf "shutdownTimeoutSeconds (%d) must be below terminationGracePeriodSeconds (%d): the kubelet kills the broker when the grace period ends" (int .Values.shutdownTimeoutSeconds) (int .Values.terminationGracePeriodSeconds)) }}
+{{- end -}}
+# Written by the tiered Helm chart (release {{ .Release.Name }}); see docs/configuration.md.
+# The catalog URL comes from TIERED_CATALOG_URL and the credentials from PGPASSWORD and AWS_*.
+{{- $owned := dict
+  "data_dir" "/var/lib/tiered"
+  "listen" (printf ":%d" (int .Values.ports.tank))
+  "http_listen" (printf ":%d" (int .Values.ports.http))
+  "store_url" .Values.store.url
+  "s3_path_style" .Values.store.pathStyle
+  "broker_id" "auto"
+  "shutdown_timeout_s" (int .Values.shutdownTimeoutSeconds)
+}}
+{{- include "tiered.tomlPairs" $owned }}
+{{- include "tiered.tomlPairs" .Values.config }}
+
+[topic_defaults]
+{{- include "tiered.tomlPairs" .Values.topicDefaults }}
+{{- end }}

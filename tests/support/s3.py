@@ -3,7 +3,7 @@
 Fixtures:
     s3_server     (session) the moto server and the proxy in front of it.
     s3_faults     the FaultProxy: fail_next(n, status), stall_next(n, seconds), drop_next(n), go_away()/come_back().
-                  Faults are cleared after each test.
+                  Faults are cleared after each test, and botocore's retry backoff is capped at 50 ms during it.
     s3_endpoint   the proxy's URL, with dummy AWS credentials and region us-east-1 in the environment (and the AWS
                   config files pointed away) for the test.
     s3_bucket     a fresh, empty bucket for the test.
@@ -24,11 +24,12 @@ import socket
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
+from botocore.retries.standard import ExponentialBackoff
 import pytest
 import pytest_asyncio
 from moto.server import ThreadedMotoServer
@@ -45,11 +46,13 @@ class _Fault:
     kind: str  # "fail", "stall" or "drop"
     status: int = 0
     seconds: float = 0.0
+    match: Callable[[str, str], bool] | None = None  # (method, path) -> whether this fault hits that request
 
 
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of moto. Faults queued with the methods below hit the next requests, in
-    order; go_away() drops every request until come_back()."""
+    order; go_away() drops every request until come_back(). `match(method, path)` limits a fault to the requests it
+    accepts (path includes the query string, e.g. "?partNumber=2&uploadId=...")."""
 
     def __init__(self, upstream_host: str, upstream_port: int):
         self.upstream = (upstream_host, upstream_port)
@@ -70,17 +73,22 @@ class FaultProxy:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def fail_next(self, n: int, status: int = 503) -> None:
+    def fail_next(self, n: int, status: int = 503, *, match: Callable[[str, str], bool] | None = None) -> None:
         """Answer the next n requests with `status` and an S3 error body."""
-        self._enqueue(n, _Fault("fail", status=status))
+        self._enqueue(n, _Fault("fail", status=status, match=match))
 
-    def stall_next(self, n: int, seconds: float) -> None:
+    def stall_next(self, n: int, seconds: float, *, match: Callable[[str, str], bool] | None = None) -> None:
         """Hold the next n requests for `seconds` (past the client's read timeout), then drop them."""
-        self._enqueue(n, _Fault("stall", seconds=seconds))
+        self._enqueue(n, _Fault("stall", seconds=seconds, match=match))
 
-    def drop_next(self, n: int) -> None:
+    def drop_next(self, n: int, *, match: Callable[[str, str], bool] | None = None) -> None:
         """Close the connection of the next n requests without answering."""
-        self._enqueue(n, _Fault("drop"))
+        self._enqueue(n, _Fault("drop", match=match))
+
+    def pending(self) -> int:
+        """Faults queued and not served yet."""
+        with self._lock:
+            return len(self._queue)
 
     def go_away(self) -> None:
         with self._lock:
@@ -112,7 +120,13 @@ class FaultProxy:
     def _next_fault(self, method: str, path: str) -> tuple[_Fault | None, threading.Event]:
         with self._lock:
             self.requests.append((method, path))
-            fault = _Fault("drop") if self._away else (self._queue.popleft() if self._queue else None)
+            fault = _Fault("drop") if self._away else None
+            if fault is None:
+                for i, queued in enumerate(self._queue):
+                    if queued.match is None or queued.match(method, path):
+                        fault = queued
+                        del self._queue[i]
+                        break
             if fault is not None:
                 self.faults_served += 1
             return fault, self._wake
@@ -222,7 +236,11 @@ def s3_admin(s3_server: S3Server):
 
 
 @pytest.fixture
-def s3_faults(s3_server: S3Server) -> Iterator[FaultProxy]:
+def s3_faults(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    # botocore backs off up to 1 s, 2 s, 4 s... on throttling (503 SlowDown); cap it so retry tests stay fast. The
+    # number of attempts, which is what the tests check, is unchanged.
+    delay_amount = ExponentialBackoff.delay_amount
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: min(delay_amount(self, context), 0.05))
     s3_server.proxy.reset()
     yield s3_server.proxy
     s3_server.proxy.reset()

@@ -61,7 +61,7 @@ class S3ObjectStore(ObjectStore):
         if path_style is None:
             path_style = _env_bool("TIERED_S3_PATH_STYLE")
         config_options: dict[str, Any] = dict(
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            retries={"mode": "standard", "total_max_attempts": max_attempts},  # attempts in all, first included
             connect_timeout=connect_timeout_s,
             read_timeout=read_timeout_s,
             max_pool_connections=max_pool_connections,

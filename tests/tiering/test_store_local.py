@@ -1,0 +1,133 @@
+"""Local directory backend beyond the shared contract: atomic writes, temp files, key refusal, directories, URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from tiered.tiering import local_store
+from tiered.tiering.local_store import TEMP_PREFIX, LocalObjectStore
+from tiered.tiering.store import ObjectNotFound, StoreError, open_store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    backend = LocalObjectStore(tmp_path / "root")
+    yield backend
+    await backend.close()
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+async def test_objects_are_files_under_the_root(store):
+    await store.put("blocks/ab12/3/X.blk", b"data")
+    assert (store.root / "blocks" / "ab12" / "3" / "X.blk").read_bytes() == b"data"
+    assert files_under(store.root) == ["blocks", "blocks/ab12", "blocks/ab12/3", "blocks/ab12/3/X.blk"]
+
+
+async def test_temp_files_of_an_interrupted_write_are_never_listed(store):
+    await store.put("d/a", b"1")
+    (store.root / "d" / f"{TEMP_PREFIX}0123456789abcdef").write_bytes(b"partial")  # a crash mid-put leaves this
+    (store.root / f"{TEMP_PREFIX}feed").write_bytes(b"partial")
+    assert [i.object_key async for i in store.list("")] == ["d/a"]
+    with pytest.raises(StoreError):
+        await store.get(f"d/{TEMP_PREFIX}0123456789abcdef")  # reserved: no key can name a temp file
+    with pytest.raises(StoreError):
+        await store.put(f"{TEMP_PREFIX}x/y", b"")
+
+
+async def test_a_failed_write_leaves_the_old_object_and_no_temp_file(store, monkeypatch):
+    await store.put("k", b"old")
+
+    def failing_fsync(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(local_store.os, "fsync", failing_fsync)
+    with pytest.raises(StoreError) as caught:
+        await store.put("k", b"new bytes")
+    assert isinstance(caught.value.__cause__, OSError)
+    assert store.counters.errors == 1
+    monkeypatch.undo()
+    assert await store.get("k") == b"old"
+    assert files_under(store.root) == ["k"]
+
+
+async def test_readers_never_see_a_partial_object(store):
+    versions = [bytes([i]) * (256 * 1024) for i in range(1, 6)]
+    await store.put("hot", versions[0])
+    seen = set()
+    stop = asyncio.Event()
+
+    async def read_until_stopped():
+        while not stop.is_set():
+            data = await store.get("hot")
+            assert data in versions
+            seen.add(data[0])
+
+    reader = asyncio.create_task(read_until_stopped())
+    for _ in range(4):
+        for version in versions:
+            await store.put("hot", version)
+    stop.set()
+    await reader
+    assert seen  # the reader ran while writes were happening
+    assert [i.object_key async for i in store.list("")] == ["hot"]
+
+
+async def test_delete_removes_emptied_directories_only(store):
+    await store.put("blocks/aaaa/1/A.blk", b"")
+    await store.put("blocks/aaaa/2/B.blk", b"")
+    await store.delete_many(["blocks/aaaa/1/A.blk"])
+    assert files_under(store.root) == ["blocks", "blocks/aaaa", "blocks/aaaa/2", "blocks/aaaa/2/B.blk"]
+    await store.delete_many(["blocks/aaaa/2/B.blk"])
+    assert files_under(store.root) == []
+    assert store.root.is_dir()  # the root stays
+    await store.put("blocks/aaaa/2/B.blk", b"back")
+    assert await store.get("blocks/aaaa/2/B.blk") == b"back"
+
+
+async def test_a_key_cannot_be_an_object_and_a_directory(store):
+    await store.put("a/b", b"1")
+    with pytest.raises(StoreError):
+        await store.put("a", b"2")
+    await store.put("f", b"1")
+    with pytest.raises(StoreError):
+        await store.put("f/g", b"2")
+    await store.delete_many(["a"])  # a directory is not an object: nothing to delete
+    assert [i.object_key async for i in store.list("")] == ["a/b", "f"]
+    with pytest.raises(ObjectNotFound):
+        await store.head("a")
+
+
+async def test_symlinks_out_of_the_root_are_not_listed(store, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"s")
+    os.symlink(outside, store.root / "link")
+    os.symlink(outside / "secret", store.root / "file-link")
+    assert [i async for i in store.list("")] == []
+
+
+def test_file_urls(tmp_path, monkeypatch):
+    absolute = open_store(f"file://{tmp_path}/abs")
+    assert isinstance(absolute, LocalObjectStore) and absolute.root == tmp_path / "abs"
+    assert absolute.root.is_dir()
+    monkeypatch.chdir(tmp_path)
+    assert open_store("file://rel/dir").root == tmp_path / "rel" / "dir"
+    assert open_store("file:rel2").root == tmp_path / "rel2"
+    assert open_store("file:///" + str(tmp_path / "with%20space").lstrip("/")).root == tmp_path / "with space"
+    assert open_store(f"file://{tmp_path}/nofsync", fsync=False).fsync is False
+    for bad in ["file://", "file:///x?y=1", "ftp://host/x"]:
+        with pytest.raises(ValueError):
+            open_store(bad)
+
+
+def test_an_unusable_root_is_a_store_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StoreError):
+        LocalObjectStore(tmp_path / "file" / "store")

@@ -1,0 +1,412 @@
+"""One partition's local log: sealed segments, the active segment, and the seq bookkeeping around them.
+
+Seqs (PROTOCOL.md §3.1, §3.3, §10):
+- `last_assigned`: the highest seq ever given out (0 when nothing ever was). A plain produce gets last_assigned+1;
+  a 0x05 produce names its first seq; a sparse bundle names first and last in its header. Explicit seqs must be
+  above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap.
+- `visible_seq`: the hwmark consumers are served up to. With `visible_on_append` (TANK, `produce.ack=local`) it
+  follows every append; otherwise (durable acks) it only moves through `mark_visible()`, which the server calls
+  once the block holding the records is committed.
+- `first_available`: the base of the oldest local segment, 0 when the log holds nothing.
+
+A segment holds a contiguous walk of records: a non-sparse bundle always continues its predecessor's seqs, because
+readers derive its seqs from there. So a non-sparse bundle whose first seq jumps (a 0x05 produce with a base seq,
+or the first plain produce after `ensure_next_seq`) starts a new segment based at that seq. (TANK keeps it in the
+same segment, where its seqs are then misread.) Sparse bundles may jump inside a segment, as in TANK.
+
+Not thread-safe beyond its own lock: every public method takes it; `iter_records` reads a snapshot without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from tiered.protocol.bundle import read_bundle_header
+from tiered.protocol.errors import ProtocolError
+from tiered.protocol.varint import MAX_VARINT, encode_varint
+from tiered.storage.reads import Boundary, Eof, ReadRange, find_start, range_end
+from tiered.storage.records import iter_records, pread_exact
+from tiered.storage.recovery import RecoveryReport, recover_partition
+from tiered.storage.retention import select_for_deletion
+from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
+from tiered.storage.topic_config import TopicConfig
+
+log = logging.getLogger("tiered.storage")
+
+U64_MAX = (1 << 64) - 1
+
+
+class InvalidSeqnums(ValueError):
+    """Produce error 0x0a: an explicit first seq not above last_assigned, or a last seq below the first."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    first_seq: int
+    last_seq: int
+    segment_base: int
+    position: int
+    end_position: int
+    record: bytes  # exactly the bytes written: {varint length, bundle}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    first_seq: int
+    last_seq: int
+    segment_base: int
+    position: int
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogStats:
+    bytes: int
+    segments: int  # sealed ones plus the active one
+
+
+def _keep_everything(_segment: SealedSegment) -> bool:
+    return True
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: str,
+        config: TopicConfig,
+        recovered,
+        *,
+        now_s: Callable[[], float],
+        on_seal: Callable[[SealedSegment], None] | None,
+        may_delete: Callable[[SealedSegment], bool],
+        visible_on_append: bool,
+        rng: random.Random,
+    ):
+        self.directory = directory
+        self.config = config
+        self.recovery: RecoveryReport = recovered.report
+        self.on_seal = on_seal
+        self.may_delete = may_delete
+        self._now_s = now_s
+        self._rng = rng
+        self._lock = threading.RLock()
+        self._sealed: list[SealedSegment] = recovered.sealed
+        self._bases: list[int] = [s.base for s in self._sealed]
+        self._active: ActiveSegment | None = recovered.active
+        self._last_assigned: int = recovered.last_assigned
+        self._visible_on_append = visible_on_append
+        self._visible = self._last_assigned if visible_on_append else 0
+        self._pending_flush_messages = 0
+        self._next_flush_s = now_s() + config.flush_secs if config.flush_secs else None
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        directory: str,
+        config: TopicConfig,
+        *,
+        now_s: Callable[[], float] = time.time,
+        next_seq_floor: int = 1,
+        on_seal: Callable[[SealedSegment], None] | None = None,
+        may_delete: Callable[[SealedSegment], bool] = _keep_everything,
+        visible_on_append: bool | None = None,
+        rng: random.Random | None = None,
+    ) -> PartitionLog:
+        """Recovers the directory (created if missing) and opens the log.
+
+        `visible_on_append` defaults to `config.produce_ack == "local"`. `may_delete` vetoes retention on roll.
+        """
+        os.makedirs(directory, exist_ok=True)
+        rng = rng or random.Random()
+        recovered = recover_partition(directory, config, rng)
+        report = recovered.report
+        if not report.clean:
+            log.warning(
+                "recovered %s: %d bytes cut, %d indexes rebuilt, %d repaired, %d files deleted, %d sealed",
+                directory,
+                report.bytes_cut,
+                len(report.rebuilt_indexes),
+                len(report.repaired_indexes),
+                len(report.deleted),
+                len(report.sealed_at_open),
+            )
+        if visible_on_append is None:
+            visible_on_append = config.produce_ack == "local"
+        partition_log = cls(
+            directory,
+            config,
+            recovered,
+            now_s=now_s,
+            on_seal=on_seal,
+            may_delete=may_delete,
+            visible_on_append=visible_on_append,
+            rng=rng,
+        )
+        partition_log.ensure_next_seq(next_seq_floor)
+        return partition_log
+
+    # ----------------------------------------------------------------------------------------------- state
+
+    @property
+    def first_available(self) -> int:
+        with self._lock:
+            if self._sealed:
+                return self._sealed[0].base
+            if self._active is not None and self._active.last is not None:
+                return self._active.base
+            return 0
+
+    @property
+    def last_assigned(self) -> int:
+        return self._last_assigned
+
+    @property
+    def visible_seq(self) -> int:
+        return self._visible
+
+    @property
+    def visible_on_append(self) -> bool:
+        return self._visible_on_append
+
+    @visible_on_append.setter
+    def visible_on_append(self, value: bool) -> None:
+        with self._lock:
+            self._visible_on_append = value
+            if value:
+                self._visible = self._last_assigned
+
+    @property
+    def segments(self) -> tuple[SealedSegment, ...]:
+        return tuple(self._sealed)
+
+    @property
+    def active(self) -> ActiveSegment | None:
+        return self._active
+
+    def stats(self) -> LogStats:
+        with self._lock:
+            total = sum(s.size for s in self._sealed)
+            count = len(self._sealed)
+            if self._active is not None:
+                total += self._active.size
+                count += 1
+            return LogStats(total, count)
+
+    def reconfigure(self, config: TopicConfig) -> None:
+        """New settings (ReloadConf); they apply from the next append, roll and retention pass."""
+        with self._lock:
+            self.config = config
+            self._next_flush_s = self._now_s() + config.flush_secs if config.flush_secs else None
+
+    # ------------------------------------------------------------------------------------------- writes
+
+    def append(self, bundle: bytes | memoryview, base_seq: int | None = None) -> AppendResult:
+        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq."""
+        header = read_bundle_header(bundle)
+        if len(bundle) > MAX_VARINT:
+            raise ProtocolError(f"bundle of {len(bundle)} bytes does not fit a segment record")
+        with self._lock:
+            self._check_open()
+            if header.sparse:
+                first, last = header.first_seq, header.last_seq
+            elif base_seq is not None:
+                first, last = base_seq, base_seq + header.count - 1
+            else:
+                first, last = self._last_assigned + 1, self._last_assigned + header.count
+            explicit = header.sparse or base_seq is not None
+            if explicit and first <= self._last_assigned:
+                raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
+            if first < 1 or last < first or last > U64_MAX:
+                raise InvalidSeqnums(f"seq range {first}..{last} is invalid")
+            record = encode_varint(len(bundle)) + bytes(bundle)
+            now = self._now_s()
+            segment = self._segment_for(first, last, header.sparse, len(record), now)
+            position = segment.append(record, first, last, self.config.log_index_interval_bytes)
+            self._last_assigned = last
+            if self._visible_on_append:
+                self._visible = last
+            self._count_for_flush(header.count, now)
+            return AppendResult(first, last, segment.base, position, position + len(record), record)
+
+    def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
+        active = self._active
+        if active is not None and active.last is None and active.base != first:
+            active.delete()  # left empty by a failed write; its base would be wrong for this record
+            self._active = active = None
+        if active is not None and active.last is not None:
+            jump = not sparse and first != active.last + 1
+            if jump or active.should_roll(now, self.config) or not active.fits(first, last, record_len):
+                self._roll(now)
+                active = None
+        if active is None:
+            active = ActiveSegment.create(self.directory, first, int(now), roll_age_s(self.config, self._rng))
+            self._active = active
+        return active
+
+    def _roll(self, now: float) -> SealedSegment:
+        sealed = self._active.seal()
+        self._active = None
+        self._sealed.append(sealed)
+        self._bases.append(sealed.base)
+        fsync_dir(self.directory)
+        self._pending_flush_messages = 0
+        if self.on_seal is not None:
+            try:
+                self.on_seal(sealed)
+            except Exception:
+                log.exception("on_seal callback failed for %s", sealed.path)
+        self.enforce_retention(now, self.may_delete)
+        return sealed
+
+    def seal_active(self) -> SealedSegment | None:
+        """Rolls now if the active segment holds anything (the next append creates a new one)."""
+        with self._lock:
+            self._check_open()
+            if self._active is None or self._active.last is None:
+                return None
+            return self._roll(self._now_s())
+
+    def mark_visible(self, seq: int) -> None:
+        """Durable acks: records up to `seq` are committed and may be served. Never moves backwards."""
+        with self._lock:
+            if seq > self._last_assigned:
+                raise ValueError(f"seq {seq} is above the last assigned seq {self._last_assigned}")
+            if seq > self._visible:
+                self._visible = seq
+
+    def ensure_next_seq(self, seq: int) -> None:
+        """Makes the next plain append get at least `seq` (the catalog is ahead of this disk).
+
+        Seqs below `seq` count as assigned and visible: they are committed elsewhere. The next plain append
+        starts a new segment based at `seq`.
+        """
+        with self._lock:
+            if seq > self._last_assigned + 1:
+                self._last_assigned = seq - 1
+                self._visible = max(self._visible, seq - 1)
+
+    def _count_for_flush(self, messages: int, now: float) -> None:
+        config = self.config
+        self._pending_flush_messages += messages
+        due_by_count = config.flush_messages and self._pending_flush_messages >= config.flush_messages
+        due_by_time = self._next_flush_s is not None and now >= self._next_flush_s
+        if due_by_count or due_by_time:
+            self.flush()
+
+    def flush(self) -> None:
+        """fdatasync of the active segment and its index (`flush.messages`, `flush.secs`)."""
+        with self._lock:
+            if self._active is not None:
+                self._active.flush()
+            self._pending_flush_messages = 0
+            if self.config.flush_secs:
+                self._next_flush_s = self._now_s() + self.config.flush_secs
+
+    def enforce_retention(
+        self, now_s: float, may_delete: Callable[[SealedSegment], bool] = _keep_everything
+    ) -> list[SealedSegment]:
+        """Deletes the sealed segments local retention expires; returns them (oldest first)."""
+        with self._lock:
+            if self._closed:
+                return []
+            victims = select_for_deletion(self._sealed, self.config, now_s, may_delete)
+            for segment in victims:
+                segment.delete()
+                log.info("retention deleted %s", segment.path)
+            del self._sealed[: len(victims)]
+            del self._bases[: len(victims)]
+            return victims
+
+    # -------------------------------------------------------------------------------------------- reads
+
+    def locate(self, seq: int, fetch_size: int) -> ReadRange | Boundary | Eof:
+        """Where a consume for `seq` reads from (PROTOCOL.md §3.3): one segment's byte range of whole records."""
+        with self._lock:
+            self._check_open()
+            hwmark = self._visible
+            first_available = self.first_available
+            if seq == 0:
+                if first_available == 0:
+                    return Eof(first_available, hwmark)
+                seq = first_available
+            if seq == U64_MAX or seq == hwmark + 1:
+                return Eof(first_available, hwmark)
+            if seq > hwmark + 1 or first_available == 0 or seq < first_available:
+                return Boundary(first_available, hwmark)
+            segment, size, last, start = self._find(seq)
+            if segment is None or start.last_seq > hwmark:
+                return Boundary(first_available, hwmark)  # not held locally (e.g. below an ensure_next_seq jump)
+            end = range_end(segment, start, size, last, max(fetch_size, 0), hwmark)
+            return ReadRange(segment, segment.reader(), start.position, end, start.first_seq, start.sparse, hwmark)
+
+    def _segments_with_data(self) -> list:
+        segments = list(self._sealed)
+        if self._active is not None and self._active.last is not None:
+            segments.append(self._active)
+        return segments
+
+    def _find(self, seq: int):
+        """(segment, its size, its last seq, first record with last seq >= `seq`), or Nones when past the data."""
+        segments = self._segments_with_data()
+        i = max(bisect_right(self._bases, seq) - 1, 0)
+        if self._active is not None and self._active.last is not None and seq >= self._active.base:
+            i = len(segments) - 1
+        while i < len(segments):
+            segment = segments[i]
+            if segment.last >= seq:
+                start = find_start(segment, seq, segment.size)
+                if start is not None:
+                    return segment, segment.size, segment.last, start
+            i += 1
+        return None, 0, 0, None
+
+    def iter_records(self, first_seq: int, last_seq: int) -> Iterator[StoredRecord]:
+        """The whole records overlapping [first_seq, last_seq], visible or not (e.g. to re-upload a tail)."""
+        with self._lock:
+            self._check_open()
+            snapshot = [(s, s.size, s.last) for s in self._segments_with_data()]
+        for segment, size, last in snapshot:
+            if last < first_seq:
+                continue
+            if segment.base > last_seq:
+                break
+            start = find_start(segment, first_seq, size) if first_seq > segment.base else None
+            position, next_seq = (start.position, start.first_seq) if start is not None else (0, segment.base)
+            fd = segment.reader().fileno()
+            for info in iter_records(fd, position, size, next_seq):
+                if info.first_seq > last_seq:
+                    return
+                yield StoredRecord(
+                    info.first_seq, info.last_seq, segment.base, info.position, pread_exact(fd, info.length, info.position)
+                )
+
+    def read_records(self, first_seq: int, last_seq: int) -> bytes:
+        """The concatenated bytes of `iter_records` (use that when the range may span segments with a gap)."""
+        return b"".join(r.record for r in self.iter_records(first_seq, last_seq))
+
+    # ------------------------------------------------------------------------------------------ closing
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"partition log {self.directory} is closed")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._active is not None:
+                try:
+                    self._active.flush()
+                finally:
+                    self._active.close()
+            for segment in self._sealed:
+                segment.close()

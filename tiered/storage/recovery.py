@@ -1,0 +1,333 @@
+"""Opening a partition directory after a clean stop or a crash (PROTOCOL.md §7 "Startup recovery").
+
+What is checked and repaired, in order:
+1. Every entry is classified by name (names.py); anything unknown is reported and left alone.
+2. A zero-size `.log` (or `.ilog`) holds nothing: it is deleted with its index, as in TANK.
+3. Sealed segments are validated cheaply: a name with base <= last, a non-empty file, and an index whose size is
+   whole entries and whose last entry points inside the file. A missing or insane index is rebuilt by walking the
+   file (which also finds and cuts a damaged tail, renaming the segment if its last seq changed).
+4. The active segment (the `.log` with the highest base; older `.log` files are recovered the same way and then
+   sealed) is walked from its last index entry to EOF. That recovers its last seq (and so last_assigned), re-adds
+   index entries a crash left out, and finds the last whole bundle. A torn tail (a truncated varint, a truncated
+   bundle, an undecodable header) is cut back to the last whole bundle. If the walk cannot even read the record
+   the last index entry points at, the index is rebuilt from position 0.
+Unlike TANK (which needs TANK_FORCE_SALVAGE_CURSEGMENT=1), the tail is always salvaged, and every cut is reported
+in the RecoveryReport and logged as a warning with the bytes cut. A whole bundle is never removed.
+Segments whose seq ranges overlap cannot be told apart safely: RecoveryError, nothing is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+
+from tiered.storage.index import ENTRY, ENTRY_BYTES, IndexBuilder, SparseIndex
+from tiered.storage.names import ConfigName, Ignored, IlogName, IndexName, LogName, format_ilog_name, parse_name
+from tiered.storage.records import TornRecord, iter_records
+from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
+from tiered.storage.topic_config import TopicConfig
+
+log = logging.getLogger("tiered.storage")
+
+
+class RecoveryError(Exception):
+    """The partition directory cannot be opened without risking data: an operator must look at it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CutTail:
+    filename: str
+    position: int  # the file now ends here
+    bytes_cut: int
+    reason: str
+
+
+@dataclass
+class RecoveryReport:
+    directory: str
+    cut: list[CutTail] = field(default_factory=list)
+    rebuilt_indexes: list[str] = field(default_factory=list)
+    repaired_indexes: list[str] = field(default_factory=list)
+    deleted: list[tuple[str, str]] = field(default_factory=list)  # (filename, why)
+    ignored: list[Ignored] = field(default_factory=list)
+    sealed_at_open: list[str] = field(default_factory=list)
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def bytes_cut(self) -> int:
+        return sum(c.bytes_cut for c in self.cut)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.cut or self.rebuilt_indexes or self.repaired_indexes or self.deleted or self.sealed_at_open)
+
+
+@dataclass
+class RecoveredLog:
+    sealed: list[SealedSegment]  # oldest first
+    active: ActiveSegment | None
+    last_assigned: int
+    report: RecoveryReport
+
+
+@dataclass
+class _Scan:
+    index: SparseIndex
+    since_last_update: int
+    last_seq: int | None  # of the last whole record, None if there is none
+    whole_end: int  # position after the last whole record
+    torn: TornRecord | None
+    rebuilt: bool
+
+
+def _walk(fd: int, size: int, base: int, builder: IndexBuilder, start: int, next_seq: int) -> _Scan:
+    last_seq = None
+    whole_end = start
+    torn = None
+    try:
+        for record in iter_records(fd, start, size, next_seq):
+            # Starting at the last index entry, since_last_update is 0, so that record is not indexed twice.
+            builder.add(record.first_seq - base, record.position, record.length)
+            last_seq = record.last_seq
+            whole_end = record.end
+    except TornRecord as exc:
+        torn = exc
+    return _Scan(builder.index, builder.since_last_update, last_seq, whole_end, torn, False)
+
+
+def scan_segment(fd: int, size: int, base: int, interval: int, index: SparseIndex | None) -> _Scan:
+    """Walks a segment from its last index entry (or from 0) to `size`, re-adding index entries on the way."""
+    if index is not None and len(index):
+        rel_seq, position = index.last()
+        scan = _walk(fd, size, base, IndexBuilder(interval, index, 0), position, base + rel_seq)
+        if scan.last_seq is not None:
+            return scan
+        # The entry does not point at a whole record: either the index is wrong or the tail is torn exactly there.
+        # A walk from 0 tells the two apart, and rebuilds the index either way.
+    scan = _walk(fd, size, base, IndexBuilder(interval), 0, base)
+    scan.rebuilt = True
+    return scan
+
+
+def _load_index(path: str, size: int) -> tuple[SparseIndex | None, bool]:
+    """(index or None if missing/empty/insane, whether the file needs rewriting)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None, True
+    try:
+        index, partial = SparseIndex.from_bytes(data)
+    except ValueError:
+        return None, True
+    if not len(index):
+        return None, True
+    if index.positions[-1] >= size:
+        kept = SparseIndex((r, p) for r, p in index if p < size)
+        return (kept if len(kept) else None), True
+    return index, bool(partial)
+
+
+def _write_index(path: str, index: SparseIndex) -> None:
+    with open(path, "wb") as f:
+        f.write(index.to_bytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _cut(fd: int, filename: str, size: int, scan: _Scan, report: RecoveryReport) -> int:
+    if scan.torn is None:
+        return size
+    position = scan.whole_end
+    os.ftruncate(fd, position)
+    os.fsync(fd)
+    cut = CutTail(filename, position, size - position, scan.torn.reason)
+    report.cut.append(cut)
+    log.warning(
+        "SALVAGED %s: cut %d bytes after the last whole bundle at position %d (%s); every whole bundle kept",
+        os.path.join(report.directory, filename),
+        cut.bytes_cut,
+        position,
+        cut.reason,
+    )
+    return position
+
+
+def _unlink_segment(directory: str, filename: str, base: int, why: str, report: RecoveryReport) -> None:
+    for name in (filename, f"{base}.index"):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            continue
+        report.deleted.append((name, why))
+        log.warning("deleted %s: %s", os.path.join(directory, name), why)
+
+
+def _recover_log_file(directory: str, name: LogName, filename: str, interval: int, report: RecoveryReport):
+    """Makes one `.log` whole; returns (size, last_seq, index, since_last_update) or None if nothing is left."""
+    path = os.path.join(directory, filename)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        index_path = os.path.join(directory, f"{name.base}.index")
+        index, dirty = _load_index(index_path, size)
+        entries_before = len(index) if index is not None else 0
+        scan = scan_segment(fd, size, name.base, interval, index)
+        size = _cut(fd, filename, size, scan, report)
+    finally:
+        os.close(fd)
+    if scan.last_seq is None:
+        _unlink_segment(directory, filename, name.base, "no whole bundle left after the torn tail was cut", report)
+        return None
+    if scan.rebuilt:
+        report.rebuilt_indexes.append(f"{name.base}.index")
+        log.warning("rebuilt index %s from its segment", index_path)
+    if dirty or scan.rebuilt or len(scan.index) != entries_before:
+        if not scan.rebuilt:
+            report.repaired_indexes.append(f"{name.base}.index")
+        _write_index(index_path, scan.index)
+    return size, scan.last_seq, scan.index, scan.since_last_update
+
+
+def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int, report: RecoveryReport):
+    path = os.path.join(directory, filename)
+    st = os.stat(path)
+    freeze_ts = name.freeze_ts if name.freeze_ts is not None else int(st.st_mtime)
+    index_path = os.path.join(directory, f"{name.base}.index")
+    if _sealed_index_is_sane(index_path, st.st_size, name):
+        return SealedSegment(directory, name.base, name.last, freeze_ts, st.st_size, filename=filename)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        scan = scan_segment(fd, st.st_size, name.base, interval, None)
+        size = _cut(fd, filename, st.st_size, scan, report)
+    finally:
+        os.close(fd)
+    if scan.last_seq is None:
+        _unlink_segment(directory, filename, name.base, "sealed segment without a whole bundle", report)
+        return None
+    _write_index(index_path, scan.index)
+    report.rebuilt_indexes.append(f"{name.base}.index")
+    log.warning("rebuilt index %s of sealed segment %s", index_path, filename)
+    if scan.last_seq != name.last:
+        new_name = format_ilog_name(name.base, scan.last_seq, freeze_ts)
+        os.rename(path, os.path.join(directory, new_name))
+        report.renamed.append((filename, new_name))
+        log.warning("sealed segment %s actually ends at seq %d: renamed to %s", filename, scan.last_seq, new_name)
+        filename = new_name
+    return SealedSegment(directory, name.base, scan.last_seq, freeze_ts, size, filename=filename, index=scan.index)
+
+
+def _sealed_index_is_sane(index_path: str, size: int, name: IlogName) -> bool:
+    try:
+        with open(index_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            index_size = f.tell()
+            if index_size == 0 or index_size % ENTRY_BYTES:
+                return False
+            f.seek(index_size - ENTRY_BYTES)
+            rel_seq, position = ENTRY.unpack(f.read(ENTRY_BYTES))
+    except FileNotFoundError:
+        return False
+    return position < size and name.base + rel_seq <= name.last
+
+
+def _seal_recovered(directory: str, filename: str, base: int, last: int, size: int, report: RecoveryReport):
+    path = os.path.join(directory, filename)
+    freeze_ts = int(os.stat(path).st_mtime)
+    sealed_name = format_ilog_name(base, last, freeze_ts)
+    os.rename(path, os.path.join(directory, sealed_name))
+    report.sealed_at_open.append(sealed_name)
+    log.warning("%s was not the newest .log: sealed it as %s", os.path.join(directory, filename), sealed_name)
+    return SealedSegment(directory, base, last, freeze_ts, size, filename=sealed_name)
+
+
+def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -> RecoveredLog:
+    report = RecoveryReport(directory)
+    logs: list[tuple[LogName, str]] = []
+    ilogs: list[tuple[IlogName, str]] = []
+    for filename in sorted(os.listdir(directory)):
+        kind = parse_name(filename)
+        if isinstance(kind, (LogName, IlogName)) and not os.path.isfile(os.path.join(directory, filename)):
+            kind = Ignored(filename, "segment name on something that is not a regular file")
+        if isinstance(kind, LogName):
+            logs.append((kind, filename))
+        elif isinstance(kind, IlogName):
+            ilogs.append((kind, filename))
+        elif isinstance(kind, Ignored):
+            report.ignored.append(kind)
+            log.warning("ignoring %s: %s", os.path.join(directory, filename), kind.reason)
+        else:
+            assert isinstance(kind, (IndexName, ConfigName))
+
+    _check_no_overlap(directory, [(n.base, n.last, f) for n, f in ilogs], [(n.base, f) for n, f in logs])
+
+    interval = config.log_index_interval_bytes
+    sealed: list[SealedSegment] = []
+    for name, filename in sorted(ilogs, key=lambda item: item[0].base):
+        if os.path.getsize(os.path.join(directory, filename)) == 0:
+            _unlink_segment(directory, filename, name.base, "zero-size sealed segment", report)
+            continue
+        segment = _recover_sealed(directory, name, filename, interval, report)
+        if segment is not None:
+            sealed.append(segment)
+
+    live_logs = []
+    for name, filename in sorted(logs, key=lambda item: item[0].base):
+        if os.path.getsize(os.path.join(directory, filename)) == 0:
+            _unlink_segment(directory, filename, name.base, "zero-size segment", report)
+            continue
+        recovered = _recover_log_file(directory, name, filename, interval, report)
+        if recovered is not None:
+            live_logs.append((name, filename, recovered))
+
+    # Only the newest .log is active; any other one (a crash between TANK's rename and create, or files copied in
+    # by hand) is sealed now, so that segments stay in seq order with the active one last.
+    newest_sealed_base = max((s.base for s in sealed), default=0)
+    active_state = None
+    for i, (name, filename, state) in enumerate(live_logs):
+        if i < len(live_logs) - 1 or name.base < newest_sealed_base:
+            size, last = state[0], state[1]
+            sealed.append(_seal_recovered(directory, filename, name.base, last, size, report))
+        else:
+            active_state = (name, filename, state)
+    sealed.sort(key=lambda s: s.base)
+    spans = [(s.base, s.last, s.filename) for s in sealed]
+    if active_state is not None:
+        name, filename, (size, last, index, since_last_update) = active_state
+        spans.append((name.base, last, filename))
+    _check_no_overlap(directory, spans, [])
+    if not report.clean:
+        fsync_dir(directory)
+
+    active = None
+    if active_state is not None:
+        created_ts = name.created_ts
+        if created_ts is None:
+            created_ts = int(os.stat(os.path.join(directory, filename)).st_mtime)
+        active = ActiveSegment.reopen(
+            directory,
+            filename,
+            name.base,
+            created_ts,
+            roll_age_s(config, rng),
+            size=size,
+            last=last,
+            index=index,
+            since_last_update=since_last_update,
+        )
+        last_assigned = last
+    elif sealed:
+        last_assigned = sealed[-1].last
+    else:
+        last_assigned = 0
+    return RecoveredLog(sealed, active, last_assigned, report)
+
+
+def _check_no_overlap(directory: str, ilogs: list[tuple[int, int, str]], logs: list[tuple[int, str]]) -> None:
+    """Segments must cover disjoint, increasing seq ranges. A .log's last seq is unknown yet: only its base counts."""
+    spans = sorted([(base, last, f) for base, last, f in ilogs] + [(base, base, f) for base, f in logs])
+    for (base_a, last_a, file_a), (base_b, _, file_b) in zip(spans, spans[1:]):
+        if base_b <= last_a:
+            raise RecoveryError(f"{directory}: {file_a} and {file_b} overlap (seq {base_b}); refusing to open")

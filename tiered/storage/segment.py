@@ -1,0 +1,327 @@
+"""Segments: the appendable ActiveSegment (`<base>_<createdTS>.log`) and immutable SealedSegments
+(`<base>-<last>_<freezeTS>.ilog`), each with its `<base>.index` (names.py, index.py, PROTOCOL.md §7).
+
+Readers get one shared read-only file object per segment (`reader()`); they must read with explicit positions
+(os.pread, os.sendfile) and never move or close it. The file object survives the roll (a rename keeps the inode)
+and is closed when the segment is deleted or the log is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from typing import BinaryIO
+
+from tiered.storage.index import ENTRY, IndexBuilder, NEVER_INDEXED, SparseIndex
+from tiered.storage.names import format_ilog_name, format_index_name, format_log_name
+from tiered.storage.topic_config import TopicConfig
+
+log = logging.getLogger("tiered.storage")
+
+MIN_ROLL_AGE_S = 3600
+DEFAULT_ROLL_AGE_S = 7 * 86400
+# Index entries and segment positions are u32; a segment never grows a rel_seq or a position past these.
+MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
+MAX_POSITION = 0xFFFF_FFFF
+
+
+def roll_age_s(config: TopicConfig, rng: random.Random) -> int:
+    """TANK's time-roll age of a new segment: max(rand(0..jitter), 1 h) with jitter, else 1 week.
+
+    `log.roll.secs` is deliberately ignored, as in TANK (`roll()` uses max(1 h, 1 week)).
+    """
+    if config.log_roll_jitter_secs:
+        return max(rng.randint(0, config.log_roll_jitter_secs), MIN_ROLL_AGE_S)
+    return max(MIN_ROLL_AGE_S, DEFAULT_ROLL_AGE_S)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SealedSegment:
+    """An immutable segment. Its index and reader are loaded on first use (many sealed segments stay cold)."""
+
+    def __init__(
+        self,
+        directory: str,
+        base: int,
+        last: int,
+        freeze_ts: int,
+        size: int,
+        *,
+        filename: str | None = None,
+        index: SparseIndex | None = None,
+        reader: BinaryIO | None = None,
+    ):
+        self.directory = directory
+        self.base = base
+        self.last = last
+        self.freeze_ts = freeze_ts
+        self.size = size
+        self.filename = filename or format_ilog_name(base, last, freeze_ts)
+        self._index = index
+        self._reader = reader
+        self.deleted = False
+
+    def __repr__(self) -> str:
+        return f"SealedSegment({self.filename!r}, size={self.size})"
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.filename)
+
+    @property
+    def index_path(self) -> str:
+        return os.path.join(self.directory, format_index_name(self.base))
+
+    @property
+    def index(self) -> SparseIndex:
+        if self._index is None:
+            with open(self.index_path, "rb") as f:
+                self._index, _ = SparseIndex.from_bytes(f.read())
+        return self._index
+
+    def reader(self) -> BinaryIO:
+        if self.deleted:
+            raise FileNotFoundError(f"segment {self.filename} was deleted")
+        if self._reader is None:
+            self._reader = open(self.path, "rb", buffering=0)
+        return self._reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def delete(self) -> None:
+        """Removes the segment and its index; readers holding the file object lose it."""
+        self.deleted = True
+        self.close()
+        for path in (self.path, self.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+class ActiveSegment:
+    """The one appendable segment of a partition. `last` is None until the first record is written."""
+
+    def __init__(
+        self,
+        directory: str,
+        base: int,
+        created_ts: int,
+        roll_age_s: int,
+        *,
+        filename: str,
+        log_fd: int,
+        index_fd: int,
+        size: int,
+        last: int | None,
+        index: SparseIndex,
+        since_last_update: int,
+    ):
+        self.directory = directory
+        self.base = base
+        self.created_ts = created_ts
+        self.roll_age_s = roll_age_s
+        self.filename = filename
+        self.size = size
+        self.last = last
+        self._log_fd = log_fd
+        self._index_fd = index_fd
+        self._builder = IndexBuilder(0, index, since_last_update)
+        self._reader: BinaryIO | None = open(self.path, "rb", buffering=0)
+
+    def __repr__(self) -> str:
+        return f"ActiveSegment({self.filename!r}, size={self.size}, last={self.last})"
+
+    @classmethod
+    def create(cls, directory: str, base: int, created_ts: int, roll_age_s: int) -> ActiveSegment:
+        filename = format_log_name(base, created_ts)
+        log_fd = os.open(os.path.join(directory, filename), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            # A leftover index with this base cannot belong to live data (bases only grow): start it afresh.
+            index_fd = os.open(
+                os.path.join(directory, format_index_name(base)),
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
+                0o644,
+            )
+        except OSError:
+            os.close(log_fd)
+            os.unlink(os.path.join(directory, filename))
+            raise
+        return cls(
+            directory,
+            base,
+            created_ts,
+            roll_age_s,
+            filename=filename,
+            log_fd=log_fd,
+            index_fd=index_fd,
+            size=0,
+            last=None,
+            index=SparseIndex(),
+            since_last_update=NEVER_INDEXED,
+        )
+
+    @classmethod
+    def reopen(
+        cls,
+        directory: str,
+        filename: str,
+        base: int,
+        created_ts: int,
+        roll_age_s: int,
+        *,
+        size: int,
+        last: int,
+        index: SparseIndex,
+        since_last_update: int,
+    ) -> ActiveSegment:
+        """An existing, recovered segment (recovery.py made its file and index whole and consistent)."""
+        log_fd = os.open(os.path.join(directory, filename), os.O_WRONLY | os.O_APPEND)
+        try:
+            index_fd = os.open(os.path.join(directory, format_index_name(base)), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except OSError:
+            os.close(log_fd)
+            raise
+        return cls(
+            directory,
+            base,
+            created_ts,
+            roll_age_s,
+            filename=filename,
+            log_fd=log_fd,
+            index_fd=index_fd,
+            size=size,
+            last=last,
+            index=index,
+            since_last_update=since_last_update,
+        )
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.filename)
+
+    @property
+    def index_path(self) -> str:
+        return os.path.join(self.directory, format_index_name(self.base))
+
+    @property
+    def index(self) -> SparseIndex:
+        return self._builder.index
+
+    @property
+    def index_bytes(self) -> int:
+        return self._builder.index.size_bytes
+
+    def reader(self) -> BinaryIO:
+        return self._reader
+
+    def should_roll(self, now_s: float, config: TopicConfig) -> bool:
+        """TANK's `should_roll()`, evaluated before an append. An empty segment never rolls."""
+        if self.size == 0:
+            return False
+        if self.size > config.log_segment_bytes:
+            return True
+        if self.index_bytes > config.log_index_size_max_bytes:
+            return True
+        return now_s - self.created_ts > self.roll_age_s
+
+    def fits(self, first_seq: int, last_seq: int, record_len: int) -> bool:
+        """Whether a record keeps this segment's index columns within u32 (and TANK's seq span limit)."""
+        return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
+
+    def append(self, record: bytes, first_seq: int, last_seq: int, interval: int) -> int:
+        """Writes one whole record with one write; returns its position. On a failed write the file is cut back."""
+        position = self.size
+        try:
+            write_all(self._log_fd, record)
+        except OSError:
+            try:
+                os.ftruncate(self._log_fd, position)
+            except OSError:
+                log.exception("could not cut %s back to %d after a failed append", self.path, position)
+            raise
+        self.size = position + len(record)
+        self.last = last_seq
+        self._builder.interval = interval
+        entry = self._builder.add(first_seq - self.base, position, len(record))
+        if entry is not None:
+            self._write_index_entry(entry)
+        return position
+
+    def _write_index_entry(self, entry: tuple[int, int]) -> None:
+        # As in TANK, a failed index write does not fail the append: the in-memory index keeps the entry and a
+        # missing on-disk entry only makes lookups walk a little further (recovery re-adds trailing ones).
+        expected = (len(self._builder.index) - 1) * ENTRY.size
+        try:
+            write_all(self._index_fd, ENTRY.pack(*entry))
+        except OSError:
+            log.exception("could not write index entry %r to %s", entry, self.index_path)
+            try:
+                os.ftruncate(self._index_fd, expected)
+            except OSError:
+                log.exception("could not cut %s back to whole entries", self.index_path)
+
+    def flush(self) -> None:
+        os.fdatasync(self._log_fd)
+        os.fdatasync(self._index_fd)
+
+    def seal(self) -> SealedSegment:
+        """Renames `X_ts.log` to `X-last_freezeTS.ilog` (freezeTS = the .log's mtime) and hands over the reader."""
+        if self.last is None:
+            raise ValueError("an empty segment is never sealed")
+        self.flush()
+        freeze_ts = int(os.fstat(self._log_fd).st_mtime)
+        sealed_name = format_ilog_name(self.base, self.last, freeze_ts)
+        os.rename(self.path, os.path.join(self.directory, sealed_name))
+        self._close_writers()
+        sealed = SealedSegment(
+            self.directory,
+            self.base,
+            self.last,
+            freeze_ts,
+            self.size,
+            filename=sealed_name,
+            index=self._builder.index,
+            reader=self._reader,
+        )
+        self._reader = None
+        return sealed
+
+    def _close_writers(self) -> None:
+        for fd in (self._log_fd, self._index_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._log_fd = self._index_fd = -1
+
+    def close(self) -> None:
+        self._close_writers()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def delete(self) -> None:
+        """Removes an (empty) active segment's files, e.g. after its first write failed."""
+        self.close()
+        for path in (self.path, self.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

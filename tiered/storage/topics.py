@@ -1,0 +1,197 @@
+"""The data directory: one directory per topic, one per partition (PROTOCOL.md §3.7, §7).
+
+    <base>/<topic>/config          topic-level overrides (written by CreateTopic when non-empty)
+    <base>/<topic>/<p>/            partitions 0..N-1, contiguous
+    <base>/<topic>/<p>/config      partition-level overrides (read at open and by ReloadConf)
+    <base>/.<topic>/               a topic being created; renamed into place when complete
+
+Topic names follow TANK's `is_valid_topic_name()`: 1..64 characters of [A-Za-z0-9_-], not starting or ending
+with '-' or '_'. That also keeps every topic path inside the data directory ('/', '.', '..' are impossible).
+Other entries starting with '.' (`.tiered`, TANK's `.cleanup.log`, ...) are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+from tiered.storage.names import PARTITION_CONFIG
+from tiered.storage.segment import fsync_dir
+from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
+
+log = logging.getLogger("tiered.storage")
+
+TOPIC_CONFIG = "config"
+MAX_TOPIC_NAME = 64
+MAX_PARTITIONS = 0xFFFF  # partition ids are u16 on the wire
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
+
+
+class InvalidTopicName(ValueError):
+    pass
+
+
+class TopicExists(FileExistsError):
+    pass
+
+
+class TopicDirError(OSError):
+    """The data directory is not in a state where the operation can proceed safely."""
+
+
+def is_valid_topic_name(name: str) -> bool:
+    return _TOPIC_NAME.fullmatch(name) is not None
+
+
+def validate_topic_name(name: str) -> str:
+    if not is_valid_topic_name(name):
+        raise InvalidTopicName(
+            f"invalid topic name {name!r}: 1..{MAX_TOPIC_NAME} characters of A-Z a-z 0-9 _ -, "
+            "not starting or ending with - or _"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDir:
+    name: str
+    partitions: int
+    config_text: str  # "" when the topic has no config file
+
+
+def topic_path(base: str, name: str) -> str:
+    return os.path.join(base, validate_topic_name(name))
+
+
+def partition_path(base: str, name: str, partition: int) -> str:
+    return os.path.join(topic_path(base, name), str(partition))
+
+
+def _write_synced(path: str, data: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "") -> str:
+    """Creates `<base>/<name>/` atomically (built as `.<name>`, fsynced, renamed). Returns its path.
+
+    Raises InvalidTopicName, ValueError (partition count), ConfigError (the config would not load),
+    TopicExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
+    """
+    validate_topic_name(name)
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"a topic needs 1..{MAX_PARTITIONS} partitions, not {partitions}")
+    values, _warnings = parse_config_text(config_text)
+    TopicConfig.from_layers(values)
+    final = os.path.join(base, name)
+    staging = os.path.join(base, "." + name)
+    if os.path.lexists(final):
+        raise TopicExists(f"topic {name!r} already exists")
+    try:
+        os.mkdir(staging, 0o755)
+    except FileExistsError:
+        raise TopicDirError(f"{staging} is left from an interrupted creation; remove it to create {name!r}") from None
+    for p in range(partitions):
+        os.mkdir(os.path.join(staging, str(p)), 0o755)
+    if config_text.strip():
+        _write_synced(os.path.join(staging, TOPIC_CONFIG), config_text)
+    for p in range(partitions):
+        fsync_dir(os.path.join(staging, str(p)))
+    fsync_dir(staging)
+    if os.path.lexists(final):  # created meanwhile by someone else: leave both for an operator to compare
+        raise TopicExists(f"topic {name!r} already exists")
+    os.rename(staging, final)
+    fsync_dir(base)
+    return final
+
+
+def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
+    """The topics under `base` (sorted by name) and the problems found, each a sentence naming the path."""
+    topics: list[TopicDir] = []
+    problems: list[str] = []
+    for entry in sorted(os.listdir(base)):
+        path = os.path.join(base, entry)
+        if entry.startswith("."):
+            if os.path.isdir(path) and is_valid_topic_name(entry[1:]):
+                problems.append(f"{path}: stray directory of an interrupted topic creation (left alone)")
+            continue
+        if not os.path.isdir(path):
+            problems.append(f"{path}: not a directory, ignored")
+            continue
+        if not is_valid_topic_name(entry):
+            problems.append(f"{path}: not a valid topic name, ignored")
+            continue
+        topic, topic_problems = _scan_topic(path, entry)
+        problems.extend(topic_problems)
+        if topic is not None:
+            topics.append(topic)
+    return topics, problems
+
+
+def scan(base: str) -> list[TopicDir]:
+    """The topics under `base`; problems are logged as warnings (nothing is deleted)."""
+    topics, problems = scan_report(base)
+    for problem in problems:
+        log.warning("%s", problem)
+    return topics
+
+
+def _scan_topic(path: str, name: str) -> tuple[TopicDir | None, list[str]]:
+    problems = []
+    ids = []
+    config_text = ""
+    for entry in os.listdir(path):
+        entry_path = os.path.join(path, entry)
+        if entry == TOPIC_CONFIG and os.path.isfile(entry_path):
+            with open(entry_path, encoding="utf-8") as f:
+                config_text = f.read()
+        elif entry.isdigit() and os.path.isdir(entry_path) and str(int(entry)) == entry:
+            ids.append(int(entry))
+        else:
+            problems.append(f"{entry_path}: not a partition directory or topic config, ignored")
+    ids.sort()
+    if not ids:
+        problems.append(f"{path}: topic without partition directories, not loaded")
+        return None, problems
+    if ids != list(range(len(ids))):
+        problems.append(f"{path}: partition directories are not contiguous from 0 ({ids}), topic not loaded")
+        return None, problems
+    return TopicDir(name, len(ids), config_text), problems
+
+
+class PartitionConfigError(Exception):
+    """ReloadConf failure. `kind`: unknown_topic (0x0b), unknown_partition (0x0a), missing or io (0x02), parse (0x03)."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind
+        super().__init__(message)
+
+
+def read_partition_config(base: str, topic: str, partition: int) -> tuple[dict[str, str], list[str]]:
+    """The partition-level config layer (`<base>/<topic>/<p>/config`, not the topic one, as TANK's ReloadConf).
+
+    Returns (values, warnings); the values are checked to load. Raises PartitionConfigError.
+    """
+    if not is_valid_topic_name(topic) or not os.path.isdir(os.path.join(base, topic)):
+        raise PartitionConfigError("unknown_topic", f"unknown topic {topic!r}")
+    directory = os.path.join(base, topic, str(partition))
+    if partition < 0 or not os.path.isdir(directory):
+        raise PartitionConfigError("unknown_partition", f"unknown partition {topic}/{partition}")
+    path = os.path.join(directory, PARTITION_CONFIG)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PartitionConfigError("missing", f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PartitionConfigError("io", f"cannot read {path}: {exc}") from None
+    try:
+        values, warnings = parse_config_text(text)
+        TopicConfig.from_layers(values)
+    except ConfigError as exc:
+        raise PartitionConfigError("parse", f"{path}: {exc}") from None
+    return values, warnings

@@ -101,7 +101,7 @@ def _block_hash(broker_id: int, block_id: str) -> str:
     return hashlib.sha256(f"{broker_id}/{block_id}".encode()).hexdigest()[:4]
 
 
-class _BlockIdClock:
+class BlockIdClock:
     """ULID generation, monotonic within the process.
 
     Two ids minted in the same millisecond (or after the wall clock stepped back) keep the last time and increment
@@ -129,7 +129,7 @@ class _BlockIdClock:
         return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
 
 
-_block_id_clock = _BlockIdClock()
+_block_id_clock = BlockIdClock()
 
 
 def new_block_id(now_ms: int) -> str:

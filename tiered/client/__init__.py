@@ -1,1 +1,5 @@
-"""tiered.client"""
+"""A small asyncio TANK client: `from tiered.client import Client`."""
+
+from tiered.client.client import BoundaryError, Client, ConsumeResult, TankError, UnknownPartition, UnknownTopic, as_messages
+
+__all__ = ['BoundaryError', 'Client', 'ConsumeResult', 'TankError', 'UnknownPartition', 'UnknownTopic', 'as_messages']

@@ -138,8 +138,19 @@ def decode_bundle(bundle, base_seq: int = 0) -> list[Message]:
     return decode_message_set(data, header, base_seq)
 
 
-def decode_message_set(data, header: BundleHeader, base_seq: int = 0) -> list[Message]:
-    messages = []
+def decode_message_set(data, header: BundleHeader, base_seq: int = 0, *, partial: bool = False) -> list[Message]:
+    """The messages of a message set. With `partial`, a message set cut short (the last bundle of a consume chunk
+    may be partial) yields the whole messages before the cut instead of raising."""
+    messages: list[Message] = []
+    try:
+        _decode_messages(data, header, base_seq, messages)
+    except ProtocolError:
+        if not partial:
+            raise
+    return messages
+
+
+def _decode_messages(data, header: BundleHeader, base_seq: int, messages: list[Message]) -> None:
     position = 0
     seq = header.first_seq if header.sparse else base_seq
     last_ts = 0
@@ -187,7 +198,6 @@ def decode_message_set(data, header: BundleHeader, base_seq: int = 0) -> list[Me
         position += size
     if position != end:
         raise ProtocolError(f"{end - position} bytes after the last message of the bundle", position)
-    return messages
 
 
 def choose_codec(messages: Sequence[Message]) -> int:

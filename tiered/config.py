@@ -1,0 +1,234 @@
+"""The broker's settings: one object, built in one place (docs/configuration.md is the table).
+
+Precedence, highest first: command-line flags > TIERED_* environment variables > the TOML config file > defaults.
+Credentials are never settings: libpq and the AWS SDKs read them from their own environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+DEFAULT_PORT = 11011
+DEFAULT_HTTP_PORT = 9102
+ENV_PREFIX = "TIERED_"
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used, named with where it came from."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path("./data")
+    listen: str = f":{DEFAULT_PORT}"
+    http_listen: str = f":{DEFAULT_HTTP_PORT}"
+    catalog_url: str = ""  # empty: derived from data_dir
+    store_url: str = ""  # empty: derived from data_dir
+    s3_path_style: bool = False
+    broker_id: int = 0
+    read_only: bool = False
+    block_max_bytes: int = 8 << 20
+    block_max_age_ms: int = 250
+    shutdown_timeout_s: float = 25.0
+    log_level: str = "info"
+    log_format: str = "text"
+    topic_defaults: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        """Our own files inside the data dir; a dot folder, so it is never taken for a topic."""
+        return self.data_dir / ".tiered"
+
+    @property
+    def effective_catalog_url(self) -> str:
+        return self.catalog_url or f"sqlite:///{(self.state_dir / 'catalog.db').resolve()}"
+
+    @property
+    def effective_store_url(self) -> str:
+        return self.store_url or f"file://{(self.state_dir / 'objects').resolve()}"
+
+    def listen_endpoint(self) -> tuple[str, int]:
+        return parse_endpoint(self.listen, DEFAULT_PORT)
+
+    def http_endpoint(self) -> tuple[str, int] | None:
+        if self.http_listen.strip().lower() in ("off", "none", "false", "0", ""):
+            return None
+        return parse_endpoint(self.http_listen, DEFAULT_HTTP_PORT)
+
+    def describe(self) -> dict[str, Any]:
+        """Settings as they may be logged: URLs with any password masked."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = mask_url(value) if f.name.endswith("_url") else value
+        out["catalog_url"] = mask_url(self.effective_catalog_url)
+        out["store_url"] = mask_url(self.effective_store_url)
+        out["data_dir"] = str(self.data_dir)
+        out["topic_defaults"] = dict(self.topic_defaults)
+        return out
+
+
+def parse_endpoint(text: str, default_port: int) -> tuple[str, int]:
+    """TANK's `[addr:]port` (also `addr` alone): an empty address means every interface."""
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        if text.isdigit():
+            host, port = "", text
+        else:
+            host, port = text, str(default_port)
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        number = int(port)
+    except ValueError:
+        raise SettingsError(f"bad endpoint {text!r}: port must be a number") from None
+    if not 0 <= number <= 65535:
+        raise SettingsError(f"bad endpoint {text!r}: port out of range")
+    return host, number
+
+
+def parse_size(text: str | int) -> int:
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise SettingsError(f"bad size {text!r} (use a number with b, k, m, g, t, KiB, MiB or GiB)")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+
+
+def parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingsError(f"bad boolean {text!r}")
+
+
+def parse_broker_id(text: str | int, hostname: str | None = None) -> int:
+    if isinstance(text, int):
+        return text
+    text = str(text).strip()
+    if text.lower() == "auto":
+        m = re.search(r"(\d+)$", hostname if hostname is not None else socket.gethostname())
+        return int(m.group(1)) if m else 0
+    if not text.isdigit():
+        raise SettingsError(f"bad broker id {text!r} (a number, or auto)")
+    return int(text)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, so it can be logged."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+_CONVERTERS = {
+    "data_dir": Path,
+    "listen": str,
+    "http_listen": str,
+    "catalog_url": str,
+    "store_url": str,
+    "s3_path_style": parse_bool,
+    "broker_id": parse_broker_id,
+    "read_only": parse_bool,
+    "block_max_bytes": parse_size,
+    "block_max_age_ms": int,
+    "shutdown_timeout_s": float,
+    "log_level": lambda v: _choice(v, ("debug", "info", "warning", "error")),
+    "log_format": lambda v: _choice(v, ("text", "json")),
+}
+
+
+def _choice(value: str, allowed: tuple[str, ...]) -> str:
+    value = str(value).strip().lower()
+    if value not in allowed:
+        raise SettingsError(f"{value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _convert(name: str, value: Any, source: str) -> Any:
+    try:
+        return _CONVERTERS[name](value)
+    except (SettingsError, ValueError, TypeError) as exc:
+        raise SettingsError(f"{source}: {name}: {exc}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `tiered serve`; every default is None so that unset flags fall through to env, file, default."""
+    a = parser.add_argument
+    a("--config", help="TOML config file (also TIERED_CONFIG)")
+    a("-p", "--data-dir", dest="data_dir", help="local data directory (TANK's base path)")
+    a("-l", "--listen", dest="listen", help="TANK protocol listener [addr:]port (default :11011)")
+    a("-P", "--http-listen", dest="http_listen", help="metrics and health [addr:]port, or off (default :9102)")
+    a("--catalog", dest="catalog_url", help="catalog URL: sqlite:///path or postgresql+psycopg://user@host/db")
+    a("--store", dest="store_url", help="object store URL: file:///dir or s3://bucket/prefix")
+    a("--s3-path-style", dest="s3_path_style", action="store_const", const=True, help="path-style S3 addressing")
+    a("--broker-id", dest="broker_id", help="broker id, or auto (the host name's trailing number)")
+    a("-r", "--read-only", dest="read_only", action="store_const", const=True, help="refuse produce and create")
+    a("--block-max-bytes", dest="block_max_bytes", help="close a block at this size (default 8MiB)")
+    a("--block-max-age-ms", dest="block_max_age_ms", help="close a block this long after its oldest record")
+    a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")
+    a("--log-level", dest="log_level", help="debug, info, warning or error")
+    a("--log-format", dest="log_format", help="text or json")
+
+
+def load_settings(
+    args: argparse.Namespace | Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Builds the settings from flags, environment, config file and defaults, in that precedence."""
+    environ = os.environ if environ is None else environ
+    flags = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
+    values: dict[str, Any] = {}
+    config_path = flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    topic_defaults: dict[str, str] = {}
+    if config_path:
+        try:
+            document = tomllib.loads(Path(config_path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"config file {config_path}: {exc}") from None
+        for key, value in document.items():
+            if key == "topic_defaults":
+                if not isinstance(value, dict):
+                    raise SettingsError(f"config file {config_path}: topic_defaults must be a table")
+                topic_defaults = {str(k).lower(): str(v) for k, v in value.items()}
+            elif key in _CONVERTERS:
+                values[key] = _convert(key, value, f"config file {config_path}")
+            else:
+                raise SettingsError(f"config file {config_path}: unknown setting {key!r}")
+    for name in _CONVERTERS:
+        env_value = environ.get(ENV_PREFIX + name.upper())
+        if env_value is not None and env_value != "":
+            values[name] = _convert(name, env_value, f"environment {ENV_PREFIX + name.upper()}")
+    for name in _CONVERTERS:
+        if flags.get(name) is not None:
+            values[name] = _convert(name, flags[name], f"flag for {name}")
+    settings = replace(Settings(), **values, topic_defaults=topic_defaults)
+    if settings.block_max_bytes < 1024:
+        raise SettingsError("block_max_bytes must be at least 1 KiB")
+    if settings.block_max_age_ms < 1:
+        raise SettingsError("block_max_age_ms must be at least 1")
+    settings.listen_endpoint()
+    settings.http_endpoint()
+    return settings

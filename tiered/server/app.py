@@ -1,0 +1,37 @@
+"""The whole broker process: the TANK listener, the HTTP endpoint, and the tiered storage layer, started and stopped
+in order. `tiered serve` runs one App; tests start one in-process."""
+
+from __future__ import annotations
+
+import logging
+
+from tiered.config import Settings
+from tiered.server.broker import Broker
+from tiered.server.http import HttpEndpoint
+
+log = logging.getLogger("tiered.server")
+
+
+class App:
+    def __init__(self, settings: Settings, *, tiering=None, now_s=None):
+        self.settings = settings
+        kwargs = {"now_s": now_s} if now_s is not None else {}
+        self.broker = Broker(settings, tiering=tiering, **kwargs)
+        self.http = HttpEndpoint(self.broker.metrics.render, self.ready, lambda: not self.broker.stopping)
+
+    async def ready(self) -> tuple[bool, str]:
+        if not self.broker.ready:
+            return False, "the broker is not serving"
+        if self.broker.tiering is not None:
+            return await self.broker.tiering.check_ready()
+        return True, ""
+
+    async def start(self) -> None:
+        await self.broker.start()
+        endpoint = self.settings.http_endpoint()
+        if endpoint is not None:
+            await self.http.start(*endpoint)
+
+    async def stop(self) -> None:
+        await self.broker.stop()
+        await self.http.stop()

@@ -1,0 +1,122 @@
+"""Consume (0x02), as TANK answers it (PROTOCOL.md §3.3, §3.4).
+
+Each partition resolves to data (whole bundles from the one that holds the seq), a boundary fault, or EOF. Any
+partition that is not at EOF makes the response immediate; so does max_wait 0. Otherwise the request waits until
+`min_bytes` become visible across its partitions, or until its normalised deadline. EOF partitions carry one of
+TANK's three base values: first available (answered at once), 0 (timed out), or the first seq that arrived (woken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tiered.protocol.codes import UINT64_MAX, ConsumeStatus
+from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head
+from tiered.protocol.requests import ConsumeRequest
+
+from tiered.server.fetch import Boundary, Eof, Found
+from tiered.server.waiters import Waiter, monotonic_ms, wakeup_deadline_ms
+
+log = logging.getLogger("tiered.server")
+
+MAX_FETCH_BYTES = 64 * 1024 * 1024
+MAX_MIN_BYTES = 64 * 1024 * 1024
+
+
+class ConsumeHandler:
+    def __init__(self, broker):
+        self.broker = broker
+
+    async def handle(self, conn, req: ConsumeRequest) -> None:
+        broker = self.broker
+        min_bytes = min(req.min_bytes, MAX_MIN_BYTES)
+        topics = []
+        chunks = []
+        tails: dict[tuple[str, int], int] = {}
+        fetch_sizes: dict[tuple[str, int], int] = {}
+        immediate = req.max_wait_ms == 0
+        for topic in req.topics:
+            known = broker.registry.topics.get(topic.name)
+            if known is None:
+                topics.append(ConsumeTopicResult(topic.name, None, len(topic.partitions)))
+                immediate = True
+                continue
+            results = []
+            for p in topic.partitions:
+                part = broker.registry.get(topic.name, p.partition)
+                if part is None:
+                    results.append(ConsumePartitionResult(p.partition, ConsumeStatus.UNKNOWN_PARTITION))
+                    immediate = True
+                    continue
+                fetch_size = min(p.fetch_size, MAX_FETCH_BYTES)
+                got = await broker.fetch.resolve(part, p.seq, fetch_size)
+                if isinstance(got, Found):
+                    results.append(_found_result(p.partition, got))
+                    chunks.append(got.chunk)
+                    immediate = True
+                elif isinstance(got, Boundary):
+                    results.append(
+                        ConsumePartitionResult(
+                            p.partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available
+                        )
+                    )
+                    immediate = True
+                else:
+                    results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
+                    tail = p.seq if p.seq not in (0, UINT64_MAX) else got.hwmark + 1
+                    tails[(topic.name, p.partition)] = tail
+                    fetch_sizes[(topic.name, p.partition)] = fetch_size
+            topics.append(ConsumeTopicResult(topic.name, tuple(results), len(topic.partitions)))
+        if immediate or not tails:
+            broker.metrics.consumed(topics, chunks)
+            await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
+            return
+        conn.spawn(self._wait(conn, req, tails, fetch_sizes, min_bytes))
+
+    async def _wait(self, conn, req: ConsumeRequest, tails, fetch_sizes, min_bytes: int) -> None:
+        broker = self.broker
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(dict(tails), min_bytes, loop.create_future())
+        broker.waiters.add(waiter)
+        delay_ms = wakeup_deadline_ms(monotonic_ms(), req.max_wait_ms) - monotonic_ms()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(delay_ms, 0) / 1000.0)
+            woken = waiter.future.result() == "data"  # "shutdown" answers like a timeout
+        except asyncio.TimeoutError:
+            woken = False
+        finally:
+            broker.waiters.remove(waiter)
+        topics: list[ConsumeTopicResult] = []
+        chunks = []
+        # A long-poll response carries only the waiting partitions, grouped by topic in request order.
+        for topic in req.topics:
+            results = []
+            for p in topic.partitions:
+                tp = (topic.name, p.partition)
+                if tp not in tails:
+                    continue
+                part = broker.registry.get(*tp)
+                got = None
+                if woken and part is not None:
+                    got = await broker.fetch.resolve(part, tails[tp], fetch_sizes[tp])
+                hwmark = part.hwmark if part is not None else 0
+                if isinstance(got, Found):
+                    results.append(_found_result(p.partition, got))
+                    chunks.append(got.chunk)
+                elif isinstance(got, Boundary):
+                    results.append(
+                        ConsumePartitionResult(p.partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available)
+                    )
+                else:
+                    results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, 0, hwmark, 0))
+            if results:
+                topics.append(ConsumeTopicResult(topic.name, tuple(results), len(results)))
+        broker.metrics.consumed(topics, chunks)
+        await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
+
+
+def _found_result(partition: int, got: Found) -> ConsumePartitionResult:
+    if got.first_bundle_sparse:
+        return ConsumePartitionResult(partition, ConsumeStatus.SPARSE, 0, got.hwmark, got.chunk.size)
+    return ConsumePartitionResult(partition, ConsumeStatus.OK, got.first_bundle_seq, got.hwmark, got.chunk.size)

@@ -1,0 +1,98 @@
+"""The fetch resolver: where the bytes for (partition, seq) come from.
+
+The local partition log answers first (whole bundles, streamed with sendfile). A seq the local log no longer holds
+but a lower tier does is handed to `remote`, an object with `async fetch(partition, seq, fetch_size)` returning a
+`Found` or None (the tiering layer provides it); without one, or when it has nothing, the answer is TANK's boundary
+fault with the partition's first available seq.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from tiered.protocol.codes import UINT64_MAX
+from tiered.storage.partition_log import Boundary as LocalBoundary
+from tiered.storage.partition_log import Eof as LocalEof
+
+from tiered.server.registry import Partition
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """Bytes [start, end) of an open segment file, sent with sendfile."""
+
+    file: object
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class BytesChunk:
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class Found:
+    chunk: FileChunk | BytesChunk
+    first_bundle_seq: int
+    first_bundle_sparse: bool
+    hwmark: int
+
+
+@dataclass(frozen=True)
+class Boundary:
+    first_available: int
+    hwmark: int
+
+
+@dataclass(frozen=True)
+class Eof:
+    first_available: int
+    hwmark: int
+
+
+class RemoteFetcher(Protocol):
+    async def fetch(self, partition: Partition, seq: int, fetch_size: int) -> Found | None: ...
+
+
+class FetchResolver:
+    def __init__(self, remote: RemoteFetcher | None = None):
+        self.remote = remote
+
+    def local(self, part: Partition, seq: int, fetch_size: int) -> Found | Boundary | Eof | None:
+        """The local answer, or None when the seq is below the local log but a lower tier may hold it."""
+        if seq == 0 and self.remote is not None and part.remote_first_available:
+            seq = part.first_available
+        got = part.log.locate(seq, fetch_size)
+        if isinstance(got, LocalEof):
+            return Eof(part.first_available, part.hwmark)
+        if isinstance(got, LocalBoundary):
+            local_first = part.log.first_available
+            in_lower_tier = part.first_available <= seq <= part.hwmark and (local_first == 0 or seq < local_first)
+            if self.remote is not None and seq != UINT64_MAX and in_lower_tier:
+                return None
+            return Boundary(part.first_available, part.hwmark)
+        return Found(
+            FileChunk(got.file, got.start_position, got.end_position),
+            got.first_bundle_seq,
+            got.first_bundle_sparse,
+            part.hwmark,
+        )
+
+    async def resolve(self, part: Partition, seq: int, fetch_size: int) -> Found | Boundary | Eof:
+        got = self.local(part, seq, fetch_size)
+        if got is not None:
+            return got
+        found = await self.remote.fetch(part, seq, fetch_size)
+        if found is not None:
+            return found
+        return Boundary(part.first_available, part.hwmark)

@@ -1,0 +1,80 @@
+"""The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz` (readiness).
+
+Like TANK's `-P` listener it answers GET only (405 otherwise), refuses request bodies (413) and unknown paths (404).
+Readiness is true only once the broker serves and the catalog and object store have answered (`ready_check`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+log = logging.getLogger("tiered.server")
+
+MAX_HEADER_BYTES = 16 * 1024
+READ_TIMEOUT_S = 10.0
+
+
+class HttpEndpoint:
+    def __init__(self, metrics_text: Callable[[], str], ready_check: Callable[[], Awaitable[tuple[bool, str]]],
+                 alive_check: Callable[[], bool] = lambda: True):
+        self.metrics_text = metrics_text
+        self.ready_check = ready_check
+        self.alive_check = alive_check
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            status, body, ctype = await self.respond(head)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+            status, body, ctype = 400, "bad request\n", "text/plain"
+        try:
+            data = body.encode()
+            writer.write(
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
+            )
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def respond(self, head: bytes) -> tuple[int, str, str]:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3:
+            return 400, "bad request\n", "text/plain"
+        method, target, _ = parts
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        if method != "GET":
+            return 405, "method not allowed\n", "text/plain"
+        if headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers:
+            return 413, "request bodies are not accepted\n", "text/plain"
+        path = target.split("?", 1)[0]
+        if path.startswith("/metrics"):
+            return 200, self.metrics_text(), "text/plain; version=0.0.4; charset=utf-8"
+        if path == "/healthz":
+            return (200, "ok\n", "text/plain") if self.alive_check() else (503, "stopping\n", "text/plain")
+        if path == "/readyz":
+            ok, why = await self.ready_check()
+            return (200, "ready\n", "text/plain") if ok else (503, f"not ready: {why}\n", "text/plain")
+        return 404, "not found\n", "text/plain"
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
+            503: "Service Unavailable"}

@@ -1,0 +1,136 @@
+"""The broker's counters and their Prometheus text exposition.
+
+TANK's own names are kept (`tanksrv_topic_produced_bytes{m="<topic>"}`, `..._produced_msgs`, `..._consumed_bytes`,
+the `tanksrv_topic_latency` histogram labelled `n="<topic>"`), so existing dashboards keep working; the tiering
+counters are ours, under `tiered_`. Everything here is plain integers updated on the event loop: no locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from typing import Callable, Iterable
+
+# Latency buckets in seconds, for produce acknowledgement latency per topic.
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Histogram:
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def quantile(self, q: float) -> float:
+        """An upper bound of the q-quantile from the buckets (for logs and benchmarks)."""
+        if not self.count:
+            return 0.0
+        target = q * self.count
+        running = 0
+        for i, n in enumerate(self.counts):
+            running += n
+            if running >= target:
+                return LATENCY_BUCKETS_S[i] if i < len(LATENCY_BUCKETS_S) else float("inf")
+        return float("inf")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.produced_bytes: dict[str, int] = defaultdict(int)
+        self.produced_msgs: dict[str, int] = defaultdict(int)
+        self.consumed_bytes: dict[str, int] = defaultdict(int)
+        self.latency: dict[str, Histogram] = defaultdict(Histogram)
+        self.counters: dict[str, float] = defaultdict(float)
+        self.histograms: dict[str, Histogram] = defaultdict(Histogram)
+        # Gauges computed at scrape time: name -> (help, function returning value or {labels: value}).
+        self.gauges: dict[str, tuple[str, Callable[[], float | dict]]] = {}
+        self.help: dict[str, str] = {}
+
+    def produced(self, topic: str, size_bytes: int, messages: int) -> None:
+        self.produced_bytes[topic] += size_bytes
+        self.produced_msgs[topic] += messages
+
+    def consumed(self, topics: Iterable, chunks: Iterable) -> None:
+        # Chunks follow the header order of partitions with data; attribute each to its topic.
+        chunk_iter = iter(chunks)
+        for topic in topics:
+            for p in topic.partitions or ():
+                if p.chunk_len:
+                    next(chunk_iter, None)
+                    self.consumed_bytes[topic.name] += p.chunk_len
+
+    def ack_latency(self, topic: str, seconds: float) -> None:
+        self.latency[topic].observe(seconds)
+
+    def inc(self, name: str, value: float = 1, help: str = "") -> None:
+        self.counters[name] += value
+        if help:
+            self.help.setdefault(name, help)
+
+    def observe(self, name: str, seconds: float, help: str = "") -> None:
+        self.histograms[name].observe(seconds)
+        if help:
+            self.help.setdefault(name, help)
+
+    def gauge(self, name: str, help: str, fn: Callable[[], float | dict]) -> None:
+        self.gauges[name] = (help, fn)
+
+    def render(self) -> str:
+        out: list[str] = []
+        _family(out, "tanksrv_topic_produced_bytes", "counter", "bytes produced per topic",
+                ((f'm="{_esc(t)}"', v) for t, v in sorted(self.produced_bytes.items())))
+        _family(out, "tanksrv_topic_produced_msgs", "counter", "messages produced per topic",
+                ((f'm="{_esc(t)}"', v) for t, v in sorted(self.produced_msgs.items())))
+        _family(out, "tanksrv_topic_consumed_bytes", "counter", "bytes consumed per topic",
+                ((f'm="{_esc(t)}"', v) for t, v in sorted(self.consumed_bytes.items())))
+        out.append("# HELP tanksrv_topic_latency produce acknowledgement latency in seconds")
+        out.append("# TYPE tanksrv_topic_latency histogram")
+        for topic, hist in sorted(self.latency.items()):
+            _histogram_lines(out, "tanksrv_topic_latency", hist, f'n="{_esc(topic)}",')
+        for name, value in sorted(self.counters.items()):
+            _family(out, name, "counter", self.help.get(name, name), (("", value),))
+        for name, hist in sorted(self.histograms.items()):
+            out.append(f"# HELP {name} {self.help.get(name, name)}")
+            out.append(f"# TYPE {name} histogram")
+            _histogram_lines(out, name, hist, "")
+        for name, (help, fn) in sorted(self.gauges.items()):
+            value = fn()
+            samples = value.items() if isinstance(value, dict) else (("", value),)
+            _family(out, name, "gauge", help, samples)
+        return "\n".join(out) + "\n"
+
+
+def _family(out: list[str], name: str, kind: str, help: str, samples) -> None:
+    out.append(f"# HELP {name} {help}")
+    out.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        out.append(f"{name}{{{labels}}} {_num(value)}" if labels else f"{name} {_num(value)}")
+
+
+def _histogram_lines(out: list[str], name: str, hist: Histogram, labels: str) -> None:
+    running = 0
+    for bound, n in zip(LATENCY_BUCKETS_S, hist.counts):
+        running += n
+        out.append(f'{name}_bucket{{{labels}le="{bound}"}} {running}')
+    out.append(f'{name}_bucket{{{labels}le="+Inf"}} {hist.count}')
+    bare = labels.rstrip(",")
+    suffix = f"{{{bare}}}" if bare else ""
+    out.append(f"{name}_sum{suffix} {_num(hist.total)}")
+    out.append(f"{name}_count{suffix} {hist.count}")
+
+
+def _num(value: float) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return repr(value)
+    return str(int(value))
+
+
+def _esc(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

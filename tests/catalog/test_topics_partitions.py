@@ -1,0 +1,100 @@
+"""Topics, brokers and partitions queries, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tiered.catalog import TopicExists, UnknownBroker, UnknownPartition, UnknownTopic
+from tiered.catalog.brokers import heartbeat, list_brokers, register_broker
+from tiered.catalog.partitions import PartitionState, claim_partitions, get_partition_states, set_first_available
+from tiered.catalog.topics import create_topic, get_topic, list_topics, update_topic_config
+
+from .rows import T0
+
+
+def test_create_topic_makes_its_partitions(cat):
+    row = create_topic(cat, "orders", 3, "retention.segments.count=4\n", now=T0)
+    assert (row.name, row.partitions, row.created_at) == ("orders", 3, T0)
+    assert get_topic(cat, "orders") == row
+    states = get_partition_states(cat, "orders")
+    assert states == [PartitionState("orders", p, None, 0, 0, 0, 0) for p in range(3)]
+
+
+def test_create_topic_twice_raises_and_keeps_the_first(cat):
+    create_topic(cat, "orders", 2, "a=1", now=T0)
+    with pytest.raises(TopicExists) as caught:
+        create_topic(cat, "orders", 5, "b=2", now=T0)
+    assert caught.value.topic == "orders"
+    assert get_topic(cat, "orders").config_text == "a=1"
+    assert len(get_partition_states(cat, "orders")) == 2
+
+
+@pytest.mark.parametrize("partitions", [0, -1, 65536])
+def test_create_topic_refuses_bad_partition_counts(cat, partitions):
+    with pytest.raises(ValueError):
+        create_topic(cat, "t", partitions)
+    assert list_topics(cat) == []
+
+
+def test_list_get_and_update_topics(cat):
+    for name in ("b", "a", "c"):
+        create_topic(cat, name, 1, now=T0)
+    assert [t.name for t in list_topics(cat)] == ["a", "b", "c"]
+    assert get_topic(cat, "zzz") is None
+    update_topic_config(cat, "b", "produce.ack=local")
+    assert get_topic(cat, "b").config_text == "produce.ack=local"
+    with pytest.raises(UnknownTopic):
+        update_topic_config(cat, "zzz", "x=1")
+
+
+def test_partition_states_of_all_topics_in_order(cat):
+    create_topic(cat, "b", 2)
+    create_topic(cat, "a", 1)
+    assert [(s.topic, s.partition) for s in get_partition_states(cat)] == [("a", 0), ("b", 0), ("b", 1)]
+
+
+def test_register_and_heartbeat_brokers(cat):
+    register_broker(cat, 2, "10.0.0.2:11011", now=T0)
+    register_broker(cat, 1, "10.0.0.1:11011", now=T0)
+    heartbeat(cat, 1, now=T0 + timedelta(seconds=5))
+    first, second = list_brokers(cat)
+    assert (first.broker_id, first.address, first.started_at, first.heartbeat_at) == (
+        1, "10.0.0.1:11011", T0, T0 + timedelta(seconds=5))
+    assert (second.broker_id, second.heartbeat_at) == (2, T0)
+    # A restart re-registers: new address and start time, same row.
+    later = T0 + timedelta(hours=1)
+    register_broker(cat, 1, "10.0.0.9:11011", now=later)
+    assert list_brokers(cat)[0] == type(first)(1, "10.0.0.9:11011", later, later)
+    with pytest.raises(UnknownBroker):
+        heartbeat(cat, 3)
+
+
+def test_claim_bumps_epochs_and_sets_the_leader(cat):
+    create_topic(cat, "t", 4)
+    assert claim_partitions(cat, 1, "t", [2, 0]) == {0: 1, 2: 1}
+    assert claim_partitions(cat, 2, "t", [0, 1]) == {0: 2, 1: 1}
+    states = {s.partition: (s.leader_broker, s.leader_epoch) for s in get_partition_states(cat, "t")}
+    assert states == {0: (2, 2), 1: (2, 1), 2: (1, 1), 3: (None, 0)}
+    assert claim_partitions(cat, 1, "t", []) == {}
+
+
+def test_claim_of_a_missing_partition_changes_nothing(cat):
+    create_topic(cat, "t", 2)
+    with pytest.raises(UnknownPartition) as caught:
+        claim_partitions(cat, 1, "t", [0, 1, 2])
+    assert (caught.value.topic, caught.value.partition) == ("t", 2)
+    assert all(s.leader_epoch == 0 and s.leader_broker is None for s in get_partition_states(cat, "t"))
+    with pytest.raises(UnknownPartition):
+        claim_partitions(cat, 1, "nope", [0])
+
+
+def test_first_available_only_moves_forward(cat):
+    create_topic(cat, "t", 1)
+    assert set_first_available(cat, "t", 0, 100) == 100
+    assert set_first_available(cat, "t", 0, 50) == 100
+    assert set_first_available(cat, "t", 0, 180) == 180
+    assert get_partition_states(cat, "t")[0].first_available_seq == 180
+    with pytest.raises(UnknownPartition):
+        set_first_available(cat, "t", 1, 5)

@@ -1,0 +1,154 @@
+"""pytest plugin: a throwaway PostgreSQL cluster per test session, and fresh migrated catalogs per test.
+
+Fixtures:
+- `pg_cluster` (session): a real PostgreSQL server from /usr/lib/postgresql/*/bin in a temp dir, fsync off,
+  on 127.0.0.1 and a free port. `.url(dbname)`, `.create_database()`, `.stop()`, `.start()`, `.restart()`
+  (for tests that take the server away mid-commit; the cluster's data survives).
+- `pg_empty_url`: a fresh, empty database (for migration tests).
+- `pg_url`: a fresh database built by the migrations (cloned from a template that `upgrade(url)` built once).
+- `catalog_url`: parametrized over ["sqlite", "postgresql"]: a fresh migrated catalog URL on each backend.
+
+As root (CI containers), the server runs as the `postgres` user through `runuser`, in a directory chowned to it.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+TEMPLATE_DB = "tiered_template"
+
+
+def _find_bindir() -> Path:
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True
+    )
+    for bindir in candidates:
+        if os.access(Path(bindir) / "initdb", os.X_OK) and os.access(Path(bindir) / "pg_ctl", os.X_OK):
+            return Path(bindir)
+    on_path = shutil.which("pg_ctl")
+    if on_path and shutil.which("initdb"):
+        return Path(on_path).parent
+    raise RuntimeError("PostgreSQL server binaries not found (initdb, pg_ctl): run `make system-deps`")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgCluster:
+    """A PostgreSQL cluster in its own temp dir. Connections use trust auth as user `postgres`."""
+
+    def __init__(self, bindir: Path, root: Path, port: int):
+        self.bindir = bindir
+        self.root = root
+        self.datadir = root / "data"
+        self.port = port
+        self._as_postgres = os.geteuid() == 0
+        self._names = itertools.count(1)
+
+    def _run(self, *argv: str) -> None:
+        command = [str(self.bindir / argv[0]), *argv[1:]]
+        if self._as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            log = (self.root / "server.log").read_text() if (self.root / "server.log").exists() else ""
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}\n{log[-4000:]}")
+
+    def init(self) -> None:
+        if self._as_postgres:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+        self._run("initdb", "-A", "trust", "-U", "postgres", "-E", "UTF8", "-D", str(self.datadir))
+
+    def start(self) -> None:
+        options = (
+            f"-F -p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+            " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.root / "server.log"), "-o", options, "start", "-w")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stops the server: "fast" rolls back open transactions, "immediate" is a crash (no shutdown checkpoint)."""
+        self._run("pg_ctl", "-D", str(self.datadir), "stop", "-m", mode, "-w")
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def execute(self, sql: str) -> None:
+        """Runs one statement outside a transaction (CREATE DATABASE and friends) on the `postgres` database."""
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as c:
+            c.execute(sql)
+
+    def create_database(self, template: str = "template1") -> str:
+        """A new database with a unique name; returns its URL."""
+        name = f"t{os.getpid()}_{next(self._names)}"
+        self.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        return self.url(name)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    root = Path(tempfile.mkdtemp(prefix="tiered-pg-"))
+    cluster = PgCluster(_find_bindir(), root, _free_port())
+    try:
+        cluster.init()
+        cluster.start()
+        yield cluster
+    finally:
+        try:
+            cluster.stop("immediate")
+        except RuntimeError:
+            pass  # never started, or already stopped by a test
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _pg_template(pg_cluster) -> str:
+    """A database built by the migrations, once per session, that each `pg_url` clones (CREATE DATABASE ...
+    TEMPLATE copies files: much faster than running the migrations per test)."""
+    from tiered.catalog.migrate import upgrade
+
+    pg_cluster.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+    upgrade(pg_cluster.url(TEMPLATE_DB))
+    return TEMPLATE_DB
+
+
+@pytest.fixture
+def pg_empty_url(pg_cluster) -> str:
+    return pg_cluster.create_database()
+
+
+@pytest.fixture
+def pg_url(pg_cluster, _pg_template) -> str:
+    return pg_cluster.create_database(template=_pg_template)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_url(request, tmp_path) -> str:
+    """A fresh catalog built by the migrations, once on SQLite and once on PostgreSQL."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("pg_url")
+    from tiered.catalog.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    upgrade(url)
+    return url

@@ -1,0 +1,348 @@
+"""Blocks and their runs: the intent row, the commit, lookups by seq, pruning, the sweep (DESIGN.md steps 3-8).
+
+A block's life (tiered.catalog.states): `insert_pending_block` before the PUT; `commit_block` after it (or
+`abandon_block` when the commit failed); `prune_runs_covered` once remote segments hold its runs, which moves a
+block with no runs left to `deleting`; the sweeper deletes the object after `delete_after`, then
+`delete_block_rows`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import bindparam, delete, exists, insert, select, tuple_, update
+
+from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.errors import StaleEpoch, UnknownBlock
+from tiered.catalog.models import Block, BlockRun, Partition, Segment
+from tiered.catalog.partitions import lock_partitions
+from tiered.catalog.states import BLOCK_TRANSITIONS, BlockState
+
+# How long a block marked `deleting` stays in the bucket: longer than any cache of catalog lookups, so that a
+# reader holding a stale run location still finds the object.
+DEFAULT_DELETE_GRACE = timedelta(minutes=10)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One run as the block builder lays it out (and as the block footer lists it)."""
+
+    topic: str
+    partition: int
+    first_seq: int
+    last_seq: int
+    position: int  # of the run's first byte in the block object
+    length_bytes: int
+    messages: int
+    min_ts_ms: int
+    max_ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunLocation:
+    """Where a committed run's bytes are: one range GET of `object_key` at [position, position + length_bytes)."""
+
+    topic: str
+    partition: int
+    first_seq: int
+    last_seq: int
+    position: int
+    length_bytes: int
+    block_id: int
+    object_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRow:
+    block_id: int
+    object_key: str
+    state: str
+    broker_id: int
+    size_bytes: int
+    created_at: datetime
+    committed_at: datetime | None
+    delete_after: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    runs_deleted: int
+    blocks_marked: int  # blocks left without runs, now `deleting`
+
+
+_BLOCK_COLUMNS = (
+    Block.block_id,
+    Block.object_key,
+    Block.state,
+    Block.broker_id,
+    Block.size_bytes,
+    Block.created_at,
+    Block.committed_at,
+    Block.delete_after,
+)
+# Only columns of ix_block_runs_lookup (PostgreSQL answers from the index alone), plus the block's object key.
+_LOCATION_COLUMNS = (
+    BlockRun.first_seq,
+    BlockRun.last_seq,
+    BlockRun.position,
+    BlockRun.length_bytes,
+    BlockRun.block_id,
+    Block.object_key,
+)
+
+
+def insert_pending_block(
+    cat: Catalog, object_key: str, broker_id: int, size_bytes: int, *, now: datetime | None = None
+) -> int:
+    """Records the intent to upload `object_key` (call it BEFORE the PUT, so that no object exists that the catalog
+    does not know). Returns the new block_id."""
+    with cat.write() as conn:
+        return conn.execute(
+            insert(Block)
+            .values(
+                object_key=object_key,
+                state=BlockState.PENDING,
+                broker_id=broker_id,
+                size_bytes=size_bytes,
+                created_at=utcnow(now),
+            )
+            .returning(Block.block_id)
+        ).scalar_one()
+
+
+def _partition_keys(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> list[tuple[str, int]]:
+    if not runs:
+        raise ValueError("a block holds at least one run")
+    for run in runs:
+        if not 1 <= run.first_seq <= run.last_seq:
+            raise ValueError(f"bad seq range {run.first_seq}..{run.last_seq} in run of {run.topic}/{run.partition}")
+        if (run.topic, run.partition) not in epochs:
+            raise ValueError(f"no leader epoch given for {run.topic}/{run.partition}")
+    return sorted({(run.topic, run.partition) for run in runs})
+
+
+def commit_block(
+    cat: Catalog,
+    block_id: int,
+    broker_id: int,
+    runs: Sequence[RunRow],
+    epochs: Mapping[tuple[str, int], int],
+    *,
+    now: datetime | None = None,
+) -> dict[tuple[str, int], int]:
+    """Commits an uploaded block in one transaction; returns the new hwmark_seq of each of its partitions.
+
+    Locks the block's partitions rows in (topic, partition) order; unless `broker_id` leads every one of them at
+    the epoch given in `epochs`, raises StaleEpoch and changes nothing. Then marks the block committed, inserts
+    its runs, raises each partition's hwmark_seq to its highest run.last_seq, and sets first_available_seq from
+    the first run when it was still 0.
+
+    A retry of a commit that did land (after CatalogUnavailable) returns the hwmarks as they are. A block that is
+    not pending (abandoned) raises IllegalTransition; another broker's block raises ValueError.
+    """
+    keys = _partition_keys(runs, epochs)
+    committed_at = utcnow(now)
+    with cat.write() as conn:
+        partitions = lock_partitions(conn, keys)
+        moved = conn.execute(
+            update(Block)
+            .where(
+                Block.block_id == block_id,
+                Block.broker_id == broker_id,
+                Block.state.in_(BLOCK_TRANSITIONS.sources(BlockState.COMMITTED)),
+            )
+            .values(state=BlockState.COMMITTED, committed_at=committed_at)
+        )
+        if moved.rowcount == 0:
+            block = conn.execute(select(Block.state, Block.broker_id).where(Block.block_id == block_id)).first()
+            if block is None:
+                raise UnknownBlock(block_id)
+            if block.broker_id != broker_id:
+                raise ValueError(f"block {block_id} belongs to broker {block.broker_id}, not {broker_id}")
+            if block.state == BlockState.COMMITTED:
+                return {key: partitions[key].hwmark_seq for key in keys}
+            BLOCK_TRANSITIONS.check(block.state, BlockState.COMMITTED, f"{block_id}")
+        for key in keys:
+            state = partitions[key]
+            if state.leader_broker != broker_id or state.leader_epoch != epochs[key]:
+                # Raising inside the transaction rolls back the block's state change above.
+                raise StaleEpoch(key[0], key[1], epochs[key], state.leader_epoch, state.leader_broker)
+        conn.execute(insert(BlockRun), [{"block_id": block_id, **asdict(run)} for run in runs])
+        changes = []
+        for key in keys:
+            mine = [run for run in runs if (run.topic, run.partition) == key]
+            state = partitions[key]
+            changes.append(
+                {
+                    "k_topic": key[0],
+                    "k_partition": key[1],
+                    "k_hwmark": max(state.hwmark_seq, max(run.last_seq for run in mine)),
+                    "k_first": state.first_available_seq or min(run.first_seq for run in mine),
+                }
+            )
+        conn.execute(
+            update(Partition)
+            .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
+            .values(hwmark_seq=bindparam("k_hwmark"), first_available_seq=bindparam("k_first")),
+            changes,
+        )
+    return {(c["k_topic"], c["k_partition"]): c["k_hwmark"] for c in changes}
+
+
+def abandon_block(
+    cat: Catalog, block_id: int, *, grace: timedelta = DEFAULT_DELETE_GRACE, now: datetime | None = None
+) -> bool:
+    """After a failed commit: marks the pending block `deleting` (the sweeper deletes its object after `grace`).
+
+    Returns True if the block is now `deleting`, False if it must be kept: its commit landed after all and runs
+    reference it. Raises UnknownBlock.
+    """
+    unreferenced = ~exists().where(BlockRun.block_id == Block.block_id)
+    with cat.write() as conn:
+        moved = conn.execute(
+            update(Block)
+            .where(Block.block_id == block_id, Block.state == BlockState.PENDING, unreferenced)
+            .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
+        )
+        if moved.rowcount:
+            return True
+        state = conn.execute(select(Block.state).where(Block.block_id == block_id)).scalar_one_or_none()
+    if state is None:
+        raise UnknownBlock(block_id)
+    return state == BlockState.DELETING
+
+
+def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
+    with cat.read() as conn:
+        row = conn.execute(select(*_BLOCK_COLUMNS).where(Block.block_id == block_id)).first()
+    return BlockRow(*row) if row else None
+
+
+def _locations(topic: str, partition: int, from_seq: int, limit: int):
+    return (
+        select(*_LOCATION_COLUMNS)
+        .join(Block, Block.block_id == BlockRun.block_id)
+        .where(
+            BlockRun.topic == topic,
+            BlockRun.partition == partition,
+            BlockRun.last_seq >= from_seq,
+            Block.state == BlockState.COMMITTED,
+        )
+        .order_by(BlockRun.last_seq)
+        .limit(limit)
+    )
+
+
+def find_run(cat: Catalog, topic: str, partition: int, seq: int) -> RunLocation | None:
+    """The committed run holding `seq`, or if `seq` falls in a gap (or below the first run) the next run after it:
+    the run with the smallest last_seq >= seq. None when no run reaches `seq`. One index scan, LIMIT 1."""
+    with cat.read() as conn:
+        row = conn.execute(_locations(topic, partition, seq, 1)).first()
+    return RunLocation(topic, partition, *row) if row else None
+
+
+def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[RunLocation]:
+    """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns."""
+    with cat.read() as conn:
+        return [RunLocation(topic, partition, *row) for row in conn.execute(_locations(topic, partition, from_seq, limit))]
+
+
+def prune_runs_covered(
+    cat: Catalog,
+    topic: str,
+    partition: int,
+    upto_seq: int,
+    *,
+    limit: int = 1000,
+    grace: timedelta = DEFAULT_DELETE_GRACE,
+    now: datetime | None = None,
+) -> PruneResult:
+    """Deletes up to `limit` runs of the partition with last_seq <= upto_seq (the highest seq held by
+    COPY_FINISHED remote segments), oldest first, then marks every block left without runs `deleting`.
+    Call again while `runs_deleted == limit`."""
+    victims = (
+        select(BlockRun.block_id, BlockRun.position)
+        .where(BlockRun.topic == topic, BlockRun.partition == partition, BlockRun.last_seq <= upto_seq)
+        .order_by(BlockRun.last_seq)
+        .limit(limit)
+    )
+    with cat.write() as conn:
+        touched = conn.execute(
+            delete(BlockRun)
+            .where(tuple_(BlockRun.block_id, BlockRun.position).in_(victims))
+            .returning(BlockRun.block_id)
+        ).scalars().all()
+        block_ids = sorted(set(touched))
+        if not block_ids:
+            return PruneResult(0, 0)
+        # Lock the blocks first (in id order), then look for remaining runs: two prunes of different partitions
+        # sharing a block then check one after the other, and the later one sees the earlier one's deletes. An
+        # unlocked NOT EXISTS would let each see the other's runs and neither mark the block: a leaked object.
+        conn.execute(select(Block.block_id).where(Block.block_id.in_(block_ids)).order_by(Block.block_id).with_for_update())
+        marked = conn.execute(
+            update(Block)
+            .where(
+                Block.block_id.in_(block_ids),
+                Block.state.in_(BLOCK_TRANSITIONS.sources(BlockState.DELETING)),
+                ~exists().where(BlockRun.block_id == Block.block_id),
+            )
+            .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
+        )
+    return PruneResult(len(touched), marked.rowcount)
+
+
+def blocks_to_sweep(cat: Catalog, now: datetime, limit: int) -> list[BlockRow]:
+    """Blocks `deleting` whose grace period is over, oldest first: delete their objects, then delete_block_rows."""
+    with cat.read() as conn:
+        rows = conn.execute(
+            select(*_BLOCK_COLUMNS)
+            .where(Block.state == BlockState.DELETING, Block.delete_after <= now)
+            .order_by(Block.delete_after)
+            .limit(limit)
+        )
+        return [BlockRow(*r) for r in rows]
+
+
+def delete_block_rows(cat: Catalog, block_ids: Iterable[int]) -> int:
+    """Forgets swept blocks (only rows in `deleting`; their objects must be gone). Returns how many were deleted."""
+    ids = sorted(set(block_ids))
+    if not ids:
+        return 0
+    with cat.write() as conn:
+        done = conn.execute(delete(Block).where(Block.block_id.in_(ids), Block.state == BlockState.DELETING))
+    return done.rowcount
+
+
+def pending_blocks_older_than(cat: Catalog, before: datetime, limit: int) -> list[BlockRow]:
+    """Blocks still `pending` that were created before `before`, oldest first: uploads whose commit never
+    happened (the broker died or gave up). The reconciler abandons them."""
+    with cat.read() as conn:
+        rows = conn.execute(
+            select(*_BLOCK_COLUMNS)
+            .where(Block.state == BlockState.PENDING, Block.created_at < before)
+            .order_by(Block.created_at)
+            .limit(limit)
+        )
+        return [BlockRow(*r) for r in rows]
+
+
+def known_object_keys(cat: Catalog, object_keys: Iterable[str]) -> set[str]:
+    """The subset of `object_keys` that the catalog knows, as a block or a remote segment (object or index).
+    For the reconciler: one statement per 500 keys of a bucket listing, each an index probe per key."""
+    keys = list(dict.fromkeys(object_keys))
+    known: set[str] = set()
+    with cat.read() as conn:
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            query = select(Block.object_key).where(Block.object_key.in_(chunk)).union_all(
+                select(Segment.object_key).where(Segment.object_key.in_(chunk)),
+                select(Segment.index_object_key).where(Segment.index_object_key.in_(chunk)),
+            )
+            known.update(conn.execute(query).scalars())
+    return known
+
+
+def object_key_known(cat: Catalog, object_key: str) -> bool:
+    return object_key in known_object_keys(cat, [object_key])

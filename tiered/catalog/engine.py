@@ -1,0 +1,175 @@
+"""Opening the catalog: URLs, engines, transactions, and the `Catalog` handle every query function takes.
+
+The calling convention, everywhere in tiered.catalog: a query function takes a `Catalog` first and runs in its own
+transaction (`cat.write()` or `cat.read()`), so one call is one atomic step. The API is synchronous; the asyncio
+server calls it from a worker thread (`asyncio.to_thread`), and a `Catalog` may be shared by threads.
+
+URLs: `sqlite:///path` (the embedded single-node default: WAL, busy timeout, foreign keys, full sync) or
+`postgresql+psycopg://user@host/db` (`postgresql://` and `postgres://` are read as psycopg 3). Passwords are
+masked wherever a URL is shown (`mask_url`, `repr`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy.engine import URL, make_url
+
+from tiered.catalog.errors import CatalogUnavailable
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def normalize_url(url: str | URL) -> URL:
+    """The URL as SQLAlchemy should open it: PostgreSQL always through psycopg 3."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ValueError(f"unsupported catalog URL {mask_url(parsed)}: use sqlite:///path or postgresql://...")
+    return parsed
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with its password replaced by ***, fit for logs and messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def make_engine(url: str | URL, *, pool_size: int = 5, max_overflow: int = 10) -> Engine:
+    """An engine for `url`, with the per-backend setup the catalog's transactions rely on."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    return create_engine(parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    if url.database and url.database != ":memory:":
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    # The pool hands a connection to one thread at a time, so sqlite3's own thread check is only in the way.
+    engine = create_engine(url, pool_pre_ping=True, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        # Take transactions away from the sqlite3 module (which begins them lazily and too late): the "begin"
+        # listener below issues BEGIN itself.
+        dbapi_connection.isolation_level = None
+        for pragma in (
+            "journal_mode = WAL",
+            f"busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}",
+            "foreign_keys = ON",
+            # An acknowledged produce must survive a power cut: sync the WAL on every commit.
+            "synchronous = FULL",
+        ):
+            dbapi_connection.execute(f"PRAGMA {pragma}")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Writers take the write lock up front (BEGIN IMMEDIATE): a deferred transaction that reads and then
+        # writes can fail with SQLITE_BUSY instead of waiting. Issued on the driver connection, so that the
+        # statement counter counts the same statements on both backends.
+        mode = "IMMEDIATE" if conn.get_execution_options().get("tiered_write") else "DEFERRED"
+        conn.connection.driver_connection.execute(f"BEGIN {mode}")
+
+    return engine
+
+
+def _is_transient(error: exc.DBAPIError) -> bool:
+    if error.connection_invalidated or isinstance(error, exc.InterfaceError):
+        return True
+    if not isinstance(error, exc.OperationalError):
+        return False
+    if isinstance(error.orig, sqlite3.Error):
+        # SQLite reports "no such table" and friends as OperationalError too; only lock waits are transient there.
+        text = str(error.orig).lower()
+        return "locked" in text or "busy" in text
+    # psycopg: connection failures, server shutdown, lock and statement timeouts, deadlock and serialization
+    # failures. All leave the database as it was before the transaction, or with its outcome unknown.
+    return True
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Re-raises a lost connection or lock timeout as CatalogUnavailable; everything else passes through."""
+    try:
+        yield
+    except exc.DBAPIError as error:
+        if _is_transient(error):
+            raise CatalogUnavailable(str(error.orig).strip() or type(error.orig).__name__) from error
+        raise
+
+
+def utcnow(now: datetime | None = None) -> datetime:
+    """`now` if given (tests pass a fake clock), else the current UTC time."""
+    return now if now is not None else datetime.now(timezone.utc)
+
+
+class Catalog:
+    """A thread-safe handle on the catalog database: its engine, its transactions and a statement counter."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.backend = engine.dialect.name  # "postgresql" or "sqlite"
+        self._statements = 0
+        self._lock = threading.Lock()
+        event.listen(engine, "before_cursor_execute", self._count)
+
+    @classmethod
+    def open(cls, url: str | URL, *, pool_size: int = 5, max_overflow: int = 10) -> Catalog:
+        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow))
+
+    def close(self) -> None:
+        """Closes every pooled connection. The Catalog must not be used afterwards."""
+        event.remove(self.engine, "before_cursor_execute", self._count)
+        self.engine.dispose()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Catalog({mask_url(self.engine.url)})"
+
+    @property
+    def url(self) -> str:
+        """The database URL with the password masked."""
+        return mask_url(self.engine.url)
+
+    @property
+    def statements(self) -> int:
+        """SQL statements sent so far by this Catalog (BEGIN/COMMIT not counted): for the benchmark."""
+        return self._statements
+
+    def _count(self, *_args) -> None:
+        with self._lock:
+            self._statements += 1
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One read-write transaction: committed when the block ends, rolled back if it raises.
+
+        On SQLite it holds the database write lock from BEGIN (IMMEDIATE); on PostgreSQL it runs at READ COMMITTED
+        and a function that must serialise with others locks rows (SELECT ... FOR UPDATE, in a fixed order).
+        """
+        with translate_errors(), self.engine.connect() as conn:
+            conn.execution_options(tiered_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only connection. On PostgreSQL in autocommit mode (each statement is its own snapshot, and there
+        is no BEGIN/ROLLBACK round trip); on SQLite one deferred transaction (a snapshot of the WAL)."""
+        with translate_errors(), self.engine.connect() as conn:
+            if self.backend == "postgresql":
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+            with conn.begin():
+                yield conn

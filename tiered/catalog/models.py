@@ -1,0 +1,203 @@
+"""The catalog schema as SQLAlchemy 2 declarative models (DESIGN.md, "Catalog").
+
+The migrations in migrations/versions/ are written by hand and must build exactly this schema
+(tests/catalog/test_migrations.py compares them). Query modules use the tables through these classes.
+
+Conventions: seqs, positions and sizes are BIGINT (u64 on the wire; PostgreSQL has no unsigned type and seqs stay
+far below 2**63); times are timezone-aware UTC datetimes (`UtcDateTime`) or integer `_ms` copied from messages.
+A seq of 0 means "none", as on TANK's wire (seqs start at 1).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Text,
+    TypeDecorator,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from tiered.catalog.states import BlockState, SegmentState
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only turns INTEGER PRIMARY KEY into an auto-incrementing rowid; PostgreSQL gets BIGSERIAL.
+BlockId = BigInteger().with_variant(Integer(), "sqlite")
+
+# Partial index predicate, spelled as a literal so that both planners can match it (a bound parameter in the
+# query's WHERE cannot prove a partial index's predicate; query modules use the same literal).
+COPY_FINISHED_PREDICATE = text(f"state = '{SegmentState.COPY_FINISHED}'")
+
+
+class UtcDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on both backends.
+
+    PostgreSQL stores timestamptz; SQLite stores naive UTC text, which compares correctly because SQLAlchemy always
+    writes the same fixed-width format. Naive datetimes are refused: they are a bug waiting for a time zone.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the catalog stores UTC times, pass an aware datetime")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+def _one_of(column: str, states: type) -> str:
+    return f"{column} IN ({', '.join(repr(str(s)) for s in states)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Topic(Base):
+    __tablename__ = "topics"
+    __table_args__ = (CheckConstraint("partitions >= 1", name="partitions_positive"),)
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    partitions: Mapped[int] = mapped_column(Integer)
+    config_text: Mapped[str] = mapped_column(Text, server_default="")
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class Partition(Base):
+    """One row per partition: who leads it, and what the catalog holds of it."""
+
+    __tablename__ = "partitions"
+
+    topic: Mapped[str] = mapped_column(Text, ForeignKey("topics.name", ondelete="CASCADE"), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    leader_broker: Mapped[int | None] = mapped_column(Integer)
+    # Bumped by every claim: a broker's writes carry the epoch it claimed with, and are refused once it is stale.
+    leader_epoch: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    first_available_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # The highest committed seq: what consumers of a durable topic may see.
+    hwmark_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Bytes of COPY_FINISHED remote segments (object and index), for remote.retention.bytes.
+    remote_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class Broker(Base):
+    __tablename__ = "brokers"
+
+    broker_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    address: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class Block(Base):
+    """One multi-partition object in the bucket. The row exists before the object does (the intent row)."""
+
+    __tablename__ = "blocks"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", BlockState), name="state"),
+        # The sweeper's scan (deleting, oldest delete_after first) and the pending-upload scan.
+        Index(None, "state", "delete_after"),
+        Index(None, "state", "created_at"),
+        {"sqlite_autoincrement": True},  # never reuse a swept block's id
+    )
+
+    block_id: Mapped[int] = mapped_column(BlockId, primary_key=True, autoincrement=True)
+    object_key: Mapped[str] = mapped_column(Text, unique=True)
+    state: Mapped[str] = mapped_column(Text)
+    broker_id: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    committed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # When the sweeper may delete the object: set on entering `deleting`, a grace period after.
+    delete_after: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class BlockRun(Base):
+    """One partition's records inside a block: a byte range that is a valid consume chunk."""
+
+    __tablename__ = "block_runs"
+    __table_args__ = (
+        CheckConstraint("first_seq <= last_seq", name="seq_range"),
+        # The fetch lookup: the run with the smallest last_seq >= seq, answered from the index alone on PostgreSQL.
+        Index(
+            "ix_block_runs_lookup",
+            "topic",
+            "partition",
+            "last_seq",
+            postgresql_include=["first_seq", "position", "length_bytes", "block_id"],
+        ),
+        # The foreign key's own index: "does any run still reference this block?" is asked on every prune.
+        Index(None, "block_id"),
+    )
+
+    block_id: Mapped[int] = mapped_column(BlockId, ForeignKey("blocks.block_id"), primary_key=True)
+    position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    first_seq: Mapped[int] = mapped_column(BigInteger)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    length_bytes: Mapped[int] = mapped_column(BigInteger)
+    messages: Mapped[int] = mapped_column(Integer)
+    min_ts_ms: Mapped[int] = mapped_column(BigInteger)
+    max_ts_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Segment(Base):
+    """One sealed segment copied to the bucket: a TANK .ilog and its .index, unchanged."""
+
+    __tablename__ = "segments"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", SegmentState), name="state"),
+        CheckConstraint("base_seq <= last_seq", name="seq_range"),
+        # Lookup by seq, retention and highest-copied scans only ever want readable segments: a partial index
+        # keeps deleted segments out of the scan, so its cost does not grow with history.
+        Index(
+            "ix_segments_lookup",
+            "topic",
+            "partition",
+            "last_seq",
+            postgresql_where=COPY_FINISHED_PREDICATE,
+            sqlite_where=COPY_FINISHED_PREDICATE,
+        ),
+    )
+
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    base_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str] = mapped_column(Text, unique=True)
+    index_object_key: Mapped[str] = mapped_column(Text, unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    index_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    min_ts_ms: Mapped[int] = mapped_column(BigInteger)
+    max_ts_ms: Mapped[int] = mapped_column(BigInteger)
+    # TANK's freezeTS (the .ilog name's last field, seconds) as a datetime: remote.retention.secs counts from it.
+    freeze_ts: Mapped[datetime] = mapped_column(UtcDateTime)
+    leader_epoch: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)

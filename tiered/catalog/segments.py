@@ -1,0 +1,246 @@
+"""Remote segments: the copy (COPY_STARTED before the upload, COPY_FINISHED after), lookups by seq, remote
+retention and deletion (DELETE_STARTED before deleting the objects, DELETE_FINISHED after).
+
+Transitions follow tiered.catalog.states.SEGMENT_TRANSITIONS. A copy is fenced by the leader epoch: a broker that
+lost the partition cannot record a copy of its (possibly diverged) segment. Only COPY_FINISHED segments are
+readable, and only they count in partitions.remote_bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, and_, func, insert, literal_column, select, update
+
+from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.errors import StaleEpoch, UnknownSegment
+from tiered.catalog.models import Partition, Segment
+from tiered.catalog.partitions import lock_partitions
+from tiered.catalog.states import SEGMENT_TRANSITIONS, SegmentState
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentMeta:
+    """What the copier knows of a sealed segment before uploading it."""
+
+    topic: str
+    partition: int
+    base_seq: int
+    last_seq: int
+    object_key: str
+    index_object_key: str
+    size_bytes: int
+    index_size_bytes: int
+    min_ts_ms: int
+    max_ts_ms: int
+    freeze_ts: datetime  # TANK's freezeTS (the .ilog name's last field) as a UTC datetime
+    leader_epoch: int  # the epoch the copying broker holds
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRow(SegmentMeta):
+    state: str
+    updated_at: datetime
+
+    @property
+    def total_bytes(self) -> int:
+        return self.size_bytes + self.index_size_bytes
+
+
+_COLUMNS = tuple(getattr(Segment, f.name) for f in fields(SegmentRow))
+# Spelled as a literal, like ix_segments_lookup's predicate, so that the planners match the partial index.
+_READABLE = Segment.state == literal_column(f"'{SegmentState.COPY_FINISHED}'")
+
+
+def _key(topic: str, partition: int, base_seq: int):
+    return and_(Segment.topic == topic, Segment.partition == partition, Segment.base_seq == base_seq)
+
+
+def _locked_row(conn: Connection, topic: str, partition: int, base_seq: int) -> SegmentRow | None:
+    row = conn.execute(select(*_COLUMNS).where(_key(topic, partition, base_seq)).with_for_update()).first()
+    return SegmentRow(*row) if row else None
+
+
+def _move(conn: Connection, row: SegmentRow, target: SegmentState, now: datetime | None) -> SegmentRow:
+    SEGMENT_TRANSITIONS.check(row.state, target, f"{row.topic}/{row.partition} base {row.base_seq}")
+    updated_at = utcnow(now)
+    conn.execute(
+        update(Segment)
+        .where(_key(row.topic, row.partition, row.base_seq))
+        .values(state=target, updated_at=updated_at)
+    )
+    return replace(row, state=str(target), updated_at=updated_at)
+
+
+def _add_remote_bytes(conn: Connection, topic: str, partition: int, delta: int) -> None:
+    conn.execute(
+        update(Partition)
+        .where(Partition.topic == topic, Partition.partition == partition)
+        .values(remote_bytes=Partition.remote_bytes + delta)
+    )
+
+
+def _check_epoch(conn: Connection, topic: str, partition: int, leader_epoch: int) -> None:
+    state = lock_partitions(conn, [(topic, partition)])[(topic, partition)]
+    if state.leader_epoch != leader_epoch:
+        raise StaleEpoch(topic, partition, leader_epoch, state.leader_epoch, state.leader_broker)
+
+
+def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | None = None) -> SegmentRow:
+    """Records a copy about to start (before the upload). A crashed copy's retry overwrites its COPY_STARTED row
+    with the new attempt. Raises StaleEpoch if `meta.leader_epoch` is not the partition's epoch, and
+    IllegalTransition if the segment is already further along."""
+    row = SegmentRow(**asdict(meta), state=str(SegmentState.COPY_STARTED), updated_at=utcnow(now))
+    with cat.write() as conn:
+        _check_epoch(conn, meta.topic, meta.partition, meta.leader_epoch)
+        existing = _locked_row(conn, meta.topic, meta.partition, meta.base_seq)
+        if existing is None:
+            conn.execute(insert(Segment).values(**asdict(row)))
+        else:
+            SEGMENT_TRANSITIONS.check(existing.state, SegmentState.COPY_STARTED, f"{meta.topic}/{meta.partition} base {meta.base_seq}")
+            conn.execute(update(Segment).where(_key(meta.topic, meta.partition, meta.base_seq)).values(**asdict(row)))
+    return row
+
+
+def segment_copy_finished(
+    cat: Catalog, topic: str, partition: int, base_seq: int, leader_epoch: int, *, now: datetime | None = None
+) -> SegmentRow:
+    """Records a finished copy (after both objects are uploaded): the segment becomes readable and counts in the
+    partition's remote_bytes. Raises StaleEpoch, UnknownSegment, IllegalTransition; a retry is a no-op."""
+    with cat.write() as conn:
+        _check_epoch(conn, topic, partition, leader_epoch)
+        row = _locked_row(conn, topic, partition, base_seq)
+        if row is None:
+            raise UnknownSegment(topic, partition, base_seq)
+        if row.state == SegmentState.COPY_FINISHED:
+            return row
+        row = _move(conn, row, SegmentState.COPY_FINISHED, now)
+        _add_remote_bytes(conn, topic, partition, row.total_bytes)
+    return row
+
+
+def segment_delete_started(
+    cat: Catalog, topic: str, partition: int, base_seq: int, *, now: datetime | None = None
+) -> SegmentRow:
+    """Records a deletion about to start (before deleting the objects): the segment stops being readable and
+    stops counting in remote_bytes. Call set_first_available past it first when it is the oldest. A retry is a
+    no-op."""
+    with cat.write() as conn:
+        lock_partitions(conn, [(topic, partition)])  # lock order: partition before segment
+        row = _locked_row(conn, topic, partition, base_seq)
+        if row is None:
+            raise UnknownSegment(topic, partition, base_seq)
+        if row.state == SegmentState.DELETE_STARTED:
+            return row
+        was_counted = row.state == SegmentState.COPY_FINISHED
+        row = _move(conn, row, SegmentState.DELETE_STARTED, now)
+        if was_counted:
+            _add_remote_bytes(conn, topic, partition, -row.total_bytes)
+    return row
+
+
+def segment_delete_finished(
+    cat: Catalog, topic: str, partition: int, base_seq: int, *, now: datetime | None = None
+) -> SegmentRow:
+    """Records that both objects are gone. A retry is a no-op."""
+    with cat.write() as conn:
+        row = _locked_row(conn, topic, partition, base_seq)
+        if row is None:
+            raise UnknownSegment(topic, partition, base_seq)
+        if row.state == SegmentState.DELETE_FINISHED:
+            return row
+        return _move(conn, row, SegmentState.DELETE_FINISHED, now)
+
+
+def get_segment(cat: Catalog, topic: str, partition: int, base_seq: int) -> SegmentRow | None:
+    with cat.read() as conn:
+        row = conn.execute(select(*_COLUMNS).where(_key(topic, partition, base_seq))).first()
+    return SegmentRow(*row) if row else None
+
+
+def find_remote_segment(cat: Catalog, topic: str, partition: int, seq: int) -> SegmentRow | None:
+    """The readable (COPY_FINISHED) remote segment holding `seq`, or if `seq` falls in a gap (or below the first
+    one) the next one after it: the smallest last_seq >= seq. None when none reaches `seq`. One index probe."""
+    with cat.read() as conn:
+        row = conn.execute(
+            select(*_COLUMNS)
+            .where(Segment.topic == topic, Segment.partition == partition, Segment.last_seq >= seq)
+            .where(_READABLE)
+            .order_by(Segment.last_seq)
+            .limit(1)
+        ).first()
+    return SegmentRow(*row) if row else None
+
+
+def list_segments(
+    cat: Catalog,
+    topic: str,
+    partition: int,
+    *,
+    states: tuple[str, ...] | None = None,
+    after_base_seq: int = 0,
+    limit: int = 1000,
+) -> list[SegmentRow]:
+    """Up to `limit` segments with base_seq > after_base_seq, in seq order, optionally only in `states`.
+    Page by passing the last row's base_seq as `after_base_seq`."""
+    query = (
+        select(*_COLUMNS)
+        .where(Segment.topic == topic, Segment.partition == partition, Segment.base_seq > after_base_seq)
+        .order_by(Segment.base_seq)
+        .limit(limit)
+    )
+    if states is not None:
+        query = query.where(Segment.state.in_([str(s) for s in states]))
+    with cat.read() as conn:
+        return [SegmentRow(*r) for r in conn.execute(query)]
+
+
+def segments_for_remote_retention(
+    cat: Catalog,
+    topic: str,
+    partition: int,
+    *,
+    now: datetime,
+    max_age: timedelta | None,
+    max_bytes: int | None,
+    limit: int = 100,
+) -> list[SegmentRow]:
+    """The oldest readable segments that remote retention expires, oldest first, at most `limit`.
+
+    A segment expires when `freeze_ts + max_age < now` (TANK's rule for log.retention.secs) or while the
+    partition's remote_bytes, less what expires before it, exceeds `max_bytes`. Retention deletes a prefix: the
+    first segment that is kept ends the list, so the partition's history never gets a hole. None disables a limit.
+    """
+    if max_age is None and max_bytes is None:
+        return []
+    query = (
+        select(*_COLUMNS, Partition.remote_bytes)
+        .join(Partition, and_(Partition.topic == Segment.topic, Partition.partition == Segment.partition))
+        .where(Segment.topic == topic, Segment.partition == partition)
+        .where(_READABLE)
+        .order_by(Segment.last_seq)
+        .limit(limit)
+    )
+    with cat.read() as conn:
+        rows = conn.execute(query).all()
+    expired: list[SegmentRow] = []
+    for *values, remote_bytes in rows:
+        segment = SegmentRow(*values)
+        remaining = remote_bytes - sum(s.total_bytes for s in expired)
+        too_old = max_age is not None and segment.freeze_ts + max_age < now
+        too_big = max_bytes is not None and remaining > max_bytes
+        if not (too_old or too_big):
+            break
+        expired.append(segment)
+    return expired
+
+
+def highest_copied_seq(cat: Catalog, topic: str, partition: int) -> int:
+    """The highest seq held by a readable remote segment; 0 if none. Block runs at or below it may be pruned."""
+    with cat.read() as conn:
+        return conn.execute(
+            select(func.coalesce(func.max(Segment.last_seq), 0))
+            .where(Segment.topic == topic, Segment.partition == partition)
+            .where(_READABLE)
+        ).scalar_one()

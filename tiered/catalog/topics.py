@@ -1,0 +1,67 @@
+"""Topics: creation (with their partitions rows), listing, configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import exc, insert, select, update
+
+from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.errors import TopicExists, UnknownTopic
+from tiered.catalog.models import Partition, Topic
+
+MAX_PARTITIONS = 65535  # partition ids are u16 on TANK's wire
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRow:
+    name: str
+    partitions: int
+    config_text: str
+    created_at: datetime
+
+
+_COLUMNS = (Topic.name, Topic.partitions, Topic.config_text, Topic.created_at)
+
+
+def create_topic(
+    cat: Catalog, name: str, partitions: int, config_text: str = "", *, now: datetime | None = None
+) -> TopicRow:
+    """Creates the topic and its partitions rows (0..partitions-1) in one transaction. Raises TopicExists."""
+    if not name:
+        raise ValueError("a topic needs a name")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions must be 1..{MAX_PARTITIONS}, not {partitions}")
+    row = TopicRow(name, partitions, config_text, utcnow(now))
+    try:
+        with cat.write() as conn:
+            conn.execute(
+                insert(Topic).values(
+                    name=name, partitions=partitions, config_text=config_text, created_at=row.created_at
+                )
+            )
+            conn.execute(insert(Partition), [{"topic": name, "partition": p} for p in range(partitions)])
+    except exc.IntegrityError as error:
+        # The only unique key a new topic can collide on is its name.
+        raise TopicExists(name) from error
+    return row
+
+
+def list_topics(cat: Catalog) -> list[TopicRow]:
+    with cat.read() as conn:
+        return [TopicRow(*r) for r in conn.execute(select(*_COLUMNS).order_by(Topic.name))]
+
+
+def get_topic(cat: Catalog, name: str) -> TopicRow | None:
+    with cat.read() as conn:
+        r = conn.execute(select(*_COLUMNS).where(Topic.name == name)).first()
+    return TopicRow(*r) if r else None
+
+
+def update_topic_config(cat: Catalog, name: str, config_text: str) -> None:
+    """Replaces the topic's configuration text. Raises UnknownTopic."""
+    with cat.write() as conn:
+        done = conn.execute(update(Topic).where(Topic.name == name).values(config_text=config_text))
+        if done.rowcount == 0:
+            raise UnknownTopic(name)

@@ -253,8 +253,8 @@ def test_custom_secret_key_names(render) -> None:
     assert secret_ref(env, "AWS_ACCESS_KEY_ID") == ("streams-s3", "access-key")
     assert secret_ref(env, "AWS_SECRET_ACCESS_KEY") == ("streams-s3", "secret-key")
     assert "AWS_SESSION_TOKEN" not in env
-    assert secret_ref(env, "PGSSLROOTCERT_PASSWORD") == ("pg-streams", "root-cert-password")
-    assert env["PGSSLMODE"]["value"] == "verify-full"
+    assert secret_ref(env, "HTTPS_PROXY") == ("egress-proxy", "url")
+    assert env["PGSSLMODE"]["value"] == "require"
 
 
 @pytest.mark.parametrize("values_name", VALUES_NAMES)
@@ -338,6 +338,8 @@ def test_resources_and_grace_period_from_values(render) -> None:
     assert pod_spec(sts)["priorityClassName"] == "high-priority"
     assert pod_spec(sts)["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod_spec(sts)["topologySpreadConstraints"] == values["topologySpreadConstraints"]
+    assert pod_spec(sts)["enableServiceLinks"] is False
+    assert pod_spec(rendered.one("Job"))["enableServiceLinks"] is False
 
 
 def test_pod_anti_affinity(render) -> None:

@@ -53,6 +53,9 @@ SNAPPY_MIN_MESSAGES = 512
 SNAPPY_MIN_BYTES = 1024
 # A decompressed message set larger than this is refused rather than allocated (frames are capped at 256 MiB).
 MAX_MESSAGE_SET_BYTES = 512 * 1024 * 1024
+# No snappy element yields more than 64 bytes from fewer than 3 (a 2-byte-offset copy), so a raw snappy block
+# expands at most ~21x: a claimed length beyond 32x its compressed size is a lie, refused before allocating it.
+SNAPPY_MAX_EXPANSION = 32
 
 U64 = struct.Struct("<Q")
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
@@ -123,8 +126,8 @@ def message_set(bundle, header: BundleHeader | None = None) -> bytes:
     claimed = maybe_varint(body, 0)
     if claimed is None:
         raise ProtocolError("truncated snappy message set", header.header_len)
-    if claimed[0] > MAX_MESSAGE_SET_BYTES:
-        raise ProtocolError(f"snappy message set claims {claimed[0]} bytes", header.header_len)
+    if claimed[0] > MAX_MESSAGE_SET_BYTES or claimed[0] > SNAPPY_MAX_EXPANSION * len(body):
+        raise ProtocolError(f"snappy message set of {len(body)} bytes claims {claimed[0]} bytes", header.header_len)
     try:
         return snappy.uncompress(body)
     except Exception as exc:

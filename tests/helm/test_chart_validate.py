@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import jsonschema
@@ -9,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from tests.helm.conftest import BAD_VALUES, CHART, HERE, KUBE_VERSION, NAMESPACE, VALUES, Rendered
-from tests.support.helm import Helm
+from tests.support.helm import REPO_ROOT, Helm
 
 VALUES_NAMES = [p.stem for p in VALUES]
 
@@ -124,6 +126,18 @@ def test_kubernetes_validate_is_strict(render) -> None:
     typo = {**statefulset, "spec": {**statefulset["spec"], "replica": 3}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(typo, KUBE_VERSION, strict=True)
+
+
+def test_schema_config_keys_follow_the_settings_contract() -> None:
+    """values.config takes exactly the documented settings; the ones the chart owns are refused by name."""
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)` \|", (REPO_ROOT / "docs" / "configuration.md").read_text(),
+                                re.MULTILINE)) - {"topic_defaults"}
+    assert set(schema["properties"]) == documented
+    owned = {key for key, rule in schema["properties"].items() if rule is False}
+    assert owned == {"data_dir", "listen", "http_listen", "catalog_url", "store_url", "s3_path_style", "broker_id",
+                     "shutdown_timeout_s"}
+    assert schema["additionalProperties"] is False
 
 
 @pytest.mark.parametrize("bad", BAD_VALUES, ids=[p.stem for p in BAD_VALUES])

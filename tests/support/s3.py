@@ -18,6 +18,7 @@ forwarded: a request the client gave up on is not applied behind its back, so te
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import socket
@@ -29,9 +30,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
-from botocore.retries.standard import ExponentialBackoff
 import pytest
 import pytest_asyncio
+from botocore.retries.standard import ExponentialBackoff
 from moto.server import ThreadedMotoServer
 
 REGION = "us-east-1"
@@ -151,10 +152,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             wake.wait(fault.seconds)
         if fault is not None and fault.kind in ("stall", "drop"):
             self.close_connection = True
-            try:
+            with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             return
         if fault is not None:
             code = _ERROR_CODES.get(fault.status, "InternalError")
@@ -240,7 +239,7 @@ def s3_faults(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     # botocore backs off up to 1 s, 2 s, 4 s... on throttling (503 SlowDown); cap it so retry tests stay fast. The
     # number of attempts, which is what the tests check, is unchanged.
     delay_amount = ExponentialBackoff.delay_amount
-    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: min(delay_amount(self, context), 0.05))
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, ctx: min(delay_amount(self, ctx), 0.05))
     s3_server.proxy.reset()
     yield s3_server.proxy
     s3_server.proxy.reset()

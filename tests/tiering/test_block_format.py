@@ -69,7 +69,7 @@ def test_round_trip_runs_are_contiguous_and_byte_for_byte():
     runs = sample_runs()
     data, infos = encode_block(runs)
     position = 0
-    for (meta, run_bytes), info in zip(runs, infos):
+    for (meta, run_bytes), info in zip(runs, infos, strict=True):
         assert (info.topic, info.partition, info.first_seq, info.last_seq) == (
             meta.topic, meta.partition, meta.first_seq, meta.last_seq,
         )  # fmt: skip
@@ -241,7 +241,7 @@ def test_round_trip_property(runs):
     data, infos = encode_block(unique)
     size = len(data)
     assert read_block_footer(data[-block_tail_bytes(data[-FOOTER_TRAILER_BYTES:]) :], size) == infos
-    assert [(i, bytes(v)) for i, v in decode_block(data)] == [(i, r) for i, (_, r) in zip(infos, unique)]
+    assert [(i, bytes(v)) for i, v in decode_block(data)] == [(i, r) for i, (_, r) in zip(infos, unique, strict=True)]
 
 
 def _only_protocol_errors(data: bytes) -> None:

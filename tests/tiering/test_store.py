@@ -167,9 +167,10 @@ async def test_put_file_small_and_multipart(store, tmp_path, monkeypatch):
     await store.put_file("segments/t/0/big.ilog", big, multipart_threshold_bytes=256 * KiB, part_bytes=128 * KiB)
     await store.put_file("segments/t/0/small.index", str(small), multipart_threshold_bytes=256 * KiB)
     assert await store.get("segments/t/0/big.ilog") == big_data
-    assert await store.get_range("segments/t/0/big.ilog", 128 * KiB - 3, 128 * KiB + 3) == big_data[
-        128 * KiB - 3 : 128 * KiB + 3
-    ]
+    assert (
+        await store.get_range("segments/t/0/big.ilog", 128 * KiB - 3, 128 * KiB + 3)
+        == big_data[128 * KiB - 3 : 128 * KiB + 3]
+    )
     assert await store.get("segments/t/0/small.index") == b"\0" * 16
     assert store.counters.puts == 2
     assert store.counters.put_bytes == len(big_data) + 16

@@ -139,7 +139,8 @@ def read_block_footer(tail, object_size: int) -> list[RunInfo]:
     if footer_start < 0:
         raise ProtocolError(f"block footer length {footer_bytes} exceeds the object", object_size - len(tail))
     if footer_start < tail_start:
-        raise ProtocolError(f"block tail too short: the footer needs the last {footer_bytes + FOOTER_TRAILER_BYTES} bytes")
+        needed = footer_bytes + FOOTER_TRAILER_BYTES
+        raise ProtocolError(f"block tail too short: the footer needs the last {needed} bytes", tail_start)
     footer = tail[footer_start - tail_start : len(tail) - FOOTER_TRAILER_BYTES]
     if zlib.crc32(footer) != crc:
         raise ProtocolError("block footer CRC mismatch", footer_start)
@@ -207,7 +208,8 @@ def _read_footer(footer: memoryview, footer_start: int) -> list[RunInfo]:
         if info.first_seq > info.last_seq:
             raise ProtocolError(f"{where}: first seq {info.first_seq} > last seq {info.last_seq}", entry_at)
         if not 1 <= info.messages <= info.last_seq - info.first_seq + 1:
-            raise ProtocolError(f"{where}: {info.messages} messages in seq range {info.first_seq}-{info.last_seq}", entry_at)
+            span = f"{info.first_seq}-{info.last_seq}"
+            raise ProtocolError(f"{where}: {info.messages} messages in seq range {span}", entry_at)
         if info.min_ts_ms > info.max_ts_ms:
             raise ProtocolError(f"{where}: min timestamp {info.min_ts_ms} > max {info.max_ts_ms}", entry_at)
         expected_position += info.length_bytes

@@ -16,6 +16,7 @@ Blocking file I/O runs in worker threads (asyncio.to_thread) so the event loop n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import secrets
@@ -125,7 +126,7 @@ class LocalObjectStore(ObjectStore):
             path.parent.mkdir(parents=True, exist_ok=True)
             temp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
             try:
-                f = open(temp, "xb")
+                f = open(temp, "xb")  # noqa: SIM115 - closed by the `with f` below, which needs the retry first
             except FileNotFoundError:
                 if attempt == 2:
                     raise
@@ -212,7 +213,5 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

@@ -16,6 +16,7 @@ loop that first used it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,14 +95,11 @@ class S3ObjectStore(ObjectStore):
     async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int) -> int:
         key = self._key(object_key)
         try:
-            size = path.stat().st_size
+            size = (await asyncio.to_thread(path.stat)).st_size
+            data = await asyncio.to_thread(path.read_bytes) if size <= multipart_threshold_bytes else None
         except OSError as e:
             raise StoreError(f"cannot upload {path}: {e}") from e
-        if size <= multipart_threshold_bytes:
-            try:
-                data = await asyncio.to_thread(path.read_bytes)
-            except OSError as e:
-                raise StoreError(f"cannot upload {path}: {e}") from e
+        if data is not None:
             await self._put(object_key, data)
             return len(data)
         await self._multipart_upload(object_key, key, path, size, max(part_bytes, -(-size // MAX_PARTS)))
@@ -217,10 +215,8 @@ class S3ObjectStore(ObjectStore):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             # Best effort: an upload left behind only costs storage, and a bucket lifecycle rule can expire it.
-            try:
+            with contextlib.suppress(BotoCoreError, aiohttp.ClientError, OSError):
                 await client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-            except (BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError):
-                pass
             raise
 
 
@@ -242,7 +238,7 @@ class _S3Errors:
             if self.object_key is not None and code in _NOT_FOUND_CODES:
                 raise ObjectNotFound(self.object_key) from exc
             raise StoreError(f"{self.store!r}: {code}: {exc}") from exc
-        if isinstance(exc, (BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError)):
+        if isinstance(exc, (BotoCoreError, aiohttp.ClientError, OSError)):  # OSError covers TimeoutError
             raise StoreError(f"{self.store!r}: {type(exc).__name__}: {exc}") from exc
         return False
 

@@ -385,6 +385,8 @@ def test_notes_list_every_broker(notes) -> None:
     for ordinal in range(3):
         assert f"rel-tiered-{ordinal}.rel-tiered-headless.{NAMESPACE}.svc.cluster.local:11011" in text
     assert "rel-tiered-3." not in text
+    assert f"kubectl --namespace {NAMESPACE} port-forward pod/rel-tiered-1 11011:11011" in text
+    assert "port-forward pod/" not in notes("minimal")
     assert "existingSecret is empty" in text and "ServiceAccount annotations are set" in text
     custom = notes("custom-names")
     assert "tiered status -b localhost:12000" in custom

@@ -117,9 +117,9 @@ def test_ports_and_probes(render, values_name: str) -> None:
     ports = {"tank": 11011, "http": 9102, **values_of(values_name).get("ports", {})}
     container = rendered.broker
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == ports
-    for probe_name, path in [("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
-        probe = container[probe_name]
-        assert probe["httpGet"] == {"path": path, "port": "http"}, probe_name
+    probes = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe_name, path in probes.items():
+        assert container[probe_name]["httpGet"] == {"path": path, "port": "http"}, probe_name
     for service in rendered.of_kind("Service"):
         assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
             name: (number, name) for name, number in ports.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 import zlib
 
@@ -34,6 +35,7 @@ def sample_runs() -> list[tuple[RunMeta, bytes]]:
         (RunMeta("orders", 0, 100, 102, 3, 1000, 1002), records(1000, b"a", b"bb", b"ccc")),
         (RunMeta("orders", 7, 5, 5, 1, 2000, 2000), records(2000, b"x" * 300)),
         (RunMeta("audit-log_2", 65535, 2**64 - 2, 2**64 - 1, 2, 0, 2**64 - 1), records(0, b"", b"k")),
+        (RunMeta("big", 1, 0, 1, 2, 5, 6), records(5, random.Random(1).randbytes(20_000), b"y" * 200)),
     ]
 
 
@@ -160,6 +162,10 @@ def test_runs_that_are_not_whole_records_are_refused():
     footer = struct.pack("<I", 1) + footer_entry(b"t", 0, 0, 0, 0, len(run) - 1, 1, 0, 0)
     with pytest.raises(ProtocolError, match="truncated record"):
         decode_block(forge(run[:-1], footer))
+    for bad_run in (b"\x80", b"\xff\x01" + b"x" * 10, b"\x03abc\x83\x80"):  # varint or bundle cut short
+        footer = struct.pack("<I", 1) + footer_entry(b"t", 0, 0, 0, 0, len(bad_run), 1, 0, 0)
+        with pytest.raises(ProtocolError, match="truncated record"):
+            decode_block(forge(bad_run, footer))
     zero_length = b"\x00"
     footer = struct.pack("<I", 1) + footer_entry(b"t", 0, 0, 0, 0, 1, 1, 0, 0)
     with pytest.raises(ProtocolError, match="zero-length"):

@@ -40,7 +40,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tiered.protocol.bundle import maybe_record
+from tiered.protocol.varint import maybe_varint
 from tiered.protocol.errors import ProtocolError
 
 MAGIC = b"TIEREDB1"
@@ -222,17 +222,33 @@ def _read_footer(footer: memoryview, footer_start: int) -> list[RunInfo]:
 
 
 def _check_records(buf: memoryview, start: int, what: str, end: int | None = None) -> None:
-    """`buf[start:end]` is a non-empty sequence of whole `{varint len, bundle}` records."""
+    """`buf[start:end]` is a non-empty sequence of whole `{varint len, bundle}` records.
+
+    Runs every block through, so the common one- and two-byte lengths are read inline (several times faster than calling
+    maybe_record per record on an 8 MiB block); longer varints go through the shared reader.
+    """
     end = len(buf) if end is None else end
     view = buf[:end]
     if start >= end:
         raise ProtocolError(f"{what}: no records", start)
     position = start
     while position < end:
-        record = maybe_record(view, position)
-        if record is None:
+        size = view[position]
+        if size < 0x80:
+            bundle_start = position + 1
+        elif position + 1 < end and view[position + 1] < 0x80:
+            size = (size & 0x7F) | view[position + 1] << 7
+            bundle_start = position + 2
+        else:
+            got = maybe_varint(view, position)
+            if got is None:
+                raise ProtocolError(f"{what}: truncated record", position)
+            size, bundle_start = got
+        if size == 0:
+            raise ProtocolError(f"{what}: zero-length bundle", position)
+        if bundle_start + size > end:
             raise ProtocolError(f"{what}: truncated record", position)
-        position = record[1]
+        position = bundle_start + size
 
 
 def _check_meta(meta: RunMeta) -> None:

@@ -130,7 +130,8 @@ class ProduceTopicResult:
 @dataclass(frozen=True, slots=True)
 class ProduceResponse:
     request_id: int
-    topics: tuple[ProduceTopicResult, ...]  # one per run of consecutive request topics with the same name
+    # Read: one per run of consecutive request topics with the same name. Encoded: one per request topic will do.
+    topics: tuple[ProduceTopicResult, ...]
 
 
 def produce_runs(request: ProduceRequest) -> list[tuple[str, int]]:
@@ -139,17 +140,22 @@ def produce_runs(request: ProduceRequest) -> list[tuple[str, int]]:
 
 
 def encode_produce_response(resp: ProduceResponse) -> bytes:
+    """Consecutive results with the same topic name are one run on the wire, as TANK writes them: their partition
+    bytes follow each other, and a topic-level status is written once for the whole run."""
     out = [pack(REQUEST_ID, "request id", resp.request_id)]
-    for topic in resp.topics:
-        if topic.status is not None:
-            if topic.status not in PRODUCE_TOPIC_STATUSES:
-                raise ValueError(f"topic {topic.name!r}: {topic.status} is not a topic-level produce status")
-            if topic.partitions:
-                raise ValueError(f"topic {topic.name!r}: a topic-level status stands for all its partitions")
-            out.append(bytes((topic.status,)))
+    for name, run in groupby(resp.topics, lambda t: t.name):
+        run = list(run)
+        statuses = {t.status for t in run}
+        if statuses != {None}:
+            status = statuses.pop() if len(statuses) == 1 else None
+            if status not in PRODUCE_TOPIC_STATUSES:
+                raise ValueError(f"topic {name!r}: {statuses} is not one topic-level produce status for the run")
+            if any(t.partitions for t in run):
+                raise ValueError(f"topic {name!r}: a topic-level status stands for all its partitions")
+            out.append(bytes((status,)))
             continue
-        for i, p in enumerate(topic.partitions):
-            where = f"topic {topic.name!r} partition #{i}"
+        for i, p in enumerate(p for t in run for p in t.partitions):
+            where = f"topic {name!r} partition #{i}"
             if p.code not in PRODUCE_PARTITION_STATUSES:
                 raise ValueError(f"{where}: {p.code} is not a partition-level produce status")
             out.append(bytes((p.code,)))

@@ -1,0 +1,544 @@
+"""Every hex example of PROTOCOL.md, byte for byte, through both the encoder and the decoder.
+
+Examples marked "(observed on a running TANK broker)" in PROTOCOL.md are copied verbatim. Requests for which
+PROTOCOL.md gives a layout but no capture are written out field by field from that layout.
+"""
+
+import pytest
+
+from tests.protocol.hexbytes import h
+from tiered.protocol.bundle import Message, decode_bundle, encode_bundle, encode_record, maybe_record
+from tiered.protocol.codes import (
+    ConsumeFlags,
+    ConsumeStatus,
+    CreateTopicStatus,
+    DiscoverReason,
+    Endpoint,
+    NodeFlags,
+    ProduceStatus,
+    ReloadConfStatus,
+)
+from tiered.protocol.frame import MsgType, encode_frame, maybe_frame
+from tiered.protocol.requests import (
+    ConsumePartition,
+    ConsumeRequest,
+    ConsumeTopic,
+    CreateTopicRequest,
+    DiscoverPartitionsRequest,
+    DiscoverTopicsRequest,
+    DiscoverTopologyRequest,
+    ProducePartition,
+    ProduceRequest,
+    ProduceTopic,
+    ReloadConfRequest,
+    StatusRequest,
+    encode_consume_request,
+    encode_create_topic_request,
+    encode_discover_partitions_request,
+    encode_discover_topics_request,
+    encode_discover_topology_request,
+    encode_produce_request,
+    encode_reload_conf_request,
+    encode_status_request,
+    peek_request_id,
+    read_consume_request,
+    read_create_topic_request,
+    read_discover_partitions_request,
+    read_discover_topics_request,
+    read_discover_topology_request,
+    read_produce_request,
+    read_reload_conf_request,
+    read_status_request,
+)
+from tiered.protocol.responses import (
+    ConsumePartitionResult,
+    ConsumeResponse,
+    ConsumeTopicResult,
+    CreateTopicResponse,
+    DiscoverPartitionsResponse,
+    DiscoverTopicsResponse,
+    DiscoverTopologyResponse,
+    PartitionRange,
+    PartitionStatus,
+    ProduceResponse,
+    ProduceTopicResult,
+    ReloadConfResponse,
+    StatusResponse,
+    TopicInfo,
+    TopologyNode,
+    encode_consume_head,
+    encode_consume_response,
+    encode_create_topic_response,
+    encode_discover_partitions_response,
+    encode_discover_topics_response,
+    encode_discover_topology_response,
+    encode_produce_response,
+    encode_reload_conf_response,
+    encode_status_response,
+    read_consume_response,
+    read_create_topic_response,
+    read_discover_partitions_response,
+    read_discover_topics_response,
+    read_discover_topology_response,
+    read_produce_response,
+    read_reload_conf_response,
+    read_status_response,
+)
+from tiered.protocol.varint import encode_varint, read_varint
+
+UINT64_MAX = 2**64 - 1
+
+# §4.2, observed: the first two records of events/0/1_1795352546.log.
+HELLO_RECORD = h('16 04 00 fbcd5903a2010000 0b "hello world"')
+KEYED_RECORD = h("1e 0c 01 06ce5903a2010000 02'k1' 02'v1' 03 02'k2' 02'v2' 03 02'k1' 02'v3'")
+HELLO_TS = 0x01A20359CDFB
+KEYED_TS = 0x01A20359CE06
+
+# §4.2: a sparse bundle from a 0x05 produce, seqs 1000, 1001, 1005, 1006. PROTOCOL.md leaves the stamp as <ts>.
+SPARSE_TS = 0x01A2035A9874
+SPARSE_BUNDLE = h(
+    "50 e803000000000000 05 | 00 74985a03a2010000 05'm1000' | 06 05'm1001' | 02 03 05'm1005' | 02 05'm1006'"
+)
+
+
+def test_ping_frame():
+    assert encode_frame(MsgType.PING, b"") == h("03 00000000")
+    msg_id, payload, end = maybe_frame(h("03 00000000"))
+    assert (msg_id, bytes(payload), end) == (MsgType.PING, b"", 5)
+
+
+def test_varint_examples():
+    assert encode_varint(188) == h("bc01")
+    assert encode_varint(1868) == h("cc0e")
+    assert read_varint(h("bc01")) == (188, 2)
+    assert read_varint(h("cc0e")) == (1868, 2)
+
+
+# --- §4.2 bundles ---------------------------------------------------------------------------------------------------
+
+
+def test_disk_bundles():
+    log = HELLO_RECORD + KEYED_RECORD
+    start, end = maybe_record(log, 0)
+    assert (start, end) == (1, 23)
+    assert decode_bundle(log[start:end], base_seq=1) == [Message(b"hello world", None, HELLO_TS, 1)]
+    start, end = maybe_record(log, end)
+    assert end == len(log)
+    keyed = [
+        Message(b"v1", b"k1", KEYED_TS, 2),
+        Message(b"v2", b"k2", KEYED_TS, 3),
+        Message(b"v3", b"k1", KEYED_TS, 4),
+    ]
+    assert decode_bundle(log[start:end], base_seq=2) == keyed
+    assert encode_record(encode_bundle([Message(b"hello world", None, HELLO_TS)])) == HELLO_RECORD
+    assert encode_record(encode_bundle(keyed)) == KEYED_RECORD
+
+
+def test_sparse_bundle():
+    messages = [Message(b"m%d" % seq, None, SPARSE_TS, seq) for seq in (1000, 1001, 1005, 1006)]
+    assert decode_bundle(SPARSE_BUNDLE) == messages
+    assert encode_bundle(messages, sparse=True) == SPARSE_BUNDLE
+
+
+# --- §3.1, §3.2 produce ---------------------------------------------------------------------------------------------
+
+PRODUCE = ProduceRequest(
+    0x64, (ProduceTopic("events", (ProducePartition(0, HELLO_RECORD[1:]),)),), required_acks=0, ack_timeout_ms=0
+)
+PRODUCE_BYTES = h("0200 64000000 03'c++' 00 00000000 01 06'events' 01 0000 16") + HELLO_RECORD[1:]
+
+PRODUCE_WITH_SEQNUM = ProduceRequest(
+    0x65, (ProduceTopic("events", (ProducePartition(3, SPARSE_BUNDLE, 1000),)),), with_seqnum=True
+)
+PRODUCE_WITH_SEQNUM_BYTES = (
+    h("0200 65000000 03'c++' 00 00000000 01 06'events' 01 0300")
+    + encode_varint(len(SPARSE_BUNDLE))
+    + h("e803000000000000")
+    + SPARSE_BUNDLE
+)
+
+
+@pytest.mark.parametrize(
+    "request_, payload",
+    [(PRODUCE, PRODUCE_BYTES), (PRODUCE_WITH_SEQNUM, PRODUCE_WITH_SEQNUM_BYTES)],
+    ids=["produce", "produce_with_seqnum"],
+)
+def test_produce_request(request_, payload):
+    assert encode_produce_request(request_) == payload
+    assert read_produce_request(payload, with_seqnum=request_.with_seqnum) == request_
+    assert peek_request_id(MsgType.PRODUCE_WITH_SEQNUM if request_.with_seqnum else MsgType.PRODUCE, payload) == (
+        request_.request_id
+    )
+
+
+def test_produce_response_groups_runs_of_one_topic():
+    # §3.2, observed: request pyt:[0,1,9], nosuch:[0,1], pyt:[2]; partition 9 does not exist.
+    def topic(name, partitions):
+        return ProduceTopic(name, tuple(ProducePartition(p, HELLO_RECORD[1:]) for p in partitions))
+
+    request = ProduceRequest(
+        0x64, (topic("pyt", [0, 1]), topic("pyt", [9]), topic("nosuch", [0, 1]), topic("pyt", [2]))
+    )
+    response = ProduceResponse(
+        0x64,
+        (
+            ProduceTopicResult("pyt", None, (PartitionStatus(0), PartitionStatus(0), PartitionStatus(1))),
+            ProduceTopicResult("nosuch", ProduceStatus.UNKNOWN_TOPIC, ()),
+            ProduceTopicResult("pyt", None, (PartitionStatus(0),)),
+        ),
+    )
+    payload = h("64000000 00 00 01 ff 00")
+    assert encode_produce_response(response) == payload
+    assert read_produce_response(payload, request) == response
+
+
+def test_produce_response_from_one_result_per_request_topic():
+    # A broker may answer each request topic on its own: consecutive results for one name still make one run.
+    def topic(name, partitions):
+        return ProduceTopic(name, tuple(ProducePartition(p, b"x") for p in partitions))
+
+    request = ProduceRequest(
+        0x64, (topic("pyt", [0, 1]), topic("pyt", [9]), topic("nosuch", [0]), topic("nosuch", [1]), topic("pyt", [2]))
+    )
+    per_topic = ProduceResponse(
+        0x64,
+        (
+            ProduceTopicResult("pyt", None, (PartitionStatus(0), PartitionStatus(0))),
+            ProduceTopicResult("pyt", None, (PartitionStatus(1),)),
+            ProduceTopicResult("nosuch", ProduceStatus.UNKNOWN_TOPIC, ()),
+            ProduceTopicResult("nosuch", ProduceStatus.UNKNOWN_TOPIC, ()),
+            ProduceTopicResult("pyt", None, (PartitionStatus(0),)),
+        ),
+    )
+    payload = h("64000000 00 00 01 ff 00")
+    assert encode_produce_response(per_topic) == payload
+    assert read_produce_response(payload, request) == ProduceResponse(
+        0x64,
+        (
+            ProduceTopicResult("pyt", None, (PartitionStatus(0), PartitionStatus(0), PartitionStatus(1))),
+            ProduceTopicResult("nosuch", ProduceStatus.UNKNOWN_TOPIC, ()),
+            ProduceTopicResult("pyt", None, (PartitionStatus(0),)),
+        ),
+    )
+
+
+def test_produce_response_other_leader_and_read_only():
+    request = ProduceRequest(
+        7,
+        (
+            ProduceTopic("a", (ProducePartition(0, b"x"), ProducePartition(1, b"x"))),
+            ProduceTopic("ro", (ProducePartition(0, b"x"),)),
+        ),
+    )
+    response = ProduceResponse(
+        7,
+        (
+            ProduceTopicResult(
+                "a",
+                None,
+                (PartitionStatus(ProduceStatus.OTHER_LEADER, Endpoint("10.0.0.2", 11011)), PartitionStatus(0x0A)),
+            ),
+            ProduceTopicResult("ro", ProduceStatus.READ_ONLY, ()),
+        ),
+    )
+    payload = h("07000000 fc 0a000002 032b 0a fe")
+    assert encode_produce_response(response) == payload
+    assert read_produce_response(payload, request) == response
+
+
+# --- §3.3, §3.4 consume ---------------------------------------------------------------------------------------------
+
+CONSUME = ConsumeRequest(
+    0xC8,
+    0,
+    0,
+    (ConsumeTopic("pyt", (ConsumePartition(0, 0, 1000), ConsumePartition(1, 1, 1000), ConsumePartition(2, 2, 1000))),),
+)
+CONSUME_BYTES = h(
+    "0200 c8000000 00 0000000000000000 00000000 01 03'pyt' 03"
+    "  0000 0000000000000000 e8030000  0100 0100000000000000 e8030000  0200 0200000000000000 e8030000"
+)
+CONSUME_V3 = ConsumeRequest(
+    0xC9, 1000, 60, (ConsumeTopic("pyt", (ConsumePartition(0, UINT64_MAX, 4096),)),), op_flags=ConsumeFlags.PREFER_LOCAL
+)
+CONSUME_V3_BYTES = h("0300 c9000000 00 e803000000000000 3c000000 01 01 03'pyt' 01 0000 ffffffffffffffff 00100000")
+
+
+@pytest.mark.parametrize(
+    "request_, payload", [(CONSUME, CONSUME_BYTES), (CONSUME_V3, CONSUME_V3_BYTES)], ids=["v2", "v3_prefer_local"]
+)
+def test_consume_request(request_, payload):
+    assert encode_consume_request(request_) == payload
+    decoded = read_consume_request(payload)
+    assert decoded == ConsumeRequest(
+        request_.request_id,
+        request_.max_wait_ms,
+        request_.min_bytes,
+        request_.topics,
+        3 if request_.op_flags else 2,
+        "",
+        request_.op_flags,
+    )
+    assert peek_request_id(MsgType.CONSUME, payload) == request_.request_id
+
+
+P0_CHUNK = h("210c00 74985a03a2010000 02'a1' 03 03'key' 02'a2' 00 75985a03a2010000 02'a3'")
+P1_CHUNK = h("0d0400 74985a03a2010000 02'b1'")
+CONSUME_RESPONSE = ConsumeResponse(
+    0xC8,
+    (
+        ConsumeTopicResult(
+            "pyt",
+            (
+                ConsumePartitionResult(0, ConsumeStatus.OK, base_seq=1, hwmark=3, chunk_len=34),
+                ConsumePartitionResult(1, ConsumeStatus.OK, base_seq=1, hwmark=1, chunk_len=14),
+                ConsumePartitionResult(2, ConsumeStatus.OK, base_seq=1, hwmark=1, chunk_len=0),
+            ),
+            3,
+        ),
+    ),
+    (P0_CHUNK, P1_CHUNK, b""),
+)
+CONSUME_RESPONSE_BYTES = (
+    h(
+        "4f000000 c8000000 01 03'pyt' 03"
+        "  0000 00 0100000000000000 0300000000000000 22000000"
+        "  0100 00 0100000000000000 0100000000000000 0e000000"
+        "  0200 00 0100000000000000 0100000000000000 00000000"
+    )
+    + P0_CHUNK
+    + P1_CHUNK
+)
+UNKNOWN_RESPONSE = ConsumeResponse(
+    0xCA,
+    (
+        ConsumeTopicResult("nosuch", None, 2),
+        ConsumeTopicResult("pyt", (ConsumePartitionResult(7, ConsumeStatus.UNKNOWN_PARTITION),), 1),
+    ),
+    (),
+)
+UNKNOWN_RESPONSE_BYTES = h("17000000 | ca000000 02 06'nosuch' 02 ffff 03'pyt' 01 0700 ff")
+BOUNDARY_RESPONSE = ConsumeResponse(
+    0xC9,
+    (
+        ConsumeTopicResult(
+            "pyt", (ConsumePartitionResult(0, ConsumeStatus.BOUNDARY, 0, hwmark=3, first_available=1),), 1
+        ),
+    ),
+    (),
+)
+BOUNDARY_RESPONSE_BYTES = h(
+    "29000000 | c9000000 01 03'pyt' 01 0000 01 0000000000000000 0300000000000000 00000000 0100000000000000"
+)
+
+
+@pytest.mark.parametrize(
+    "response, payload",
+    [
+        (CONSUME_RESPONSE, CONSUME_RESPONSE_BYTES),
+        (UNKNOWN_RESPONSE, UNKNOWN_RESPONSE_BYTES),
+        (BOUNDARY_RESPONSE, BOUNDARY_RESPONSE_BYTES),
+    ],
+    ids=["three_partitions", "unknown_topic_and_partition", "boundary"],
+)
+def test_consume_response(response, payload):
+    assert read_consume_response(payload) == response
+    assert encode_consume_response(response) == payload
+    head = encode_consume_head(response.request_id, response.topics)
+    chunk_bytes = sum(len(c) for c in response.chunks)
+    assert head == encode_frame(MsgType.CONSUME, payload)[: len(payload) + 5 - chunk_bytes]
+    assert maybe_frame(head + b"".join(response.chunks))[1] == payload
+
+
+def test_consume_response_chunks_are_the_bundles():
+    chunks = read_consume_response(CONSUME_RESPONSE_BYTES).chunks
+    start, end = maybe_record(chunks[0], 0)
+    assert decode_bundle(chunks[0][start:end], base_seq=1) == [
+        Message(b"a1", None, 0x01A2035A9874, 1),
+        Message(b"a2", b"key", 0x01A2035A9874, 2),
+        Message(b"a3", None, 0x01A2035A9875, 3),
+    ]
+    assert end == len(chunks[0])
+    start, end = maybe_record(chunks[1], 0)
+    assert decode_bundle(chunks[1][start:end], base_seq=1) == [Message(b"b1", None, 0x01A2035A9874, 1)]
+
+
+def test_consume_response_redirect_and_sparse():
+    response = ConsumeResponse(
+        5,
+        (
+            ConsumeTopicResult(
+                "t",
+                (
+                    ConsumePartitionResult(0, ConsumeStatus.OTHER_LEADER, leader=Endpoint("192.168.1.7", 11011)),
+                    ConsumePartitionResult(1, ConsumeStatus.SPARSE, hwmark=1006, chunk_len=len(SPARSE_BUNDLE) + 1),
+                    ConsumePartitionResult(2, ConsumeStatus.SYSTEM),
+                    ConsumePartitionResult(3, ConsumeStatus.NO_LEADER),
+                ),
+                4,
+            ),
+        ),
+        (encode_record(SPARSE_BUNDLE),),
+    )
+    # The sparse partition's chunk is one 48-byte record: 0x30 = varint 47 + the 47-byte bundle.
+    header = h("05000000 01 01't' 04 0000 fc c0a80107 032b 0100 fe ee03000000000000 30000000 0200 fb 0300 fd")
+    payload = h("26000000") + header + encode_record(SPARSE_BUNDLE)
+    assert encode_consume_response(response) == payload
+    assert read_consume_response(payload) == response
+
+
+# --- §3.6-§3.11 -----------------------------------------------------------------------------------------------------
+
+SMALL_CASES = [
+    # §3.6 request (layout), all partitions and an explicit list.
+    (
+        DiscoverPartitionsRequest(0x50, "events"),
+        h("50000000 06'events'"),
+        encode_discover_partitions_request,
+        read_discover_partitions_request,
+    ),
+    (
+        DiscoverPartitionsRequest(0x50, "events", (0, 1)),
+        h("50000000 06'events' 0000 0100"),
+        encode_discover_partitions_request,
+        read_discover_partitions_request,
+    ),
+    # §3.6 response, observed.
+    (
+        DiscoverPartitionsResponse(0x50, "events", (PartitionRange(1, 6), PartitionRange(1, 20))),
+        h("50000000 06'events' 0200 0100000000000000 0600000000000000 0100000000000000 1400000000000000"),
+        encode_discover_partitions_response,
+        read_discover_partitions_response,
+    ),
+    # §3.6 response: unknown topic, then each reason (layout).
+    (
+        DiscoverPartitionsResponse(0x51, "nosuch", ()),
+        h("51000000 06'nosuch' 0000"),
+        encode_discover_partitions_response,
+        read_discover_partitions_response,
+    ),
+    (
+        DiscoverPartitionsResponse(
+            0x52,
+            "t",
+            (
+                PartitionRange(0, 0),
+                PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.NO_LEADER),
+                PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.OTHER_LEADER, Endpoint("10.1.2.3", 80)),
+                PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.SYSTEM),
+            ),
+        ),
+        h(
+            "52000000 01't' 0400 0000000000000000 0000000000000000"
+            " ffffffffffffffff ffffffffffffffff fd"
+            " ffffffffffffffff ffffffffffffffff fc 0a010203 5000"
+            " ffffffffffffffff ffffffffffffffff fb"
+        ),
+        encode_discover_partitions_response,
+        read_discover_partitions_response,
+    ),
+    # §3.7 (layout)
+    (
+        CreateTopicRequest(9, "logs", 2, b"log.segment.bytes=1\n"),
+        h("09000000 04'logs' 0200 14 'log.segment.bytes=1' 0a"),
+        encode_create_topic_request,
+        read_create_topic_request,
+    ),
+    (
+        CreateTopicResponse(9, "logs", CreateTopicStatus.BAD_CONFIG),
+        h("09000000 04'logs' 04"),
+        encode_create_topic_response,
+        read_create_topic_response,
+    ),
+    # §3.8 (layout)
+    (
+        ReloadConfRequest(10, "logs", 5),
+        h("0a000000 04'logs' 0500"),
+        encode_reload_conf_request,
+        read_reload_conf_request,
+    ),
+    (
+        ReloadConfResponse(10, "logs", 5, ReloadConfStatus.UNKNOWN_PARTITION),
+        h("0a000000 04'logs' 0500 0a"),
+        encode_reload_conf_response,
+        read_reload_conf_response,
+    ),
+    # §3.9 request (layout) and response (observed)
+    (StatusRequest(0x4D), h("4d000000"), encode_status_request, read_status_request),
+    (
+        StatusResponse(0x4D, 2, 3, open_partitions=2, startup_ts=0x6B02E7DB, version=400),
+        h("4d000000 00 00 02000000 03000000 02000000 00000000 dbe7026b 90010000"),
+        encode_status_response,
+        read_status_response,
+    ),
+    # §3.9 cluster-aware (layout)
+    (
+        StatusResponse(
+            1, 4, 8, 1, 2, 3, 400, cluster_aware=True, cluster_flags=0, cluster_name="prod", available_nodes=3
+        ),
+        h("01000000 00 01 04000000 08000000 00 04'prod' 03000000 01000000 02000000 03000000 90010000"),
+        encode_status_response,
+        read_status_response,
+    ),
+    # §3.10 request (layout) and response (observed)
+    (DiscoverTopicsRequest(0x4E), h("4e000000 00"), encode_discover_topics_request, read_discover_topics_request),
+    (
+        DiscoverTopicsResponse(0x4E, (TopicInfo("events", True, 2), TopicInfo("logs", True, 1))),
+        h("4e000000 02000000 00 06'events' 01 0200 04'logs' 01 0100"),
+        encode_discover_topics_response,
+        read_discover_topics_response,
+    ),
+    (
+        DiscoverTopicsResponse(0x4E, (TopicInfo("events", False, 2, 3),), cluster_aware=True),
+        h("4e000000 01000000 01 06'events' 00 0200 03"),
+        encode_discover_topics_response,
+        read_discover_topics_response,
+    ),
+    # §3.11 request (layout), standalone response (observed) and a cluster one (layout)
+    (
+        DiscoverTopologyRequest(0x4F),
+        h("4f000000 00"),
+        encode_discover_topology_request,
+        read_discover_topology_request,
+    ),
+    (
+        DiscoverTopologyResponse(0x4F),
+        h("4f000000 ffff"),
+        encode_discover_topology_response,
+        read_discover_topology_response,
+    ),
+    (
+        DiscoverTopologyResponse(
+            0x4F,
+            "prod",
+            (
+                TopologyNode(1, NodeFlags.HAS_ENDPOINT | NodeFlags.AVAILABLE, Endpoint("10.0.0.1", 11011), 12),
+                TopologyNode(2, NodeFlags.BLOCKED, None, 0),
+            ),
+        ),
+        h("4f000000 0200 04'prod' 0100 03 0a000001 032b 0c00 0200 04 0000"),
+        encode_discover_topology_response,
+        read_discover_topology_response,
+    ),
+]
+
+
+@pytest.mark.parametrize("value, payload, encode, read", SMALL_CASES, ids=lambda v: getattr(v, "__name__", None))
+def test_small_messages(value, payload, encode, read):
+    assert encode(value) == payload
+    assert read(payload) == value
+
+
+def test_status_response_from_older_brokers():
+    # TANK's client reads the open-partition fields and the version as optional; absent means 0.
+    full = h("4d000000 00 00 02000000 03000000 02000000 00000000 dbe7026b 90010000")
+    assert read_status_response(full[:-4]) == StatusResponse(0x4D, 2, 3, 2, 0, 0x6B02E7DB, version=0)
+    assert read_status_response(full[:-16]) == StatusResponse(0x4D, 2, 3, 0, 0, 0, version=0)
+
+
+def test_peek_request_id():
+    assert peek_request_id(MsgType.STATUS, h("4d000000")) == 0x4D
+    assert peek_request_id(MsgType.CREATE_TOPIC, h("09000000 ff")) == 9
+    assert peek_request_id(MsgType.CONSUME, h("0200 c800")) is None  # too short
+    assert peek_request_id(MsgType.PING, b"") is None
+    assert peek_request_id(0x77, h("01000000")) is None

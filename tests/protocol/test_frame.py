@@ -1,0 +1,115 @@
+"""Frames, and every reader fed through maybe_frame: whole, one byte at a time, and split at every byte boundary."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.protocol.strategies import budget, framed_cases
+from tests.protocol.test_examples import (
+    BOUNDARY_RESPONSE_BYTES,
+    CONSUME_BYTES,
+    CONSUME_RESPONSE_BYTES,
+    PRODUCE_WITH_SEQNUM_BYTES,
+    SMALL_CASES,
+    UNKNOWN_RESPONSE_BYTES,
+)
+from tiered.protocol.errors import ProtocolError
+from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame, maybe_frame
+from tiered.protocol.requests import read_consume_request, read_produce_request
+from tiered.protocol.responses import read_consume_response
+
+
+def feed(chunks):
+    """Reads frames the way a connection does: append what arrived, take every whole frame, keep the rest."""
+    frames = []
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        position = 0
+        while (got := maybe_frame(buf, position)) is not None:
+            msg_id, payload, position = got
+            frames.append((msg_id, bytes(payload)))
+        buf = buf[position:]
+    assert buf == b"", "bytes left over after the last frame"
+    return frames
+
+
+def test_maybe_frame_needs_the_whole_header_and_payload():
+    frame = encode_frame(MsgType.STATUS, b"\x01\x02\x03\x04")
+    for end in range(len(frame)):
+        assert maybe_frame(frame[:end]) is None
+    msg_id, payload, position = maybe_frame(frame + b"\x03")
+    assert (msg_id, bytes(payload), position) == (MsgType.STATUS, b"\x01\x02\x03\x04", len(frame))
+    assert maybe_frame(frame + b"\x03", position) is None
+
+
+def test_maybe_frame_at_a_position_and_in_a_memoryview():
+    stream = encode_frame(1, b"ab") + encode_frame(2, b"") + encode_frame(3, b"xyz")
+    view = memoryview(bytearray(stream))
+    got = []
+    position = 0
+    while (frame := maybe_frame(view, position)) is not None:
+        got.append((frame[0], bytes(frame[1])))
+        position = frame[2]
+    assert got == [(1, b"ab"), (2, b""), (3, b"xyz")]
+    assert position == len(stream)
+
+
+def test_oversized_frame_fails_as_soon_as_the_header_is_there():
+    assert maybe_frame(FRAME_HEADER.pack(MsgType.CONSUME, MAX_FRAME_BYTES)) is None  # the limit itself is fine
+    header = FRAME_HEADER.pack(MsgType.PRODUCE, MAX_FRAME_BYTES + 1)
+    assert maybe_frame(header[:4]) is None
+    with pytest.raises(ProtocolError, match="exceeds"):
+        maybe_frame(header)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        maybe_frame(b"\x00" * 7 + FRAME_HEADER.pack(MsgType.PRODUCE, 0xFFFF_FFFF), 7)
+
+
+def test_encode_frame_refuses_what_a_broker_would_refuse():
+    class Huge(bytes):
+        def __len__(self):
+            return MAX_FRAME_BYTES + 1
+
+    with pytest.raises(ValueError):
+        encode_frame(MsgType.PRODUCE, Huge())
+    with pytest.raises(ValueError):
+        encode_frame(256, b"")
+
+
+def _example_stream():
+    """The PROTOCOL.md examples as frames, with the reader for each."""
+    cases = [
+        (MsgType.PING, b"", bytes),
+        (MsgType.CONSUME, CONSUME_BYTES, read_consume_request),
+        (MsgType.PRODUCE_WITH_SEQNUM, PRODUCE_WITH_SEQNUM_BYTES, lambda p: read_produce_request(p, True)),
+        (MsgType.CONSUME, CONSUME_RESPONSE_BYTES, read_consume_response),
+        (MsgType.CONSUME, UNKNOWN_RESPONSE_BYTES, read_consume_response),
+        (MsgType.CONSUME, BOUNDARY_RESPONSE_BYTES, read_consume_response),
+    ]
+    cases += [(0x10, payload, read) for _, payload, _, read in SMALL_CASES]
+    return cases
+
+
+def test_example_stream_whole_byte_by_byte_and_split_everywhere():
+    cases = _example_stream()
+    stream = b"".join(encode_frame(msg_id, payload) for msg_id, payload, _ in cases)
+    expected = [(msg_id, payload) for msg_id, payload, _ in cases]
+    assert feed([stream]) == expected
+    assert feed([stream[i : i + 1] for i in range(len(stream))]) == expected
+    for split in range(len(stream) + 1):
+        assert feed([stream[:split], stream[split:]]) == expected
+    for (msg_id, payload), (_, original, read) in zip(feed([stream[i : i + 1] for i in range(len(stream))]), cases):
+        assert read(payload) == read(original)
+
+
+@budget(40)
+@given(st.lists(framed_cases(), min_size=1, max_size=5))
+def test_any_stream_of_frames_split_at_every_byte(cases):
+    stream = b"".join(encode_frame(msg_id, payload) for msg_id, payload, _, _ in cases)
+    expected = [(msg_id, payload) for msg_id, payload, _, _ in cases]
+    for split in range(len(stream) + 1):
+        assert feed([stream[:split], stream[split:]]) == expected
+    frames = feed([stream[i : i + 1] for i in range(len(stream))])
+    assert frames == expected
+    for (_, payload), (_, _, read, value) in zip(frames, cases):
+        assert read(payload) == value

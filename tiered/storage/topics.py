@@ -7,7 +7,8 @@
 
 Topic names follow TANK's `is_valid_topic_name()`: 1..64 characters of [A-Za-z0-9_-], not starting or ending
 with '-' or '_'. That also keeps every topic path inside the data directory ('/', '.', '..' are impossible).
-Other entries starting with '.' (`.tiered`, TANK's `.cleanup.log`, ...) are ignored.
+Other entries starting with '.' (our `.tiered` state directory, TANK's `.cleanup.log`, ...) are ignored. Because
+`.tiered` is ours, a topic cannot be named `tiered`: its staging directory would be that directory.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ log = logging.getLogger("tiered.storage")
 TOPIC_CONFIG = "config"
 MAX_TOPIC_NAME = 64
 MAX_PARTITIONS = 0xFFFF  # partition ids are u16 on the wire
+# Dot entries of the data directory that belong to us, never to a topic creation (tiered.config's state_dir).
+STATE_DIRS = frozenset({".tiered"})
+RESERVED_TOPIC_NAMES = frozenset(d[1:] for d in STATE_DIRS)
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
 
 
@@ -83,6 +87,8 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     TopicExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
     """
     validate_topic_name(name)
+    if name in RESERVED_TOPIC_NAMES:
+        raise InvalidTopicName(f"topic name {name!r} is reserved: .{name} is the broker's own directory")
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ValueError(f"a topic needs 1..{MAX_PARTITIONS} partitions, not {partitions}")
     values, _warnings = parse_config_text(config_text)
@@ -116,7 +122,7 @@ def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
     for entry in sorted(os.listdir(base)):
         path = os.path.join(base, entry)
         if entry.startswith("."):
-            if os.path.isdir(path) and is_valid_topic_name(entry[1:]):
+            if entry not in STATE_DIRS and os.path.isdir(path) and is_valid_topic_name(entry[1:]):
                 problems.append(f"{path}: stray directory of an interrupted topic creation (left alone)")
             continue
         if not os.path.isdir(path):

@@ -1,0 +1,187 @@
+"""Seq assignment: plain, explicit (0x05) and sparse bundles, gaps, ensure_next_seq, durable visibility."""
+
+import pytest
+
+from tests.support.storage_helpers import OBSERVED_TS, bundle_for_record, plain_bundle, segment_files, sparse_bundle
+from tiered.protocol.bundle import decode_bundle
+from tiered.protocol.errors import ProtocolError
+from tiered.storage import Boundary, Eof, InvalidSeqnums, ReadRange
+
+
+def test_plain_bundles_take_consecutive_seqs(open_storage_log):
+    log = open_storage_log()
+    assert (log.first_available, log.last_assigned, log.visible_seq) == (0, 0, 0)
+    assert log.append(plain_bundle(b"a", b"b", b"c")).first_seq == 1
+    result = log.append(plain_bundle(b"d"))
+    assert (result.first_seq, result.last_seq) == (4, 4)
+
+
+def test_explicit_seq_on_an_empty_partition_names_the_segment(open_storage_log, tmp_path):
+    log = open_storage_log()
+    result = log.append(plain_bundle(b"a", b"b"), base_seq=1000)
+    assert (result.first_seq, result.last_seq, result.segment_base) == (1000, 1001, 1000)
+    assert segment_files(tmp_path / "p") == ["1000.index", f"1000_{OBSERVED_TS}.log"]
+    assert log.first_available == 1000 and log.last_assigned == 1001
+    assert log.append(plain_bundle(b"c")).first_seq == 1002
+
+
+def test_sparse_bundle_takes_seqs_from_its_header_over_base_seq(open_storage_log):
+    log = open_storage_log()
+    result = log.append(sparse_bundle(1000, 1001, 1005, 1006), base_seq=5)
+    assert (result.first_seq, result.last_seq, result.segment_base) == (1000, 1006, 1000)
+    assert log.append(plain_bundle(b"x")).first_seq == 1007  # non-sparse bundles continue from last + 1
+    assert log.segments == ()
+
+
+def test_sparse_jump_stays_in_the_segment(open_storage_log):
+    log = open_storage_log()
+    log.append(plain_bundle(b"a", b"b", b"c"))
+    result = log.append(sparse_bundle(10, 12))
+    assert (result.first_seq, result.last_seq, result.segment_base) == (10, 12, 1)
+    assert log.segments == () and log.active.last == 12
+
+
+def test_non_sparse_jump_starts_a_new_segment(open_storage_log):
+    # Readers derive a non-sparse bundle's seqs from its predecessor, so a jump must start a segment.
+    log = open_storage_log()
+    log.append(plain_bundle(b"a", b"b", b"c"))
+    result = log.append(plain_bundle(b"j"), base_seq=10)
+    assert (result.first_seq, result.segment_base, result.position) == (10, 10, 0)
+    assert [(s.base, s.last) for s in log.segments] == [(1, 3)]
+    # an explicit seq that continues the segment does not roll
+    assert log.append(plain_bundle(b"k"), base_seq=11).segment_base == 10
+
+
+@pytest.mark.parametrize(
+    "bundle, base_seq",
+    [
+        (plain_bundle(b"x"), 3),  # equal to last_assigned
+        (plain_bundle(b"x"), 2),
+        (plain_bundle(b"x"), 0),
+        (sparse_bundle(3, 4), None),
+        (sparse_bundle(2), 50),
+    ],
+)
+def test_invalid_seqnums(open_storage_log, bundle, base_seq):
+    log = open_storage_log()
+    log.append(plain_bundle(b"a", b"b", b"c"))
+    with pytest.raises(InvalidSeqnums):
+        log.append(bundle, base_seq=base_seq)
+    assert log.last_assigned == 3 and log.active.size == log.stats().bytes
+
+
+def test_observed_invalid_seqnums_case(open_storage_log):
+    log = open_storage_log()
+    log.append(plain_bundle(b"x"), base_seq=2001)
+    with pytest.raises(InvalidSeqnums):
+        log.append(plain_bundle(b"y"), base_seq=10)
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    [b"", b"\x80\x00\x00", b"\x06\x00", b"\x00\x00", b"\x44" + b"\x00" * 4],
+    ids=["empty", "reserved-bit", "codec-2", "zero-count", "truncated-sparse"],
+)
+def test_bad_bundles_raise_protocol_error(open_storage_log, bundle):
+    log = open_storage_log()
+    with pytest.raises(ProtocolError):
+        log.append(bundle)
+    assert log.last_assigned == 0 and log.active is None
+
+
+def test_memoryview_bundles_are_accepted(open_storage_log):
+    log = open_storage_log()
+    bundle = plain_bundle(b"mv")
+    assert log.append(memoryview(bundle)).record == bytes([len(bundle)]) + bundle
+
+
+def test_ensure_next_seq_on_an_empty_log(open_storage_log, tmp_path):
+    log = open_storage_log()
+    log.ensure_next_seq(501)
+    assert (log.first_available, log.last_assigned, log.visible_seq) == (0, 500, 500)
+    assert log.locate(0, 100) == Eof(0, 500)
+    assert log.locate(20, 100) == Boundary(0, 500)  # held remotely, not here
+    assert log.locate(501, 100) == Eof(0, 500)
+    result = log.append(plain_bundle(b"a"))
+    assert (result.first_seq, result.segment_base) == (501, 501)
+    assert segment_files(tmp_path / "p") == ["501.index", f"501_{OBSERVED_TS}.log"]
+    assert log.first_available == 501
+    log.ensure_next_seq(10)  # never moves back
+    assert log.last_assigned == 501
+
+
+def test_ensure_next_seq_on_a_log_that_is_behind(open_storage_log):
+    log = open_storage_log()
+    log.append(plain_bundle(b"a", b"b"))
+    log.ensure_next_seq(100)
+    assert log.last_assigned == 99 and log.visible_seq == 99
+    assert isinstance(log.locate(50, 100), Boundary)  # in the jump: not held locally
+    result = log.append(plain_bundle(b"c"))
+    assert (result.first_seq, result.segment_base) == (100, 100)
+    assert [(s.base, s.last) for s in log.segments] == [(1, 2)]
+    assert log.locate(1, 1000).first_bundle_seq == 1
+
+
+def test_next_seq_floor_at_open(open_storage_log):
+    log = open_storage_log(next_seq_floor=42)
+    assert log.last_assigned == 41
+    assert log.append(plain_bundle(b"a")).first_seq == 42
+
+
+def test_durable_visibility_moves_only_on_mark_visible(open_storage_log):
+    log = open_storage_log(visible_on_append=False)
+    first = log.append(plain_bundle(b"a"))
+    log.append(plain_bundle(b"b", b"c"))
+    assert log.visible_seq == 0 and log.last_assigned == 3
+    assert log.locate(0, 1000) == Eof(1, 0)
+    assert log.locate(1, 1000) == Eof(1, 0)
+    log.mark_visible(1)
+    chunk = log.locate(1, 1000)
+    assert isinstance(chunk, ReadRange) and (chunk.start_position, chunk.end_position, chunk.hwmark) == (0, first.end_position, 1)
+    assert log.locate(2, 1000) == Eof(1, 1)
+    log.mark_visible(0)  # never backwards
+    assert log.visible_seq == 1
+    with pytest.raises(ValueError):
+        log.mark_visible(4)
+    log.mark_visible(3)
+    assert log.locate(1, 1000).end_position == log.active.size
+
+
+def test_durable_default_comes_from_produce_ack(open_storage_log):
+    from tiered.storage import TopicConfig
+
+    assert open_storage_log(TopicConfig(produce_ack="durable"), visible_on_append=None).visible_on_append is False
+    log = open_storage_log(TopicConfig(produce_ack="durable"), visible_on_append=False)
+    log.append(plain_bundle(b"a"))
+    log.visible_on_append = True
+    assert log.visible_seq == 1
+
+
+def test_read_records_returns_exact_records_across_segments(open_storage_log):
+    log = open_storage_log()
+    written = [log.append(plain_bundle(b"a", b"b"))]  # 1-2
+    written.append(log.append(sparse_bundle(5, 7)))  # 5-7
+    written.append(log.append(plain_bundle(b"c")))  # 8
+    log.seal_active()
+    written.append(log.append(plain_bundle(b"d", b"e")))  # 9-10
+    written.append(log.append(plain_bundle(b"f"), base_seq=20))  # 20, new segment
+    assert log.read_records(1, 20) == b"".join(w.record for w in written)
+    assert log.read_records(2, 5) == written[0].record + written[1].record
+    assert log.read_records(3, 4) == b""  # a gap: no record holds these seqs
+    assert log.read_records(3, 5) == written[1].record
+    assert log.read_records(9, 9) == written[3].record
+    assert log.read_records(21, 30) == b""
+    stored = list(log.iter_records(6, 20))
+    assert [(r.first_seq, r.last_seq, r.segment_base, r.position) for r in stored] == [
+        (5, 7, 1, written[1].position),
+        (8, 8, 1, written[2].position),
+        (9, 10, 9, 0),
+        (20, 20, 20, 0),
+    ]
+    assert [decode_bundle(r.record[1:], r.first_seq)[0].seq for r in stored] == [5, 8, 9, 20]
+
+
+def test_read_records_ignores_visibility(open_storage_log):
+    log = open_storage_log(visible_on_append=False)
+    record = log.append(bundle_for_record(40)).record
+    assert log.read_records(1, 1) == record

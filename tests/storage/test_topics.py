@@ -1,0 +1,122 @@
+"""The data directory: topic names, atomic creation, scanning, partition config for ReloadConf."""
+
+import os
+
+import pytest
+
+from tiered.storage.topic_config import ConfigError
+from tiered.storage.topics import (
+    InvalidTopicName,
+    PartitionConfigError,
+    TopicDir,
+    TopicDirError,
+    TopicExists,
+    create_topic_dir,
+    is_valid_topic_name,
+    read_partition_config,
+    scan,
+    scan_report,
+    validate_topic_name,
+)
+
+
+@pytest.mark.parametrize("name", ["a", "events", "pyt", "A-b_c", "x" * 64, "a-_-b", "0", "9lives", "a_b"])
+def test_valid_topic_names(name):
+    assert is_valid_topic_name(name) and validate_topic_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "..", ".", ".x", "/", "a/b", "bad/name", "x" * 65, "-a", "a-", "_a", "a_", "a b", "a.b", "é", "a\x00", "a\n"],
+)
+def test_invalid_topic_names(name):
+    assert not is_valid_topic_name(name)
+    with pytest.raises(InvalidTopicName):
+        validate_topic_name(name)
+
+
+def test_create_topic_dir(tmp_path):
+    path = create_topic_dir(str(tmp_path), "events", 3, "log.segment.bytes=1mb\n")
+    assert path == str(tmp_path / "events")
+    assert sorted(os.listdir(path)) == ["0", "1", "2", "config"]
+    assert (tmp_path / "events" / "config").read_text() == "log.segment.bytes=1mb\n"
+    assert not os.path.exists(tmp_path / ".events")
+    create_topic_dir(str(tmp_path), "logs", 1)
+    assert os.listdir(tmp_path / "logs") == ["0"]  # no config file for an empty config
+    with pytest.raises(TopicExists):
+        create_topic_dir(str(tmp_path), "events", 1)
+
+
+@pytest.mark.parametrize(
+    "name, partitions", [("bad/name", 1), ("..", 1), (".x", 1), ("ok", 0), ("ok", 65536), ("tiered", 1)]
+)
+def test_create_refuses_bad_requests(tmp_path, name, partitions):
+    with pytest.raises(ValueError):
+        create_topic_dir(str(tmp_path), name, partitions)
+    assert os.listdir(tmp_path) == []
+
+
+def test_create_refuses_bad_config_before_touching_disk(tmp_path):
+    with pytest.raises(ConfigError):
+        create_topic_dir(str(tmp_path), "t", 1, "log.segment.bytes=1\n")  # observed: CreateTopic answers 04
+    assert os.listdir(tmp_path) == []
+
+
+def test_create_refuses_over_a_stray_staging_dir(tmp_path):
+    os.mkdir(tmp_path / ".events")
+    with pytest.raises(TopicDirError):
+        create_topic_dir(str(tmp_path), "events", 1)
+    assert os.listdir(tmp_path) == [".events"]
+
+
+def test_scan(tmp_path):
+    create_topic_dir(str(tmp_path), "events", 2, "retention.segments.count=3\n")
+    create_topic_dir(str(tmp_path), "logs", 1)
+    os.mkdir(tmp_path / ".half")  # interrupted creation
+    os.mkdir(tmp_path / ".tiered")
+    (tmp_path / ".cleanup.log").write_bytes(b"")
+    os.makedirs(tmp_path / "gappy" / "0")
+    os.makedirs(tmp_path / "gappy" / "2")
+    os.makedirs(tmp_path / "empty")
+    os.makedirs(tmp_path / "bad name")
+    (tmp_path / "stray-file").write_text("x")
+    (tmp_path / "events" / "notes").write_text("x")
+    topics, problems = scan_report(str(tmp_path))
+    assert topics == [TopicDir("events", 2, "retention.segments.count=3\n"), TopicDir("logs", 1, "")]
+    assert len(problems) == 6
+    for word in (".half", "gappy", "empty", "bad name", "stray-file", "notes"):
+        assert any(word in p for p in problems), word
+    assert not any(".tiered" in p or ".cleanup.log" in p for p in problems)
+    assert os.path.isdir(tmp_path / ".half")  # reported, not deleted
+    assert scan(str(tmp_path)) == topics
+
+
+def test_read_partition_config(tmp_path):
+    create_topic_dir(str(tmp_path), "logs", 2)
+    with pytest.raises(PartitionConfigError) as info:
+        read_partition_config(str(tmp_path), "logs", 0)  # observed: no partition config -> 02
+    assert info.value.kind == "missing"
+    with pytest.raises(PartitionConfigError) as info:
+        read_partition_config(str(tmp_path), "nosuch", 0)
+    assert info.value.kind == "unknown_topic"
+    with pytest.raises(PartitionConfigError) as info:
+        read_partition_config(str(tmp_path), "../logs", 0)
+    assert info.value.kind == "unknown_topic"
+    with pytest.raises(PartitionConfigError) as info:
+        read_partition_config(str(tmp_path), "logs", 5)
+    assert info.value.kind == "unknown_partition"
+
+    (tmp_path / "logs" / "config").write_text("log.segment.bytes=5mb\n")  # topic level: not read by ReloadConf
+    (tmp_path / "logs" / "1" / "config").write_text("# p1\nlog.retention.secs=1d\nfuture.key=1\n")
+    values, warnings = read_partition_config(str(tmp_path), "logs", 1)
+    assert values == {"log.retention.secs": "1d", "future.key": "1"} and len(warnings) == 1
+
+    (tmp_path / "logs" / "1" / "config").write_text("log.retention.secs=5m\n")
+    with pytest.raises(PartitionConfigError) as info:
+        read_partition_config(str(tmp_path), "logs", 1)
+    assert info.value.kind == "parse" and "log.retention.secs" in str(info.value)
+
+    (tmp_path / "logs" / "1" / "config").write_bytes(b"\xff\xfe")
+    with pytest.raises(PartitionConfigError) as info:
+        read_partition_config(str(tmp_path), "logs", 1)
+    assert info.value.kind == "io"

@@ -10,9 +10,9 @@ from tests.protocol.test_examples import (
     CONSUME_BYTES,
     CONSUME_RESPONSE_BYTES,
     PRODUCE_WITH_SEQNUM_BYTES,
-    SMALL_CASES,
     UNKNOWN_RESPONSE_BYTES,
 )
+from tests.protocol.test_examples_admin import SMALL_CASES
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame, maybe_frame
 from tiered.protocol.requests import read_consume_request, read_produce_request

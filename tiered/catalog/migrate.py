@@ -10,7 +10,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from tiered.catalog.engine import Catalog
+from tiered.catalog.engine import Catalog, normalize_url
 
 # Concurrent upgrades on PostgreSQL (several brokers starting, the Helm hook Job) queue on this advisory lock, so
 # exactly one applies each revision and the others then find the schema at head. On SQLite the write
@@ -43,7 +43,10 @@ def head() -> str:
 
 
 def current(url: str) -> str | None:
-    """The catalog's revision, or None for an empty database."""
+    """The catalog's revision, or None for an empty database (a missing SQLite file is not created)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or ":memory:").exists():
+        return None
     with Catalog.open(url) as catalog, catalog.read() as connection:
         return MigrationContext.configure(connection).get_current_revision()
 

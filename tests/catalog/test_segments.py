@@ -1,0 +1,223 @@
+"""Remote segments: copy and delete transitions, epoch fencing, lookups, retention, on both backends."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tiered.catalog import IllegalTransition, SegmentState, StaleEpoch, UnknownSegment
+from tiered.catalog.partitions import claim_partitions, get_partition_states
+from tiered.catalog.segments import (
+    find_remote_segment,
+    get_segment,
+    highest_copied_seq,
+    list_segments,
+    segment_copy_finished,
+    segment_copy_started,
+    segment_delete_finished,
+    segment_delete_started,
+    segments_for_remote_retention,
+    segments_for_remote_retention as retention,
+)
+from tiered.catalog.topics import create_topic
+
+from .rows import T0, minutes, segment
+
+S = SegmentState
+
+
+@pytest.fixture
+def epoch(cat):
+    create_topic(cat, "t", 2)
+    return claim_partitions(cat, 1, "t", [0])[0]
+
+
+def copy(cat, epoch, base, last, size=1000, freeze_ts=T0):
+    meta = segment("t", 0, base, last, epoch, size, freeze_ts)
+    segment_copy_started(cat, meta, now=T0)
+    return segment_copy_finished(cat, "t", 0, base, epoch, now=T0 + minutes(1))
+
+
+def remote_bytes(cat):
+    return get_partition_states(cat, "t")[0].remote_bytes
+
+
+def test_copy_started_then_finished(cat, epoch):
+    meta = segment("t", 0, 1, 100, epoch, 1000)
+    started = segment_copy_started(cat, meta, now=T0)
+    assert (started.state, started.updated_at, started.object_key) == (S.COPY_STARTED, T0, meta.object_key)
+    assert get_segment(cat, "t", 0, 1) == started
+    assert find_remote_segment(cat, "t", 0, 50) is None  # not readable until finished
+    assert remote_bytes(cat) == 0
+    finished = segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(1))
+    assert (finished.state, finished.updated_at) == (S.COPY_FINISHED, T0 + minutes(1))
+    assert get_segment(cat, "t", 0, 1) == finished
+    assert find_remote_segment(cat, "t", 0, 50) == finished
+    assert remote_bytes(cat) == 1100  # object and index
+    assert highest_copied_seq(cat, "t", 0) == 100
+
+
+def test_copy_retries_are_idempotent(cat, epoch):
+    segment_copy_started(cat, segment("t", 0, 1, 100, epoch, 1000), now=T0)
+    # A crashed copy starts over: the row takes the new attempt's numbers.
+    again = segment_copy_started(cat, segment("t", 0, 1, 100, epoch, 2000), now=T0 + minutes(5))
+    assert (get_segment(cat, "t", 0, 1).size_bytes, again.updated_at) == (2000, T0 + minutes(5))
+    finished = segment_copy_finished(cat, "t", 0, 1, epoch, now=T0)
+    # A COMMIT whose outcome was unknown is retried: nothing moves, bytes are not counted twice.
+    assert segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(9)) == finished
+    assert remote_bytes(cat) == 2200
+
+
+def test_copy_is_fenced_by_the_leader_epoch(cat, epoch):
+    meta = segment("t", 0, 1, 100, epoch)
+    segment_copy_started(cat, meta, now=T0)
+    new_epoch = claim_partitions(cat, 2, "t", [0])[0]
+    with pytest.raises(StaleEpoch) as caught:
+        segment_copy_finished(cat, "t", 0, 1, epoch)
+    assert (caught.value.expected, caught.value.actual, caught.value.leader_broker) == (epoch, new_epoch, 2)
+    with pytest.raises(StaleEpoch):
+        segment_copy_started(cat, segment("t", 0, 101, 200, epoch))
+    assert get_segment(cat, "t", 0, 1).state == S.COPY_STARTED
+    assert get_segment(cat, "t", 0, 101) is None
+    # The new leader redoes the copy under its own epoch.
+    segment_copy_started(cat, segment("t", 0, 1, 100, new_epoch), now=T0)
+    assert segment_copy_finished(cat, "t", 0, 1, new_epoch).leader_epoch == new_epoch
+
+
+def test_illegal_segment_transitions_raise_and_change_nothing(cat, epoch):
+    finished = copy(cat, epoch, 1, 100)
+    with pytest.raises(IllegalTransition) as caught:
+        segment_copy_started(cat, segment("t", 0, 1, 100, epoch, 5))
+    assert (caught.value.current, caught.value.target) == (S.COPY_FINISHED, S.COPY_STARTED)
+    assert get_segment(cat, "t", 0, 1) == finished
+    segment_delete_started(cat, "t", 0, 1, now=T0)
+    with pytest.raises(IllegalTransition):
+        segment_copy_finished(cat, "t", 0, 1, epoch)
+    segment_delete_finished(cat, "t", 0, 1, now=T0)
+    for attempt in (
+        lambda: segment_copy_started(cat, segment("t", 0, 1, 100, epoch)),
+        lambda: segment_copy_finished(cat, "t", 0, 1, epoch),
+        lambda: segment_delete_started(cat, "t", 0, 1),
+    ):
+        with pytest.raises(IllegalTransition):
+            attempt()
+    assert get_segment(cat, "t", 0, 1).state == S.DELETE_FINISHED
+    # DELETE_FINISHED straight from COPY_STARTED skips DELETE_STARTED: refused.
+    segment_copy_started(cat, segment("t", 0, 101, 200, epoch), now=T0)
+    with pytest.raises(IllegalTransition):
+        segment_delete_finished(cat, "t", 0, 101)
+
+
+def test_unknown_segments(cat, epoch):
+    for attempt in (
+        lambda: segment_copy_finished(cat, "t", 0, 1, epoch),
+        lambda: segment_delete_started(cat, "t", 0, 1),
+        lambda: segment_delete_finished(cat, "t", 0, 1),
+    ):
+        with pytest.raises(UnknownSegment):
+            attempt()
+    assert get_segment(cat, "t", 0, 1) is None
+
+
+def test_delete_stops_reads_and_uncounts_bytes(cat, epoch):
+    copy(cat, epoch, 1, 100)
+    copy(cat, epoch, 101, 200)
+    assert remote_bytes(cat) == 2200
+    started = segment_delete_started(cat, "t", 0, 1, now=T0 + minutes(2))
+    assert (started.state, started.updated_at) == (S.DELETE_STARTED, T0 + minutes(2))
+    assert segment_delete_started(cat, "t", 0, 1) == started  # retry: no-op, bytes not subtracted twice
+    assert remote_bytes(cat) == 1100
+    assert find_remote_segment(cat, "t", 0, 50).base_seq == 101  # the deleted one is no longer readable
+    done = segment_delete_finished(cat, "t", 0, 1, now=T0 + minutes(3))
+    assert segment_delete_finished(cat, "t", 0, 1) == done
+    # Cleaning up a copy that never finished: COPY_STARTED -> DELETE_STARTED leaves remote_bytes alone.
+    segment_copy_started(cat, segment("t", 0, 201, 300, epoch), now=T0)
+    segment_delete_started(cat, "t", 0, 201)
+    assert remote_bytes(cat) == 1100
+
+
+def test_find_remote_segment_edges(cat, epoch):
+    copy(cat, epoch, 1, 100)
+    copy(cat, epoch, 101, 200)
+    copy(cat, epoch, 301, 400)  # 201..300 never made it (a gap)
+    segment_copy_started(cat, segment("t", 0, 401, 500, epoch), now=T0)  # not finished: invisible
+
+    def base(seq):
+        found = find_remote_segment(cat, "t", 0, seq)
+        return found.base_seq if found else None
+
+    assert base(1) == 1  # exact base
+    assert base(100) == 1  # exact last
+    assert base(101) == 101
+    assert base(250) == 301  # in the gap: the next segment, whose base is past the seq asked for
+    assert base(0) == 1  # below the first
+    assert base(400) == 301
+    assert base(401) is None  # only a COPY_STARTED segment there
+    assert find_remote_segment(cat, "t", 1, 1) is None
+    segment_delete_started(cat, "t", 0, 1)
+    assert base(1) == 101
+
+
+def test_list_segments_pages_and_filters(cat, epoch):
+    for i in range(5):
+        copy(cat, epoch, 100 * i + 1, 100 * i + 100)
+    segment_copy_started(cat, segment("t", 0, 501, 600, epoch), now=T0)
+    segment_delete_started(cat, "t", 0, 1)
+    page = list_segments(cat, "t", 0, limit=4)
+    assert [s.base_seq for s in page] == [1, 101, 201, 301]
+    assert [s.base_seq for s in list_segments(cat, "t", 0, after_base_seq=page[-1].base_seq)] == [401, 501]
+    finished = list_segments(cat, "t", 0, states=(S.COPY_FINISHED,))
+    assert [s.base_seq for s in finished] == [101, 201, 301, 401]
+    assert [s.base_seq for s in list_segments(cat, "t", 0, states=(S.COPY_STARTED, S.DELETE_STARTED))] == [1, 501]
+    assert list_segments(cat, "t", 1) == []
+
+
+def test_remote_retention_by_age(cat, epoch):
+    for i in range(4):
+        copy(cat, epoch, 100 * i + 1, 100 * i + 100, freeze_ts=T0 + minutes(10 * i))
+    now = T0 + minutes(65)
+    due = retention(cat, "t", 0, now=now, max_age=minutes(50), max_bytes=None)
+    assert [s.base_seq for s in due] == [1, 101]  # frozen at 0, 10 and 20 minutes: 0+50, 10+50 < 65 <= 20+50
+    assert retention(cat, "t", 0, now=now, max_age=minutes(45), max_bytes=None, limit=1)[0].base_seq == 1
+    assert retention(cat, "t", 0, now=now, max_age=minutes(65), max_bytes=None) == []  # 0 + 65 is not < 65
+    assert retention(cat, "t", 0, now=now, max_age=None, max_bytes=None) == []
+
+
+def test_remote_retention_by_bytes_deletes_a_prefix(cat, epoch):
+    for i in range(4):
+        copy(cat, epoch, 100 * i + 1, 100 * i + 100, size=1000)  # 1100 bytes each, 4400 in all
+    due = segments_for_remote_retention(cat, "t", 0, now=T0, max_age=None, max_bytes=2300)
+    assert [s.base_seq for s in due] == [1, 101]  # 4400 -> 3300 -> 2200 <= 2300
+    assert retention(cat, "t", 0, now=T0, max_age=None, max_bytes=4400) == []
+    assert len(retention(cat, "t", 0, now=T0, max_age=None, max_bytes=0)) == 4
+    # Deletions already started are out of remote_bytes and out of the candidates.
+    segment_delete_started(cat, "t", 0, 1)
+    assert [s.base_seq for s in retention(cat, "t", 0, now=T0, max_age=None, max_bytes=2300)] == [101]
+
+
+def test_retention_never_skips_a_kept_segment(cat, epoch):
+    copy(cat, epoch, 1, 100, freeze_ts=T0 + minutes(50))  # oldest seqs, but frozen late (young)
+    copy(cat, epoch, 101, 200, freeze_ts=T0)
+    assert retention(cat, "t", 0, now=T0 + minutes(60), max_age=minutes(30), max_bytes=None) == []
+
+
+def test_highest_copied_seq(cat, epoch):
+    assert highest_copied_seq(cat, "t", 0) == 0
+    copy(cat, epoch, 1, 100)
+    segment_copy_started(cat, segment("t", 0, 101, 200, epoch), now=T0)
+    assert highest_copied_seq(cat, "t", 0) == 100
+    segment_copy_finished(cat, "t", 0, 101, epoch)
+    assert highest_copied_seq(cat, "t", 0) == 200
+    assert highest_copied_seq(cat, "t", 1) == 0
+
+
+def test_segment_times_are_utc(cat, epoch):
+    tokyo = T0.astimezone(__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
+    meta = segment("t", 0, 1, 100, epoch, freeze_ts=tokyo)
+    stored = segment_copy_started(cat, meta, now=tokyo + timedelta(hours=1))
+    row = get_segment(cat, "t", 0, 1)
+    assert row.freeze_ts == T0 and row.freeze_ts.utcoffset() == timedelta(0)
+    assert row.updated_at == stored.updated_at == T0 + timedelta(hours=1)
+    with pytest.raises(Exception, match="naive datetime"):
+        segment_copy_started(cat, segment("t", 0, 101, 200, epoch, freeze_ts=T0.replace(tzinfo=None)))

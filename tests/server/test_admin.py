@@ -84,13 +84,13 @@ async def test_reload_conf_reads_the_partition_config_file(broker, client):
 
 async def test_topics_survive_a_restart(tmp_path):
     settings = local_settings(tmp_path / "data")
-    app = App(settings)
+    app = App(settings, local_only=True)
     await app.start()
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("kept", 3)
         await c.produce("kept", 2, [b"x", b"y"])
     await app.stop()
-    app = App(settings)
+    app = App(settings, local_only=True)
     await app.start()
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         assert [(t.name, t.partitions) for t in await c.discover_topics()] == [("kept", 3)]
@@ -103,12 +103,12 @@ async def test_topics_survive_a_restart(tmp_path):
 
 async def test_read_only_mode_refuses_produce_and_create(tmp_path):
     settings = local_settings(tmp_path / "data")
-    app = App(settings)
+    app = App(settings, local_only=True)
     await app.start()
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("ro", 1)
     await app.stop()
-    app = App(replace(settings, read_only=True))
+    app = App(replace(settings, read_only=True), local_only=True)
     await app.start()
     try:
         assert await _create_status(app.broker.port, "another", 1) == CreateTopicStatus.READ_ONLY

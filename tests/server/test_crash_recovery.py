@@ -46,15 +46,16 @@ async def test_kill_9_mid_write_loses_nothing_acknowledged(broker_process, tmp_p
     stop.set()
     await asyncio.wait_for(producer, 10)
     restarted = broker_process(data_dir=bp.data_dir)
-    values = await _drain(restarted.port)
-    assert len(values) >= len(acked)
-    assert values[: len(acked)] == [payload(i) for i in acked]
-    # Several segments were rolled on the way, and the restarted broker keeps assigning seqs after the last one.
-    assert len(list((bp.data_dir / "crash" / "0").glob("*.ilog"))) >= 2
+    # The restarted broker keeps assigning seqs after the last record it recovered; once "after" is acknowledged,
+    # every record recovered before it is committed too (commits stay in order).
     async with await Client.connect("127.0.0.1", restarted.port) as c:
         await c.produce("crash", 0, [b"after"])
-        tail = await c.consume("crash", 0, len(values) + 1)
-        assert [(m.seq, m.value) for m in tail.messages] == [(len(values) + 1, b"after")]
+    values = await _drain(restarted.port)
+    assert len(values) > len(acked)
+    assert values[: len(acked)] == [payload(i) for i in acked]
+    assert values[-1] == b"after"
+    # Several segments were rolled on the way.
+    assert len(list((bp.data_dir / "crash" / "0").glob("*.ilog"))) >= 2
 
 
 async def test_torn_tail_is_cut_back_to_the_last_whole_bundle_and_reported(broker_process):
@@ -69,9 +70,11 @@ async def test_torn_tail_is_cut_back_to_the_last_whole_bundle_and_reported(broke
     log_file.write_bytes(data[:-20])  # power loss: the last bundle only partly reached the disk
     (bp.data_dir / "crash" / "0" / log_file.name.split("_")[0]).with_suffix(".index").unlink()
     restarted = broker_process(data_dir=bp.data_dir)
-    values = await _drain(restarted.port)
-    assert values == [b"m%d" % i + b"!" * 50 for i in range(9)]
     assert "cut" in restarted.output() and "bytes" in restarted.output()
+    # The cut bundle was acknowledged durably: the broker serves it from its block in the bucket, and new
+    # produces continue after the catalog's high-water mark.
+    values = await _drain(restarted.port)
+    assert values == [b"m%d" % i + b"!" * 50 for i in range(10)]
     async with await Client.connect("127.0.0.1", restarted.port) as c:
         await c.produce("crash", 0, [b"again"])
-        assert [(m.seq, m.value) for m in (await c.consume("crash", 0, 10)).messages] == [(10, b"again")]
+        assert [(m.seq, m.value) for m in (await c.consume("crash", 0, 11)).messages] == [(11, b"again")]

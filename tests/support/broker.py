@@ -28,7 +28,7 @@ def local_settings(data_dir: Path, **overrides) -> Settings:
 @pytest.fixture
 async def broker(tmp_path):
     """A local-only broker (no tiering) on an ephemeral port; `broker.broker.port` is its port."""
-    app = App(local_settings(tmp_path / "data"))
+    app = App(local_settings(tmp_path / "data"), local_only=True)
     await app.start()
     try:
         yield app

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import snappy
 
@@ -296,6 +296,38 @@ def bundle_seq_range(header: BundleHeader, next_seq: int) -> tuple[int, int]:
     return next_seq, next_seq + header.count - 1
 
 
-def timestamp_range(messages: Iterable[Message]) -> tuple[int, int]:
-    stamps = [m.ts_ms for m in messages]
-    return min(stamps), max(stamps)
+def timestamp_bounds(bundle) -> tuple[int, int]:
+    """(min, max) message timestamp of one bundle, walking the message set without building messages.
+
+    The block builder and the segment copier record these per run and segment, so that time-range replays can
+    skip objects before reading them.
+    """
+    header = read_bundle_header(bundle)
+    data = message_set(bundle, header)
+    position, end = 0, len(data)
+    low, high, ts = U64_MAX, 0, 0
+    for i in range(header.count):
+        if position >= end:
+            raise ProtocolError(f"message set ends after {i} of {header.count} messages", position)
+        flags = data[position]
+        position += 1
+        if header.sparse and 0 < i < header.count - 1 and not flags & SEQ_PREV_PLUS_ONE:
+            _, position = read_varint(data, position, "message seq delta")
+        if not flags & USE_LAST_TS:
+            if position + 8 > end:
+                raise ProtocolError("truncated message timestamp", position)
+            (ts,) = U64.unpack_from(data, position)
+            position += 8
+        if ts < low:
+            low = ts
+        if ts > high:
+            high = ts
+        if flags & HAVE_KEY:
+            if position >= end:
+                raise ProtocolError("truncated message key length", position)
+            position += 1 + data[position]
+        size, position = read_varint(data, position, "message content length")
+        position += size
+    if position != end:
+        raise ProtocolError("message set does not end with its last message", position)
+    return low, high

@@ -36,6 +36,7 @@ from tiered.protocol.responses import (
     encode_reload_conf_response,
     encode_status_response,
 )
+from tiered.catalog.errors import TopicExists as CatalogTopicExists
 from tiered.storage import topics as topic_dirs
 from tiered.storage.topic_config import ConfigError
 
@@ -88,7 +89,7 @@ class AdminHandler:
             return CreateTopicStatus.BAD_CONFIG
         try:
             await broker.create_topic(req.topic, req.partitions, config_text)
-        except topic_dirs.TopicExists:
+        except (topic_dirs.TopicExists, CatalogTopicExists):
             return CreateTopicStatus.EXISTS
         except OSError as exc:
             log.error("create topic %s failed: %s", req.topic, exc)

@@ -13,8 +13,14 @@ log = logging.getLogger("tiered.server")
 
 
 class App:
-    def __init__(self, settings: Settings, *, tiering=None, now_s=None):
+    def __init__(self, settings: Settings, *, tiering=None, local_only: bool = False, now_s=None):
+        """`tiering` defaults to the catalog and object store the settings name; `local_only` runs a plain TANK
+        broker with neither (tests of the TANK behaviour alone)."""
         self.settings = settings
+        if tiering is None and not local_only:
+            from tiered.tiering.service import TieringService
+
+            tiering = TieringService(settings)
         kwargs = {"now_s": now_s} if now_s is not None else {}
         self.broker = Broker(settings, tiering=tiering, **kwargs)
         self.http = HttpEndpoint(self.broker.metrics.render, self.ready, lambda: not self.broker.stopping)

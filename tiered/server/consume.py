@@ -49,6 +49,10 @@ class ConsumeHandler:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.UNKNOWN_PARTITION))
                     immediate = True
                     continue
+                if part.fenced:
+                    results.append(ConsumePartitionResult(p.partition, ConsumeStatus.NO_LEADER))
+                    immediate = True
+                    continue
                 fetch_size = min(p.fetch_size, MAX_FETCH_BYTES)
                 got = await broker.fetch.resolve(part, p.seq, fetch_size)
                 if isinstance(got, Found):

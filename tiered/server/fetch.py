@@ -1,9 +1,8 @@
 """The fetch resolver: where the bytes for (partition, seq) come from.
 
 The local partition log answers first (whole bundles, streamed with sendfile). A seq the local log no longer holds
-but a lower tier does is handed to `remote`, an object with `async fetch(partition, seq, fetch_size)` returning a
-`Found` or None (the tiering layer provides it); without one, or when it has nothing, the answer is TANK's boundary
-fault with the partition's first available seq.
+but a lower tier does is handed to `remote` (the tiering layer's RemoteReader); without one, or when it has
+nothing, the answer is TANK's boundary fault with the partition's first available seq.
 """
 
 from __future__ import annotations
@@ -61,7 +60,9 @@ class Eof:
 
 
 class RemoteFetcher(Protocol):
-    async def fetch(self, partition: Partition, seq: int, fetch_size: int) -> Found | None: ...
+    """Returns whole records from a lower tier (tiered.tiering.remote_fetch.RemoteReader), or None."""
+
+    async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int): ...
 
 
 class FetchResolver:
@@ -76,9 +77,9 @@ class FetchResolver:
         if isinstance(got, LocalEof):
             return Eof(part.first_available, part.hwmark)
         if isinstance(got, LocalBoundary):
-            local_first = part.log.first_available
-            in_lower_tier = part.first_available <= seq <= part.hwmark and (local_first == 0 or seq < local_first)
-            if self.remote is not None and seq != UINT64_MAX and in_lower_tier:
+            # Below the local log, or in a hole the local log skipped (a disk behind the catalog): a lower tier.
+            in_lower_tier = seq != UINT64_MAX and part.first_available <= seq <= part.hwmark
+            if self.remote is not None and in_lower_tier:
                 return None
             return Boundary(part.first_available, part.hwmark)
         return Found(
@@ -92,7 +93,7 @@ class FetchResolver:
         got = self.local(part, seq, fetch_size)
         if got is not None:
             return got
-        found = await self.remote.fetch(part, seq, fetch_size)
-        if found is not None:
-            return found
+        got = await self.remote.fetch(part.topic, part.partition, seq, fetch_size)
+        if got is not None:
+            return Found(BytesChunk(got.data), got.first_bundle_seq, got.first_bundle_sparse, part.hwmark)
         return Boundary(part.first_available, part.hwmark)

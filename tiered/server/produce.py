@@ -28,6 +28,10 @@ class ProduceHandler:
     async def handle(self, conn, req: ProduceRequest) -> None:
         broker = self.broker
         headers = [[read_bundle_header(p.bundle) for p in t.partitions] for t in req.topics]
+        if broker.tiering is not None and not await broker.tiering.admission():
+            # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
+            await self._answer_all(conn, req, ProduceStatus.SYSTEM)
+            return
         results: list[ProduceTopicResult] = []
         pending: list[tuple[int, int, asyncio.Future]] = []  # (result index, partition index, durable ack)
         for t_index, topic in enumerate(req.topics):
@@ -42,6 +46,9 @@ class ProduceHandler:
                 part = broker.registry.get(topic.name, p.partition)
                 if part is None:
                     statuses.append(PartitionStatus(ProduceStatus.UNKNOWN_PARTITION))
+                    continue
+                if part.fenced:
+                    statuses.append(PartitionStatus(ProduceStatus.NO_LEADER))
                     continue
                 try:
                     appended = part.log.append(p.bundle, p.base_seq if req.with_seqnum else None)
@@ -63,6 +70,15 @@ class ProduceHandler:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
             asyncio.get_running_loop().create_task(self._answer_when_durable(conn, req, results, pending))
             return
+        await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
+
+    async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
+        results = []
+        for topic in req.topics:
+            if topic.name not in self.broker.registry.topics:
+                results.append(ProduceTopicResult(topic.name, ProduceStatus.UNKNOWN_TOPIC, ()))
+            else:
+                results.append(ProduceTopicResult(topic.name, None, tuple(PartitionStatus(status) for _ in topic.partitions)))
         await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
 
     async def _answer_when_durable(self, conn, req, results, pending) -> None:

@@ -28,7 +28,8 @@ class Partition:
     config: TopicConfig
     # The lowest seq any tier still holds; the remote tier lowers it below the local log's first available.
     remote_first_available: int = 0
-    remote_hwmark: int = 0
+    remote_hwmark: int = 0  # the catalog's high-water mark: every seq up to it is durable in the bucket
+    fenced: bool = False  # a newer leader epoch took the partition over: it is no longer served here
 
     @property
     def first_available(self) -> int:

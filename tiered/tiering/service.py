@@ -1,0 +1,307 @@
+"""The tiered layer of a running broker: the catalog, the object store, the block builder and its pipeline.
+
+The broker calls it at a few points only: `start` (after the local logs are recovered), `admission` and
+`appended` on produce, `create_topic`/`topic_opened`, `may_delete_local` from local retention, `flush`/`stop` on
+shutdown, and `check_ready` for /readyz.
+
+Start-up reconciles the local disk with the catalog, partition by partition:
+- a topic only on disk (e.g. a TANK data directory) is registered in the catalog; a topic only in the catalog that
+  this broker leads (a pod on a new, empty volume) is recreated locally;
+- the broker claims leadership of its partitions, which bumps their epochs and fences any older incarnation;
+- records on disk past the catalog's high-water mark (acknowledged locally or not at all before a crash) are
+  uploaded and committed before they become visible; a disk behind the catalog continues from the catalog's
+  high-water mark, and older seqs are served from the bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Callable
+
+from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import brokers as catalog_brokers
+from tiered.catalog import partitions as catalog_partitions
+from tiered.catalog import topics as catalog_topics
+from tiered.catalog.engine import Catalog
+from tiered.catalog.errors import StaleEpoch, TopicExists
+from tiered.catalog.migrate import upgrade
+from tiered.config import Settings
+from tiered.storage.partition_log import AppendResult
+from tiered.tiering.block_builder import BlockBuilder, PartitionKey, PendingRun
+from tiered.tiering.block_pipeline import BlockPipeline
+from tiered.tiering.catalog_thread import CatalogThread
+from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.store import ObjectStore, open_store
+
+log = logging.getLogger("tiered.tiering")
+
+SWEEP_INTERVAL_S = 30.0
+SWEEP_BATCH = 500
+HEARTBEAT_INTERVAL_S = 10.0
+
+
+class TopicLedElsewhere(Exception):
+    """The catalog has the topic and another broker leads it."""
+
+
+class TieringService:
+    def __init__(self, settings: Settings, *, store: ObjectStore | None = None, catalog: Catalog | None = None,
+                 now_ms: Callable[[], float] = lambda: time.time() * 1000, ack_timeout_s: float = 10.0,
+                 migrate: bool = True):
+        self.settings = settings
+        self.broker_id = settings.broker_id
+        self.now_ms = now_ms
+        self.ack_timeout_s = ack_timeout_s
+        self._store = store
+        self._catalog = catalog
+        self._migrate = migrate
+        self.store: ObjectStore | None = None
+        self.catalog: CatalogThread | None = None
+        self.builder = BlockBuilder(settings.block_max_bytes, settings.block_max_age_ms)
+        self.pipeline: BlockPipeline | None = None
+        self.epochs: dict[PartitionKey, int] = {}
+        self.broker = None
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    async def start(self, broker) -> None:
+        self.broker = broker
+        if self._catalog is None:
+            url = self.settings.effective_catalog_url
+            if url.startswith("sqlite:///"):
+                from pathlib import Path
+
+                Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            if self._migrate:
+                before, after = await asyncio.to_thread(upgrade, url)
+                if before != after:
+                    log.info("catalog migrated from %s to %s", before, after)
+            self._catalog = await asyncio.to_thread(Catalog.open, url)
+        self.catalog = CatalogThread(self._catalog)
+        if self._store is None:
+            self._store = open_store(self.settings.effective_store_url, **self._store_options())
+        self.store = self._store
+        metrics = broker.metrics
+        self.pipeline = BlockPipeline(
+            self.store, self.catalog, self.broker_id, self.epochs, metrics=metrics,
+            on_committed=self._committed, on_fenced=self._fenced, ack_timeout_s=self.ack_timeout_s,
+            now_ms=self.now_ms,
+        )  # fmt: skip
+        broker.fetch.remote = RemoteReader(self.store, self.catalog, metrics)
+        host, port = self.settings.listen_endpoint()
+        await self.catalog.call(catalog_brokers.register_broker, self.broker_id, f"{socket.gethostname()}:{port}")
+        await self._reconcile_topics()
+        self._register_metrics(metrics)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._block_timer()))
+        self._tasks.append(loop.create_task(self._sweeper()))
+        self._tasks.append(loop.create_task(self._heartbeat()))
+
+    def _store_options(self) -> dict:
+        if self.settings.effective_store_url.startswith("s3://"):
+            return {"path_style": self.settings.s3_path_style}
+        return {}
+
+    async def flush(self, deadline: float) -> None:
+        """Shutdown: close the open block and wait (until `deadline`, a monotonic time) for every commit."""
+        self._close_block()
+        if self.pipeline is not None:
+            done = await self.pipeline.drain(deadline - time.monotonic())
+            if not done:
+                log.error("shutdown: %d blocks not committed in time; their records stay on the local disk and are "
+                          "uploaded at the next start", self.pipeline.in_flight)
+
+    async def stop(self, deadline: float) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        if self.pipeline is not None:
+            await self.pipeline.cancel()
+        if self.store is not None:
+            await self.store.close()
+        if self.catalog is not None:
+            await asyncio.to_thread(self.catalog.close)
+
+    async def check_ready(self) -> tuple[bool, str]:
+        try:
+            await asyncio.wait_for(self.catalog.call(catalog_topics.list_topics), 5)
+        except Exception as exc:  # readiness reports any failure, it never raises
+            return False, f"catalog: {exc}"
+        try:
+            async for _ in self.store.list("", limit=1):
+                break
+        except Exception as exc:
+            return False, f"object store: {exc}"
+        return True, ""
+
+    # -- topics and partitions --------------------------------------------------------------------------------
+
+    async def create_topic(self, name: str, partitions: int, config_text: str) -> None:
+        """Records a new topic in the catalog before its directories exist. Raises TopicExists."""
+        await self.catalog.call(catalog_topics.create_topic, name, partitions, config_text)
+
+    async def topic_opened(self, topic) -> None:
+        """Claims leadership of a topic's partitions; the broker serves them from now on."""
+        claimed = await self.catalog.call(catalog_partitions.claim_partitions, self.broker_id, topic.name,
+                                          range(len(topic.partitions)))
+        for partition, epoch in claimed.items():
+            self.epochs[(topic.name, partition)] = epoch
+
+    async def _reconcile_topics(self) -> None:
+        registry = self.broker.registry
+        in_catalog = {t.name: t for t in await self.catalog.call(catalog_topics.list_topics)}
+        states = {(s.topic, s.partition): s for s in await self.catalog.call(catalog_partitions.get_partition_states)}
+        for name, topic in list(registry.topics.items()):
+            if name not in in_catalog:
+                log.info("registering local topic %s in the catalog", name)
+                try:
+                    await self.catalog.call(catalog_topics.create_topic, name, len(topic.partitions), topic.config_text)
+                except TopicExists:
+                    pass
+                for p in range(len(topic.partitions)):
+                    states[(name, p)] = None
+        for name, row in in_catalog.items():
+            if name in registry.topics:
+                continue
+            leaders = {states[(name, p)].leader_broker for p in range(row.partitions) if states.get((name, p))}
+            if leaders - {None, self.broker_id}:
+                log.info("topic %s is led by broker(s) %s; not served here", name, sorted(leaders - {None}))
+                continue
+            log.info("recreating topic %s locally from the catalog (%d partitions)", name, row.partitions)
+            registry.create_topic(name, row.partitions, row.config_text)
+        for topic in list(registry.topics.values()):
+            await self.topic_opened(topic)
+            for part in topic.partitions:
+                self._resume_partition(part, states.get((part.topic, part.partition)))
+
+    def _resume_partition(self, part, state) -> None:
+        hwmark = state.hwmark_seq if state is not None else 0
+        first = state.first_available_seq if state is not None else 0
+        plog = part.log
+        local_last = plog.last_assigned
+        if hwmark > local_last:
+            log.info("%s/%d: the local disk ends at %d, the catalog at %d: continuing from the catalog",
+                     part.topic, part.partition, local_last, hwmark)
+            plog.ensure_next_seq(hwmark + 1)
+        if first and (not plog.first_available or first < plog.first_available):
+            part.remote_first_available = first
+        part.remote_hwmark = hwmark
+        if part.durable:
+            plog.mark_visible(min(hwmark, plog.last_assigned))
+        if local_last > hwmark:
+            self._reupload_tail(part, hwmark + 1, local_last)
+
+    def _reupload_tail(self, part, first_seq: int, last_seq: int) -> None:
+        count = 0
+        now = self.now_ms()
+        for stored in part.log.iter_records(first_seq, last_seq):
+            if stored.last_seq < first_seq:
+                continue
+            self.builder.add(part.topic, part.partition, stored.first_seq, stored.last_seq, stored.record, now)
+            count += 1
+        if count:
+            log.info("%s/%d: uploading %d records past the catalog's high-water mark (%d..%d) before serving them",
+                     part.topic, part.partition, count, first_seq, last_seq)
+            self._kick.set()
+
+    # -- the produce path ---------------------------------------------------------------------------------------
+
+    async def admission(self) -> bool:
+        return await self.pipeline.admission(self.ack_timeout_s)
+
+    def appended(self, part, appended: AppendResult) -> asyncio.Future | None:
+        ack = asyncio.get_running_loop().create_future() if part.durable else None
+        was_empty = self.builder.empty
+        self.builder.add(part.topic, part.partition, appended.first_seq, appended.last_seq, appended.record,
+                         self.now_ms(), ack)
+        if was_empty or self.builder.pending_bytes >= self.builder.max_bytes:
+            self._kick.set()
+        return ack
+
+    def _close_block(self) -> None:
+        block = self.builder.close()
+        if block is not None:
+            self.pipeline.submit(block)
+
+    async def _block_timer(self) -> None:
+        while True:
+            due = self.builder.due_ms()
+            if due is None:
+                await self._kick.wait()
+                self._kick.clear()
+                continue
+            now = self.now_ms()
+            if self.builder.should_close(now):
+                self._close_block()
+                continue
+            try:
+                await asyncio.wait_for(self._kick.wait(), (due - now) / 1000.0)
+                self._kick.clear()
+            except asyncio.TimeoutError:
+                pass
+
+    def _committed(self, runs: list[PendingRun]) -> None:
+        registry = self.broker.registry
+        for run in runs:
+            part = registry.get(run.topic, run.partition)
+            if part is None:
+                continue
+            part.remote_hwmark = max(part.remote_hwmark, run.last_seq)
+            if part.durable:
+                part.log.mark_visible(run.last_seq)
+                self.broker.made_visible(part, run.first_seq, run.size_bytes)
+
+    def _fenced(self, key: PartitionKey, exc: StaleEpoch) -> None:
+        part = self.broker.registry.get(*key)
+        if part is not None:
+            part.fenced = True
+        self.broker.metrics.inc("tiered_fenced_partitions_total", help="partitions fenced by a newer leader epoch")
+        log.error("%s/%d: %s; this broker stops serving the partition", key[0], key[1], exc)
+
+    def may_delete_local(self, part, segment) -> bool:
+        """A sealed segment may leave the local disk only once its records are durable in the bucket."""
+        return segment.last <= part.remote_hwmark
+
+    # -- background ---------------------------------------------------------------------------------------------
+
+    async def _sweeper(self) -> None:
+        """Deletes objects of blocks marked `deleting` whose grace period is over (two-phase deletion)."""
+        from datetime import datetime, timezone
+
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                now = datetime.fromtimestamp(self.now_ms() / 1000, timezone.utc)
+                rows = await self.catalog.call(catalog_blocks.blocks_to_sweep, now, SWEEP_BATCH)
+                if rows:
+                    await self.store.delete_many([r.object_key for r in rows])
+                    await self.catalog.call(catalog_blocks.delete_block_rows, [r.block_id for r in rows])
+                    self.broker.metrics.inc("tiered_blocks_deleted_total", len(rows), help="block objects deleted")
+            except Exception:
+                log.exception("block sweep failed; retrying later")
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            try:
+                await self.catalog.call(catalog_brokers.heartbeat, self.broker_id)
+            except Exception as exc:
+                log.warning("catalog heartbeat failed: %s", exc)
+
+    def _register_metrics(self, metrics) -> None:
+        counters = self.store.counters
+        metrics.gauge("tiered_store_puts", "object store PUT requests", lambda: counters.puts)
+        metrics.gauge("tiered_store_gets", "object store GET requests", lambda: counters.gets)
+        metrics.gauge("tiered_store_errors", "object store request errors", lambda: counters.errors)
+        metrics.gauge("tiered_store_put_bytes", "bytes uploaded", lambda: counters.put_bytes)
+        metrics.gauge("tiered_block_pending_bytes", "bytes waiting for the next block",
+                      lambda: self.builder.pending_bytes)
+        metrics.gauge("tiered_blocks_in_flight", "blocks uploading or committing", lambda: self.pipeline.in_flight)
+        metrics.gauge("tiered_catalog_statements", "SQL statements sent to the catalog",
+                      lambda: self.catalog.catalog.statements)

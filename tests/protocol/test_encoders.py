@@ -54,6 +54,7 @@ from tiered.protocol.responses import (
     encode_produce_response,
     encode_reload_conf_response,
     encode_status_response,
+    read_consume_response,
 )
 
 LEADER = Endpoint("10.0.0.1", 11011)
@@ -187,7 +188,6 @@ def test_produce_response_run_with_mixed_statuses(run):
 
 
 CONSUME_REFUSALS = [
-    ConsumeTopicResult("t", (), 0),  # TANK's client would read the next bytes as the unknown-topic marker
     ConsumeTopicResult("t", (ConsumePartitionResult(0, ConsumeStatus.OK),), 2),
     ConsumeTopicResult("t", (ConsumePartitionResult(0xFFFF, ConsumeStatus.OK),), 1),
     ConsumeTopicResult("t", (ConsumePartitionResult(0, 0x02),), 1),  # TANK's client aborts on 0x02..0xfa
@@ -204,6 +204,19 @@ CONSUME_REFUSALS = [
 def test_consume_response_refusals(topic):
     with pytest.raises(ValueError):
         encode_consume_head(1, (topic,))
+
+
+def test_consume_response_empty_known_topic():
+    # A request topic with no partitions gets a count of 0 and nothing else, as from TANK's broker...
+    empty = ConsumeTopicResult("e", (), 0)
+    after = ConsumeTopicResult("t", None, 1)
+    payload = encode_consume_response(ConsumeResponse(1, (empty, after), ()))
+    assert payload == bytes.fromhex("0d000000 01000000 02 0165 00 0174 01 ffff")
+    assert read_consume_response(payload) == ConsumeResponse(1, (empty, after), ())
+    # ... unless the next topic's name would read as the unknown-topic marker that readers look for after any count.
+    with pytest.raises(ValueError, match="unknown-topic marker"):
+        encode_consume_head(1, (empty, ConsumeTopicResult("\xff" * 255, None, 1)))
+    encode_consume_head(1, (empty, ConsumeTopicResult("\xff" * 254, None, 1)))
 
 
 def test_consume_head_refuses_a_frame_past_256_mib():

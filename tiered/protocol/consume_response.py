@@ -40,6 +40,14 @@ UNKNOWN_TOPIC_FIELDS = struct.Struct("<BH")  # partitions (the request's count),
 
 _WITH_CHUNK = frozenset({ConsumeStatus.OK, ConsumeStatus.SPARSE})
 _STATUSES = frozenset(ConsumeStatus)
+# The ConsumePartitionResult fields each status puts on the wire; the others must stay at their defaults.
+_OPTIONAL_FIELDS = ("base_seq", "hwmark", "chunk_len", "first_available", "leader")
+_FIELDS_ON_WIRE = {
+    ConsumeStatus.OK: ("base_seq", "hwmark", "chunk_len"),
+    ConsumeStatus.SPARSE: ("hwmark", "chunk_len"),
+    ConsumeStatus.BOUNDARY: ("base_seq", "hwmark", "chunk_len", "first_available"),
+    ConsumeStatus.OTHER_LEADER: ("leader",),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +83,8 @@ def _encode_partition(p: ConsumePartitionResult, where: str) -> bytes:
         raise ValueError(f"{where}: unknown consume status {status}")
     if p.partition == UNKNOWN_TOPIC:
         raise ValueError(f"{where}: partition id 0xFFFF is taken to mean an unknown topic")
-    on_wire = {
-        ConsumeStatus.OK: ("base_seq", "hwmark", "chunk_len"),
-        ConsumeStatus.SPARSE: ("hwmark", "chunk_len"),
-        ConsumeStatus.BOUNDARY: ("base_seq", "hwmark", "chunk_len", "first_available"),
-        ConsumeStatus.OTHER_LEADER: ("leader",),
-    }.get(status, ())
-    for field in ("base_seq", "hwmark", "chunk_len", "first_available", "leader"):
+    on_wire = _FIELDS_ON_WIRE.get(status, ())
+    for field in _OPTIONAL_FIELDS:
         if field not in on_wire and getattr(p, field) not in (0, None):
             raise ValueError(f"{where}: {field} is not sent with status 0x{status:02x}")
     if status == ConsumeStatus.BOUNDARY and p.chunk_len:
@@ -100,21 +103,24 @@ def _encode_partition(p: ConsumePartitionResult, where: str) -> bytes:
 
 def _encode_header(request_id: int, topics) -> tuple[bytes, int]:
     """(header after header_len, sum of chunk_len)."""
+    topics = tuple(topics)
     pack_count8(topics, "topics")
     out = [pack(CONSUME_HEAD, "request id", request_id, len(topics))]
     chunk_bytes = 0
-    for topic in topics:
-        out.append(pack_str8(topic.name, "topic name"))
+    for i, topic in enumerate(topics):
+        name = pack_str8(topic.name, "topic name")
+        previous = topics[i - 1].partitions if i else None
+        if previous is not None and not previous and name[:2] == b"\xff\xff":
+            # TANK's client looks for the unknown-topic marker after every partition count, even 0: after an empty
+            # known topic, a 255-byte name starting with 0xff would read as that marker.
+            raise ValueError(f"topic {topic.name[:8]!r}...: its name would read as an unknown-topic marker")
+        out.append(name)
         if topic.partitions is None:
             count = topic.partition_count
             out.append(pack(UNKNOWN_TOPIC_FIELDS, f"partition count of {topic.name!r}", count, UNKNOWN_TOPIC))
             continue
         if topic.partition_count != len(topic.partitions):
             raise ValueError(f"topic {topic.name!r}: partition_count {topic.partition_count} != its partitions")
-        if not topic.partitions:
-            # TANK's client peeks at the u16 after every partition count for the unknown-topic marker, whatever the
-            # count: an empty known topic would make it read the next topic's bytes. Leave such topics out.
-            raise ValueError(f"topic {topic.name!r}: a known topic needs at least one partition result")
         out.append(pack_count8(topic.partitions, f"partitions of topic {topic.name!r}"))
         for p in topic.partitions:
             out.append(_encode_partition(p, f"{topic.name}/{p.partition}"))

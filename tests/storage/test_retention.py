@@ -102,11 +102,27 @@ def test_retention_by_time_on_a_timer(open_storage_log, storage_clock):
     assert log.active is not None and log.locate(0, 1000).first_bundle_seq == 4
 
 
-def test_deleted_segment_reader_is_closed(open_storage_log, storage_clock):
+def test_deleted_segment_stays_readable_until_its_last_reader_lets_go(open_storage_log, storage_clock):
+    import gc
+    import weakref
+
     log = open_storage_log(storage_config(log_segment_bytes=64))
     fill(log, 2)
     segment = log.segments[0]
-    reader = log.locate(1, 1000).file
+    chunk = log.locate(1, 1000)
     log.reconfigure(storage_config(log_segment_bytes=64, log_retention_secs=1))
     assert log.enforce_retention(segment.freeze_ts + 2) == [segment]
-    assert reader.closed and log.stats().segments == 1
+    assert not os.path.exists(segment.path) and log.stats().segments == 1
+    # a consume that was being streamed still reads the whole chunk from the unlinked file
+    assert len(os.pread(chunk.file.fileno(), chunk.size, chunk.start_position)) == 107
+    fd = chunk.file.fileno()
+    alive = weakref.ref(chunk.file)
+    del chunk
+    gc.collect()
+    assert alive() is None
+    try:
+        os.fstat(fd)
+        reopened = os.readlink(f"/proc/self/fd/{fd}")  # the number may be reused, but not for that file
+        assert segment.path not in reopened
+    except OSError:
+        pass

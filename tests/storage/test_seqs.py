@@ -137,7 +137,8 @@ def test_durable_visibility_moves_only_on_mark_visible(open_storage_log):
     assert log.locate(1, 1000) == Eof(1, 0)
     log.mark_visible(1)
     chunk = log.locate(1, 1000)
-    assert isinstance(chunk, ReadRange) and (chunk.start_position, chunk.end_position, chunk.hwmark) == (0, first.end_position, 1)
+    assert isinstance(chunk, ReadRange)
+    assert (chunk.start_position, chunk.end_position, chunk.hwmark) == (0, first.end_position, 1)
     assert log.locate(2, 1000) == Eof(1, 1)
     log.mark_visible(0)  # never backwards
     assert log.visible_seq == 1

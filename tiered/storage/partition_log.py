@@ -33,7 +33,7 @@ from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
 from tiered.storage.reads import Boundary, Eof, ReadRange, find_start, range_end
 from tiered.storage.records import iter_records, pread_exact
-from tiered.storage.recovery import RecoveryReport, recover_partition
+from tiered.storage.recovery import RecoveredLog, RecoveryReport, recover_partition
 from tiered.storage.retention import select_for_deletion
 from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
 from tiered.storage.topic_config import TopicConfig
@@ -77,11 +77,13 @@ def _keep_everything(_segment: SealedSegment) -> bool:
 
 
 class PartitionLog:
+    """Open with PartitionLog.open(); the constructor takes an already recovered directory."""
+
     def __init__(
         self,
         directory: str,
         config: TopicConfig,
-        recovered,
+        recovered: RecoveredLog,
         *,
         now_s: Callable[[], float],
         on_seal: Callable[[SealedSegment], None] | None,
@@ -341,11 +343,12 @@ class PartitionLog:
                 return Eof(first_available, hwmark)
             if seq > hwmark + 1 or first_available == 0 or seq < first_available:
                 return Boundary(first_available, hwmark)
-            segment, size, last, start = self._find(seq)
+            segment, start = self._find(seq)
             if segment is None or start.last_seq > hwmark:
                 return Boundary(first_available, hwmark)  # not held locally (e.g. below an ensure_next_seq jump)
-            end = range_end(segment, start, size, last, max(fetch_size, 0), hwmark)
-            return ReadRange(segment, segment.reader(), start.position, end, start.first_seq, start.sparse, hwmark)
+            reader = segment.reader()
+            end = range_end(segment, reader.fileno(), start, segment.size, segment.last, max(fetch_size, 0), hwmark)
+            return ReadRange(segment, reader, start.position, end, start.first_seq, start.sparse, hwmark)
 
     def _segments_with_data(self) -> list:
         segments = list(self._sealed)
@@ -354,7 +357,7 @@ class PartitionLog:
         return segments
 
     def _find(self, seq: int):
-        """(segment, its size, its last seq, first record with last seq >= `seq`), or Nones when past the data."""
+        """(segment, its first record with last seq >= `seq`), or (None, None) past the local data."""
         segments = self._segments_with_data()
         i = max(bisect_right(self._bases, seq) - 1, 0)
         if self._active is not None and self._active.last is not None and seq >= self._active.base:
@@ -362,31 +365,34 @@ class PartitionLog:
         while i < len(segments):
             segment = segments[i]
             if segment.last >= seq:
-                start = find_start(segment, seq, segment.size)
+                start = find_start(segment, seq, segment.size, segment.reader().fileno())
                 if start is not None:
-                    return segment, segment.size, segment.last, start
+                    return segment, start
             i += 1
-        return None, 0, 0, None
+        return None, None
 
     def iter_records(self, first_seq: int, last_seq: int) -> Iterator[StoredRecord]:
         """The whole records overlapping [first_seq, last_seq], visible or not (e.g. to re-upload a tail)."""
         with self._lock:
             self._check_open()
-            snapshot = [(s, s.size, s.last) for s in self._segments_with_data()]
-        for segment, size, last in snapshot:
+            snapshot = [(s, s.size, s.last, s.reader()) for s in self._segments_with_data()]
+        for segment, size, last, reader in snapshot:
             if last < first_seq:
                 continue
             if segment.base > last_seq:
                 break
-            start = find_start(segment, first_seq, size) if first_seq > segment.base else None
-            position, next_seq = (start.position, start.first_seq) if start is not None else (0, segment.base)
-            fd = segment.reader().fileno()
+            position, next_seq = 0, segment.base
+            if first_seq > segment.base:
+                start = find_start(segment, first_seq, size, reader.fileno())
+                if start is None:
+                    continue
+                position, next_seq = start.position, start.first_seq
+            fd = reader.fileno()
             for info in iter_records(fd, position, size, next_seq):
                 if info.first_seq > last_seq:
                     return
-                yield StoredRecord(
-                    info.first_seq, info.last_seq, segment.base, info.position, pread_exact(fd, info.length, info.position)
-                )
+                record = pread_exact(fd, info.length, info.position)
+                yield StoredRecord(info.first_seq, info.last_seq, segment.base, info.position, record)
 
     def read_records(self, first_seq: int, last_seq: int) -> bytes:
         """The concatenated bytes of `iter_records` (use that when the range may span segments with a gap)."""

@@ -12,10 +12,8 @@ A chunk is a byte range of a segment file made of whole records, so it can be st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO
-
 from tiered.storage.records import RecordInfo, ReadAhead, iter_records, read_record_info
-from tiered.storage.segment import ActiveSegment, SealedSegment
+from tiered.storage.segment import ActiveSegment, SealedSegment, SegmentReader
 
 Segment = ActiveSegment | SealedSegment
 
@@ -25,7 +23,7 @@ class ReadRange:
     """Bytes [start_position, end_position) of `segment`'s file: whole records, the first holding the seq asked."""
 
     segment: Segment
-    file: BinaryIO  # the segment's shared reader: use os.sendfile/os.pread with explicit positions only
+    file: SegmentReader  # the segment's shared reader: os.sendfile/os.pread with explicit positions only
     start_position: int
     end_position: int
     first_bundle_seq: int  # the consume response's base seq (absent from the response when the bundle is sparse)
@@ -53,19 +51,20 @@ class Eof:
     hwmark: int
 
 
-def find_start(segment: Segment, seq: int, size: int) -> RecordInfo | None:
-    """The first record of `segment` (within `size` bytes) whose last seq is >= `seq`, or None."""
+def find_start(segment: Segment, seq: int, size: int, fd: int) -> RecordInfo | None:
+    """The first record of `segment` (within `size` bytes of file `fd`) whose last seq is >= `seq`, or None."""
     entry = segment.index.floor(seq - segment.base) if seq >= segment.base else None
     rel_seq, position = entry if entry is not None else (0, 0)
-    fd = segment.reader().fileno()
     for record in iter_records(fd, position, size, segment.base + rel_seq):
         if record.last_seq >= seq:
             return record
     return None
 
 
-def range_end(segment: Segment, first: RecordInfo, size: int, last: int, fetch_size: int, visible: int) -> int:
-    """End position of a chunk starting with record `first` (already known to be visible)."""
+def range_end(
+    segment: Segment, fd: int, first: RecordInfo, size: int, last: int, fetch_size: int, visible: int
+) -> int:
+    """End position of a chunk of file `fd` starting with record `first` (already known to be visible)."""
     start = first.position
     if last <= visible and size - start <= fetch_size:
         return size
@@ -75,7 +74,7 @@ def range_end(segment: Segment, first: RecordInfo, size: int, last: int, fetch_s
     end = segment.index.ceiling_position(start, ceiling, visible + 1 - segment.base)
     if end is not None and end >= first.end:
         return end
-    return _walk_end(segment.reader().fileno(), first, size, ceiling, visible)
+    return _walk_end(fd, first, size, ceiling, visible)
 
 
 def _walk_end(fd: int, first: RecordInfo, size: int, ceiling: int, visible: int) -> int:

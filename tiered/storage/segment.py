@@ -2,16 +2,17 @@
 (`<base>-<last>_<freezeTS>.ilog`), each with its `<base>.index` (names.py, index.py, PROTOCOL.md §7).
 
 Readers get one shared read-only file object per segment (`reader()`); they must read with explicit positions
-(os.pread, os.sendfile) and never move or close it. The file object survives the roll (a rename keeps the inode)
-and is closed when the segment is deleted or the log is closed.
+(os.pread, os.sendfile) and never close it. It survives the roll (a rename keeps the inode). Retention only drops
+the segment's own reference: the file closes itself once the last holder (a ReadRange being streamed) lets go, so
+a descriptor is never closed, and its number reused, under a sendfile in flight. PartitionLog.close() closes all.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import random
-from typing import BinaryIO
 
 from tiered.storage.index import ENTRY, IndexBuilder, NEVER_INDEXED, SparseIndex
 from tiered.storage.names import format_ilog_name, format_index_name, format_log_name
@@ -34,6 +35,17 @@ def roll_age_s(config: TopicConfig, rng: random.Random) -> int:
     if config.log_roll_jitter_secs:
         return max(rng.randint(0, config.log_roll_jitter_secs), MIN_ROLL_AGE_S)
     return max(MIN_ROLL_AGE_S, DEFAULT_ROLL_AGE_S)
+
+
+class SegmentReader(io.FileIO):
+    """The shared read-only file of one segment. Closes itself, silently, when its last reference goes."""
+
+    def __init__(self, path: str):
+        super().__init__(path, "rb")
+
+    def __del__(self):
+        if not self.closed:
+            self.close()
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -64,7 +76,7 @@ class SealedSegment:
         *,
         filename: str | None = None,
         index: SparseIndex | None = None,
-        reader: BinaryIO | None = None,
+        reader: SegmentReader | None = None,
     ):
         self.directory = directory
         self.base = base
@@ -94,11 +106,11 @@ class SealedSegment:
                 self._index, _ = SparseIndex.from_bytes(f.read())
         return self._index
 
-    def reader(self) -> BinaryIO:
+    def reader(self) -> SegmentReader:
         if self.deleted:
             raise FileNotFoundError(f"segment {self.filename} was deleted")
         if self._reader is None:
-            self._reader = open(self.path, "rb", buffering=0)
+            self._reader = SegmentReader(self.path)
         return self._reader
 
     def close(self) -> None:
@@ -107,9 +119,9 @@ class SealedSegment:
             self._reader = None
 
     def delete(self) -> None:
-        """Removes the segment and its index; readers holding the file object lose it."""
+        """Removes the segment and its index. A reader still streaming it keeps its (unlinked) file open."""
         self.deleted = True
-        self.close()
+        self._reader = None
         for path in (self.path, self.index_path):
             try:
                 os.unlink(path)
@@ -145,7 +157,7 @@ class ActiveSegment:
         self._log_fd = log_fd
         self._index_fd = index_fd
         self._builder = IndexBuilder(0, index, since_last_update)
-        self._reader: BinaryIO | None = open(self.path, "rb", buffering=0)
+        self._reader: SegmentReader | None = SegmentReader(self.path)
 
     def __repr__(self) -> str:
         return f"ActiveSegment({self.filename!r}, size={self.size}, last={self.last})"
@@ -230,7 +242,7 @@ class ActiveSegment:
     def index_bytes(self) -> int:
         return self._builder.index.size_bytes
 
-    def reader(self) -> BinaryIO:
+    def reader(self) -> SegmentReader:
         return self._reader
 
     def should_roll(self, now_s: float, config: TopicConfig) -> bool:

@@ -170,7 +170,8 @@ def _scan_topic(path: str, name: str) -> tuple[TopicDir | None, list[str]]:
 
 
 class PartitionConfigError(Exception):
-    """ReloadConf failure. `kind`: unknown_topic (0x0b), unknown_partition (0x0a), missing or io (0x02), parse (0x03)."""
+    """A ReloadConf failure. `kind` and its response code: unknown_topic 0x0b, unknown_partition 0x0a,
+    missing 0x02, io 0x02, parse 0x03."""
 
     def __init__(self, kind: str, message: str):
         self.kind = kind

@@ -186,3 +186,24 @@ def test_read_records_ignores_visibility(open_storage_log):
     log = open_storage_log(visible_on_append=False)
     record = log.append(bundle_for_record(40)).record
     assert log.read_records(1, 1) == record
+
+
+def test_a_seq_span_past_int32_starts_a_new_segment(open_storage_log):
+    # Index rel_seqs are u32 and TANK refuses spans above INT32_MAX inside one segment.
+    log = open_storage_log()
+    log.append(plain_bundle(b"a"))
+    far = 1 + 0x7FFF_FFFF
+    assert log.append(sparse_bundle(far)).segment_base == 1  # span exactly INT32_MAX: same segment
+    result = log.append(sparse_bundle(far + 1, far + 5))
+    assert result.segment_base == far + 1 and [(s.base, s.last) for s in log.segments] == [(1, far)]
+    assert log.locate(far, 1000).segment is log.segments[0]
+
+
+def test_a_closed_log_refuses_work(open_storage_log):
+    log = open_storage_log()
+    log.append(plain_bundle(b"a"))
+    log.close()
+    log.close()
+    for call in (lambda: log.append(plain_bundle(b"b")), lambda: log.locate(1, 10), log.seal_active):
+        with pytest.raises(ValueError):
+            call()

@@ -156,6 +156,7 @@ class ActiveSegment:
         self.last = last
         self._log_fd = log_fd
         self._index_fd = index_fd
+        # The interval is passed with each append, so that a reloaded config applies from the next record.
         self._builder = IndexBuilder(0, index, since_last_update)
         self._reader: SegmentReader | None = SegmentReader(self.path)
 

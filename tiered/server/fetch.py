@@ -82,6 +82,8 @@ class FetchResolver:
             if self.remote is not None and in_lower_tier:
                 return None
             return Boundary(part.first_available, part.hwmark)
+        if self.remote is not None and seq < got.first_bundle_seq and seq <= part.remote_hwmark:
+            return None  # the local log skipped these seqs (a disk behind the catalog): the bucket has them
         return Found(
             FileChunk(got.file, got.start_position, got.end_position),
             got.first_bundle_seq,

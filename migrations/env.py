@@ -28,5 +28,6 @@ if context.is_offline_mode():
 elif (shared := config.attributes.get("connection")) is not None:
     _run(shared)
 else:
-    with Catalog.open(config.get_main_option("sqlalchemy.url")) as catalog, catalog.write() as connection:
+    url = config.get_main_option("sqlalchemy.url")
+    with Catalog.open(url, lock_timeout_ms=None) as catalog, catalog.write() as connection:
         _run(connection)

@@ -90,3 +90,14 @@ def test_migrations_ship_as_a_package():
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
     assert head() == "0001"
+
+
+def test_alembic_commands_work_given_only_a_url(tmp_path):
+    """A developer running Alembic commands by hand, without `tiered db`, gets the same environment."""
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    config = alembic_config()
+    config.set_main_option("sqlalchemy.url", url)
+    command.upgrade(config, "head")
+    assert current(url) == head()
+    command.downgrade(config, "base")
+    assert current(url) is None

@@ -221,6 +221,8 @@ def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
 
 
 def _locations(topic: str, partition: int, from_seq: int, limit: int):
+    # No filter on the block's state: a run exists only while its block is committed (runs are inserted by the
+    # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe.
     return (
         select(*_LOCATION_COLUMNS)
         .join(Block, Block.block_id == BlockRun.block_id)
@@ -228,7 +230,6 @@ def _locations(topic: str, partition: int, from_seq: int, limit: int):
             BlockRun.topic == topic,
             BlockRun.partition == partition,
             BlockRun.last_seq >= from_seq,
-            Block.state == BlockState.COMMITTED,
         )
         .order_by(BlockRun.last_seq)
         .limit(limit)
@@ -246,7 +247,8 @@ def find_run(cat: Catalog, topic: str, partition: int, seq: int) -> RunLocation 
 def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[RunLocation]:
     """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns."""
     with cat.read() as conn:
-        return [RunLocation(topic, partition, *row) for row in conn.execute(_locations(topic, partition, from_seq, limit))]
+        rows = conn.execute(_locations(topic, partition, from_seq, limit))
+        return [RunLocation(topic, partition, *row) for row in rows]
 
 
 def prune_runs_covered(
@@ -280,7 +282,9 @@ def prune_runs_covered(
         # Lock the blocks first (in id order), then look for remaining runs: two prunes of different partitions
         # sharing a block then check one after the other, and the later one sees the earlier one's deletes. An
         # unlocked NOT EXISTS would let each see the other's runs and neither mark the block: a leaked object.
-        conn.execute(select(Block.block_id).where(Block.block_id.in_(block_ids)).order_by(Block.block_id).with_for_update())
+        conn.execute(
+            select(Block.block_id).where(Block.block_id.in_(block_ids)).order_by(Block.block_id).with_for_update()
+        )
         marked = conn.execute(
             update(Block)
             .where(

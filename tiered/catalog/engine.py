@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL, make_url
 
 from tiered.catalog.errors import CatalogUnavailable
 
-SQLITE_BUSY_TIMEOUT_MS = 10_000
+LOCK_TIMEOUT_MS = 10_000
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -31,7 +31,7 @@ def normalize_url(url: str | URL) -> URL:
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+    if parsed.drivername not in ("postgresql+psycopg", "sqlite", "sqlite+pysqlite"):
         raise ValueError(f"unsupported catalog URL {mask_url(parsed)}: use sqlite:///path or postgresql://...")
     return parsed
 
@@ -41,17 +41,29 @@ def mask_url(url: str | URL) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def make_engine(url: str | URL, *, pool_size: int = 5, max_overflow: int = 10) -> Engine:
-    """An engine for `url`, with the per-backend setup the catalog's transactions rely on."""
+def make_engine(
+    url: str | URL, *, pool_size: int = 5, max_overflow: int = 10, lock_timeout_ms: int | None = LOCK_TIMEOUT_MS
+) -> Engine:
+    """An engine for `url`, with the per-backend setup the catalog's transactions rely on.
+
+    `lock_timeout_ms` bounds every wait for a lock (SQLite's busy timeout, PostgreSQL's lock_timeout): a call
+    stuck behind another transaction fails with CatalogUnavailable instead of hanging. None waits forever.
+    """
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed)
-    return create_engine(parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+        return _sqlite_engine(parsed, lock_timeout_ms)
+    connect_args = {}
+    if lock_timeout_ms is not None and "options" not in parsed.query:
+        connect_args["options"] = f"-c lock_timeout={int(lock_timeout_ms)}"
+    return create_engine(
+        parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow, connect_args=connect_args
+    )
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, lock_timeout_ms: int | None) -> Engine:
     if url.database and url.database != ":memory:":
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    busy_timeout_ms = 2**31 - 1 if lock_timeout_ms is None else int(lock_timeout_ms)
     # The pool hands a connection to one thread at a time, so sqlite3's own thread check is only in the way.
     engine = create_engine(url, pool_pre_ping=True, connect_args={"check_same_thread": False})
 
@@ -62,7 +74,7 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None
         for pragma in (
             "journal_mode = WAL",
-            f"busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}",
+            f"busy_timeout = {busy_timeout_ms}",
             "foreign_keys = ON",
             # An acknowledged produce must survive a power cut: sync the WAL on every commit.
             "synchronous = FULL",
@@ -80,18 +92,19 @@ def _sqlite_engine(url: URL) -> Engine:
     return engine
 
 
+def _sqlite_busy(error: sqlite3.Error) -> bool:
+    # SQLite reports "no such table" and friends as OperationalError too; only lock waits are transient there.
+    return isinstance(error, sqlite3.OperationalError) and ("locked" in str(error) or "busy" in str(error))
+
+
 def _is_transient(error: exc.DBAPIError) -> bool:
     if error.connection_invalidated or isinstance(error, exc.InterfaceError):
         return True
-    if not isinstance(error, exc.OperationalError):
-        return False
     if isinstance(error.orig, sqlite3.Error):
-        # SQLite reports "no such table" and friends as OperationalError too; only lock waits are transient there.
-        text = str(error.orig).lower()
-        return "locked" in text or "busy" in text
+        return _sqlite_busy(error.orig)
     # psycopg: connection failures, server shutdown, lock and statement timeouts, deadlock and serialization
     # failures. All leave the database as it was before the transaction, or with its outcome unknown.
-    return True
+    return isinstance(error, exc.OperationalError)
 
 
 @contextmanager
@@ -102,6 +115,10 @@ def translate_errors() -> Iterator[None]:
     except exc.DBAPIError as error:
         if _is_transient(error):
             raise CatalogUnavailable(str(error.orig).strip() or type(error.orig).__name__) from error
+        raise
+    except sqlite3.OperationalError as error:  # from the BEGIN issued on the driver connection
+        if _sqlite_busy(error):
+            raise CatalogUnavailable(str(error)) from error
         raise
 
 
@@ -121,8 +138,16 @@ class Catalog:
         event.listen(engine, "before_cursor_execute", self._count)
 
     @classmethod
-    def open(cls, url: str | URL, *, pool_size: int = 5, max_overflow: int = 10) -> Catalog:
-        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow))
+    def open(
+        cls,
+        url: str | URL,
+        *,
+        pool_size: int = 5,
+        max_overflow: int = 10,
+        lock_timeout_ms: int | None = LOCK_TIMEOUT_MS,
+    ) -> Catalog:
+        """Opens the catalog at `url` (connections are made on first use). See make_engine for the options."""
+        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow, lock_timeout_ms=lock_timeout_ms))
 
     def close(self) -> None:
         """Closes every pooled connection. The Catalog must not be used afterwards."""

@@ -54,7 +54,8 @@ def current(url: str) -> str | None:
 def upgrade(url: str, revision: str = "head") -> tuple[str | None, str | None]:
     """Upgrades the catalog at `url` to `revision` in one transaction. Returns (revision before, revision after)."""
     config = alembic_config()
-    with Catalog.open(url) as catalog, catalog.write() as connection:
+    # No lock timeout: an upgrade waits for another one (and its DDL locks) however long it takes.
+    with Catalog.open(url, lock_timeout_ms=None) as catalog, catalog.write() as connection:
         lock_migrations(connection)
         before = MigrationContext.configure(connection).get_current_revision()
         config.attributes["connection"] = connection

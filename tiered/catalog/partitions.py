@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, select, tuple_, update
+from sqlalchemy import Connection, and_, or_, select, update
 
 from tiered.catalog.engine import Catalog
 from tiered.catalog.errors import UnknownPartition
@@ -43,9 +43,14 @@ def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[t
     """Locks the partitions rows of `keys` in (topic, partition) order (FOR UPDATE on PostgreSQL; the SQLite write
     transaction already holds the database) and returns them. Raises UnknownPartition for a missing one."""
     wanted = sorted(set(keys))
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in wanted:
+        by_topic.setdefault(topic, []).append(partition)
+    # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes (SQLite
+    # does not for a row-value IN list).
     rows = conn.execute(
         select(*_COLUMNS)
-        .where(tuple_(Partition.topic, Partition.partition).in_(wanted))
+        .where(or_(*(and_(Partition.topic == t, Partition.partition.in_(ps)) for t, ps in by_topic.items())))
         .order_by(Partition.topic, Partition.partition)
         .with_for_update()
     )

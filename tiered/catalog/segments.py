@@ -92,13 +92,14 @@ def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | Non
     with the new attempt. Raises StaleEpoch if `meta.leader_epoch` is not the partition's epoch, and
     IllegalTransition if the segment is already further along."""
     row = SegmentRow(**asdict(meta), state=str(SegmentState.COPY_STARTED), updated_at=utcnow(now))
+    name = f"{meta.topic}/{meta.partition} base {meta.base_seq}"
     with cat.write() as conn:
         _check_epoch(conn, meta.topic, meta.partition, meta.leader_epoch)
         existing = _locked_row(conn, meta.topic, meta.partition, meta.base_seq)
         if existing is None:
             conn.execute(insert(Segment).values(**asdict(row)))
         else:
-            SEGMENT_TRANSITIONS.check(existing.state, SegmentState.COPY_STARTED, f"{meta.topic}/{meta.partition} base {meta.base_seq}")
+            SEGMENT_TRANSITIONS.check(existing.state, SegmentState.COPY_STARTED, name)
             conn.execute(update(Segment).where(_key(meta.topic, meta.partition, meta.base_seq)).values(**asdict(row)))
     return row
 

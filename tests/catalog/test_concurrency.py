@@ -1,0 +1,179 @@
+"""Concurrent commits and prunes, lock timeouts, and PostgreSQL going away mid-commit."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from sqlalchemy import event
+
+from tiered.catalog import Catalog, CatalogUnavailable
+from tiered.catalog.blocks import (
+    commit_block,
+    find_run,
+    get_block,
+    insert_pending_block,
+    prune_runs_covered,
+    runs_for_range,
+)
+from tiered.catalog.partitions import claim_partitions, get_partition_states
+from tiered.catalog.topics import create_topic
+
+from .rows import T0, run
+
+PARTITIONS = 6
+BLOCKS_PER_THREAD = 30
+
+
+def in_threads(*workers) -> list[BaseException]:
+    """Runs each worker in its own thread; returns what they raised."""
+    errors: list[BaseException] = []
+
+    def guard(worker):
+        try:
+            worker()
+        except BaseException as error:  # reported to the test, which asserts there are none
+            errors.append(error)
+
+    threads = [threading.Thread(target=guard, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a worker is stuck"
+    return errors
+
+
+@pytest.fixture
+def epochs(cat):
+    create_topic(cat, "t", PARTITIONS)
+    return {("t", p): e for p, e in claim_partitions(cat, 1, "t", range(PARTITIONS)).items()}
+
+
+def test_commits_sharing_partitions_do_not_deadlock(cat, epochs):
+    """Two committers whose blocks hold the same partitions, listed in opposite orders: the sorted row locks make
+    them queue, never deadlock (PostgreSQL would abort one with a deadlock error after deadlock_timeout)."""
+
+    def committer(first_seq: int, order):
+        for i in range(BLOCKS_PER_THREAD):
+            seq = first_seq + i * 10
+            block_id = insert_pending_block(cat, f"blk/{first_seq}/{i}", 1, 600, now=T0)
+            runs = [run("t", p, seq, seq + 9, p * 100) for p in order]
+            commit_block(cat, block_id, 1, runs, epochs, now=T0)
+
+    forward, backward = list(range(PARTITIONS)), list(reversed(range(PARTITIONS)))
+    assert in_threads(lambda: committer(1, forward), lambda: committer(100_001, backward)) == []
+    for state in get_partition_states(cat, "t"):
+        assert state.hwmark_seq == 100_001 + (BLOCKS_PER_THREAD - 1) * 10 + 9
+        assert len(runs_for_range(cat, "t", state.partition, 1, 1000)) == 2 * BLOCKS_PER_THREAD
+
+
+def test_concurrent_prunes_of_shared_blocks_mark_every_block(cat, epochs):
+    """Each block holds runs of two partitions, pruned by two threads at once: whichever deletes a block's last
+    run must see the other's delete and mark the block. A block left `committed` without runs would leak."""
+    ids = []
+    for i in range(40):
+        block_id = insert_pending_block(cat, f"blk/{i}", 1, 200, now=T0)
+        commit_block(cat, block_id, 1, [run("t", 0, i + 1, i + 1), run("t", 1, i + 1, i + 1, 100)], epochs)
+        ids.append(block_id)
+
+    def pruner(partition):
+        while prune_runs_covered(cat, "t", partition, 40, limit=1, now=T0).runs_deleted:
+            pass
+
+    if cat.backend == "postgresql":
+        # Worst case, every time: both threads have deleted their run of the same block (neither committed)
+        # before either looks for remaining runs. (SQLite's BEGIN IMMEDIATE runs the two prunes one by one.)
+        both_deleted = threading.Barrier(2, timeout=10)
+
+        def after_execute(_conn, _cursor, statement, *_args):
+            if statement.startswith("DELETE FROM block_runs"):
+                both_deleted.wait()
+
+        event.listen(cat.engine, "after_cursor_execute", after_execute)
+    assert in_threads(lambda: pruner(0), lambda: pruner(1)) == []
+    assert [get_block(cat, i).state for i in ids] == ["deleting"] * len(ids)
+
+
+def hold_partition_lock(url: str, partition: int) -> psycopg.Connection:
+    """Another session holding the partition row's lock, as a slow committer would."""
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    conn = psycopg.connect(conninfo)
+    conn.execute("SELECT 1 FROM partitions WHERE topic = 't' AND partition = %s FOR UPDATE", (partition,))
+    return conn
+
+
+def wait_until_blocked(url: str) -> None:
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for _ in range(200):
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'"
+            ).fetchone()[0]
+            if waiting:
+                return
+            time.sleep(0.05)
+    raise AssertionError("the commit never waited for the lock")
+
+
+def test_a_lock_wait_times_out_as_catalog_unavailable(catalog_url, epochs):
+    impatient = Catalog.open(catalog_url, lock_timeout_ms=200)
+    block_id = insert_pending_block(impatient, "blk/1", 1, 100, now=T0)
+    if impatient.backend == "postgresql":
+        holder = hold_partition_lock(catalog_url, 0)
+    else:
+        holder = impatient.engine.raw_connection()
+        holder.driver_connection.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(CatalogUnavailable):
+            commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs)
+        assert time.monotonic() - started < 5
+    finally:
+        holder.rollback()
+        holder.close()
+    assert get_block(impatient, block_id).state == "pending"
+    assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}
+    impatient.close()
+
+
+@pytest.fixture
+def pg_cat(pg_url):
+    catalog = Catalog.open(pg_url)
+    yield catalog
+    catalog.close()
+
+
+def test_postgresql_restart_mid_commit(pg_cluster, pg_url, pg_cat):
+    """The server goes away while a commit waits inside its transaction: the commit fails as CatalogUnavailable,
+    nothing of it is kept, and once the server is back the same Catalog (its pool re-checked) commits the block."""
+    create_topic(pg_cat, "t", 2)
+    epochs = {("t", p): e for p, e in claim_partitions(pg_cat, 1, "t", [0, 1]).items()}
+    block_id = insert_pending_block(pg_cat, "blk/1", 1, 200, now=T0)
+    runs = [run("t", 0, 1, 10), run("t", 1, 1, 3, 100)]
+    holder = hold_partition_lock(pg_url, 1)
+    outcome: list[object] = []
+
+    def commit():
+        try:
+            outcome.append(commit_block(pg_cat, block_id, 1, runs, epochs, now=T0))
+        except Exception as error:  # asserted below
+            outcome.append(error)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    try:
+        wait_until_blocked(pg_url)
+        pg_cluster.stop("fast")
+        committer.join(30)
+    finally:
+        pg_cluster.start()
+        holder.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], CatalogUnavailable), outcome
+    assert get_block(pg_cat, block_id).state == "pending"
+    assert find_run(pg_cat, "t", 0, 1) is None
+    assert [s.hwmark_seq for s in get_partition_states(pg_cat, "t")] == [0, 0]
+    assert commit_block(pg_cat, block_id, 1, runs, epochs, now=T0) == {("t", 0): 10, ("t", 1): 3}
+    assert find_run(pg_cat, "t", 1, 2).object_key == "blk/1"

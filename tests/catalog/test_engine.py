@@ -1,0 +1,104 @@
+"""Opening the catalog: URLs, masking, SQLite setup, error translation, the statement counter."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import insert, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from tiered.catalog import Catalog, CatalogUnavailable, mask_url
+from tiered.catalog.blocks import commit_block, find_run, insert_pending_block, runs_for_range
+from tiered.catalog.engine import normalize_url
+from tiered.catalog.models import Block
+from tiered.catalog.partitions import claim_partitions
+from tiered.catalog.segments import find_remote_segment
+from tiered.catalog.topics import create_topic, get_topic
+
+from .rows import T0, run
+
+
+@pytest.mark.parametrize(
+    "given, opened",
+    [
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres://u@h:5433/db", "postgresql+psycopg://u@h:5433/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("sqlite:////var/lib/tiered/catalog.db", "sqlite:////var/lib/tiered/catalog.db"),
+    ],
+)
+def test_urls_open_through_psycopg3(given, opened):
+    assert normalize_url(given).render_as_string(hide_password=False) == opened
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "postgresql+psycopg2://u@h/db", "oracle://x"])
+def test_other_databases_are_refused(url):
+    with pytest.raises(ValueError, match="unsupported catalog URL"):
+        normalize_url(url)
+
+
+def test_passwords_are_masked():
+    url = "postgresql://tiered:p%40ss@db.internal:5432/tiered"
+    assert mask_url(url) == "postgresql://tiered:***@db.internal:5432/tiered"
+    cat = Catalog.open(url)  # connects lazily: nothing is reached here
+    assert "p%40ss" not in repr(cat) and "p@ss" not in repr(cat) and "***" in repr(cat)
+    assert cat.url == "postgresql+psycopg://tiered:***@db.internal:5432/tiered"
+    cat.close()
+
+
+def test_sqlite_is_set_up_for_durability_and_concurrency(tmp_path):
+    path = tmp_path / "deep" / "er" / "catalog.db"
+    with Catalog.open(f"sqlite:///{path}", lock_timeout_ms=1234) as cat, cat.read() as conn:
+        pragma = lambda name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
+        assert (pragma("journal_mode"), pragma("foreign_keys"), pragma("busy_timeout")) == ("wal", 1, 1234)
+        assert pragma("synchronous") == 2  # FULL
+    assert path.exists()
+
+
+def test_unreachable_postgresql_is_catalog_unavailable(pg_cluster):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Catalog.open(f"postgresql://postgres@127.0.0.1:{port}/x") as cat:
+        with pytest.raises(CatalogUnavailable):
+            get_topic(cat, "t")
+
+
+def test_a_missing_schema_is_not_transient(tmp_path, pg_empty_url):
+    """An unmigrated catalog is a setup error, not something a retry fixes."""
+    for url in (f"sqlite:///{tmp_path / 'empty.db'}", pg_empty_url):
+        with Catalog.open(url) as cat:
+            with pytest.raises(Exception) as caught:
+                get_topic(cat, "t")
+            assert not isinstance(caught.value, CatalogUnavailable)
+
+
+def test_constraints_hold_on_both_backends(cat):
+    with pytest.raises(IntegrityError), cat.write() as conn:
+        conn.execute(insert(Block).values(object_key="k", state="lost", broker_id=1, size_bytes=1, created_at=T0))
+    with pytest.raises((IntegrityError, OperationalError)), cat.write() as conn:
+        conn.execute(text("INSERT INTO partitions (topic, partition) VALUES ('no-such-topic', 0)"))
+
+
+def test_statement_counts(cat):
+    """What the benchmark reports: statements per block commit stay constant as blocks span more partitions,
+    and a fetch lookup is one statement."""
+    create_topic(cat, "a", 12)
+    create_topic(cat, "b", 12)
+    epochs = {("a", p): e for p, e in claim_partitions(cat, 1, "a", range(12)).items()}
+    epochs |= {("b", p): e for p, e in claim_partitions(cat, 1, "b", range(12)).items()}
+
+    def cost(call):
+        before = cat.statements
+        result = call()
+        return cat.statements - before, result
+
+    assert cost(lambda: insert_pending_block(cat, "blk/1", 1, 10, now=T0)) == (1, 1)
+    assert cost(lambda: commit_block(cat, 1, 1, [run("a", 0, 1, 5)], epochs))[0] == 4
+    insert_pending_block(cat, "blk/2", 1, 10, now=T0)
+    wide = [run(t, p, 6 if (t, p) == ("a", 0) else 1, 10, 100 * p + (t == "b")) for t in "ab" for p in range(12)]
+    assert cost(lambda: commit_block(cat, 2, 1, wide, epochs))[0] == 4
+    assert cost(lambda: find_run(cat, "b", 7, 3))[0] == 1
+    assert cost(lambda: runs_for_range(cat, "a", 0, 1, 10))[0] == 1
+    assert cost(lambda: find_remote_segment(cat, "a", 0, 1))[0] == 1

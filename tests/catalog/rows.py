@@ -24,8 +24,9 @@ def run(topic: str, partition: int, first_seq: int, last_seq: int, position: int
     )
 
 
-def segment(topic: str, partition: int, base_seq: int, last_seq: int, epoch: int, size_bytes: int = 1000,
-            freeze_ts: datetime = T0) -> SegmentMeta:
+def segment(
+    topic: str, partition: int, base_seq: int, last_seq: int, epoch: int, size_bytes: int = 1000, freeze_ts=T0
+) -> SegmentMeta:
     stem = f"seg/{topic}/{partition}/{base_seq:020d}-{last_seq:020d}"
     return SegmentMeta(
         topic=topic,

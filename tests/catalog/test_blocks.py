@@ -8,6 +8,7 @@ from tiered.catalog import BlockState, IllegalTransition, StaleEpoch, UnknownBlo
 from tiered.catalog.blocks import (
     BlockRow,
     PruneResult,
+    RunLocation,
     abandon_block,
     blocks_to_sweep,
     commit_block,
@@ -153,8 +154,7 @@ def test_find_run_edges(cat, epochs):
     second, _ = commit(cat, epochs, "blk/2", run("a", 0, 11, 20, 64, 222))
     third, _ = commit(cat, epochs, "blk/3", run("a", 0, 31, 40, 0, 333))
     hit = find_run(cat, "a", 0, 1)
-    assert (hit.block_id, hit.object_key, hit.first_seq, hit.last_seq, hit.position, hit.length_bytes) == (
-        first, "blk/1", 1, 10, 0, 111)
+    assert hit == RunLocation("a", 0, 1, 10, 0, 111, first, "blk/1")
     assert find_run(cat, "a", 0, 10).block_id == first  # exactly the last seq of a run
     assert find_run(cat, "a", 0, 11).block_id == second  # exactly the first seq of the next
     hit = find_run(cat, "a", 0, 25)  # in the gap: the next run, which starts after the seq asked for

@@ -67,6 +67,9 @@ def test_copy_retries_are_idempotent(cat, epoch):
     # A COMMIT whose outcome was unknown is retried: nothing moves, bytes are not counted twice.
     assert segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(9)) == finished
     assert remote_bytes(cat) == 2200
+    # Even once another broker has claimed the partition: the copy did finish under the old epoch.
+    claim_partitions(cat, 2, "t", [0])
+    assert segment_copy_finished(cat, "t", 0, 1, epoch) == finished
 
 
 def test_copy_is_fenced_by_the_leader_epoch(cat, epoch):

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from tiered.catalog import TopicExists, UnknownBroker, UnknownPartition, UnknownTopic
-from tiered.catalog.brokers import heartbeat, list_brokers, register_broker
+from tiered.catalog.brokers import BrokerRow, heartbeat, list_brokers, register_broker
 from tiered.catalog.partitions import PartitionState, claim_partitions, get_partition_states, set_first_available
 from tiered.catalog.topics import create_topic, get_topic, list_topics, update_topic_config
 
@@ -59,14 +59,14 @@ def test_register_and_heartbeat_brokers(cat):
     register_broker(cat, 2, "10.0.0.2:11011", now=T0)
     register_broker(cat, 1, "10.0.0.1:11011", now=T0)
     heartbeat(cat, 1, now=T0 + timedelta(seconds=5))
-    first, second = list_brokers(cat)
-    assert (first.broker_id, first.address, first.started_at, first.heartbeat_at) == (
-        1, "10.0.0.1:11011", T0, T0 + timedelta(seconds=5))
-    assert (second.broker_id, second.heartbeat_at) == (2, T0)
+    assert list_brokers(cat) == [
+        BrokerRow(1, "10.0.0.1:11011", T0, T0 + timedelta(seconds=5)),
+        BrokerRow(2, "10.0.0.2:11011", T0, T0),
+    ]
     # A restart re-registers: new address and start time, same row.
     later = T0 + timedelta(hours=1)
     register_broker(cat, 1, "10.0.0.9:11011", now=later)
-    assert list_brokers(cat)[0] == type(first)(1, "10.0.0.9:11011", later, later)
+    assert list_brokers(cat)[0] == BrokerRow(1, "10.0.0.9:11011", later, later)
     with pytest.raises(UnknownBroker):
         heartbeat(cat, 3)
 

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, and_, func, insert, literal_column, select, u
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import StaleEpoch, UnknownSegment
 from tiered.catalog.models import Partition, Segment
-from tiered.catalog.partitions import lock_partitions
+from tiered.catalog.partitions import PartitionState, lock_partitions
 from tiered.catalog.states import SEGMENT_TRANSITIONS, SegmentState
 
 
@@ -81,10 +81,14 @@ def _add_remote_bytes(conn: Connection, topic: str, partition: int, delta: int) 
     )
 
 
-def _check_epoch(conn: Connection, topic: str, partition: int, leader_epoch: int) -> None:
-    state = lock_partitions(conn, [(topic, partition)])[(topic, partition)]
+def _lock_partition(conn: Connection, topic: str, partition: int) -> PartitionState:
+    """Locks the partition row first (the catalog's lock order: partition, then segment)."""
+    return lock_partitions(conn, [(topic, partition)])[(topic, partition)]
+
+
+def _check_epoch(state: PartitionState, leader_epoch: int) -> None:
     if state.leader_epoch != leader_epoch:
-        raise StaleEpoch(topic, partition, leader_epoch, state.leader_epoch, state.leader_broker)
+        raise StaleEpoch(state.topic, state.partition, leader_epoch, state.leader_epoch, state.leader_broker)
 
 
 def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | None = None) -> SegmentRow:
@@ -94,7 +98,7 @@ def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | Non
     row = SegmentRow(**asdict(meta), state=str(SegmentState.COPY_STARTED), updated_at=utcnow(now))
     name = f"{meta.topic}/{meta.partition} base {meta.base_seq}"
     with cat.write() as conn:
-        _check_epoch(conn, meta.topic, meta.partition, meta.leader_epoch)
+        _check_epoch(_lock_partition(conn, meta.topic, meta.partition), meta.leader_epoch)
         existing = _locked_row(conn, meta.topic, meta.partition, meta.base_seq)
         if existing is None:
             conn.execute(insert(Segment).values(**asdict(row)))
@@ -110,12 +114,13 @@ def segment_copy_finished(
     """Records a finished copy (after both objects are uploaded): the segment becomes readable and counts in the
     partition's remote_bytes. Raises StaleEpoch, UnknownSegment, IllegalTransition; a retry is a no-op."""
     with cat.write() as conn:
-        _check_epoch(conn, topic, partition, leader_epoch)
+        state = _lock_partition(conn, topic, partition)
         row = _locked_row(conn, topic, partition, base_seq)
         if row is None:
             raise UnknownSegment(topic, partition, base_seq)
         if row.state == SegmentState.COPY_FINISHED:
             return row
+        _check_epoch(state, leader_epoch)
         row = _move(conn, row, SegmentState.COPY_FINISHED, now)
         _add_remote_bytes(conn, topic, partition, row.total_bytes)
     return row
@@ -128,7 +133,7 @@ def segment_delete_started(
     stops counting in remote_bytes. Call set_first_available past it first when it is the oldest. A retry is a
     no-op."""
     with cat.write() as conn:
-        lock_partitions(conn, [(topic, partition)])  # lock order: partition before segment
+        _lock_partition(conn, topic, partition)  # remote_bytes changes below
         row = _locked_row(conn, topic, partition, base_seq)
         if row is None:
             raise UnknownSegment(topic, partition, base_seq)

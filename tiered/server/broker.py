@@ -154,7 +154,7 @@ class Broker:
         """TANK checks retention only on roll; we also check on a timer so idle partitions are trimmed too."""
         deleted = 0
         now = self.now_s()
+        may_delete = self.registry.may_delete
         for part in self.registry.all_partitions():
-            may_delete = self.tiering.may_delete_local if self.tiering is not None else (lambda p, seg: True)
             deleted += len(part.log.enforce_retention(now, lambda seg, p=part: may_delete(p, seg)))
         return deleted

@@ -71,8 +71,6 @@ class FetchResolver:
 
     def local(self, part: Partition, seq: int, fetch_size: int) -> Found | Boundary | Eof | None:
         """The local answer, or None when the seq is below the local log but a lower tier may hold it."""
-        if seq == 0 and self.remote is not None and part.remote_first_available:
-            seq = part.first_available
         got = part.log.locate(seq, fetch_size)
         if isinstance(got, LocalEof):
             return Eof(part.first_available, part.hwmark)
@@ -92,6 +90,8 @@ class FetchResolver:
         )
 
     async def resolve(self, part: Partition, seq: int, fetch_size: int) -> Found | Boundary | Eof:
+        if seq == 0 and self.remote is not None and part.remote_first_available:
+            seq = part.first_available  # "from the beginning" may begin in the bucket
         got = self.local(part, seq, fetch_size)
         if got is not None:
             return got

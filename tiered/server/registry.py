@@ -73,6 +73,8 @@ class Registry:
         self.topics: dict[str, Topic] = {}
         self.open_time_ms = 0
         self.on_seal = None  # set by the tiering layer: called with (Partition, SealedSegment)
+        # Local retention's veto, set by the tiering layer (a segment stays until it is in the bucket).
+        self.may_delete: Callable[[Partition, object], bool] = lambda part, segment: True
 
     def topic_config(self, config_text: str, partition_values: Mapping[str, str] | None = None) -> TopicConfig:
         """Raises ConfigError naming the key and value that cannot be used."""
@@ -118,6 +120,7 @@ class Registry:
             config,
             now_s=self.now_s,
             on_seal=sealed,
+            may_delete=lambda segment: bool(holder) and self.may_delete(holder[0], segment),
             visible_on_append=self.visible_on_append(config),
         )
         part = Partition(topic, partition, plog, config)

@@ -34,6 +34,7 @@ from tiered.tiering.block_builder import BlockBuilder, PartitionKey, PendingRun
 from tiered.tiering.block_pipeline import BlockPipeline
 from tiered.tiering.catalog_thread import CatalogThread
 from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore, open_store
 
 log = logging.getLogger("tiered.tiering")
@@ -62,6 +63,7 @@ class TieringService:
         self.catalog: CatalogThread | None = None
         self.builder = BlockBuilder(settings.block_max_bytes, settings.block_max_age_ms)
         self.pipeline: BlockPipeline | None = None
+        self.copier: SegmentCopier | None = None
         self.epochs: dict[PartitionKey, int] = {}
         self.broker = None
         self._kick = asyncio.Event()
@@ -93,12 +95,19 @@ class TieringService:
             now_ms=self.now_ms,
         )  # fmt: skip
         broker.fetch.remote = RemoteReader(self.store, self.catalog, metrics)
+        self.copier = SegmentCopier(
+            self.store, self.catalog, metrics=metrics, epoch_of=lambda t, p: self.epochs[(t, p)],
+            committed_up_to=self._committed_up_to, on_copied=self._copied, on_fenced=self._fenced,
+        )  # fmt: skip
+        broker.registry.on_seal = self._sealed
+        broker.registry.may_delete = self.may_delete_local
         host, port = self.settings.listen_endpoint()
         await self.catalog.call(catalog_brokers.register_broker, self.broker_id, f"{socket.gethostname()}:{port}")
         await self._reconcile_topics()
         self._register_metrics(metrics)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._block_timer()))
+        self._tasks.append(loop.create_task(self.copier.run()))
         self._tasks.append(loop.create_task(self._sweeper()))
         self._tasks.append(loop.create_task(self._heartbeat()))
 
@@ -179,6 +188,9 @@ class TieringService:
             await self.topic_opened(topic)
             for part in topic.partitions:
                 self._resume_partition(part, states.get((part.topic, part.partition)))
+                await self.copier.load_copied(part.topic, part.partition)
+                for segment in part.log.segments:
+                    self._sealed(part, segment)
 
     def _resume_partition(self, part, state) -> None:
         hwmark = state.hwmark_seq if state is not None else 0
@@ -253,9 +265,12 @@ class TieringService:
             if part is None:
                 continue
             part.remote_hwmark = max(part.remote_hwmark, run.last_seq)
+            if not part.remote_first_available:
+                part.remote_first_available = run.first_seq
             if part.durable:
                 part.log.mark_visible(run.last_seq)
                 self.broker.made_visible(part, run.first_seq, run.size_bytes)
+        self.copier.commits_advanced()
 
     def _fenced(self, key: PartitionKey, exc: StaleEpoch) -> None:
         part = self.broker.registry.get(*key)
@@ -264,8 +279,25 @@ class TieringService:
         self.broker.metrics.inc("tiered_fenced_partitions_total", help="partitions fenced by a newer leader epoch")
         log.error("%s/%d: %s; this broker stops serving the partition", key[0], key[1], exc)
 
+    def _sealed(self, part, segment) -> None:
+        """A segment rolled (or was found sealed at start): copy it unless the topic keeps segments local."""
+        if part.config.remote_copy:
+            self.copier.enqueue(part.topic, part.partition, segment)
+
+    def _committed_up_to(self, topic: str, partition: int) -> int:
+        part = self.broker.registry.get(topic, partition)
+        return part.remote_hwmark if part is not None else 0
+
+    def _copied(self, job: CopyJob) -> None:
+        part = self.broker.registry.get(job.topic, job.partition)
+        if part is not None and not part.remote_first_available:
+            part.remote_first_available = job.segment.base
+
     def may_delete_local(self, part, segment) -> bool:
-        """A sealed segment may leave the local disk only once its records are durable in the bucket."""
+        """A sealed segment leaves the local disk only once it is in the bucket (COPY_FINISHED); with
+        `remote.copy=false`, once its records are committed in blocks."""
+        if part.config.remote_copy:
+            return self.copier.is_copied(part.topic, part.partition, segment.base)
         return segment.last <= part.remote_hwmark
 
     # -- background ---------------------------------------------------------------------------------------------

@@ -35,15 +35,15 @@ def run(coro) -> int:
 class Progress:
     """A progress line on stderr, redrawn at most every `interval_s`, only when stderr is a terminal."""
 
-    def __init__(self, what: str, total: int | None = None, interval_s: float = 0.5, stream=sys.stderr):
+    def __init__(self, what: str, total: int | None = None, interval_s: float = 0.5, stream=None):
         self.what = what
         self.total = total
         self.done = 0
         self.interval_s = interval_s
-        self.stream = stream
+        self.stream = stream if stream is not None else sys.stderr
         self.started = time.monotonic()
         self._last = 0.0
-        self.enabled = stream.isatty()
+        self.enabled = self.stream.isatty()
 
     def add(self, n: int = 1) -> None:
         self.done += n

@@ -23,7 +23,8 @@ class App:
             tiering = TieringService(settings)
         kwargs = {"now_s": now_s} if now_s is not None else {}
         self.broker = Broker(settings, tiering=tiering, **kwargs)
-        self.http = HttpEndpoint(self.broker.metrics.render, self.ready, lambda: not self.broker.stopping)
+        routes = {"/v1/tier": tiering.tier_status} if tiering is not None else {}
+        self.http = HttpEndpoint(self.broker.metrics.render, self.ready, lambda: not self.broker.stopping, routes)
 
     async def ready(self) -> tuple[bool, str]:
         if not self.broker.ready:
@@ -33,10 +34,11 @@ class App:
         return True, ""
 
     async def start(self) -> None:
-        await self.broker.start()
+        # Health first: /healthz answers (and /readyz says "not ready") while local recovery runs.
         endpoint = self.settings.http_endpoint()
         if endpoint is not None:
             await self.http.start(*endpoint)
+        await self.broker.start()
 
     async def stop(self) -> None:
         await self.broker.stop()

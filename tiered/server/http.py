@@ -1,4 +1,5 @@
-"""The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz` (readiness).
+"""The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness), and read-only
+JSON views such as `/v1/tier` (what `tiered tier status` prints).
 
 Like TANK's `-P` listener it answers GET only (405 otherwise), refuses request bodies (413) and unknown paths (404).
 Readiness is true only once the broker serves and the catalog and object store have answered (`ready_check`).
@@ -7,6 +8,7 @@ Readiness is true only once the broker serves and the catalog and object store h
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Awaitable, Callable
 
@@ -18,10 +20,12 @@ READ_TIMEOUT_S = 10.0
 
 class HttpEndpoint:
     def __init__(self, metrics_text: Callable[[], str], ready_check: Callable[[], Awaitable[tuple[bool, str]]],
-                 alive_check: Callable[[], bool] = lambda: True):
+                 alive_check: Callable[[], bool] = lambda: True,
+                 json_routes: dict[str, Callable[[], object]] | None = None):
         self.metrics_text = metrics_text
         self.ready_check = ready_check
         self.alive_check = alive_check
+        self.json_routes = json_routes or {}
         self.server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -70,6 +74,8 @@ class HttpEndpoint:
             return 200, self.metrics_text(), "text/plain; version=0.0.4; charset=utf-8"
         if path == "/healthz":
             return (200, "ok\n", "text/plain") if self.alive_check() else (503, "stopping\n", "text/plain")
+        if path in self.json_routes:
+            return 200, json.dumps(self.json_routes[path]()) + "\n", "application/json"
         if path == "/readyz":
             ok, why = await self.ready_check()
             return (200, "ready\n", "text/plain") if ok else (503, f"not ready: {why}\n", "text/plain")

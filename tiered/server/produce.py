@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from tiered.protocol.bundle import read_bundle_header
 from tiered.protocol.codes import ProduceStatus
@@ -27,6 +28,7 @@ class ProduceHandler:
 
     async def handle(self, conn, req: ProduceRequest) -> None:
         broker = self.broker
+        started = time.monotonic()
         headers = [[read_bundle_header(p.bundle) for p in t.partitions] for t in req.topics]
         if broker.tiering is not None and not await broker.tiering.admission():
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
@@ -68,8 +70,14 @@ class ProduceHandler:
             results.append(ProduceTopicResult(topic.name, None, tuple(statuses)))
         if pending:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
-            asyncio.get_running_loop().create_task(self._answer_when_durable(conn, req, results, pending))
+            conn.spawn(self._answer_when_durable(conn, req, results, pending, started))
             return
+        await self._send(conn, req, results, started)
+
+    async def _send(self, conn, req: ProduceRequest, results, started: float) -> None:
+        elapsed = time.monotonic() - started
+        for name in {t.name for t in req.topics if t.name in self.broker.registry.topics}:
+            self.broker.metrics.ack_latency(name, elapsed)
         await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
 
     async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
@@ -81,7 +89,7 @@ class ProduceHandler:
                 results.append(ProduceTopicResult(topic.name, None, tuple(PartitionStatus(status) for _ in topic.partitions)))
         await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
 
-    async def _answer_when_durable(self, conn, req, results, pending) -> None:
+    async def _answer_when_durable(self, conn, req, results, pending, started: float) -> None:
         for r_index, s_index, ack in pending:
             try:
                 ok = await ack
@@ -93,4 +101,4 @@ class ProduceHandler:
                 statuses = list(topic.partitions)
                 statuses[s_index] = PartitionStatus(ProduceStatus.SYSTEM)
                 results[r_index] = ProduceTopicResult(topic.name, topic.status, tuple(statuses))
-        await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
+        await self._send(conn, req, results, started)

@@ -73,6 +73,11 @@ class BlockBuilder:
         return self._size
 
     @property
+    def opened_ms(self) -> float | None:
+        """When the oldest pending record arrived, or None."""
+        return self._opened_ms
+
+    @property
     def empty(self) -> bool:
         return not self._runs
 

@@ -88,12 +88,21 @@ class BlockPipeline:
         self.fenced: set[PartitionKey] = set()
         self._ids = keys.BlockIdClock()
         self._tasks: set[asyncio.Task] = set()
+        self._open: dict[asyncio.Task, ClosedBlock] = {}
         self._last_commit: asyncio.Future | None = None
         self._room = asyncio.Condition()
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return sum(b.size_bytes for b in self._open.values())
+
+    def oldest_open_ms(self) -> float | None:
+        """When the oldest record of any block still uploading or committing arrived."""
+        return min((b.opened_ms for b in self._open.values()), default=None)
 
     async def admission(self, timeout_s: float) -> bool:
         """Waits until fewer than `max_in_flight` blocks are in flight; False if that did not happen in time."""
@@ -113,6 +122,7 @@ class BlockPipeline:
         self._last_commit = committed
         task = loop.create_task(self._run(block, previous, committed))
         self._tasks.add(task)
+        self._open[task] = block
         task.add_done_callback(self._done)
         if block.acks:
             loop.call_later(self.ack_timeout_s, self._expire_acks, block)
@@ -120,6 +130,7 @@ class BlockPipeline:
 
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
+        self._open.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("block pipeline task failed: %r", task.exception())
         asyncio.get_running_loop().create_task(self._notify_room())

@@ -73,6 +73,7 @@ class SegmentCopier:
         self.multipart_threshold_bytes = multipart_threshold_bytes
         self.retry = Retrying(metrics)
         self.copied: set[tuple[str, int, int]] = set()  # (topic, partition, base) known COPY_FINISHED
+        self.copied_last: dict[tuple[str, int], int] = {}  # the highest seq in the bucket's segments, per partition
         self._queue: deque[CopyJob] = deque()
         self._queued: set[tuple[str, int, int]] = set()
         self._wake = asyncio.Event()
@@ -106,7 +107,7 @@ class SegmentCopier:
             rows = await self.catalog.call(catalog_segments.list_segments, topic, partition,
                                            states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=1000)
             for row in rows:
-                self.copied.add((topic, partition, row.base_seq))
+                self._mark_copied(topic, partition, row.base_seq, row.last_seq)
             if len(rows) < 1000:
                 return
             after = rows[-1].base_seq
@@ -136,6 +137,10 @@ class SegmentCopier:
                 self._drop_partition(job.topic, job.partition)
                 continue
             self._finish(job)
+
+    def _mark_copied(self, topic: str, partition: int, base: int, last: int) -> None:
+        self.copied.add((topic, partition, base))
+        self.copied_last[(topic, partition)] = max(self.copied_last.get((topic, partition), 0), last)
 
     def commits_advanced(self) -> None:
         self._wake.set()
@@ -173,7 +178,7 @@ class SegmentCopier:
         await self.retry(what, lambda: self.catalog.commit(
             catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, meta.leader_epoch),
             "tiered_catalog_errors_total")
-        self.copied.add((job.topic, job.partition, seg.base))
+        self._mark_copied(job.topic, job.partition, seg.base, seg.last)
         runs_deleted = blocks_marked = 0
         while True:  # bounded batches, until no covered run is left
             pruned = await self.retry(what, lambda: self.catalog.commit(

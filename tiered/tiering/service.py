@@ -300,6 +300,28 @@ class TieringService:
             return self.copier.is_copied(part.topic, part.partition, segment.base)
         return segment.last <= part.remote_hwmark
 
+    def tier_status(self) -> list[dict]:
+        """Per partition: what the local disk holds, what the bucket holds, and what is still on its way there."""
+        out = []
+        for part in self.broker.registry.all_partitions():
+            plog = part.log
+            segments, pending_bytes = self.copier.pending_for(part.topic, part.partition)
+            out.append({
+                "topic": part.topic,
+                "partition": part.partition,
+                "local_first": plog.first_available,
+                "local_last": plog.last_assigned,
+                "local_bytes": plog.stats().bytes,
+                "remote_first": part.remote_first_available,
+                "remote_segments_last": self.copier.copied_last.get((part.topic, part.partition), 0),
+                "committed": part.remote_hwmark,
+                "hwmark": part.hwmark,
+                "pending_segments": segments,
+                "pending_segment_bytes": pending_bytes,
+                "fenced": part.fenced,
+            })  # fmt: skip
+        return out
+
     # -- background ---------------------------------------------------------------------------------------------
 
     async def _sweeper(self) -> None:
@@ -337,3 +359,13 @@ class TieringService:
         metrics.gauge("tiered_blocks_in_flight", "blocks uploading or committing", lambda: self.pipeline.in_flight)
         metrics.gauge("tiered_catalog_statements", "SQL statements sent to the catalog",
                       lambda: self.catalog.catalog.statements)
+        metrics.gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied",
+                      lambda: self.copier.pending)
+        metrics.gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket",
+                      lambda: self.builder.pending_bytes + self.pipeline.in_flight_bytes + self.copier.pending_bytes)
+        metrics.gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket",
+                      self._upload_lag_s)
+
+    def _upload_lag_s(self) -> float:
+        oldest = [t for t in (self.pipeline.oldest_open_ms(), self.builder.opened_ms) if t is not None]
+        return max(0.0, (self.now_ms() - min(oldest)) / 1000.0) if oldest else 0.0

@@ -1,0 +1,64 @@
+"""`tiered tier status`: per partition, the local range, the remote range, and what is still being uploaded.
+
+It asks the broker's HTTP endpoint (`-P`, default 127.0.0.1:9102) for `/v1/tier`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+
+from tiered.config import DEFAULT_HTTP_PORT, parse_endpoint
+
+COLUMNS = (
+    ("topic", "topic"), ("p", "partition"), ("local", None), ("local bytes", "local_bytes"), ("remote", None),
+    ("committed", "committed"), ("hwmark", "hwmark"), ("pending segs", "pending_segments"),
+    ("pending bytes", "pending_segment_bytes"),
+)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tier", help="tiered storage state")
+    groups = p.add_subparsers(dest="tier_command", metavar="ACTION")
+    groups.required = True
+    s = groups.add_parser("status", help="local and remote seq ranges and pending uploads, per partition")
+    s.add_argument("-P", "--http", default=f"127.0.0.1:{DEFAULT_HTTP_PORT}", help="the broker's HTTP endpoint")
+    s.add_argument("--json", action="store_true", help="print the raw JSON")
+    s.set_defaults(func=status)
+
+
+def _range(first: int, last: int) -> str:
+    return f"{first}..{last}" if first else "-"
+
+
+def rows(partitions: list[dict]) -> list[list[str]]:
+    out = []
+    for p in partitions:
+        remote_last = max(p["remote_segments_last"], p["committed"])
+        out.append([
+            p["topic"], str(p["partition"]), _range(p["local_first"], p["local_last"]), str(p["local_bytes"]),
+            _range(p["remote_first"], remote_last), str(p["committed"]), str(p["hwmark"]),
+            str(p["pending_segments"]), str(p["pending_segment_bytes"]) + (" FENCED" if p["fenced"] else ""),
+        ])  # fmt: skip
+    return out
+
+
+def status(args) -> int:
+    host, port = parse_endpoint(args.http, DEFAULT_HTTP_PORT)
+    host = "127.0.0.1" if host == "0.0.0.0" else host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/v1/tier", timeout=10) as response:
+            partitions = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"tiered tier status: cannot read http://{host}:{port}/v1/tier: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(partitions, indent=2))
+        return 0
+    table = [[name for name, _ in COLUMNS], *rows(partitions)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+    for r in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    return 0

@@ -1,0 +1,112 @@
+"""The block builder (pure bookkeeping) and the trimming of remote chunks to whole bundles."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tiered.protocol.bundle import Message, encode_bundle, encode_record
+from tiered.tiering.block_builder import BlockBuilder
+from tiered.tiering.block_format import decode_block, encode_block
+from tiered.tiering.remote_fetch import IndexCache, SegmentCache, trim_chunk
+from tiered.storage.index import SparseIndex
+
+
+def record(values, ts=1000, codec=0, seqs=None):
+    messages = [Message(v, None, ts + i, seqs[i] if seqs else 0) for i, v in enumerate(values)]
+    return encode_record(encode_bundle(messages, codec=codec, sparse=seqs is not None))
+
+
+def test_nothing_pending_closes_nothing():
+    builder = BlockBuilder(max_bytes=1024, max_age_ms=250)
+    assert builder.due_ms() is None and not builder.should_close(10_000) and builder.close() is None
+
+
+def test_a_block_closes_by_age_of_its_oldest_record():
+    builder = BlockBuilder(max_bytes=1 << 20, max_age_ms=250)
+    builder.add("t", 0, 1, 1, record([b"a"]), now_ms=1000)
+    builder.add("t", 0, 2, 2, record([b"b"]), now_ms=1200)
+    assert builder.due_ms() == 1250
+    assert not builder.should_close(1249) and builder.should_close(1250)
+
+
+def test_a_block_closes_by_size():
+    builder = BlockBuilder(max_bytes=100, max_age_ms=10_000)
+    builder.add("t", 0, 1, 1, record([b"x" * 60]), now_ms=0)
+    assert not builder.should_close(1)
+    builder.add("t", 0, 2, 2, record([b"y" * 60]), now_ms=1)
+    assert builder.should_close(1)
+
+
+def test_runs_are_grouped_by_partition_byte_for_byte_with_stats():
+    builder = BlockBuilder()
+    r1, r2, r3 = record([b"a", b"b"], ts=10), record([b"c"], ts=5), record([b"d", b"e", b"f"], ts=20, codec=1)
+    loop = asyncio.new_event_loop()
+    ack = loop.create_future()
+    builder.add("t", 1, 1, 2, r1, now_ms=0, ack=ack)
+    builder.add("u", 0, 7, 7, r2, now_ms=1)
+    builder.add("t", 1, 3, 5, r3, now_ms=2)
+    block = builder.close()
+    loop.close()
+    assert builder.empty and builder.pending_bytes == 0
+    assert [(r.topic, r.partition, r.first_seq, r.last_seq, r.messages) for r in block.runs] == [
+        ("t", 1, 1, 5, 5), ("u", 0, 7, 7, 1)]
+    assert (block.runs[0].min_ts_ms, block.runs[0].max_ts_ms) == (10, 22)
+    assert block.acks == [(("t", 1), ack)]
+    data, infos = encode_block([(r.meta(), b"".join(r.records)) for r in block.runs])
+    runs = decode_block(data)
+    assert bytes(runs[0][1]) == r1 + r3 and bytes(runs[1][1]) == r2
+
+
+def test_records_of_a_partition_must_arrive_in_seq_order():
+    builder = BlockBuilder()
+    builder.add("t", 0, 5, 6, record([b"a", b"b"]), now_ms=0)
+    with pytest.raises(ValueError):
+        builder.add("t", 0, 6, 6, record([b"c"]), now_ms=0)
+
+
+def test_trim_starts_at_the_bundle_holding_the_seq_and_ends_on_a_boundary():
+    records = [record([b"a%d" % i, b"b%d" % i]) for i in range(5)]  # seqs 1-2, 3-4, 5-6, 7-8, 9-10
+    data = b"".join(records)
+    chunk, first, sparse = trim_chunk(data, 1, 6, fetch_size=len(records[2]) + 1)
+    assert (first, sparse) == (5, False)
+    assert chunk == records[2]  # the next bundle does not fit in the fetch size
+    chunk, first, _ = trim_chunk(data, 1, 6, fetch_size=1)
+    assert chunk == records[2]  # always one whole bundle, even above the fetch size
+    chunk, first, _ = trim_chunk(data, 1, 3, fetch_size=10_000)
+    assert (chunk, first) == (b"".join(records[1:]), 3)
+    assert trim_chunk(data, 1, 11, 100) is None
+
+
+def test_trim_follows_sparse_bundles():
+    sparse = record([b"x", b"y"], seqs=[100, 105])
+    plain = record([b"z"])
+    chunk, first, is_sparse = trim_chunk(sparse + plain, 1, 103, 10_000)
+    assert (first, is_sparse, chunk) == (100, True, sparse + plain)
+    chunk, first, is_sparse = trim_chunk(sparse + plain, 1, 106, 10_000)
+    assert (first, is_sparse, chunk) == (106, False, plain)
+
+
+class Row:
+    def __init__(self, base, last):
+        self.topic, self.partition, self.base_seq, self.last_seq = "t", 0, base, last
+
+
+def test_segment_cache_expires_and_evicts():
+    now = [0.0]
+    cache = SegmentCache(per_partition=2, ttl_s=10, clock=lambda: now[0])
+    cache.put(Row(1, 10))
+    cache.put(Row(11, 20))
+    assert cache.get("t", 0, 15).base_seq == 11 and cache.get("t", 0, 25) is None
+    cache.put(Row(21, 30))  # evicts the least recently used: 1-10
+    assert cache.get("t", 0, 5) is None
+    now[0] = 11
+    assert cache.get("t", 0, 15) is None  # older than the ttl
+
+
+def test_index_cache_is_bounded_by_bytes():
+    cache = IndexCache(max_bytes=32)
+    for name in "abc":
+        cache.put(name, SparseIndex([(0, 0), (1, 10)]))  # 16 bytes each
+    assert cache.get("a") is None and cache.get("b") is not None and cache.size_bytes == 32

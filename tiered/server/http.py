@@ -16,6 +16,8 @@ log = logging.getLogger("tiered.server")
 
 MAX_HEADER_BYTES = 16 * 1024
 READ_TIMEOUT_S = 10.0
+# Below the chart's probe timeout (3 s), so a hung catalog or store gets a 503 with a reason, not a probe timeout.
+READY_TIMEOUT_S = 2.5
 
 
 class HttpEndpoint:
@@ -29,7 +31,7 @@ class HttpEndpoint:
         self.server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
-        self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True, limit=MAX_HEADER_BYTES)
 
     @property
     def port(self) -> int:
@@ -46,6 +48,9 @@ class HttpEndpoint:
             status, body, ctype = await self.respond(head)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
             status, body, ctype = 400, "bad request\n", "text/plain"
+        except Exception:  # a failing view (a gauge, a JSON route) answers 500; the endpoint keeps serving
+            log.exception("HTTP request failed")
+            status, body, ctype = 500, "internal error\n", "text/plain"
         try:
             data = body.encode()
             writer.write(
@@ -77,10 +82,13 @@ class HttpEndpoint:
         if path in self.json_routes:
             return 200, json.dumps(self.json_routes[path]()) + "\n", "application/json"
         if path == "/readyz":
-            ok, why = await self.ready_check()
+            try:
+                ok, why = await asyncio.wait_for(self.ready_check(), READY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                ok, why = False, f"the readiness check timed out after {READY_TIMEOUT_S} s"
             return (200, "ready\n", "text/plain") if ok else (503, f"not ready: {why}\n", "text/plain")
         return 404, "not found\n", "text/plain"
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
-            503: "Service Unavailable"}
+            500: "Internal Server Error", 503: "Service Unavailable"}

@@ -41,6 +41,35 @@ class Histogram:
         return float("inf")
 
 
+# Every counter and histogram the tiering layer records, with its meaning (docs/operations.md lists them too). They
+# are exported from the start, at 0: a series that appears only at its first increment hides that increment from
+# rate() and increase(), so an alert on the first upload error would never fire. The meaning given here wins over
+# the `help` of the call site, which may be worded per call (e.g. naming the object that failed).
+DECLARED_COUNTERS = {
+    "tiered_blocks_uploaded_total": "blocks uploaded",
+    "tiered_block_bytes_uploaded_total": "block bytes uploaded",
+    "tiered_put_errors_total": "failed attempts to upload a block",
+    "tiered_commit_errors_total": "failed attempts to commit a block to the catalog",
+    "tiered_catalog_errors_total": "failed catalog writes (block intent rows, segment copy states, pruning)",
+    "tiered_durable_ack_timeouts_total": "produce acks answered 0x02 after the ack timeout",
+    "tiered_fenced_partitions_total": "partitions fenced by a newer leader epoch",
+    "tiered_segments_copied_total": "sealed segments copied to the bucket",
+    "tiered_segment_bytes_copied_total": "segment and index bytes copied",
+    "tiered_segment_upload_errors_total": "failed attempts to upload a sealed segment or its index",
+    "tiered_blocks_deleted_total": "block objects deleted",
+    "tiered_remote_bytes_total": "bytes served from the bucket",
+    "tiered_remote_gets_total": "range GETs by remote reads",
+    "tiered_remote_catalog_queries_total": "catalog lookups by remote reads",
+    "tiered_remote_cache_hits_total": "remote reads served without a catalog lookup",
+    "tiered_remote_cache_misses_total": "remote reads that needed a catalog lookup",
+    "tiered_remote_missing_objects_total": "objects the catalog names but the bucket lacks",
+}
+DECLARED_HISTOGRAMS = {
+    "tiered_commit_seconds": "block commit latency",
+    "tiered_durable_ack_seconds": "time from a block's first record to its commit",
+}
+
+
 class Metrics:
     def __init__(self) -> None:
         self.produced_bytes: dict[str, int] = defaultdict(int)
@@ -52,6 +81,12 @@ class Metrics:
         # Gauges computed at scrape time: name -> (help, function returning value or {labels: value}).
         self.gauges: dict[str, tuple[str, Callable[[], float | dict]]] = {}
         self.help: dict[str, str] = {}
+        for name, text in DECLARED_COUNTERS.items():
+            self.counters[name] = 0
+            self.help[name] = text
+        for name, text in DECLARED_HISTOGRAMS.items():
+            self.histograms[name] = Histogram()
+            self.help[name] = text
 
     def produced(self, topic: str, size_bytes: int, messages: int) -> None:
         self.produced_bytes[topic] += size_bytes

@@ -17,8 +17,9 @@ One pass, in this order, each step safe to repeat after a crash:
    set_first_available never moves it back.
 3. Per segment: DELETE_STARTED (it stops being readable and leaves remote_bytes), delete the `.ilog` and `.index`
    objects, DELETE_FINISHED.
-4. Block runs below the first available seq (if any: one index probe) are pruned; blocks left without runs become `deleting`, and the
-   sweeper (tiered.tiering.reconciler.sweep_deleted_blocks) deletes their objects after the grace period.
+4. Block runs below the first available seq (if any: one index probe) are pruned; blocks left without runs become
+   `deleting`, and the sweeper (tiered.tiering.reconciler.sweep_deleted_blocks) deletes their objects after the grace
+   period.
 
 A crash between steps leaves a state the next pass completes: first available already moved (it never moves
 back), segments still COPY_FINISHED (expired again), or DELETE_STARTED (step 1). Every step is bounded by `limit`.

@@ -1,0 +1,79 @@
+"""`tiered catalog ...`: the catalog as a whole.
+
+    tiered catalog rebuild --catalog URL --store URL [--s3-path-style] [--force] [--read-timestamps]
+        reconstruct the catalog from the bucket alone (block footers, segment keys and index objects), with the
+        brokers stopped. The catalog is migrated to head first and must hold no topics, blocks or segments;
+        --force deletes those rows first. See tiered.tiering.rebuild for what the bucket cannot tell.
+
+Like `tiered db`, URLs may also come from TIERED_CATALOG_URL / TIERED_STORE_URL or the config file. S3 credentials
+and the endpoint come from the AWS environment (AWS_ENDPOINT_URL, ...), as for the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from tiered.catalog import Catalog, CatalogError, mask_url
+from tiered.catalog.migrate import upgrade
+from tiered.cli.common import Progress
+from tiered.config import SettingsError, load_settings
+from tiered.tiering.rebuild import CatalogNotEmpty, rebuild_catalog
+from tiered.tiering.store import StoreError, open_store
+
+_FAILURES = (SettingsError, CatalogError, CatalogNotEmpty, SQLAlchemyError, StoreError, ValueError, OSError)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("catalog", help="the catalog as a whole", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="catalog_command", metavar="COMMAND", required=True)
+    text = "reconstruct the catalog from the object store alone (brokers stopped)"
+    rebuild = commands.add_parser("rebuild", help=text, description=text)
+    rebuild.add_argument("--catalog", dest="catalog_url", metavar="URL",
+                         help="catalog to fill: sqlite:///path or postgresql://user@host/db")
+    rebuild.add_argument("--store", dest="store_url", metavar="URL",
+                         help="object store: s3://bucket/prefix or file:///dir")
+    rebuild.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
+                         help="path-style S3 addressing (MinIO, moto)")
+    rebuild.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
+    rebuild.add_argument("-p", "--data-dir", dest="data_dir",
+                         help="data directory (holds the default catalog and store)")
+    rebuild.add_argument("--force", action="store_true",
+                         help="delete the catalog's topics, blocks and segments first instead of refusing")
+    rebuild.add_argument("--read-timestamps", action="store_true",
+                         help="read every remote segment whole for its min/max timestamps (else recorded as unknown)")
+    rebuild.add_argument("--concurrency", type=int, default=16, help="object GETs in flight (default 16)")
+    rebuild.set_defaults(func=cmd_rebuild)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    catalog_url = None
+    try:
+        settings = load_settings(args)
+        catalog_url = settings.effective_catalog_url
+        upgrade(catalog_url)
+        report = asyncio.run(_rebuild(settings, args))
+    except _FAILURES as error:
+        where = f" {mask_url(catalog_url)}" if catalog_url else ""
+        print(f"tiered catalog rebuild:{where}: {error}", file=sys.stderr)
+        return 1
+    print(f"catalog {mask_url(catalog_url)} rebuilt from {settings.effective_store_url}")
+    print(report.summary())
+    return 0
+
+
+async def _rebuild(settings, args: argparse.Namespace):
+    options = {"path_style": settings.s3_path_style} if settings.effective_store_url.startswith("s3://") else {}
+    store = open_store(settings.effective_store_url, **options)
+    catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)
+    progress = Progress("objects read")
+    try:
+        return await rebuild_catalog(store, catalog, progress=progress, force=args.force,
+                                     read_timestamps=args.read_timestamps, concurrency=args.concurrency)
+    finally:
+        progress.finish()
+        await store.close()
+        await asyncio.to_thread(catalog.close)

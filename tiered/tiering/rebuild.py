@@ -1,0 +1,501 @@
+"""Rebuilding the catalog from the bucket alone: `tiered catalog rebuild` (DESIGN.md "Objects").
+
+Blocks are self-describing (their footer lists each run) and remote segment keys carry topic, partition, seq range
+and freeze time, so the bucket holds everything the catalog indexes except what was never in it:
+
+    bucket                                      catalog
+    blocks/<hash>/<broker>/<ulid>.blk  ──tail GET: footer──>  blocks (committed; created_at from the ULID,
+                                                              committed_at from the object's time) + block_runs
+    segments/<t>/<p>/<base>-<last>_<ts>.ilog + .index  ──>   segments COPY_FINISHED (sizes from the listing,
+                                                              leader epoch 0), partitions.remote_bytes
+    both  ──>  topics (partition count = highest partition seen + 1: no object records a topic's partition count
+               or configuration, so a partition that never stored a message is lost, and config_text is empty),
+               partitions (no leader, epoch 0; hwmark = highest seq of any run or segment; first available = lowest
+               seq still held after the prune below)
+
+Then, as the live broker does after each copy, block runs at or below the highest seq of the partition's remote
+segments are pruned, and blocks left without runs become `deleting` (the sweeper deletes them after the grace).
+
+Segment timestamps: the key has none. With `read_timestamps` every `.ilog` is read whole (one full GET each) and
+min/max come from its bundles; otherwise they are recorded as unknown, the widest range (0, UNKNOWN_MAX_TS_MS), so
+that a time-range replay never skips a segment it should read.
+
+What the bucket cannot tell, and the rule used instead:
+- Whether a block was ever committed. An upload whose commit failed (a fenced leader's, or a broker that crashed
+  between PUT and commit) may still be in the bucket until swept, with the same seqs as a committed block. Runs of
+  one partition must not overlap, so when they do the run of the newest block (ULID time) wins and the older run
+  is dropped: the records were re-uploaded in a later block, or the seqs were reassigned by a later leader. A block
+  left with no run is recorded `deleting`. Overlapping segments are resolved the same way (newest object wins);
+  the losing objects are unknown to the rebuilt catalog and the reconciler deletes them after the grace period.
+  Limit: a fenced leader's block uploaded after the new leader's block for the same seqs would win; blocks do not
+  record the leader epoch.
+- Objects whose deletion was in progress: a remote segment whose `.ilog` or `.index` is missing is skipped (and
+  reported); one whose deletion had not begun comes back, and remote retention expires it again.
+
+Run it with the brokers stopped, into an empty catalog built by the migrations (CatalogNotEmpty otherwise, unless
+`force`, which first deletes every topic, partition, block and segment row). It is not one transaction: after a
+failure, run it again with `force`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Protocol, TypeVar
+
+from sqlalchemy import bindparam, delete, insert, literal, select, update
+
+from tiered.catalog import BlockState, Catalog
+from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import segments as catalog_segments
+from tiered.catalog import topics as catalog_topics
+from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
+from tiered.catalog.engine import utcnow
+from tiered.catalog.models import Block, BlockRun, Partition, Segment, Topic
+from tiered.catalog.segments import SegmentMeta
+from tiered.protocol.bundle import maybe_record, timestamp_bounds
+from tiered.protocol.errors import ProtocolError
+from tiered.tiering import keys
+from tiered.tiering.block_format import FOOTER_TRAILER_BYTES, RunInfo, block_tail_bytes, read_block_footer
+from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore
+
+TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
+UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
+INSERT_BATCH = 500  # blocks per catalog transaction
+PRUNE_BATCH = 1000
+LIST_BATCH = 1000  # objects listed before their reads are awaited
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class CatalogNotEmpty(Exception):
+    """The target catalog already holds topics, blocks or segments."""
+
+
+class ProgressSink(Protocol):
+    def add(self, n: int = 1) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FoundBlock:
+    object_key: str
+    broker_id: int
+    created_at: datetime  # from the block id (a ULID)
+    last_modified: datetime
+    size_bytes: int
+    runs: tuple[RunInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FoundSegment:
+    key: keys.SegmentKey
+    object_key: str
+    index_object_key: str
+    size_bytes: int
+    index_size_bytes: int
+    last_modified: datetime
+    min_ts_ms: int
+    max_ts_ms: int
+
+
+@dataclass
+class RebuildReport:
+    topics: int = 0
+    partitions: int = 0
+    blocks: int = 0  # committed, runs included
+    blocks_abandoned: int = 0  # every run superseded by a newer block: recorded `deleting`
+    runs: int = 0
+    runs_superseded: int = 0
+    runs_pruned: int = 0  # covered by remote segments
+    blocks_emptied: int = 0  # left without runs by the prune: `deleting`
+    segments: int = 0
+    segments_superseded: list[str] = field(default_factory=list)
+    incomplete_segments: list[str] = field(default_factory=list)  # an .ilog without its .index, or the reverse
+    damaged: list[str] = field(default_factory=list)  # unreadable block footers or segment bundles
+    foreign: list[str] = field(default_factory=list)  # keys under blocks/ or segments/ that are not ours
+
+    def summary(self) -> str:
+        lines = [
+            f"topics {self.topics}, partitions {self.partitions}",
+            f"blocks {self.blocks} committed with {self.runs} runs, {self.blocks_abandoned} abandoned "
+            f"({self.runs_superseded} runs superseded by newer blocks)",
+            f"remote segments {self.segments} ({len(self.segments_superseded)} superseded, "
+            f"{len(self.incomplete_segments)} incomplete)",
+            f"runs pruned below remote segments {self.runs_pruned}, blocks emptied {self.blocks_emptied}",
+        ]
+        for what, items in (("damaged", self.damaged), ("incomplete segment", self.incomplete_segments),
+                            ("superseded segment", self.segments_superseded), ("not ours", self.foreign)):
+            lines += [f"{what}: {key}" for key in items[:20]]
+            if len(items) > 20:
+                lines.append(f"{what}: ... and {len(items) - 20} more")
+        return "\n".join(lines)
+
+
+async def rebuild_catalog(
+    store: ObjectStore,
+    catalog: Catalog,
+    *,
+    progress: ProgressSink | None = None,
+    force: bool = False,
+    read_timestamps: bool = False,
+    concurrency: int = 16,
+    grace: timedelta = DEFAULT_DELETE_GRACE,
+    now: datetime | None = None,
+) -> RebuildReport:
+    """Fills `catalog` from the objects in `store` (module docstring). `progress.add(n)` counts objects read;
+    `concurrency` bounds the GETs in flight; `grace` is how long blocks recorded `deleting` stay in the bucket."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    now = utcnow(now)
+    if not await asyncio.to_thread(catalog_is_empty, catalog):
+        if not force:
+            raise CatalogNotEmpty(f"catalog {catalog.url} is not empty: rebuild refuses to merge into it")
+        await asyncio.to_thread(clear_catalog, catalog)
+    report = RebuildReport()
+    found_blocks = await _read_blocks(store, report, progress, concurrency)
+    found_segments = await _read_segments(store, report, progress, concurrency, read_timestamps)
+
+    kept_runs, abandoned = _resolve_runs(found_blocks, report)
+    segments = _resolve_segments(found_segments, report)
+    await _write(catalog, report, kept_runs, abandoned, segments, grace, now)
+    return report
+
+
+# --- reading the bucket ------------------------------------------------------------------------------------------
+
+
+async def _bounded_map(fn: Callable[[T], Awaitable[R]], items: Sequence[T], limit: asyncio.Semaphore) -> list[R]:
+    async def one(item: T) -> R:
+        async with limit:
+            return await fn(item)
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+async def _read_blocks(
+    store: ObjectStore, report: RebuildReport, progress: ProgressSink | None, concurrency: int
+) -> list[FoundBlock]:
+    limit = asyncio.Semaphore(concurrency)
+    found: list[FoundBlock] = []
+
+    async def read_page(page: list[ObjectInfo]) -> None:
+        for block in await _bounded_map(lambda info: _read_block(store, info, report), page, limit):
+            if block is not None:
+                found.append(block)
+        if progress is not None:
+            progress.add(len(page))
+
+    page: list[ObjectInfo] = []
+    async for info in store.list(keys.blocks_prefix()):
+        page.append(info)
+        if len(page) == LIST_BATCH:
+            await read_page(page)
+            page = []
+    if page:
+        await read_page(page)
+    return found
+
+
+async def _read_block(store: ObjectStore, info: ObjectInfo, report: RebuildReport) -> FoundBlock | None:
+    parsed = keys.parse_block_key(info.object_key)
+    if parsed is None:
+        report.foreign.append(info.object_key)
+        return None
+    size = info.size_bytes
+    try:
+        if size < FOOTER_TRAILER_BYTES:
+            raise ProtocolError(f"block of {size} bytes is shorter than its trailer")
+        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size)
+        needed = block_tail_bytes(tail)
+        if needed > len(tail):
+            tail = await store.get_range(info.object_key, max(0, size - needed), size)
+        runs = read_block_footer(tail, size)
+    except ProtocolError as error:
+        report.damaged.append(f"{info.object_key} ({error})")
+        return None
+    except ObjectNotFound:
+        return None  # deleted since the listing (swept): nothing to index
+    created_at = datetime.fromtimestamp(parsed.created_ms / 1000, timezone.utc)
+    return FoundBlock(info.object_key, parsed.broker_id, created_at, info.last_modified, size, tuple(runs))
+
+
+async def _read_segments(
+    store: ObjectStore, report: RebuildReport, progress: ProgressSink | None, concurrency: int, read_timestamps: bool
+) -> list[FoundSegment]:
+    ilogs: dict[keys.SegmentKey, ObjectInfo] = {}
+    indexes: dict[keys.SegmentKey, ObjectInfo] = {}
+    async for info in store.list(keys.segments_prefix()):
+        if (parsed := keys.parse_segment_key(info.object_key)) is not None:
+            ilogs[parsed] = info
+        elif (parsed := keys.parse_segment_index_key(info.object_key)) is not None:
+            indexes[parsed] = info
+        else:
+            report.foreign.append(info.object_key)
+        if progress is not None and not read_timestamps:
+            progress.add()
+    for key in sorted(ilogs.keys() ^ indexes.keys(), key=_segment_order):
+        report.incomplete_segments.append((ilogs.get(key) or indexes[key]).object_key)
+    complete = sorted(ilogs.keys() & indexes.keys(), key=_segment_order)
+
+    async def read(key: keys.SegmentKey) -> FoundSegment | None:
+        ilog, index = ilogs[key], indexes[key]
+        low, high = 0, UNKNOWN_MAX_TS_MS
+        if read_timestamps:
+            try:
+                low, high = segment_timestamp_bounds(await store.get(ilog.object_key))
+            except ProtocolError as error:
+                report.damaged.append(f"{ilog.object_key} ({error})")
+                return None
+            except ObjectNotFound:
+                report.incomplete_segments.append(ilog.object_key)
+                return None
+            finally:
+                if progress is not None:
+                    progress.add(2)
+        return FoundSegment(key, ilog.object_key, index.object_key, ilog.size_bytes, index.size_bytes,
+                            ilog.last_modified, low, high)
+
+    found = await _bounded_map(read, complete, asyncio.Semaphore(concurrency))
+    return [segment for segment in found if segment is not None]
+
+
+def _segment_order(key: keys.SegmentKey) -> tuple:
+    return key.topic, key.partition, key.base, key.last, key.freeze_ts
+
+
+def segment_timestamp_bounds(data: bytes) -> tuple[int, int]:
+    """(min, max) message timestamp of a whole `.ilog`. Raises ProtocolError for anything but whole bundles."""
+    view = memoryview(data)
+    low, high = None, None
+    position = 0
+    while position < len(view):
+        got = maybe_record(view, position)
+        if got is None:
+            raise ProtocolError("segment ends inside a bundle", position)
+        bundle_low, bundle_high = timestamp_bounds(view[got[0] : got[1]])
+        low = bundle_low if low is None else min(low, bundle_low)
+        high = bundle_high if high is None else max(high, bundle_high)
+        position = got[1]
+    if low is None:
+        raise ProtocolError("segment holds no bundle")
+    return low, high
+
+
+# --- resolving overlaps --------------------------------------------------------------------------------------------
+
+
+class _Taken:
+    """Disjoint seq ranges [first, last] already given to a newer object, in order."""
+
+    def __init__(self) -> None:
+        self.firsts: list[int] = []
+        self.lasts: list[int] = []
+
+    def take(self, first: int, last: int) -> bool:
+        """Takes [first, last] unless it overlaps a range already taken."""
+        i = bisect.bisect_left(self.firsts, first)
+        if i < len(self.firsts) and self.firsts[i] <= last:
+            return False
+        if i > 0 and self.lasts[i - 1] >= first:
+            return False
+        self.firsts.insert(i, first)
+        self.lasts.insert(i, last)
+        return True
+
+
+def _resolve_runs(
+    found: list[FoundBlock], report: RebuildReport
+) -> tuple[list[tuple[FoundBlock, list[RunInfo]]], list[FoundBlock]]:
+    """Newest block first, each run kept unless a newer block's run of the partition overlaps it. Returns the blocks
+    with the runs they keep (oldest first) and the blocks that keep none."""
+    taken: dict[tuple[str, int], _Taken] = defaultdict(_Taken)
+    kept: list[tuple[FoundBlock, list[RunInfo]]] = []
+    abandoned: list[FoundBlock] = []
+    for block in sorted(found, key=lambda b: (b.created_at, b.object_key), reverse=True):
+        runs = [r for r in block.runs if taken[(r.topic, r.partition)].take(r.first_seq, r.last_seq)]
+        report.runs_superseded += len(block.runs) - len(runs)
+        if runs:
+            kept.append((block, runs))
+        else:
+            abandoned.append(block)
+    kept.reverse()
+    abandoned.reverse()
+    return kept, abandoned
+
+
+def _resolve_segments(found: list[FoundSegment], report: RebuildReport) -> list[FoundSegment]:
+    taken: dict[tuple[str, int], _Taken] = defaultdict(_Taken)
+    kept: list[FoundSegment] = []
+    for segment in sorted(found, key=lambda s: (s.last_modified, s.key.freeze_ts, s.object_key), reverse=True):
+        if taken[(segment.key.topic, segment.key.partition)].take(segment.key.base, segment.key.last):
+            kept.append(segment)
+        else:
+            report.segments_superseded.append(segment.object_key)
+    return sorted(kept, key=lambda s: _segment_order(s.key))
+
+
+# --- writing the catalog -------------------------------------------------------------------------------------------
+
+
+async def _write(
+    catalog: Catalog,
+    report: RebuildReport,
+    kept_runs: list[tuple[FoundBlock, list[RunInfo]]],
+    abandoned: list[FoundBlock],
+    segments: list[FoundSegment],
+    grace: timedelta,
+    now: datetime,
+) -> None:
+    partitions: dict[str, int] = {}
+    created: dict[str, datetime] = {}
+
+    def saw(topic: str, partition: int, when: datetime) -> None:
+        partitions[topic] = max(partitions.get(topic, 0), partition + 1)
+        created[topic] = min(created.get(topic, when), when)
+
+    for block, runs in kept_runs:
+        for run in runs:
+            saw(run.topic, run.partition, block.created_at)
+    for segment in segments:
+        saw(segment.key.topic, segment.key.partition, datetime.fromtimestamp(segment.key.freeze_ts, timezone.utc))
+    for topic in sorted(partitions):
+        await asyncio.to_thread(catalog_topics.create_topic, catalog, topic, partitions[topic], now=created[topic])
+    report.topics = len(partitions)
+    report.partitions = sum(partitions.values())
+
+    for segment in segments:
+        await asyncio.to_thread(catalog_segments.segment_copy_started, catalog, _segment_meta(segment), now=now)
+        await asyncio.to_thread(catalog_segments.segment_copy_finished, catalog, segment.key.topic,
+                                segment.key.partition, segment.key.base, 0, now=now)
+    report.segments = len(segments)
+
+    for start in range(0, len(kept_runs), INSERT_BATCH):
+        await asyncio.to_thread(insert_committed_blocks, catalog, kept_runs[start : start + INSERT_BATCH])
+    report.blocks = len(kept_runs)
+    report.runs = sum(len(runs) for _, runs in kept_runs)
+    for block in abandoned:
+        block_id = await asyncio.to_thread(catalog_blocks.insert_pending_block, catalog, block.object_key,
+                                           block.broker_id, block.size_bytes, now=block.created_at)
+        await asyncio.to_thread(catalog_blocks.abandon_block, catalog, block_id, grace=grace, now=now)
+    report.blocks_abandoned = len(abandoned)
+
+    copied: dict[tuple[str, int], int] = {}
+    for segment in segments:
+        where = (segment.key.topic, segment.key.partition)
+        copied[where] = max(copied.get(where, 0), segment.key.last)
+    for (topic, partition), upto in sorted(copied.items()):
+        while True:
+            pruned = await asyncio.to_thread(catalog_blocks.prune_runs_covered, catalog, topic, partition, upto,
+                                             limit=PRUNE_BATCH, grace=grace, now=now)
+            report.runs_pruned += pruned.runs_deleted
+            report.blocks_emptied += pruned.blocks_marked
+            if pruned.runs_deleted < PRUNE_BATCH:
+                break
+    await asyncio.to_thread(restore_partition_bounds, catalog, _bounds(kept_runs, segments, copied))
+
+
+def _segment_meta(segment: FoundSegment) -> SegmentMeta:
+    key = segment.key
+    return SegmentMeta(
+        topic=key.topic, partition=key.partition, base_seq=key.base, last_seq=key.last,
+        object_key=segment.object_key, index_object_key=segment.index_object_key,
+        size_bytes=segment.size_bytes, index_size_bytes=segment.index_size_bytes,
+        min_ts_ms=segment.min_ts_ms, max_ts_ms=segment.max_ts_ms,
+        freeze_ts=datetime.fromtimestamp(key.freeze_ts, timezone.utc), leader_epoch=0,
+    )  # fmt: skip
+
+
+def _bounds(
+    kept_runs: list[tuple[FoundBlock, list[RunInfo]]], segments: list[FoundSegment], copied: dict[tuple[str, int], int]
+) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, first available seq, hwmark) of every partition holding something: the hwmark is the
+    highest seq anywhere; the first available seq the lowest one still held once runs below copied seqs are gone."""
+    firsts: dict[tuple[str, int], int] = {}
+    hwmarks: dict[tuple[str, int], int] = {}
+
+    def hold(where: tuple[str, int], first: int, last: int, readable: bool) -> None:
+        hwmarks[where] = max(hwmarks.get(where, 0), last)
+        if readable:
+            firsts[where] = min(firsts.get(where, first), first)
+
+    for segment in segments:
+        hold((segment.key.topic, segment.key.partition), segment.key.base, segment.key.last, True)
+    for _, runs in kept_runs:
+        for run in runs:
+            where = (run.topic, run.partition)
+            hold(where, run.first_seq, run.last_seq, run.last_seq > copied.get(where, 0))
+    return [(topic, partition, firsts.get((topic, partition), 0), hwmark)
+            for (topic, partition), hwmark in sorted(hwmarks.items())]
+
+
+# --- catalog writes no named query covers ----------------------------------------------------------------------------
+# tiered.catalog has the live broker's transitions only: a block enters `committed` through commit_block, which
+# checks that the committing broker leads each partition at its epoch, and a partition's hwmark only rises with a
+# commit. A rebuild has no leader and restores finished history, so it writes these rows directly. SQL stays in these
+# named functions, each one transaction.
+
+
+def catalog_is_empty(cat: Catalog) -> bool:
+    """True when the catalog holds no topic, block or segment (brokers may be registered)."""
+    with cat.read() as conn:
+        for model in (Topic, Block, Segment):
+            if conn.execute(select(literal(1)).select_from(model).limit(1)).first() is not None:
+                return False
+    return True
+
+
+def clear_catalog(cat: Catalog) -> None:
+    """Deletes every topic, partition, block, run and segment row (what `--force` replaces)."""
+    with cat.write() as conn:
+        for model in (BlockRun, Block, Segment, Partition, Topic):
+            conn.execute(delete(model))
+
+
+def insert_committed_blocks(cat: Catalog, blocks: Iterable[tuple[FoundBlock, Sequence[RunInfo]]]) -> list[int]:
+    """Inserts blocks as committed, with their runs, in one transaction. Returns their new block ids."""
+    ids: list[int] = []
+    with cat.write() as conn:
+        for block, runs in blocks:
+            block_id = conn.execute(
+                insert(Block)
+                .values(
+                    object_key=block.object_key,
+                    state=BlockState.COMMITTED,
+                    broker_id=block.broker_id,
+                    size_bytes=block.size_bytes,
+                    created_at=block.created_at,
+                    committed_at=block.last_modified,
+                )
+                .returning(Block.block_id)
+            ).scalar_one()
+            conn.execute(
+                insert(BlockRun),
+                [
+                    {
+                        "block_id": block_id, "topic": r.topic, "partition": r.partition, "first_seq": r.first_seq,
+                        "last_seq": r.last_seq, "position": r.position, "length_bytes": r.length_bytes,
+                        "messages": r.messages, "min_ts_ms": r.min_ts_ms, "max_ts_ms": r.max_ts_ms,
+                    }  # fmt: skip
+                    for r in runs
+                ],
+            )
+            ids.append(block_id)
+    return ids
+
+
+def restore_partition_bounds(cat: Catalog, bounds: Sequence[tuple[str, int, int, int]]) -> None:
+    """Sets (topic, partition)'s first available seq and hwmark as given, in one transaction."""
+    if not bounds:
+        return
+    with cat.write() as conn:
+        conn.execute(
+            update(Partition)
+            .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
+            .values(first_available_seq=bindparam("k_first"), hwmark_seq=bindparam("k_hwmark")),
+            [{"k_topic": t, "k_partition": p, "k_first": f, "k_hwmark": h} for t, p, f, h in bounds],
+        )

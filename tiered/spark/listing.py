@@ -1,0 +1,134 @@
+"""The driver's side of a replay: what the catalog holds for a topic, planned into splits (tiered.spark.planning).
+
+Only the driver opens the catalog; executors get splits naming objects and byte ranges. Every query is a named
+function of tiered.catalog, each an index scan that pages (segments and runs 1000 rows at a time), so planning costs
+grow with the range read, not with the topic's age.
+
+Read order against the segment copier, per partition: the highest copied seq first (H0), then the runs above H0,
+then the segments, then the highest copied seq again (H1); runs are read only above H1. A copy that finishes meanwhile
+prunes runs at or below its segment's last seq only after the segment is COPY_FINISHED, so whatever the listing of
+runs missed is in a segment listed after it; the pruned runs' blocks stay in the bucket for the deletion grace
+period, longer than a planned read takes to start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tiered.catalog import Catalog, SegmentState
+from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import partitions as catalog_partitions
+from tiered.catalog import segments as catalog_segments
+from tiered.catalog import topics as catalog_topics
+from tiered.catalog.partitions import PartitionState
+from tiered.spark.planning import (
+    DEFAULT_MAX_SPLIT_BYTES,
+    RunEntry,
+    SegmentEntry,
+    SeqRange,
+    Split,
+    TimeRange,
+    plan_partition,
+)
+
+PAGE_ROWS = 1000
+
+
+class UnknownTopicError(LookupError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    partition: int
+    seqs: SeqRange  # the seqs planned: the range asked, capped at the high-water mark when planned
+    splits: list[Split]
+
+
+def topic_partitions(cat: Catalog, topic: str) -> list[PartitionState]:
+    """The topic's partitions with their high-water marks, in partition order. Raises UnknownTopicError."""
+    if catalog_topics.get_topic(cat, topic) is None:
+        raise UnknownTopicError(f"topic {topic!r} is not in the catalog")
+    return catalog_partitions.get_partition_states(cat, topic)
+
+
+def plan_topic(
+    cat: Catalog,
+    topic: str,
+    *,
+    partitions: Iterable[int] | None = None,
+    seqs: SeqRange = SeqRange(),
+    times: TimeRange = TimeRange(),
+    max_split_bytes: int = DEFAULT_MAX_SPLIT_BYTES,
+    ends: dict[int, int] | None = None,
+) -> list[PartitionPlan]:
+    """Plans a read of `seqs` and `times` of the topic's `partitions` (None: all; numbers the topic lacks are
+    ignored). The read ends at each partition's high-water mark as the catalog has it now, or at `ends[p]`
+    (a streaming batch's end offset, inclusive) where given. Raises UnknownTopicError."""
+    states = topic_partitions(cat, topic)
+    wanted = None if partitions is None else set(partitions)
+    plans = []
+    for state in states:
+        if wanted is not None and state.partition not in wanted:
+            continue
+        end = state.hwmark_seq if ends is None or state.partition not in ends else ends[state.partition]
+        part_seqs = seqs.narrow(last=end)
+        splits: list[Split] = []
+        if not part_seqs.empty and not times.empty:
+            splits = plan_partition_from_catalog(cat, topic, state.partition, part_seqs, times, max_split_bytes)
+        plans.append(PartitionPlan(state.partition, part_seqs, splits))
+    return plans
+
+
+def plan_partition_from_catalog(
+    cat: Catalog, topic: str, partition: int, seqs: SeqRange, times: TimeRange, max_split_bytes: int
+) -> list[Split]:
+    copied_before = catalog_segments.highest_copied_seq(cat, topic, partition)
+    runs = list_runs(cat, topic, partition, SeqRange(max(seqs.first, copied_before + 1), seqs.last))
+    segments = list_segments(cat, topic, partition, seqs)
+    copied = catalog_segments.highest_copied_seq(cat, topic, partition)
+    return plan_partition(topic, partition, segments, runs, copied, seqs, times, max_split_bytes)
+
+
+def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[SegmentEntry]:
+    """The COPY_FINISHED segments overlapping `seqs`, in seq order."""
+    if seqs.empty:
+        return []
+    first = catalog_segments.find_remote_segment(cat, topic, partition, seqs.first)
+    if first is None or first.base_seq > seqs.last:
+        return []
+    out: list[SegmentEntry] = []
+    after = first.base_seq - 1
+    while True:
+        rows = catalog_segments.list_segments(
+            cat, topic, partition, states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=PAGE_ROWS
+        )
+        for row in rows:
+            if row.base_seq > seqs.last:
+                return out
+            out.append(
+                SegmentEntry(
+                    row.base_seq, row.last_seq, row.object_key, row.index_object_key, row.size_bytes,
+                    row.min_ts_ms, row.max_ts_ms,
+                )  # fmt: skip
+            )
+        if len(rows) < PAGE_ROWS:
+            return out
+        after = rows[-1].base_seq
+
+
+def list_runs(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[RunEntry]:
+    """The committed runs overlapping `seqs`, in seq order."""
+    out: list[RunEntry] = []
+    from_seq = seqs.first
+    while from_seq <= seqs.last:
+        rows = catalog_blocks.runs_for_range(cat, topic, partition, from_seq, PAGE_ROWS)
+        for run in rows:
+            if run.first_seq > seqs.last:
+                return out
+            out.append(RunEntry(run.first_seq, run.last_seq, run.object_key, run.position, run.length_bytes))
+        if len(rows) < PAGE_ROWS:
+            return out
+        from_seq = rows[-1].last_seq + 1
+    return out

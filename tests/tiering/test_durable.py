@@ -27,7 +27,7 @@ from tests.support.broker import local_settings
 
 
 @pytest.fixture
-def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
+async def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     """Builds in-process brokers on one data dir, one catalog and one bucket; `make(catalog_url)` starts one."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     apps: list[App] = []
@@ -43,7 +43,8 @@ def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     make.data_dir = tmp_path / "data"
     make.bucket = s3_bucket
     yield make
-    return apps
+    for app in apps:
+        await app.stop()  # a no-op for the apps a test stopped itself
 
 
 async def _stop(app: App) -> None:
@@ -132,10 +133,11 @@ async def test_s3_errors_are_retried_and_every_ack_lands(durable, s3_faults, tmp
 
 async def test_a_store_that_goes_away_answers_0x02_and_nothing_unacknowledged_is_visible(durable, s3_faults, tmp_path):
     catalog_url = f"sqlite:///{tmp_path}/c.db"
-    app = await durable(catalog_url, ack_timeout_s=1.0)
+    app = await durable(catalog_url)
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("outage", 1)
         await c.produce("outage", 0, [b"before"])
+        app.broker.tiering.pipeline.ack_timeout_s = 1.0  # the producer gives up quickly during the outage
         s3_faults.go_away()
         with pytest.raises(TankError) as caught:
             await c.produce("outage", 0, [b"during"])
@@ -144,6 +146,7 @@ async def test_a_store_that_goes_away_answers_0x02_and_nothing_unacknowledged_is
         got = await c.consume("outage", 0, 1)
         assert [m.value for m in got.messages] == [b"before"] and got.hwmark == 1
         s3_faults.come_back()
+        app.broker.tiering.pipeline.ack_timeout_s = 10.0
         await c.produce("outage", 0, [b"after"])
         values = [m.value async for m in c.drain("outage", 0, 0)]
     # The failed record was retried in the background and committed before "after": the catalog has no hole.
@@ -210,10 +213,11 @@ async def test_an_idle_broker_makes_no_puts(durable, tmp_path):
 
 async def test_records_past_the_catalog_are_uploaded_at_restart_before_they_are_served(durable, s3_faults, tmp_path):
     catalog_url = f"sqlite:///{tmp_path}/c.db"
-    app = await durable(catalog_url, ack_timeout_s=0.5)
+    app = await durable(catalog_url)
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("tail", 1)
         await c.produce("tail", 0, [b"committed"])
+        app.broker.tiering.pipeline.ack_timeout_s = 0.5  # producers give up quickly during the outage
         s3_faults.go_away()
         for value in (b"local-1", b"local-2"):
             with pytest.raises(TankError):

@@ -39,20 +39,24 @@ async def eventually(check, timeout_s: float = 20.0, what: str = "condition"):
 
 
 @pytest.fixture
-def tiered_broker(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
+async def tiered_broker(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    apps: list[App] = []
 
     async def make(**overrides) -> App:
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/t",
                                   s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50, **overrides)
         app = App(settings, tiering=TieringService(settings))
         await app.start()
+        apps.append(app)
         return app
 
     make.catalog_url = catalog_url
     make.data_dir = tmp_path / "data"
-    return make
+    yield make
+    for app in apps:
+        await app.stop()  # a no-op for the apps a test stopped itself
 
 
 async def _produce(client: Client, count: int, start: int = 0, per_bundle: int = 5) -> list[bytes]:

@@ -121,6 +121,9 @@ class AdminHandler:
             return ReloadConfStatus.PARSE
         part.config = config
         part.log.reconfigure(config)
+        if self.broker.tiering is not None:
+            # Visibility follows durability: a topic switched to durable acks shows only committed records.
+            part.log.visible_on_append = config.produce_ack != "durable"
         log.info("reloaded config of %s/%d", req.topic, req.partition)
         return ReloadConfStatus.OK
 

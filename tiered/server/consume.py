@@ -22,6 +22,9 @@ log = logging.getLogger("tiered.server")
 
 MAX_FETCH_BYTES = 64 * 1024 * 1024
 MAX_MIN_BYTES = 64 * 1024 * 1024
+# All chunks of one response share this budget, so that a consume of many partitions stays well inside the
+# 256 MiB frame limit; a partition past the budget still gets its first whole bundle (fetch size 1).
+RESPONSE_BUDGET_BYTES = 128 * 1024 * 1024
 
 
 class ConsumeHandler:
@@ -36,6 +39,7 @@ class ConsumeHandler:
         tails: dict[tuple[str, int], int] = {}
         fetch_sizes: dict[tuple[str, int], int] = {}
         immediate = req.max_wait_ms == 0
+        budget = RESPONSE_BUDGET_BYTES
         for topic in req.topics:
             known = broker.registry.topics.get(topic.name)
             if known is None:
@@ -54,10 +58,11 @@ class ConsumeHandler:
                     immediate = True
                     continue
                 fetch_size = min(p.fetch_size, MAX_FETCH_BYTES)
-                got = await broker.fetch.resolve(part, p.seq, fetch_size)
+                got = await broker.fetch.resolve(part, p.seq, max(1, min(fetch_size, budget)))
                 if isinstance(got, Found):
                     results.append(_found_result(p.partition, got))
                     chunks.append(got.chunk)
+                    budget -= got.chunk.size
                     immediate = True
                 elif isinstance(got, Boundary):
                     results.append(

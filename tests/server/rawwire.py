@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-from tiered.protocol.frame import MsgType, encode_frame, maybe_frame
+from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
 
 
 class RawConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
-        self.buf = bytearray()
+        self.frames = FrameBuffer()
 
     @classmethod
     async def open(cls, port: int, *, expect_ping: bool = True) -> "RawConnection":
@@ -33,18 +33,13 @@ class RawConnection:
     async def recv(self, timeout_s: float = 10.0) -> tuple[int, bytes]:
         async def read() -> tuple[int, bytes]:
             while True:
-                got = maybe_frame(self.buf)
+                got = self.frames.next_frame()
                 if got is not None:
-                    msg_id, view, consumed = got
-                    payload = bytes(view)
-                    view.release()
-                    del got
-                    del self.buf[:consumed]
-                    return msg_id, payload
+                    return got
                 data = await self.reader.read(65536)
                 if not data:
                     raise ConnectionError("closed by the broker")
-                self.buf += data
+                self.frames.feed(data)
 
         return await asyncio.wait_for(read(), timeout_s)
 

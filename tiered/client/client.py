@@ -17,7 +17,7 @@ from tiered.protocol import responses as rs
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.chunk import read_chunk
 from tiered.protocol.codes import UINT64_MAX, ConsumeStatus, CreateTopicStatus, ProduceStatus
-from tiered.protocol.frame import MsgType, encode_frame, maybe_frame
+from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
 
 DEFAULT_FETCH_BYTES = 1 << 20
 READ_BYTES = 256 * 1024
@@ -99,24 +99,19 @@ class Client:
     # -- transport --------------------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        buf = bytearray()
+        frames = FrameBuffer()
         try:
             while True:
-                got = maybe_frame(buf)
+                got = frames.next_frame()
                 if got is None:
                     data = await self.reader.read(READ_BYTES)
                     if not data:
                         raise ConnectionError("the broker closed the connection")
-                    buf += data
+                    frames.feed(data)
                     continue
-                msg_id, view, consumed = got
-                payload = bytes(view)
-                view.release()  # the buffer cannot be resized while a view of it is alive
-                del got
-                del buf[:consumed]
-                if msg_id == MsgType.PING:
-                    continue
-                self._deliver(msg_id, payload)
+                msg_id, payload = got
+                if msg_id != MsgType.PING:
+                    self._deliver(msg_id, payload)
         except asyncio.CancelledError:
             self._fail_all(ConnectionError("client closed"))
             raise

@@ -59,3 +59,34 @@ def maybe_frame(buf, position: int = 0) -> tuple[int, memoryview, int] | None:
     if end > len(buf):
         return None
     return msg_id, memoryview(buf)[start:end], end
+
+
+class FrameBuffer:
+    """Bytes received so far on a connection, cut into whole frames as they complete.
+
+    Each payload is copied out of the buffer, so frames can be kept while more bytes arrive (a bytearray cannot be
+    resized while a view of it is alive). Raises ProtocolError as soon as a frame header announces more than
+    MAX_FRAME_BYTES.
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next_frame(self) -> tuple[int, bytes] | None:
+        got = maybe_frame(self._buf)
+        if got is None:
+            return None
+        msg_id, view, consumed = got
+        payload = bytes(view)
+        view.release()
+        del got, view
+        del self._buf[:consumed]
+        return msg_id, payload
+
+    def __len__(self) -> int:
+        return len(self._buf)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.frame import MsgType, encode_frame, maybe_frame
+from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
 from tiered.protocol import requests as rq
 
 from tiered.server.fetch import FileChunk
@@ -54,23 +54,18 @@ class Connection:
             self.abort()
 
     async def run(self) -> None:
-        buf = bytearray()
+        frames = FrameBuffer()
         try:
             await self.send(MsgType.PING, b"")  # TANK introduces itself with one ping on accept
             while not self.closed:
-                got = maybe_frame(buf)
+                got = frames.next_frame()
                 if got is None:
                     data = await self._read()
                     if not data:
                         break
-                    buf += data
+                    frames.feed(data)
                     continue
-                msg_id, view, consumed = got
-                payload = bytes(view)
-                view.release()  # the buffer cannot be resized while a view of it is alive
-                del got
-                del buf[:consumed]
-                await self.dispatch(msg_id, payload)
+                await self.dispatch(*got)
         except ProtocolError as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
         except CloseConnection as exc:

@@ -152,3 +152,36 @@ async def test_failed_segment_uploads_keep_local_segments_until_copied(tiered_br
         got = [m.value async for m in c.drain("hist", 0, 0)]
     assert got == values
     await app.stop()
+
+
+async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_broker):
+    from datetime import timedelta
+
+    from tiered.client import BoundaryError
+    from tiered.tiering import keys
+
+    app = await tiered_broker()
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        await c.create_topic("hist", 1, {**TOPIC_CONFIG, "remote.retention.bytes": "8k"})
+        values = await _produce(c, 300)
+        part = app.broker.registry.get("hist", 0)
+        sealed = len(part.log.segments)
+        await eventually(lambda: len(_copied(tiered_broker.catalog_url)) >= sealed, what="segments copied")
+        app.broker.enforce_retention()
+        tiering = app.broker.tiering
+        assert await tiering.remote_retention_pass() > 0
+        first = part.first_available
+        assert first > 1
+        with pytest.raises(BoundaryError) as caught:
+            await c.consume("hist", 0, 1)
+        assert caught.value.first_available == first
+        got = [m async for m in c.drain("hist", 0, 0)]
+        assert got[0].seq == first and [m.value for m in got] == values[first - 1:]
+        # An upload whose commit never happened leaves an object the catalog does not know: the reconciler removes it.
+        orphan = keys.block_key(0, keys.new_block_id(1_000))
+        await tiering.store.put(orphan, b"orphan")
+        tiering.grace = timedelta(0)
+        assert await tiering.reconcile_pass() >= 1
+        assert app.broker.metrics.counters["tiered_reconciler_deletions_total"] >= 1
+        assert [i.object_key async for i in tiering.store.list(orphan)] == []
+        assert [m.value async for m in c.drain("hist", 0, 0)] == values[first - 1:]

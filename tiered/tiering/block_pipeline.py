@@ -21,7 +21,7 @@ import time
 from typing import Callable, Iterable
 
 from tiered.catalog import blocks as catalog_blocks
-from tiered.catalog.errors import CatalogUnavailable, StaleEpoch
+from tiered.catalog.errors import CatalogUnavailable, IllegalTransition, StaleEpoch
 from tiered.tiering import keys
 from tiered.tiering.block_builder import ClosedBlock, PartitionKey, PendingRun
 from tiered.tiering.block_format import encode_block
@@ -204,6 +204,10 @@ class BlockPipeline:
                 self.on_fenced(key, exc)
                 await self._abandon(block_id, object_key)
                 continue  # rebuild the block without the fenced partition
+            except IllegalTransition as exc:
+                # The intent row was abandoned (the reconciler judged this broker dead): upload the records anew.
+                log.warning("block %s can no longer be committed (%s); uploading its records again", object_key, exc)
+                continue
             self.metrics.observe("tiered_commit_seconds", time.monotonic() - started, help="block commit latency")
             self.on_committed(runs)
             self._answer(block, runs)

@@ -44,18 +44,18 @@ class CopyJob:
 
 def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]:
     """(min, max) message timestamp of a sealed segment file, by walking its bundles (runs in a worker thread)."""
-    low, high = 0, 0
+    low, high = None, 0
     fd = os.open(path, os.O_RDONLY)
     try:
         for info in iter_records(fd, 0, size, base):
             record = pread_exact(fd, info.length, info.position)
             start, end = maybe_record(record)
             b_low, b_high = timestamp_bounds(memoryview(record)[start:end])
-            low = b_low if not low else min(low, b_low)
+            low = b_low if low is None else min(low, b_low)
             high = max(high, b_high)
     finally:
         os.close(fd)
-    return low, high
+    return low or 0, high
 
 
 class SegmentCopier:

@@ -19,9 +19,9 @@ import asyncio
 import logging
 import socket
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
@@ -33,15 +33,19 @@ from tiered.storage.partition_log import AppendResult
 from tiered.tiering.block_builder import BlockBuilder, PartitionKey, PendingRun
 from tiered.tiering.block_pipeline import BlockPipeline
 from tiered.tiering.catalog_thread import CatalogThread
+from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
+from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.remote_fetch import RemoteReader
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore, open_store
 
 log = logging.getLogger("tiered.tiering")
 
-SWEEP_INTERVAL_S = 30.0
-SWEEP_BATCH = 500
+REMOTE_RETENTION_INTERVAL_S = 60.0
+RECONCILE_INTERVAL_S = 120.0
 HEARTBEAT_INTERVAL_S = 10.0
+# Longer than any cache of catalog lookups (the remote reader's segment cache lives 60 s) and any upload in flight.
+DELETE_GRACE = timedelta(minutes=10)
 
 
 class TopicLedElsewhere(Exception):
@@ -66,6 +70,8 @@ class TieringService:
         self.copier: SegmentCopier | None = None
         self.epochs: dict[PartitionKey, int] = {}
         self.broker = None
+        self.grace = DELETE_GRACE
+        self._reconcile_cursor: str | None = None
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -108,7 +114,9 @@ class TieringService:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._block_timer()))
         self._tasks.append(loop.create_task(self.copier.run()))
-        self._tasks.append(loop.create_task(self._sweeper()))
+        self._tasks.append(loop.create_task(self._every(REMOTE_RETENTION_INTERVAL_S, "remote retention",
+                                                        self.remote_retention_pass)))
+        self._tasks.append(loop.create_task(self._every(RECONCILE_INTERVAL_S, "reconciler", self.reconcile_pass)))
         self._tasks.append(loop.create_task(self._heartbeat()))
 
     def _store_options(self) -> dict:
@@ -324,21 +332,51 @@ class TieringService:
 
     # -- background ---------------------------------------------------------------------------------------------
 
-    async def _sweeper(self) -> None:
-        """Deletes objects of blocks marked `deleting` whose grace period is over (two-phase deletion)."""
-        from datetime import datetime, timezone
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.now_ms() / 1000, timezone.utc)
 
+    async def remote_retention_pass(self) -> int:
+        """One pass of remote retention over the partitions this broker leads; returns segments deleted."""
+        deleted = 0
+        for part in list(self.broker.registry.all_partitions()):
+            config = part.config
+            if part.fenced or not (config.remote_retention_secs or config.remote_retention_bytes):
+                continue
+            report = await enforce_remote_retention(self.store, self.catalog.catalog, part.topic, part.partition,
+                                                    config, self._now(), grace=self.grace)
+            if report.first_available_seq > part.remote_first_available:
+                part.remote_first_available = report.first_available_seq
+            deleted += len(report.deleted)
+        if deleted:
+            self.broker.metrics.inc("tiered_remote_segments_deleted_total", deleted,
+                                    help="remote segments expired by remote retention")
+        return deleted
+
+    async def reconcile_pass(self) -> int:
+        """One bounded pass of the two-phase deletion and the orphan reconciler; returns objects deleted."""
+        now = self._now()
+        metrics = self.broker.metrics
+        abandoned = await abandon_stale_pending(self.catalog.catalog, now, grace=self.grace)
+        swept = await sweep_deleted_blocks(self.store, self.catalog.catalog, now)
+        report = await reconcile(self.store, self.catalog.catalog, now, grace=self.grace,
+                                 start_after=self._reconcile_cursor)
+        self._reconcile_cursor = report.next_start_after
+        if swept:
+            metrics.inc("tiered_blocks_deleted_total", len(swept), help="block objects deleted after their grace period")
+        if abandoned:
+            metrics.inc("tiered_blocks_abandoned_total", len(abandoned), help="intent rows whose upload never committed")
+        if report.deleted:
+            metrics.inc("tiered_reconciler_deletions_total", len(report.deleted),
+                        help="orphan objects the catalog did not know, deleted by the reconciler")
+        return len(swept) + len(report.deleted)
+
+    async def _every(self, interval_s: float, what: str, step) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.sleep(interval_s)
             try:
-                now = datetime.fromtimestamp(self.now_ms() / 1000, timezone.utc)
-                rows = await self.catalog.call(catalog_blocks.blocks_to_sweep, now, SWEEP_BATCH)
-                if rows:
-                    await self.store.delete_many([r.object_key for r in rows])
-                    await self.catalog.call(catalog_blocks.delete_block_rows, [r.block_id for r in rows])
-                    self.broker.metrics.inc("tiered_blocks_deleted_total", len(rows), help="block objects deleted")
+                await step()
             except Exception:
-                log.exception("block sweep failed; retrying later")
+                log.exception("%s failed; retrying in %.0f s", what, interval_s)
 
     async def _heartbeat(self) -> None:
         while True:

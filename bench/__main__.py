@@ -1,0 +1,110 @@
+"""`python -m bench` (also `make bench`): runs the benchmarks and prints their tables.
+
+    python -m bench                      broker throughput, then durable acks on both backends (~10 minutes)
+    python -m bench --quick              shorter runs, durable acks on file+sqlite only (~2 minutes)
+    python -m bench --only broker        one benchmark: broker, durable or spark (repeatable)
+    python -m bench --only durable --backend s3+postgresql
+    python -m bench --profile DIR        run the broker of the throughput benchmark under cProfile, one file per workload
+    python -m bench --json PATH          also write every figure as JSON
+
+`--only spark` runs `python -m bench.bench_spark` (its own module; `--quick` is passed on) when it exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import bench_broker, bench_durable
+from bench.harness import REPO
+
+NAMES = ("broker", "durable", "spark")
+
+
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} cores ({model or platform.machine()}), Linux {platform.release()}, Python "
+            f"{platform.python_version()}; load average before the run {load[0]:.2f}")
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def to_json(value):
+    if dataclasses.is_dataclass(value):
+        out = {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "latencies_s"}
+        if getattr(value, "latencies_s", None):
+            out["latency_samples"] = len(value.latencies_s)
+        return out
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short runs (about 2 minutes in all)")
+    parser.add_argument("--only", action="append", choices=NAMES, help="run only this benchmark (repeatable)")
+    parser.add_argument("--backend", action="append", choices=("file+sqlite", "s3+postgresql"),
+                        help="durable benchmark backend (repeatable; default: both, file+sqlite only with --quick)")
+    parser.add_argument("--profile", type=Path, help="cProfile the throughput benchmark's broker into this directory")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON to this file")
+    args = parser.parse_args(argv)
+    only = args.only or ["broker", "durable"]
+    started = time.monotonic()
+    print(f"tiered benchmarks, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
+    print(f"machine: {machine()}")
+    print(f"command: python -m bench {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    figures: dict = {}
+    if "broker" in only:
+        log("broker throughput (issue 3) ...")
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        results = asyncio.run(bench_broker.run(args.quick, args.profile, log))
+        figures["broker"] = results
+        print()
+        print(bench_broker.report(results))
+    if "durable" in only:
+        log("durable acks (issue 4) ...")
+        results = asyncio.run(bench_durable.run(args.quick, args.backend, log))
+        figures["durable"] = results
+        print()
+        print(bench_durable.report(results))
+    if "spark" in only:
+        if not (REPO / "bench" / "bench_spark.py").exists():
+            print("\nspark: bench/bench_spark.py does not exist yet")
+        else:
+            print(flush=True)
+            done = subprocess.run([sys.executable, "-m", "bench.bench_spark", *(["--quick"] if args.quick else [])],
+                                  cwd=REPO)
+            if done.returncode:
+                return done.returncode
+    if args.json:
+        args.json.write_text(json.dumps(to_json(figures), indent=1))
+    print(f"\ntook {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Durable acks (issue 4): ack latency, PUTs per GiB, idle PUTs, catalog statements per block, durable/local ratio.
+
+Runs once per backend, each against a fresh `tiered serve` process:
+- "file+sqlite": the embedded defaults (local-directory store with fsync, SQLite catalog in the data directory);
+- "s3+postgresql": moto's S3 server (a child process, over HTTP on loopback, path-style) and a throwaway
+  PostgreSQL cluster (fsync off); skipped when the PostgreSQL server binaries are missing.
+
+Phases, in this order, on one broker per backend:
+1. Ack latency: open-loop producers at a fixed message rate on a `produce.ack=durable` topic; each latency runs from
+   a request's scheduled send time to its response (so a late sender cannot hide queueing).
+2. Durable vs local throughput: the same closed-loop workload on a durable and on a local topic, alternately. The
+   first workload (1 KiB x 1000, eight connections) is the high-rate ingest that PUTs per GiB are counted on.
+3. Idle: once every block is committed, PUTs and catalog statements over an idle window, scaled to a minute.
+
+Counters come from GET /metrics: `tiered_store_puts`, `tiered_blocks_uploaded_total`, `tiered_catalog_statements`
+(every SQL statement the catalog sent, BEGIN/COMMIT not counted, heartbeats included), `tanksrv_topic_produced_bytes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import format_table, percentile
+from bench.bench_broker import Measurement, create_topic, produce
+from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+from bench.loadgen import Shape
+
+GIB = 1 << 30
+PARTITIONS = 8
+SMALL = Shape(100, 1)
+
+
+@dataclass(frozen=True)
+class LatencyRun:
+    rate_per_s: float
+    shape: Shape  # messages per request = shape.bundle_msgs
+    seconds: float
+    quick_seconds: float
+    full_only: bool = False
+
+
+LATENCY_RUNS = (
+    LatencyRun(1, SMALL, 20.0, 4.0),
+    LatencyRun(100, SMALL, 10.0, 3.0),
+    LatencyRun(10_000, Shape(100, 10), 10.0, 3.0),  # a client batching what it has every millisecond
+    LatencyRun(10_000, SMALL, 5.0, 0.0, full_only=True),  # the same rate as one request per message
+)
+
+
+@dataclass(frozen=True)
+class RatioRun:
+    shape: Shape
+    conns: int
+    window: int  # requests in flight per connection, the same for both ack modes
+
+
+# Windows large enough that a durable producer is not held back by the ~250 ms it waits for each ack.
+RATIO_RUNS = (
+    RatioRun(Shape(1024, 1000), 8, 8),
+    RatioRun(Shape(1024, 100), 8, 64),
+    RatioRun(SMALL, 1, 4096),
+)
+
+
+@dataclass
+class Backend:
+    name: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    parts: list = field(default_factory=list)  # MotoProcess, PgCluster: stopped after the run, CPU counted
+
+    def parts_cpu_s(self) -> float:
+        return sum(p.cpu_s() for p in self.parts)
+
+    def stop(self) -> None:
+        for part in self.parts:
+            part.stop()
+
+
+@dataclass
+class LatencyResult:
+    run: LatencyRun
+    measurement: Measurement
+    statements_per_block: float
+    puts: int
+
+
+@dataclass
+class RatioResult:
+    run: RatioRun
+    durable: Measurement
+    local: Measurement
+
+
+@dataclass
+class BackendResult:
+    backend: str
+    latency: list[LatencyResult] = field(default_factory=list)
+    ratio: list[RatioResult] = field(default_factory=list)
+    ingest_gib: float = 0.0
+    ingest_puts: int = 0
+    ingest_blocks: int = 0
+    ingest_block_bytes: float = 0.0
+    ingest_statements: int = 0
+    idle_seconds: float = 0.0
+    idle_puts: int = 0
+    idle_statements: int = 0
+    parts_cores: float = float("nan")  # moto + PostgreSQL during the ingest run
+
+
+def backends(quick: bool, names: list[str] | None, log=print) -> list[str]:
+    wanted = names or (["file+sqlite"] if quick else ["file+sqlite", "s3+postgresql"])
+    if "s3+postgresql" in wanted and find_pg_bindir() is None:
+        log("  s3+postgresql skipped: PostgreSQL server binaries not found (make system-deps)")
+        wanted = [n for n in wanted if n != "s3+postgresql"]
+    return wanted
+
+
+def start_backend(name: str, root: Path) -> Backend:
+    if name == "file+sqlite":
+        return Backend(name)
+    if name == "s3+postgresql":
+        backend = Backend(name)
+        try:
+            moto = MotoProcess(root).start()
+            backend.parts.append(moto)
+            pg = PgCluster(find_pg_bindir()).start()
+            backend.parts.append(pg)
+        except BaseException:
+            backend.stop()
+            raise
+        backend.args = ("--store", f"s3://{moto.bucket}/bench", "--s3-path-style", "--catalog", pg.url())
+        backend.env = moto.env
+        return backend
+    raise ValueError(f"unknown backend {name!r} (file+sqlite or s3+postgresql)")
+
+
+async def wait_committed(broker: BrokerProcess, timeout_s: float = 60.0) -> dict[str, float]:
+    """Metrics once no block is pending or in flight."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = broker.metrics()
+        if not m.get("tiered_blocks_in_flight") and not m.get("tiered_block_pending_bytes"):
+            return m
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"blocks still in flight after {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+def _delta(after: dict, before: dict, name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+async def run_backend(name: str, quick: bool, log=print) -> BackendResult:
+    root = Path(tempfile.mkdtemp(prefix="tiered-bench-durable-"))
+    backend = start_backend(name, root)
+    result = BackendResult(name)
+    try:
+        broker = BrokerProcess(root / "data", *backend.args, env=backend.env).start()
+        try:
+            await create_topic(broker.port, "durable", PARTITIONS, {"produce.ack": "durable"})
+            await create_topic(broker.port, "local", PARTITIONS, {"produce.ack": "local"})
+            await _latency(broker, result, quick, log)
+            await _ratio(broker, backend, result, quick, log)
+            await _idle(broker, result, quick, log)
+        finally:
+            broker.stop()
+    finally:
+        backend.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+async def _latency(broker: BrokerProcess, result: BackendResult, quick: bool, log) -> None:
+    for run in LATENCY_RUNS:
+        if quick and run.full_only:
+            continue
+        seconds = run.quick_seconds if quick else run.seconds
+        log(f"  {result.backend}: durable ack latency at {run.rate_per_s:,.0f} msgs/s ({run.shape.label}) ...")
+        before = await wait_committed(broker)
+        m = await produce(broker.port, "durable", run.shape, 1, seconds, broker.cpu_s, rate_per_s=run.rate_per_s)
+        after = await wait_committed(broker)
+        blocks = _delta(after, before, "tiered_blocks_uploaded_total")
+        statements = _delta(after, before, "tiered_catalog_statements")
+        result.latency.append(LatencyResult(run, m, statements / blocks if blocks else float("nan"),
+                                            int(_delta(after, before, "tiered_store_puts"))))
+
+
+async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult, quick: bool, log) -> None:
+    seconds = 2.0 if quick else 6.0
+    for i, run in enumerate(RATIO_RUNS):
+        if quick and i:
+            continue
+        log(f"  {result.backend}: durable vs local, {run.shape.label}, {run.conns} connection(s) ...")
+        before = await wait_committed(broker)
+        parts0 = backend.parts_cpu_s()
+        durable = await produce(broker.port, "durable", run.shape, run.conns, seconds, broker.cpu_s,
+                                window=run.window)
+        parts_s = backend.parts_cpu_s() - parts0
+        after = await wait_committed(broker)
+        local = await produce(broker.port, "local", run.shape, run.conns, seconds, broker.cpu_s, window=run.window)
+        result.ratio.append(RatioResult(run, durable, local))
+        if i == 0:  # the high-rate ingest
+            result.ingest_gib = _delta(after, before, 'tanksrv_topic_produced_bytes{m="durable"}') / GIB
+            result.ingest_puts = int(_delta(after, before, "tiered_store_puts"))
+            result.ingest_blocks = int(_delta(after, before, "tiered_blocks_uploaded_total"))
+            block_bytes = _delta(after, before, "tiered_block_bytes_uploaded_total")
+            result.ingest_block_bytes = block_bytes / result.ingest_blocks if result.ingest_blocks else 0.0
+            result.ingest_statements = int(_delta(after, before, "tiered_catalog_statements"))
+            if backend.parts:
+                result.parts_cores = parts_s / durable.seconds
+
+
+async def _idle(broker: BrokerProcess, result: BackendResult, quick: bool, log) -> None:
+    idle_s = 6.0 if quick else 21.0  # past at least one 10 s catalog heartbeat in a full run
+    log(f"  {result.backend}: idle for {idle_s:.0f} s ...")
+    before = await wait_committed(broker)
+    t0 = time.monotonic()
+    await asyncio.sleep(idle_s)
+    after = broker.metrics()
+    result.idle_seconds = time.monotonic() - t0
+    result.idle_puts = int(_delta(after, before, "tiered_store_puts"))
+    result.idle_statements = int(_delta(after, before, "tiered_catalog_statements"))
+
+
+async def run(quick: bool, names: list[str] | None = None, log=print) -> list[BackendResult]:
+    out = []
+    for name in backends(quick, names, log):
+        out.append(await run_backend(name, quick, log))
+    return out
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def report(results: list[BackendResult]) -> str:
+    latency_rows = []
+    for r in results:
+        for lat in r.latency:
+            m = lat.measurement
+            xs = m.latencies_s or []
+            latency_rows.append([
+                r.backend, lat.run.rate_per_s, lat.run.shape.label, len(xs), m.msgs_per_s, _ms(percentile(xs, 0.5)),
+                _ms(percentile(xs, 0.99)), _ms(xs[-1]) if xs else float("nan"), m.errors, lat.puts,
+                lat.statements_per_block,
+            ])
+    summary_rows = []
+    for r in results:
+        per_gib = r.ingest_puts / r.ingest_gib if r.ingest_gib else float("nan")
+        idle_per_min = r.idle_puts * 60.0 / r.idle_seconds if r.idle_seconds else float("nan")
+        statements_per_min = r.idle_statements * 60.0 / r.idle_seconds if r.idle_seconds else float("nan")
+        per_block = r.ingest_statements / r.ingest_blocks if r.ingest_blocks else float("nan")
+        summary_rows.append([r.backend, r.ingest_gib, r.ingest_puts, per_gib, r.ingest_block_bytes / (1 << 20),
+                             per_block, r.idle_seconds, r.idle_puts, idle_per_min, statements_per_min,
+                             r.parts_cores])
+    ratio_rows = []
+    for r in results:
+        for x in r.ratio:
+            ratio_rows.append([r.backend, x.run.shape.label, x.run.conns, x.run.window, x.durable.msgs_per_s,
+                               x.durable.mb_per_s, x.local.msgs_per_s, x.local.mb_per_s,
+                               x.durable.msgs_per_s / x.local.msgs_per_s, x.durable.errors + x.local.errors])
+    return "\n\n".join((
+        format_table(("backend", "msgs/s", "request", "samples", "achieved msgs/s", "p50 ms", "p99 ms", "max ms",
+                      "errors", "PUTs", "stmts/block"), latency_rows,
+                     "Durable ack latency (open loop, from each request's scheduled send time to its response)"),
+        format_table(("backend", "GiB ingested", "PUTs", "PUTs/GiB", "MiB/block", "stmts/block", "idle s",
+                      "idle PUTs", "idle PUTs/min", "idle stmts/min", "moto+pg cores"), summary_rows,
+                     "High-rate ingest (durable, 1KiB x1000, 8 connections) and idle (PUTs/min extrapolated from "
+                     "the idle window; floor for 8 MiB blocks: 128 PUTs/GiB)"),
+        format_table(("backend", "workload", "conns", "window", "durable msgs/s", "durable MB/s", "local msgs/s",
+                      "local MB/s", "durable/local", "errors"), ratio_rows,
+                     "Produce throughput, durable vs local acks, same broker, same run"),
+    ))
+

@@ -33,6 +33,7 @@ async def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     apps: list[App] = []
 
     async def make(catalog_url: str, *, ack_timeout_s: float = 10.0, **overrides) -> App:
+        overrides.setdefault("block_max_age_ms", 50)  # blocks close sooner than the 250 ms default: faster tests
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/tiered",
                                   s3_path_style=True, shutdown_timeout_s=3.0, **overrides)
         app = App(settings, tiering=TieringService(settings, ack_timeout_s=ack_timeout_s))

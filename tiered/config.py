@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 DEFAULT_PORT = 11011
 DEFAULT_HTTP_PORT = 9102
 ENV_PREFIX = "TIERED_"
+_OFF = ("off", "none", "false", "0", "")  # http_listen values that turn the HTTP endpoint off
 
 _SIZE_UNITS = {
     "": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
@@ -64,7 +65,7 @@ class Settings:
         return parse_endpoint(self.listen, DEFAULT_PORT)
 
     def http_endpoint(self) -> tuple[str, int] | None:
-        if self.http_listen.strip().lower() in ("off", "none", "false", "0", ""):
+        if self.http_listen.strip().lower() in _OFF:
             return None
         return parse_endpoint(self.http_listen, DEFAULT_HTTP_PORT)
 
@@ -121,7 +122,9 @@ def parse_bool(text: str | bool) -> bool:
 
 
 def parse_broker_id(text: str | int, hostname: str | None = None) -> int:
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise SettingsError(f"bad broker id {text!r} (a number, or auto)")
         return text
     text = str(text).strip()
     if text.lower() == "auto":
@@ -143,18 +146,47 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _endpoint(default_port: int, may_be_off: bool = False):
+    """A converter that keeps the endpoint's text but refuses it here, where its source is known, if it is bad."""
+
+    def convert(value: str) -> str:
+        text = str(value)
+        if not (may_be_off and text.strip().lower() in _OFF):
+            parse_endpoint(text, default_port)
+        return text
+
+    return convert
+
+
+def _at_least(convert, minimum: float, what: str):
+    def checked(value):
+        number = convert(value)
+        if not number >= minimum:  # also refuses NaN
+            raise SettingsError(f"{value!r} is below the minimum, {what}")
+        return number
+
+    return checked
+
+
+def _finite_seconds(value) -> float:
+    number = float(value)
+    if not 0 < number < float("inf"):
+        raise SettingsError(f"{value!r} is not a positive number of seconds")
+    return number
+
+
 _CONVERTERS = {
     "data_dir": Path,
-    "listen": str,
-    "http_listen": str,
+    "listen": _endpoint(DEFAULT_PORT),
+    "http_listen": _endpoint(DEFAULT_HTTP_PORT, may_be_off=True),
     "catalog_url": str,
     "store_url": str,
     "s3_path_style": parse_bool,
     "broker_id": parse_broker_id,
     "read_only": parse_bool,
-    "block_max_bytes": parse_size,
-    "block_max_age_ms": int,
-    "shutdown_timeout_s": float,
+    "block_max_bytes": _at_least(parse_size, 1024, "1 KiB"),
+    "block_max_age_ms": _at_least(int, 1, "1 ms"),
+    "shutdown_timeout_s": _finite_seconds,
     "log_level": lambda v: _choice(v, ("debug", "info", "warning", "error")),
     "log_format": lambda v: _choice(v, ("text", "json")),
 }
@@ -172,6 +204,9 @@ def _convert(name: str, value: Any, source: str) -> Any:
         return _CONVERTERS[name](value)
     except (SettingsError, ValueError, TypeError) as exc:
         raise SettingsError(f"{source}: {name}: {exc}") from None
+
+
+_FLAG_NAMES = {"catalog_url": "--catalog", "store_url": "--store"}  # the flags not named after their setting
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -223,12 +258,7 @@ def load_settings(
             values[name] = _convert(name, env_value, f"environment {ENV_PREFIX + name.upper()}")
     for name in _CONVERTERS:
         if flags.get(name) is not None:
-            values[name] = _convert(name, flags[name], f"flag for {name}")
-    settings = replace(Settings(), **values, topic_defaults=topic_defaults)
-    if settings.block_max_bytes < 1024:
-        raise SettingsError("block_max_bytes must be at least 1 KiB")
-    if settings.block_max_age_ms < 1:
-        raise SettingsError("block_max_age_ms must be at least 1")
-    settings.listen_endpoint()
-    settings.http_endpoint()
-    return settings
+            values[name] = _convert(name, flags[name], f"flag {_FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}")
+    if "broker_id" not in values:
+        values["broker_id"] = parse_broker_id("auto")  # the documented default
+    return replace(Settings(), **values, topic_defaults=topic_defaults)

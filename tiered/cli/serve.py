@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
+from typing import Iterable, Mapping
+from urllib.parse import unquote, urlsplit
 
 from tiered.config import Settings, SettingsError, add_arguments, load_settings
+
+# Where credentials live (docs/configuration.md): libpq's and the AWS SDKs' own variables.
+SECRET_ENVIRONMENT = ("PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+MIN_SECRET_CHARS = 4
+
+log = logging.getLogger("tiered")
 
 
 def register(sub) -> None:
@@ -18,30 +27,76 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
+class Redactor:
+    """Replaces every known secret value in a log line with ***.
+
+    URLs are logged masked already (Settings.describe), but a library's error message or a traceback may quote a
+    URL or a credential verbatim; this is the last line of defence, applied to everything the broker prints.
+    Values shorter than MIN_SECRET_CHARS are left alone: replacing every "ab" would garble the logs.
+    """
+
+    def __init__(self, secrets: Iterable[str]):
+        # Longest first, so a secret containing another is replaced whole.
+        self.secrets = sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+
+    @classmethod
+    def for_settings(cls, settings: Settings, environ: Mapping[str, str]) -> Redactor:
+        found = [environ.get(name, "") for name in SECRET_ENVIRONMENT]
+        for url in (settings.catalog_url, settings.store_url):
+            try:
+                password = urlsplit(url).password
+            except ValueError:
+                password = None
+            if password:
+                found += [password, unquote(password)]  # as given, and as a driver decodes it
+        return cls(found)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self, redact: Redactor):
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redact(super().format(record))
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and the exception when there is one."""
+    """One JSON object per line: time, level, logger, message, the structured `settings` when a record carries
+    them, and the exception when there is one."""
+
+    def __init__(self, redact: Redactor):
+        super().__init__()
+        self.redact = redact
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": self.redact(record.getMessage()),
         }
+        settings = getattr(record, "settings", None)
+        if settings is not None:
+            out["settings"] = json.loads(self.redact(json.dumps(settings)))
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = self.redact(self.formatException(record.exc_info))
         return json.dumps(out)
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: Settings, environ: Mapping[str, str] = os.environ) -> None:
+    redact = Redactor.for_settings(settings, environ)
     handler = logging.StreamHandler(sys.stderr)
-    if settings.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter(redact) if settings.log_format == "json" else TextFormatter(redact))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
+    logging.captureWarnings(True)  # library warnings go through the same handler (and the same redaction)
     for noisy in ("botocore", "aiobotocore", "urllib3", "sqlalchemy.engine", "alembic"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
@@ -53,14 +108,18 @@ def main(args) -> int:
         print(f"tiered serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings)
-    return asyncio.run(serve(settings))
+    try:
+        return asyncio.run(serve(settings))
+    except Exception:  # printed through the redacting handler, never as a bare traceback
+        log.exception("the broker failed")
+        return 1
 
 
 async def serve(settings: Settings) -> int:
     from tiered.server.app import App
 
-    log = logging.getLogger("tiered")
-    log.info("starting with %s", settings.describe())
+    described = settings.describe()
+    log.info("starting with %s", json.dumps(described), extra={"settings": described})
     app = App(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,7 +7,8 @@
     python -m bench --profile DIR        run the broker of the throughput benchmark under cProfile, one file per workload
     python -m bench --json PATH          also write every figure as JSON
 
-`--only spark` runs `python -m bench.bench_spark` (its own module; `--quick` is passed on) when it exists.
+`--only spark` and `--only remote` run `python -m bench.bench_spark` / `python -m bench.bench_remote` (modules of
+their own, owned by the Spark replay and remote fetch work; `--quick` is passed on) when they exist.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from pathlib import Path
 from bench import bench_broker, bench_durable
 from bench.harness import REPO
 
-NAMES = ("broker", "durable", "spark")
+# Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
+DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote"}
+NAMES = ("broker", "durable", *DELEGATED)
 
 
 def machine() -> str:
@@ -91,15 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         figures["durable"] = results
         print()
         print(bench_durable.report(results))
-    if "spark" in only:
-        if not (REPO / "bench" / "bench_spark.py").exists():
-            print("\nspark: bench/bench_spark.py does not exist yet")
-        else:
-            print(flush=True)
-            done = subprocess.run([sys.executable, "-m", "bench.bench_spark", *(["--quick"] if args.quick else [])],
-                                  cwd=REPO)
-            if done.returncode:
-                return done.returncode
+    for name, module in DELEGATED.items():
+        if name not in only:
+            continue
+        if not (REPO / (module.replace(".", "/") + ".py")).exists():
+            print(f"\n{name}: {module} does not exist yet")
+            continue
+        print(flush=True)
+        done = subprocess.run([sys.executable, "-m", module, *(["--quick"] if args.quick else [])], cwd=REPO)
+        if done.returncode:
+            return done.returncode
     if args.json:
         args.json.write_text(json.dumps(to_json(figures), indent=1))
     print(f"\ntook {time.monotonic() - started:.0f} s")

@@ -106,6 +106,7 @@ class BackendResult:
     ingest_puts: int = 0
     ingest_blocks: int = 0
     ingest_block_bytes: float = 0.0
+    largest_block_bytes: int = 0
     ingest_statements: int = 0
     idle_seconds: float = 0.0
     idle_puts: int = 0
@@ -138,6 +139,19 @@ def start_backend(name: str, root: Path) -> Backend:
         backend.env = moto.env
         return backend
     raise ValueError(f"unknown backend {name!r} (file+sqlite or s3+postgresql)")
+
+
+def largest_object_bytes(backend: Backend, broker: BrokerProcess) -> int:
+    """The size of the largest object in the store (blocks only: nothing else is uploaded in these runs)."""
+    if not backend.parts:
+        root = broker.data_dir / ".tiered" / "objects"
+        return max((p.stat().st_size for p in root.rglob("*") if p.is_file()), default=0)
+    moto = backend.parts[0]
+    s3 = moto.client()
+    largest = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=moto.bucket):
+        largest = max([largest, *(o["Size"] for o in page.get("Contents", ()))])
+    return largest
 
 
 async def wait_committed(broker: BrokerProcess, timeout_s: float = 60.0) -> dict[str, float]:
@@ -212,6 +226,7 @@ async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult,
             block_bytes = _delta(after, before, "tiered_block_bytes_uploaded_total")
             result.ingest_block_bytes = block_bytes / result.ingest_blocks if result.ingest_blocks else 0.0
             result.ingest_statements = int(_delta(after, before, "tiered_catalog_statements"))
+            result.largest_block_bytes = largest_object_bytes(backend, broker)
             if backend.parts:
                 result.parts_cores = parts_s / durable.seconds
 
@@ -257,7 +272,7 @@ def report(results: list[BackendResult]) -> str:
         statements_per_min = r.idle_statements * 60.0 / r.idle_seconds if r.idle_seconds else float("nan")
         per_block = r.ingest_statements / r.ingest_blocks if r.ingest_blocks else float("nan")
         summary_rows.append([r.backend, r.ingest_gib, r.ingest_puts, per_gib, r.ingest_block_bytes / (1 << 20),
-                             per_block, r.idle_seconds, r.idle_puts, idle_per_min, statements_per_min,
+                             r.largest_block_bytes / (1 << 20), per_block, r.idle_seconds, r.idle_puts, idle_per_min, statements_per_min,
                              r.parts_cores])
     ratio_rows = []
     for r in results:
@@ -269,7 +284,7 @@ def report(results: list[BackendResult]) -> str:
         format_table(("backend", "msgs/s", "request", "samples", "achieved msgs/s", "p50 ms", "p99 ms", "max ms",
                       "errors", "PUTs", "stmts/block"), latency_rows,
                      "Durable ack latency (open loop, from each request's scheduled send time to its response)"),
-        format_table(("backend", "GiB ingested", "PUTs", "PUTs/GiB", "MiB/block", "stmts/block", "idle s",
+        format_table(("backend", "GiB ingested", "PUTs", "PUTs/GiB", "MiB/block", "largest MiB", "stmts/block", "idle s",
                       "idle PUTs", "idle PUTs/min", "idle stmts/min", "moto+pg cores"), summary_rows,
                      "High-rate ingest (durable, 1KiB x1000, 8 connections) and idle (PUTs/min extrapolated from "
                      "the idle window; floor for 8 MiB blocks: 128 PUTs/GiB)"),

@@ -153,11 +153,15 @@ class MotoProcess:
             self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=log,
                                          stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         wait_for_port(self.port, self.proc, 60.0, "moto", self.log_path)
+        self.client().create_bucket(Bucket=self.bucket)
+        return self
+
+    def client(self):
+        """A boto3 S3 client straight to moto (setup and inspection)."""
         import boto3
 
-        boto3.client("s3", endpoint_url=self.url, region_name=S3_REGION, aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket=self.bucket)
-        return self
+        return boto3.client("s3", endpoint_url=self.url, region_name=S3_REGION, aws_access_key_id="testing",
+                            aws_secret_access_key="testing")
 
     @property
     def url(self) -> str:

@@ -1,0 +1,456 @@
+"""Remote fetch benchmark (issue 5): latency of local, cold and warm remote fetches, S3 GETs and catalog queries per
+fetch, and replay of history from the bucket through the broker, all in one run.
+
+    python -m bench.bench_remote                 1 GiB replay, 100 fetches per latency row, SQLite and PostgreSQL
+    python -m bench.bench_remote --quick         64 MiB replay, 30 fetches per row (under a minute)
+    python -m bench.bench_remote --profile       also cProfile the broker's event loop over warm fetches and a
+                                                 second replay pass, and print the top costs
+
+Three processes, so that no figure pays for another part's CPU under the GIL:
+- this one runs the broker in-process (its Metrics counters and caches are read and reset between fetches);
+- moto's S3 server (`ThreadedMotoServer`) runs in a child process, with a bucket;
+- the measuring client runs in another (bench/remote_processes.py): a blocking socket for first-byte timing, the
+  project's asyncio Client for producing and replaying.
+
+Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five interleaved sample by sample):
+- local:          seqs still on the local disk (sendfile of page-cached segment bytes);
+- remote cold:    the remote reader's segment-row and index caches emptied first, as after a restart;
+- remote index cached: only the segment-row cache emptied (a row past its TTL, the index still cached): the case
+                  of the goal "at most one GET and one catalog query per cold fetch once the index is cached";
+- remote warm:    both caches hold the segment;
+- moto GET:       a same-sized range GET of the same objects straight from moto with boto3: the floor under every
+                  remote row;
+- first after restart, block run: after a restart on an empty disk, seqs of the old active segment, which no
+                  remote segment holds yet; the first such fetch is shown alone.
+
+The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
+project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import datetime
+import io
+import os
+import platform
+import pstats
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.remote_processes import ClientProcess, Moto, Postgres, own_cpu_s
+
+REPO = Path(__file__).resolve().parents[1]
+REGION = "us-east-1"
+TOPIC = "lat"
+REPLAY_TOPIC = "replay"
+FETCH_BYTES = 1 << 20
+REPLAY_FETCH_BYTES = 16 << 20
+VALUE_BYTES = 1000
+PER_BUNDLE = 64  # ~64 KiB bundles
+MSGS_PER_FETCH = FETCH_BYTES // (VALUE_BYTES + 16)  # each message costs its value and about 16 bytes of framing
+# Latency data: 4 MiB segments, 2 sealed ones kept locally: the older ones are remote only.
+LATENCY_CONFIG = {"log.segment.bytes": "4m", "retention.segments.count": "2"}
+# Replay data: every sealed segment leaves the local disk once copied; only the active one stays.
+REPLAY_CONFIG = {"log.retention.bytes": "128"}
+COUNTERS = ("tiered_remote_gets_total", "tiered_remote_catalog_queries_total", "tiered_remote_cache_hits_total",
+            "tiered_remote_cache_misses_total", "tiered_remote_bytes_total")
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- the broker ----------------------------------------------------------------------------------------------------
+
+async def start_broker(data_dir: Path, catalog_url: str, bucket: str):
+    from tiered.config import Settings
+    from tiered.server.app import App
+    from tiered.tiering.service import TieringService
+
+    settings = Settings(data_dir=data_dir, listen="127.0.0.1:0", http_listen="off", catalog_url=catalog_url,
+                        store_url=f"s3://{bucket}/t", s3_path_style=True)
+    app = App(settings, tiering=TieringService(settings))
+    await app.start()
+    return app
+
+
+async def copied_segments(app, topic: str) -> list:
+    from tiered.catalog import segments as catalog_segments
+    from tiered.catalog.states import SegmentState
+
+    return await app.broker.tiering.catalog.call(catalog_segments.list_segments, topic, 0,
+                                                 states=(SegmentState.COPY_FINISHED,))
+
+
+async def produce_and_tier(app, client: ClientProcess, topic: str, config: dict, total_bytes: int) -> dict:
+    """Produces `total_bytes` of messages, waits until every sealed segment is copied, then applies local retention.
+    Returns the seq ranges: remote only, and still local."""
+    port = app.broker.port
+    await client.call("create_topic", port, topic, config)
+    produced = await client.call("produce", port, topic, total_bytes, VALUE_BYTES, PER_BUNDLE)
+    part = app.broker.registry.get(topic, 0)
+    deadline = time.monotonic() + 600
+    while len(await copied_segments(app, topic)) < len(part.log.segments):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{topic}: sealed segments not copied within 600 s")
+        await asyncio.sleep(0.2)
+    app.broker.enforce_retention()
+    rows = await copied_segments(app, topic)
+    local_first = part.log.first_available
+    return {
+        "produced": produced,
+        "remote_first": part.first_available,
+        "remote_last": local_first - 1,
+        "local_first": local_first,
+        "hwmark": part.hwmark,
+        "segments": [r for r in rows if r.last_seq < local_first],
+    }
+
+
+# -- latency -------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    name: str
+    ttfb_s: list[float] = field(default_factory=list)
+    full_s: list[float] = field(default_factory=list)
+    bytes: int = 0
+    fetches: int = 0
+    gets: list[int] = field(default_factory=list)
+    queries: list[int] = field(default_factory=list)
+
+    def add(self, ttfb_s: float, full_s: float, size: int, gets: int | None = None, queries: int | None = None):
+        self.ttfb_s.append(ttfb_s)
+        self.full_s.append(full_s)
+        self.bytes += size
+        self.fetches += 1
+        if gets is not None:
+            self.gets.append(gets)
+            self.queries.append(queries)
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def fetch_into(row: Row, app, client: ClientProcess, seq: int, reset=None) -> None:
+    """One timed fetch, with the remote GETs and catalog queries the broker counted for it."""
+    if reset is not None:
+        reset()
+    counters = app.broker.metrics.counters
+    gets, queries = counters["tiered_remote_gets_total"], counters["tiered_remote_catalog_queries_total"]
+    ttfb, full, size = await client.call("fetch", TOPIC, seq, FETCH_BYTES)
+    row.add(ttfb, full, size, int(counters["tiered_remote_gets_total"] - gets),
+            int(counters["tiered_remote_catalog_queries_total"] - queries))
+
+
+async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, rng: random.Random, moto_url: str,
+                       bucket: str, profile: cProfile.Profile | None) -> list[Row]:
+    """Local, remote cold, remote with the index cached, remote warm, and moto's own GET, interleaved sample by
+    sample so that a change in the machine's load during the run hits every row alike."""
+    from tiered.tiering.remote_fetch import IndexCache, SegmentCache
+
+    remote = app.broker.fetch.remote
+    await client.call("connect", app.broker.port)
+
+    def empty_all():
+        remote.segments = SegmentCache()
+        remote.indexes = IndexCache()
+
+    def empty_rows():
+        remote.segments = SegmentCache()
+
+    local, cold, index_cached, warm = Row("local"), Row("remote cold"), Row("remote index cached"), Row("remote warm")
+    moto = Row("moto GET (no broker)")
+    for _ in range(samples):
+        await fetch_into(local, app, client, rng.randint(ranges["local_first"], ranges["hwmark"] - MSGS_PER_FETCH))
+        segment = rng.choice(ranges["segments"])
+        seqs = [rng.randint(segment.base_seq, segment.last_seq) for _ in range(3)]
+        await fetch_into(cold, app, client, seqs[0], empty_all)  # leaves the segment's index cached
+        await fetch_into(index_cached, app, client, seqs[1], empty_rows)  # leaves its row cached too
+        if profile is not None:
+            profile.enable()
+        await fetch_into(warm, app, client, seqs[2])
+        if profile is not None:
+            profile.disable()
+        start = rng.randint(0, max(0, segment.size_bytes - FETCH_BYTES))
+        moto.add(*await client.call("s3get", moto_url, bucket, f"t/{segment.object_key}", start,
+                                    min(segment.size_bytes, start + FETCH_BYTES)))
+    return [local, cold, index_cached, warm, moto]
+
+
+async def block_run_rows(app, client: ClientProcess, samples: int, rng: random.Random) -> list[Row]:
+    """Fetches of seqs no segment holds yet (the active segment of a broker restarted on an empty disk), which only
+    the block runs have. The first fetch after the restart is a row of its own: it opens the S3 client."""
+    segments = await copied_segments(app, TOPIC)
+    first = max(r.last_seq for r in segments) + 1
+    last = max(first, app.broker.registry.get(TOPIC, 0).hwmark - MSGS_PER_FETCH)
+    first_fetch, row = Row("first after restart"), Row("block run (empty disk)")
+    await client.call("connect", app.broker.port)
+    await fetch_into(first_fetch, app, client, rng.randint(first, last))
+    for _ in range(samples):
+        await fetch_into(row, app, client, rng.randint(first, last))
+    return [first_fetch, row]
+
+
+# -- replay --------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Replay:
+    messages: int
+    payload_bytes: int
+    remote_bytes: int
+    seconds: float
+    gets: int
+    queries: int
+    fetches: int
+    broker_cpu_s: float
+    moto_cpu_s: float
+    client_cpu_s: float
+    reader_s: float  # wall time inside RemoteReader.fetch
+    get_s: float  # of which inside the object store's get_range
+    moto_ceiling_mb_s: float = 0.0
+
+
+class _Stopwatch:
+    """Wall time spent inside the remote reader's fetch and the store's get_range, timed by wrapping the two bound
+    methods on their instances for the duration (the broker's code is not changed); `restore` removes the wraps."""
+
+    def __init__(self, reader) -> None:
+        self.reader, self.store = reader, reader.store
+        self.seconds = {"fetch": 0.0, "get_range": 0.0}
+        for owner, name in ((self.reader, "fetch"), (self.store, "get_range")):
+            setattr(owner, name, self._timed(getattr(owner, name), name))
+
+    def _timed(self, method, name: str):
+        async def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - started
+        return timed
+
+    def restore(self) -> None:
+        del self.reader.fetch, self.store.get_range
+
+
+async def replay(app, client: ClientProcess, moto: Moto, ranges: dict) -> Replay:
+    counters = app.broker.metrics.counters
+    before = {name: counters[name] for name in COUNTERS}
+    cpu0, moto0 = own_cpu_s(), moto.cpu_s()
+    watch = _Stopwatch(app.broker.fetch.remote)
+    try:
+        messages, payload, seconds, fetches, client_cpu = await client.call(
+            "drain", app.broker.port, REPLAY_TOPIC, ranges["remote_first"], ranges["remote_last"], REPLAY_FETCH_BYTES)
+    finally:
+        watch.restore()
+    if messages != ranges["remote_last"] - ranges["remote_first"] + 1:
+        raise RuntimeError(f"replay returned {messages} messages, expected "
+                           f"{ranges['remote_last'] - ranges['remote_first'] + 1}")
+    delta = {name: counters[name] - before[name] for name in COUNTERS}
+    return Replay(messages, payload, int(delta["tiered_remote_bytes_total"]), seconds,
+                  int(delta["tiered_remote_gets_total"]), int(delta["tiered_remote_catalog_queries_total"]), fetches,
+                  own_cpu_s() - cpu0, moto.cpu_s() - moto0, client_cpu, watch.seconds["fetch"],
+                  watch.seconds["get_range"])
+
+
+async def moto_ceiling(client: ClientProcess, moto_url: str, bucket: str, segments: list) -> float:
+    """MB/s of sequential REPLAY_FETCH_BYTES range GETs over the same objects, straight from moto (one stream)."""
+    total, seconds = 0, 0.0
+    for segment in segments:
+        for start in range(0, segment.size_bytes, REPLAY_FETCH_BYTES):
+            _, full, size = await client.call("s3get", moto_url, bucket, f"t/{segment.object_key}", start,
+                                              min(segment.size_bytes, start + REPLAY_FETCH_BYTES))
+            total += size
+            seconds += full
+    return total / seconds / 1e6
+
+
+# -- report --------------------------------------------------------------------------------------------------------
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def latency_table(backend: str, rows: list[Row]) -> str:
+    head = (f"{'fetch (' + backend + ')':<24}{'n':>4}{'first byte p50':>15}{'p99':>7}{'full p50':>9}{'p99':>7}"
+            f"{'MB/s':>6}{'GETs/fetch':>14}{'queries/fetch':>15}")
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        mb_s = row.bytes / sum(row.full_s) / 1e6
+        if row.gets:
+            gets = f"{statistics.mean(row.gets):.2f} (max {max(row.gets)})"
+            queries = f"{statistics.mean(row.queries):.2f} (max {max(row.queries)})"
+        else:
+            gets = queries = "-"
+        lines.append(f"{row.name:<24}{row.fetches:>4}{ms(quantile(row.ttfb_s, .5)):>15}"
+                     f"{ms(quantile(row.ttfb_s, .99)):>7}{ms(quantile(row.full_s, .5)):>9}"
+                     f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}")
+    sizes = ", ".join(f"{row.name} {row.bytes // row.fetches >> 10}" for row in rows)
+    lines.append(f"(times in ms; {FETCH_BYTES >> 20} MiB fetches; KiB per answer on average: {sizes})")
+    return "\n".join(lines)
+
+
+def replay_table(backend: str, segment_bytes: int, r: Replay) -> str:
+    mb = r.remote_bytes / 1e6
+    return "\n".join([
+        f"replay from the bucket ({backend}, {segment_bytes >> 20} MiB segments, {REPLAY_FETCH_BYTES >> 20} MiB "
+        f"fetches, one consumer)",
+        f"  {r.messages} messages, {mb:.0f} MB of segment bytes in {r.seconds:.1f} s: {mb / r.seconds:.0f} MB/s "
+        f"({r.payload_bytes / 1e6 / r.seconds:.0f} MB/s of message values)",
+        f"  {r.fetches} fetches: {r.gets} GETs ({r.gets / r.fetches:.2f}/fetch), {r.queries} catalog queries "
+        f"({r.queries / r.fetches:.2f}/fetch)",
+        f"  wall time inside the broker's remote reader {r.reader_s:.2f} s, of which S3 GETs {r.get_s:.2f} s",
+        f"  CPU during the replay: broker {r.broker_cpu_s:.2f} s, moto {r.moto_cpu_s:.2f} s, client "
+        f"{r.client_cpu_s:.2f} s (of {r.seconds:.2f} s wall, {os.cpu_count()} cores)",
+        f"  moto alone, same objects, sequential {REPLAY_FETCH_BYTES >> 20} MiB range GETs with boto3: "
+        f"{r.moto_ceiling_mb_s:.0f} MB/s",
+    ])
+
+
+def profile_table(title: str, profile: cProfile.Profile, top: int = 14) -> str:
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    rows = []
+    for (path, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():
+        short = path.replace(str(REPO) + "/", "")
+        if "site-packages/" in short:
+            short = short.split("site-packages/", 1)[1]
+        rows.append((tottime, cumtime, calls, f"{short}:{line}({name})"))
+    total = sum(r[0] for r in rows) or 1.0
+    rows.sort(reverse=True)
+    lines = [f"{title}: top own time on the broker's event loop thread ({total:.2f} s profiled)",
+             f"  {'own s':>7}{'share':>7}{'cum s':>8}{'calls':>9}  function"]
+    for tottime, cumtime, calls, where in rows[:top]:
+        lines.append(f"  {tottime:>7.2f}{tottime / total:>7.0%}{cumtime:>8.2f}{calls:>9}  {where}")
+    return "\n".join(lines)
+
+
+# -- the run -------------------------------------------------------------------------------------------------------
+
+async def run_backend(backend: str, catalog_url: str, moto: Moto, client: ClientProcess, bucket: str, args,
+                      workdir: Path) -> list[str]:
+    samples = 30 if args.quick else 100
+    rng = random.Random(5)
+    profile = cProfile.Profile() if args.profile else None
+    out = []
+    data_dir = workdir / f"data-{backend}"
+    app = await start_broker(data_dir, catalog_url, bucket)
+    try:
+        log(f"{backend}: producing the latency topic ...")
+        ranges = await produce_and_tier(app, client, TOPIC, LATENCY_CONFIG, (23 if args.quick else 63) << 20)
+        log(f"{backend}: remote {ranges['remote_first']}..{ranges['remote_last']} in {len(ranges['segments'])} "
+            f"segments, local {ranges['local_first']}..{ranges['hwmark']}; measuring fetches ...")
+        rows = await latency_rows(app, client, ranges, samples, rng, moto.url, bucket, profile)
+        log(f"{backend}: restarting the broker on an empty disk ...")
+        await app.stop()
+        shutil.rmtree(data_dir)
+        app = await start_broker(data_dir, catalog_url, bucket)
+        rows.extend(await block_run_rows(app, client, samples, rng))
+        out.append(latency_table(backend, rows))
+        if profile is not None:
+            out.append(profile_table(f"warm remote fetches ({backend})", profile))
+        if backend != args.replay_backend:
+            return out
+        size, segment = (64 << 20, 16 << 20) if args.quick else (1024 << 20, 64 << 20)
+        log(f"{backend}: producing {size >> 20} MiB in {segment >> 20} MiB segments for the replay ...")
+        started = time.monotonic()
+        config = {"log.segment.bytes": str(segment), **REPLAY_CONFIG}
+        ranges = await produce_and_tier(app, client, REPLAY_TOPIC, config, size + segment // 2)
+        log(f"{backend}: produced and tiered in {time.monotonic() - started:.0f} s; replaying "
+            f"{ranges['remote_first']}..{ranges['remote_last']} ...")
+        result = await replay(app, client, moto, ranges)
+        result.moto_ceiling_mb_s = await moto_ceiling(client, moto.url, bucket, ranges["segments"])
+        out.append(replay_table(backend, segment, result))
+        if profile is not None:
+            log(f"{backend}: replaying again under cProfile ...")
+            profile = cProfile.Profile()
+            profile.enable()
+            again = await replay(app, client, moto, ranges)
+            profile.disable()
+            out.append(profile_table(f"replay under cProfile ({again.seconds:.1f} s, "
+                                     f"{again.remote_bytes / 1e6 / again.seconds:.0f} MB/s profiled)", profile))
+        return out
+    finally:
+        await app.stop()
+
+
+async def main_async(args) -> list[str]:
+    import boto3
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        del os.environ[name]
+    moto = Moto()
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION,
+                       "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": os.devnull,
+                       "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true",
+                       "AWS_ENDPOINT_URL": moto.url})
+    client = ClientProcess()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-remote-"))
+    postgres = None
+    out = []
+    try:
+        for backend in args.backend:
+            bucket = f"bench-{backend}"
+            boto3.client("s3", endpoint_url=moto.url, region_name=REGION).create_bucket(Bucket=bucket)
+            if backend == "postgresql":
+                log("starting a throwaway PostgreSQL cluster ...")
+                postgres = Postgres()
+                catalog_url = postgres.url()
+            else:
+                catalog_url = f"sqlite:///{workdir / 'catalog.db'}"
+            out.extend(await run_backend(backend, catalog_url, moto, client, bucket, args, workdir))
+    finally:
+        client.stop()
+        moto.stop()
+        if postgres is not None:
+            postgres.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def machine() -> str:
+    model = platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    load = os.getloadavg()[0]
+    return (f"{os.cpu_count()} cores ({model}), Linux {platform.release()}, Python {platform.python_version()}; "
+            f"load average before the run {load:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_remote", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="64 MiB replay, 30 fetches per row")
+    parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"),
+                        help="catalog backend (repeatable; default: both; the replay runs on the first)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the broker over warm fetches and a replay")
+    args = parser.parse_args(argv)
+    args.backend = args.backend or ["sqlite", "postgresql"]
+    args.replay_backend = args.backend[0]
+    started = time.monotonic()
+    print(f"remote fetch benchmark, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
+    print(f"machine: {machine()}")
+    print(f"command: python -m bench.bench_remote {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    for block in asyncio.run(main_async(args)):
+        print()
+        print(block)
+    print(f"\ntook {time.monotonic() - started:.0f} s; load average after the run {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,6 +11,7 @@ import sys
 
 from tiered.catalog import Catalog
 from tiered.catalog import partitions as catalog_partitions
+from tiered.cli.tier import status_url
 from tiered.client import Client
 from tiered.protocol.bundle import Message
 
@@ -79,3 +80,16 @@ async def test_an_unreachable_endpoint_is_a_clear_error():
     proc = await tier_status("-P", "127.0.0.1:1")
     assert proc.returncode == 1
     assert proc.stderr.decode().startswith("tiered tier status: cannot read http://127.0.0.1:1/v1/tier")
+
+
+def test_the_endpoint_becomes_a_url_for_this_host():
+    assert status_url(":9102") == "http://127.0.0.1:9102/v1/tier"
+    assert status_url("9300") == "http://127.0.0.1:9300/v1/tier"
+    assert status_url("10.0.0.5:9102") == "http://10.0.0.5:9102/v1/tier"
+    assert status_url("[::1]:9102") == "http://[::1]:9102/v1/tier"
+    assert status_url("[::]:9102") == "http://[::1]:9102/v1/tier"
+
+
+async def test_a_bad_endpoint_is_refused_before_any_request():
+    proc = await tier_status("-P", "127.0.0.1:http")
+    assert proc.returncode == 2 and b"port must be a number" in proc.stderr

@@ -10,7 +10,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from tiered.config import DEFAULT_HTTP_PORT, parse_endpoint
+from tiered.config import DEFAULT_HTTP_PORT, SettingsError, parse_endpoint
 
 COLUMNS = (
     ("topic", "topic"), ("p", "partition"), ("local", None), ("local bytes", "local_bytes"), ("remote", None),
@@ -45,14 +45,24 @@ def rows(partitions: list[dict]) -> list[list[str]]:
     return out
 
 
+def status_url(endpoint: str) -> str:
+    """The /v1/tier URL of a broker's `-P` endpoint: an any-address (`:9102`, `0.0.0.0`, `::`) means this host."""
+    host, port = parse_endpoint(endpoint, DEFAULT_HTTP_PORT)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}/v1/tier" if ":" in host else f"http://{host}:{port}/v1/tier"
+
+
 def status(args) -> int:
-    host, port = parse_endpoint(args.http, DEFAULT_HTTP_PORT)
-    host = "127.0.0.1" if host == "0.0.0.0" else host
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/v1/tier", timeout=10) as response:
+        url = status_url(args.http)
+    except SettingsError as exc:
+        print(f"tiered tier status: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
             partitions = json.load(response)
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"tiered tier status: cannot read http://{host}:{port}/v1/tier: {exc}", file=sys.stderr)
+        print(f"tiered tier status: cannot read {url}: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(partitions, indent=2))

@@ -105,13 +105,14 @@ class BackendResult:
     ingest_gib: float = 0.0
     ingest_puts: int = 0
     ingest_blocks: int = 0
-    ingest_block_bytes: float = 0.0
+    ingest_block_bytes: float = 0.0  # the sum over the ingest's blocks
     largest_block_bytes: int = 0
     ingest_statements: int = 0
+    ingest_seconds: float = 0.0
+    parts_cpu_s: float = 0.0  # moto + PostgreSQL during the ingest (NaN for file+sqlite)
     idle_seconds: float = 0.0
     idle_puts: int = 0
     idle_statements: int = 0
-    parts_cores: float = float("nan")  # moto + PostgreSQL during the ingest run
 
 
 def backends(quick: bool, names: list[str] | None, log=print) -> list[str]:
@@ -206,29 +207,47 @@ async def _latency(broker: BrokerProcess, result: BackendResult, quick: bool, lo
 
 
 async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult, quick: bool, log) -> None:
-    seconds = 2.0 if quick else 6.0
+    """Durable and local halves alternate (durable, local, durable, local) so that a change in the machine's other
+    load hits both modes alike. The ingest figures are the counters' deltas over the durable halves of the first
+    workload, each from a moment with no block pending to the moment its last block is committed."""
+    half_s = 1.0 if quick else 6.0
     for i, run in enumerate(RATIO_RUNS):
         if quick and i:
             continue
         log(f"  {result.backend}: durable vs local, {run.shape.label}, {run.conns} connection(s) ...")
-        before = await wait_committed(broker)
-        parts0 = backend.parts_cpu_s()
-        durable = await produce(broker.port, "durable", run.shape, run.conns, seconds, broker.cpu_s,
-                                window=run.window)
-        parts_s = backend.parts_cpu_s() - parts0
-        after = await wait_committed(broker)
-        local = await produce(broker.port, "local", run.shape, run.conns, seconds, broker.cpu_s, window=run.window)
-        result.ratio.append(RatioResult(run, durable, local))
-        if i == 0:  # the high-rate ingest
-            result.ingest_gib = _delta(after, before, 'tanksrv_topic_produced_bytes{m="durable"}') / GIB
-            result.ingest_puts = int(_delta(after, before, "tiered_store_puts"))
-            result.ingest_blocks = int(_delta(after, before, "tiered_blocks_uploaded_total"))
-            block_bytes = _delta(after, before, "tiered_block_bytes_uploaded_total")
-            result.ingest_block_bytes = block_bytes / result.ingest_blocks if result.ingest_blocks else 0.0
-            result.ingest_statements = int(_delta(after, before, "tiered_catalog_statements"))
-            result.largest_block_bytes = largest_object_bytes(backend, broker)
-            if backend.parts:
-                result.parts_cores = parts_s / durable.seconds
+        halves: dict[str, list[Measurement]] = {"durable": [], "local": []}
+        for _ in range(2):
+            for topic in ("durable", "local"):
+                before = await wait_committed(broker)
+                parts0 = backend.parts_cpu_s()
+                m = await produce(broker.port, topic, run.shape, run.conns, half_s, broker.cpu_s, window=run.window)
+                parts_s = backend.parts_cpu_s() - parts0
+                halves[topic].append(m)
+                if i == 0 and topic == "durable":
+                    after = await wait_committed(broker)
+                    _count_ingest(result, before, after, parts_s if backend.parts else float("nan"), m.seconds)
+        result.ratio.append(RatioResult(run, merge(halves["durable"]), merge(halves["local"])))
+    if result.ingest_blocks:
+        result.largest_block_bytes = largest_object_bytes(backend, broker)
+
+
+def _count_ingest(result: BackendResult, before: dict, after: dict, parts_s: float, seconds: float) -> None:
+    result.ingest_gib += _delta(after, before, 'tanksrv_topic_produced_bytes{m="durable"}') / GIB
+    result.ingest_puts += int(_delta(after, before, "tiered_store_puts"))
+    result.ingest_blocks += int(_delta(after, before, "tiered_blocks_uploaded_total"))
+    result.ingest_block_bytes += _delta(after, before, "tiered_block_bytes_uploaded_total")
+    result.ingest_statements += int(_delta(after, before, "tiered_catalog_statements"))
+    result.ingest_seconds += seconds
+    result.parts_cpu_s += parts_s
+
+
+def merge(parts: list[Measurement]) -> Measurement:
+    errors = [m for m in parts if m.errors]
+    return Measurement(
+        sum(m.messages for m in parts), sum(m.value_bytes for m in parts), sum(m.seconds for m in parts),
+        sum(m.server_cpu_s for m in parts), sum(m.loadgen_cpu_s for m in parts), sum(m.other_cpu_s for m in parts),
+        sum(m.errors for m in parts), errors[0].first_error if errors else "",
+    )
 
 
 async def _idle(broker: BrokerProcess, result: BackendResult, quick: bool, log) -> None:
@@ -271,9 +290,11 @@ def report(results: list[BackendResult]) -> str:
         idle_per_min = r.idle_puts * 60.0 / r.idle_seconds if r.idle_seconds else float("nan")
         statements_per_min = r.idle_statements * 60.0 / r.idle_seconds if r.idle_seconds else float("nan")
         per_block = r.ingest_statements / r.ingest_blocks if r.ingest_blocks else float("nan")
-        summary_rows.append([r.backend, r.ingest_gib, r.ingest_puts, per_gib, r.ingest_block_bytes / (1 << 20),
+        per_block_mib = r.ingest_block_bytes / r.ingest_blocks / (1 << 20) if r.ingest_blocks else float("nan")
+        parts_cores = r.parts_cpu_s / r.ingest_seconds if r.ingest_seconds else float("nan")
+        summary_rows.append([r.backend, r.ingest_gib, r.ingest_puts, per_gib, per_block_mib,
                              r.largest_block_bytes / (1 << 20), per_block, r.idle_seconds, r.idle_puts, idle_per_min, statements_per_min,
-                             r.parts_cores])
+                             parts_cores])
     ratio_rows = []
     for r in results:
         for x in r.ratio:

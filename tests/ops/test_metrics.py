@@ -104,8 +104,8 @@ async def test_upload_lag_and_pending_segments_while_the_store_is_away_then_remo
         s3_faults.go_away()
         started = time.monotonic()
         for i in range(0, 160, 10):
-            await c.produce("hist", 0, [Message(b"v%04d-" % j + random.Random(j).randbytes(90), None, 1_700_000_000_000 + j)
-                                        for j in range(i, i + 10)])
+            await c.produce("hist", 0, [Message(b"v%04d-" % j + random.Random(j).randbytes(90), None,
+                                                1_700_000_000_000 + j) for j in range(i, i + 10)])
         # Wait until the block has failed to upload once: it is then in flight, retried until the store is back.
         m = await eventually(lambda: _scrape_when(port, lambda m: m.get("tiered_put_errors_total") >= 1),
                              what="a failed block PUT")

@@ -35,8 +35,8 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
             await c.produce("orders", 0, [b"order-%d" % i])
         await c.produce("orders", 2, [b"a", b"b"])
         for i in range(0, 60, 10):
-            await c.produce("hist", 0, [Message(b"%03d" % j + random.Random(j).randbytes(200), None, 1_700_000_000_000 + j)
-                                        for j in range(i, i + 10)])
+            await c.produce("hist", 0, [Message(b"%03d" % j + random.Random(j).randbytes(200), None,
+                                                1_700_000_000_000 + j) for j in range(i, i + 10)])
     hist = app.broker.registry.get("hist", 0)
     sealed = list(hist.log.segments)
     assert sealed

@@ -7,7 +7,6 @@ import asyncio
 import random
 import time
 
-import pytest
 
 from tiered.catalog import Catalog
 from tiered.catalog import segments as catalog_segments

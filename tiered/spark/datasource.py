@@ -19,7 +19,6 @@ reader works on every session, and the pushdown one where the conf is on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import closing
 from dataclasses import dataclass, replace
 
 from pyspark.sql.datasource import (
@@ -39,13 +38,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from tiered.catalog import Catalog
 from tiered.spark.decoding import SCHEMA_DDL
 from tiered.spark.execution import split_batches
-from tiered.spark.listing import plan_topic, topic_partitions
+from tiered.spark.listing import plan_read
 from tiered.spark.objects import open_range_reader
-from tiered.spark.options import OptionError, ReadOptions, datetime_to_us
-from tiered.spark.planning import MAX_TIMESTAMP_MS, SeqRange, Split, TimeRange, order_splits
+from tiered.spark.options import ReadOptions, datetime_to_us
+from tiered.spark.planning import MAX_TIMESTAMP_MS, SeqRange, Split, TimeRange
 
 
 class TieredDataSource(DataSource):
@@ -91,7 +89,8 @@ class TieredReader(DataSourceReader):
         self.bounds = Bounds.of(options)
 
     def partitions(self) -> Sequence[InputPartition]:
-        splits = plan_splits(self.options, self.bounds)
+        bounds = self.bounds
+        splits = plan_read(self.options, partitions=bounds.partitions, seqs=bounds.seqs, times=bounds.times)
         # Spark wants at least one partition; a None split reads nothing.
         return [InputPartition(split) for split in splits] or [InputPartition(None)]
 
@@ -108,20 +107,6 @@ class TieredPushdownReader(TieredReader):
         bounds, unsupported = push_filters(self.bounds, filters)
         self.bounds = bounds
         return unsupported
-
-
-def plan_splits(options: ReadOptions, bounds: Bounds) -> list[Split]:
-    """The driver's plan: splits in (partition, seq) order. Raises OptionError for partitions the topic lacks."""
-    with closing(Catalog.open(options.catalog_url, pool_size=1, max_overflow=0)) as cat:
-        if options.partitions is not None:
-            known = {state.partition for state in topic_partitions(cat, options.topic)}
-            if missing := sorted(options.partitions - known):
-                raise OptionError(f"topic {options.topic!r} has no partition {', '.join(map(str, missing))}")
-        plans = plan_topic(
-            cat, options.topic, partitions=bounds.partitions, seqs=bounds.seqs, times=bounds.times,
-            max_split_bytes=options.max_split_bytes,
-        )  # fmt: skip
-    return order_splits([split for plan in plans for split in plan.splits])
 
 
 def push_filters(bounds: Bounds, filters: Iterable[Filter]) -> tuple[Bounds, list[Filter]]:

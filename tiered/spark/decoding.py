@@ -17,7 +17,14 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-from tiered.protocol.bundle import Message, bundle_seq_range, decode_message_set, maybe_record, message_set, read_bundle_header
+from tiered.protocol.bundle import (
+    Message,
+    bundle_seq_range,
+    decode_message_set,
+    maybe_record,
+    message_set,
+    read_bundle_header,
+)
 from tiered.protocol.errors import ProtocolError
 from tiered.spark.planning import MAX_TIMESTAMP_MS, SeqRange, TimeRange
 
@@ -38,7 +45,9 @@ SCHEMA_DDL = "topic string, partition int, seq long, timestamp timestamp, key bi
 DEFAULT_BATCH_ROWS = 8192
 
 
-def iter_messages(data, first_seq: int, seqs: SeqRange = SeqRange(), times: TimeRange = TimeRange()) -> Iterator[Message]:
+def iter_messages(
+    data, first_seq: int, seqs: SeqRange = SeqRange(), times: TimeRange = TimeRange()
+) -> Iterator[Message]:
     """The messages of whole records `data` (the first holding seq `first_seq`) inside `seqs` and `times`, in order.
 
     Raises ProtocolError on bytes that are not whole, valid records.

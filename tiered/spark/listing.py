@@ -14,6 +14,7 @@ period, longer than a planned read takes to start.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 
 from tiered.catalog import Catalog, SegmentState
@@ -22,6 +23,7 @@ from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.partitions import PartitionState
+from tiered.spark.options import OptionError, ReadOptions
 from tiered.spark.planning import (
     DEFAULT_MAX_SPLIT_BYTES,
     RunEntry,
@@ -29,6 +31,7 @@ from tiered.spark.planning import (
     SeqRange,
     Split,
     TimeRange,
+    order_splits,
     plan_partition,
 )
 
@@ -51,6 +54,34 @@ def topic_partitions(cat: Catalog, topic: str) -> list[PartitionState]:
     if catalog_topics.get_topic(cat, topic) is None:
         raise UnknownTopicError(f"topic {topic!r} is not in the catalog")
     return catalog_partitions.get_partition_states(cat, topic)
+
+
+def plan_read(
+    options: ReadOptions,
+    *,
+    partitions: Iterable[int] | None = None,
+    seqs: SeqRange | None = None,
+    times: TimeRange | None = None,
+) -> list[Split]:
+    """The splits of a read of `options` (narrowed by pushed filters where given), in (partition, seq) order.
+
+    Opens the catalog for the call only. Raises UnknownTopicError, and OptionError for a partition the option
+    names but the topic lacks (partitions from filters that the topic lacks just read nothing).
+    """
+    with closing(Catalog.open(options.catalog_url, pool_size=1, max_overflow=0)) as cat:
+        if options.partitions is not None:
+            known = {state.partition for state in topic_partitions(cat, options.topic)}
+            if missing := sorted(options.partitions - known):
+                raise OptionError(f"topic {options.topic!r} has no partition {', '.join(map(str, missing))}")
+        plans = plan_topic(
+            cat,
+            options.topic,
+            partitions=options.partitions if partitions is None else partitions,
+            seqs=options.seqs if seqs is None else seqs,
+            times=options.times if times is None else times,
+            max_split_bytes=options.max_split_bytes,
+        )
+    return order_splits([split for plan in plans for split in plan.splits])
 
 
 def plan_topic(

@@ -231,7 +231,8 @@ def plan_partition(
     for run in sorted(runs, key=lambda r: r.first_seq):
         if run.last_seq < next_seq or run.first_seq > seqs.last:
             continue
-        if run.min_ts_ms is not None and run.max_ts_ms is not None and not times.overlaps_ms(run.min_ts_ms, run.max_ts_ms):
+        has_times = run.min_ts_ms is not None and run.max_ts_ms is not None
+        if has_times and not times.overlaps_ms(run.min_ts_ms, run.max_ts_ms):
             continue
         piece = RunPiece(
             run.object_key, run.position, run.length_bytes, run.first_seq,

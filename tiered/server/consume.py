@@ -38,7 +38,7 @@ class ConsumeHandler:
         chunks = []
         tails: dict[tuple[str, int], int] = {}
         fetch_sizes: dict[tuple[str, int], int] = {}
-        immediate = req.max_wait_ms == 0
+        immediate = req.max_wait_ms == 0 or broker.stopping  # no new long-polls while shutting down
         budget = RESPONSE_BUDGET_BYTES
         for topic in req.topics:
             known = broker.registry.topics.get(topic.name)

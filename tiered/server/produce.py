@@ -30,6 +30,11 @@ class ProduceHandler:
         broker = self.broker
         started = time.monotonic()
         headers = [[read_bundle_header(p.bundle) for p in t.partitions] for t in req.topics]
+        if broker.stopping:
+            # Shutting down: the open block is being committed and this broker leads nothing any more. "No leader"
+            # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
+            await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+            return
         if broker.tiering is not None and not await broker.tiering.admission():
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)

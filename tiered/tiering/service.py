@@ -126,10 +126,14 @@ class TieringService:
 
     async def flush(self, deadline: float) -> None:
         """Shutdown: close the open block and wait (until `deadline`, a monotonic time) for every commit."""
+        pending = self.builder.pending_bytes
         self._close_block()
         if self.pipeline is not None:
+            in_flight = self.pipeline.in_flight
             done = await self.pipeline.drain(deadline - time.monotonic())
-            if not done:
+            if done:
+                log.info("shutdown: committed the open block (%d bytes) and %d blocks in flight", pending, in_flight)
+            else:
                 log.error("shutdown: %d blocks not committed in time; their records stay on the local disk and are "
                           "uploaded at the next start", self.pipeline.in_flight)
 
@@ -145,16 +149,19 @@ class TieringService:
         if self.catalog is not None:
             await asyncio.to_thread(self.catalog.close)
 
-    async def check_ready(self) -> tuple[bool, str]:
-        try:
-            await asyncio.wait_for(self.catalog.call(catalog_topics.list_topics), 5)
-        except Exception as exc:  # readiness reports any failure, it never raises
-            return False, f"catalog: {exc}"
-        try:
+    async def check_ready(self, timeout_s: float = 1.0) -> tuple[bool, str]:
+        """Both parts are asked at once, each within `timeout_s`, so a 503 names the part that failed."""
+
+        async def store_answers() -> None:
             async for _ in self.store.list("", limit=1):
                 break
-        except Exception as exc:
-            return False, f"object store: {exc}"
+
+        checks = {"catalog": self.catalog.call(catalog_topics.list_topics), "object store": store_answers()}
+        results = await asyncio.gather(*(asyncio.wait_for(c, timeout_s) for c in checks.values()),
+                                       return_exceptions=True)
+        for part, result in zip(checks, results):
+            if isinstance(result, BaseException):  # readiness reports any failure, it never raises
+                return False, f"{part}: {result or type(result).__name__}"
         return True, ""
 
     # -- topics and partitions --------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from tiered.config import mask_url
+
 MiB = 1024 * 1024
 DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MiB
 DEFAULT_PART_BYTES = 16 * MiB
@@ -216,4 +218,4 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         if not path:
             raise ValueError(f"no directory in store URL {url!r}")
         return LocalObjectStore(path, **options)
-    raise ValueError(f"unsupported store URL {url!r}: use s3://bucket/prefix or file:///dir")
+    raise ValueError(f"unsupported store URL {mask_url(url)!r}: use s3://bucket/prefix or file:///dir")

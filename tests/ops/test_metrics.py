@@ -80,11 +80,11 @@ async def test_block_upload_metrics_agree_with_the_bucket(ops_broker, s3_faults)
     m = await scrape(port)
     assert m.value("tiered_blocks_uploaded_total") == len(sizes) >= 1
     assert m.value("tiered_block_bytes_uploaded_total") == sum(sizes)
-    assert m.value("tiered_store_puts") == len(sizes)  # no segment was sealed, so blocks are all the PUTs
-    assert m.value("tiered_store_put_bytes") == sum(sizes)
+    assert m.value("tiered_store_puts_total") == len(sizes)  # no segment was sealed, so blocks are all the PUTs
+    assert m.value("tiered_store_put_bytes_total") == sum(sizes)
     assert m.value("tiered_put_errors_total") == 1
-    assert m.value("tiered_store_errors") == 1
-    assert m.value("tiered_store_gets") == 0  # every read was local
+    assert m.value("tiered_store_errors_total") == 1
+    assert m.value("tiered_store_gets_total") == 0  # every read was local
     assert m.value("tiered_commit_seconds_count") == len(sizes)
     assert m.value("tiered_durable_ack_seconds_count") == len(sizes)
     # A block is committed no sooner than its age limit (50 ms) after its first record.

@@ -83,6 +83,7 @@ class Metrics:
         self.histograms: dict[str, Histogram] = defaultdict(Histogram)
         # Gauges computed at scrape time: name -> (help, function returning value or {labels: value}).
         self.gauges: dict[str, tuple[str, Callable[[], float | dict]]] = {}
+        self.counter_fns: dict[str, tuple[str, Callable[[], float]]] = {}
         self.help: dict[str, str] = {}
         for name, text in DECLARED_COUNTERS.items():
             self.counters[name] = 0
@@ -120,6 +121,10 @@ class Metrics:
     def gauge(self, name: str, help: str, fn: Callable[[], float | dict]) -> None:
         self.gauges[name] = (help, fn)
 
+    def counter_fn(self, name: str, help: str, fn: Callable[[], float]) -> None:
+        """A counter kept elsewhere (e.g. the object store's own), read at scrape time."""
+        self.counter_fns[name] = (help, fn)
+
     def render(self) -> str:
         out: list[str] = []
         _family(out, "tanksrv_topic_produced_bytes", "counter", "bytes produced per topic",
@@ -138,6 +143,8 @@ class Metrics:
             out.append(f"# HELP {name} {self.help.get(name, name)}")
             out.append(f"# TYPE {name} histogram")
             _histogram_lines(out, name, hist, "")
+        for name, (help, fn) in sorted(self.counter_fns.items()):
+            _family(out, name, "counter", help, (("", fn()),))
         for name, (help, fn) in sorted(self.gauges.items()):
             value = fn()
             samples = value.items() if isinstance(value, dict) else (("", value),)

@@ -395,15 +395,15 @@ class TieringService:
 
     def _register_metrics(self, metrics) -> None:
         counters = self.store.counters
-        metrics.gauge("tiered_store_puts", "object store PUT requests", lambda: counters.puts)
-        metrics.gauge("tiered_store_gets", "object store GET requests", lambda: counters.gets)
-        metrics.gauge("tiered_store_errors", "object store request errors", lambda: counters.errors)
-        metrics.gauge("tiered_store_put_bytes", "bytes uploaded", lambda: counters.put_bytes)
+        metrics.counter_fn("tiered_store_puts_total", "object store PUT requests", lambda: counters.puts)
+        metrics.counter_fn("tiered_store_gets_total", "object store GET requests", lambda: counters.gets)
+        metrics.counter_fn("tiered_store_errors_total", "object store request errors", lambda: counters.errors)
+        metrics.counter_fn("tiered_store_put_bytes_total", "bytes uploaded", lambda: counters.put_bytes)
         metrics.gauge("tiered_block_pending_bytes", "bytes waiting for the next block",
                       lambda: self.builder.pending_bytes)
         metrics.gauge("tiered_blocks_in_flight", "blocks uploading or committing", lambda: self.pipeline.in_flight)
-        metrics.gauge("tiered_catalog_statements", "SQL statements sent to the catalog",
-                      lambda: self.catalog.catalog.statements)
+        metrics.counter_fn("tiered_catalog_statements_total", "SQL statements sent to the catalog",
+                           lambda: self.catalog.catalog.statements)
         metrics.gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied",
                       lambda: self.copier.pending)
         metrics.gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket",

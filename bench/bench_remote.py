@@ -80,7 +80,31 @@ async def start_broker(data_dir: Path, catalog_url: str, bucket: str):
                         store_url=f"s3://{bucket}/t", s3_path_style=True)
     app = App(settings, tiering=TieringService(settings))
     await app.start()
+    app.probe = ReaderProbe(app.broker.fetch.remote)  # the benchmark's own attribute, for this run only
     return app
+
+
+class ReaderProbe:
+    """Wall time inside the remote reader's fetch and the store's get_range, and the bytes the GETs returned: the
+    two bound methods are wrapped on their instances (the broker's code is not changed)."""
+
+    def __init__(self, reader) -> None:
+        self.seconds = {"fetch": 0.0, "get_range": 0.0}
+        self.get_bytes = 0
+        for owner, name in ((reader, "fetch"), (reader.store, "get_range")):
+            setattr(owner, name, self._timed(getattr(owner, name), name))
+
+    def _timed(self, method, name: str):
+        async def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                got = await method(*args, **kwargs)
+                if name == "get_range":
+                    self.get_bytes += len(got)
+                return got
+            finally:
+                self.seconds[name] += time.perf_counter() - started
+        return timed
 
 
 async def copied_segments(app, topic: str) -> list:
@@ -98,8 +122,10 @@ async def produce_and_tier(app, client: ClientProcess, topic: str, config: dict,
     await client.call("create_topic", port, topic, config)
     produced = await client.call("produce", port, topic, total_bytes, VALUE_BYTES, PER_BUNDLE)
     part = app.broker.registry.get(topic, 0)
+    copier = app.broker.tiering.copier
     deadline = time.monotonic() + 600
-    while len(await copied_segments(app, topic)) < len(part.log.segments):
+    # The copier's own record of finished copies is what local retention asks (may_delete), so wait on it.
+    while not all(copier.is_copied(topic, 0, segment.base) for segment in part.log.segments):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{topic}: sealed segments not copied within 600 s")
         await asyncio.sleep(0.2)
@@ -127,12 +153,15 @@ class Row:
     fetches: int = 0
     gets: list[int] = field(default_factory=list)
     queries: list[int] = field(default_factory=list)
+    read_bytes: int = 0  # bytes the broker's GETs returned
 
-    def add(self, ttfb_s: float, full_s: float, size: int, gets: int | None = None, queries: int | None = None):
+    def add(self, ttfb_s: float, full_s: float, size: int, gets: int | None = None, queries: int | None = None,
+            read_bytes: int = 0):
         self.ttfb_s.append(ttfb_s)
         self.full_s.append(full_s)
         self.bytes += size
         self.fetches += 1
+        self.read_bytes += read_bytes
         if gets is not None:
             self.gets.append(gets)
             self.queries.append(queries)
@@ -149,13 +178,14 @@ async def fetch_into(row: Row, app, client: ClientProcess, seq: int, reset=None)
         reset()
     counters = app.broker.metrics.counters
     gets, queries = counters["tiered_remote_gets_total"], counters["tiered_remote_catalog_queries_total"]
+    read_bytes = app.probe.get_bytes
     ttfb, full, size = await client.call("fetch", TOPIC, seq, FETCH_BYTES)
     row.add(ttfb, full, size, int(counters["tiered_remote_gets_total"] - gets),
-            int(counters["tiered_remote_catalog_queries_total"] - queries))
+            int(counters["tiered_remote_catalog_queries_total"] - queries), app.probe.get_bytes - read_bytes)
 
 
 async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, rng: random.Random, moto_url: str,
-                       bucket: str, profile: cProfile.Profile | None) -> list[Row]:
+                       bucket: str) -> list[Row]:
     """Local, remote cold, remote with the index cached, remote warm, and moto's own GET, interleaved sample by
     sample so that a change in the machine's load during the run hits every row alike."""
     from tiered.tiering.remote_fetch import IndexCache, SegmentCache
@@ -178,15 +208,24 @@ async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, r
         seqs = [rng.randint(segment.base_seq, segment.last_seq) for _ in range(3)]
         await fetch_into(cold, app, client, seqs[0], empty_all)  # leaves the segment's index cached
         await fetch_into(index_cached, app, client, seqs[1], empty_rows)  # leaves its row cached too
-        if profile is not None:
-            profile.enable()
         await fetch_into(warm, app, client, seqs[2])
-        if profile is not None:
-            profile.disable()
         start = rng.randint(0, max(0, segment.size_bytes - FETCH_BYTES))
         moto.add(*await client.call("s3get", moto_url, bucket, f"t/{segment.object_key}", start,
                                     min(segment.size_bytes, start + FETCH_BYTES)))
     return [local, cold, index_cached, warm, moto]
+
+
+async def profile_warm(app, client: ClientProcess, ranges: dict, samples: int, rng: random.Random) -> str:
+    """cProfile of the broker's event loop over warm remote fetches (apart from the measured rows)."""
+    seqs = [rng.randint(ranges["remote_first"], ranges["remote_last"]) for _ in range(samples)]
+    for seq in seqs:  # every segment's row and index into the caches
+        await client.call("fetch", TOPIC, seq, FETCH_BYTES)
+    profile = cProfile.Profile()
+    profile.enable()
+    for seq in reversed(seqs):
+        await client.call("fetch", TOPIC, seq, FETCH_BYTES)
+    profile.disable()
+    return profile_table(f"{samples} warm remote fetches under cProfile", profile)
 
 
 async def block_run_rows(app, client: ClientProcess, samples: int, rng: random.Random) -> list[Row]:
@@ -222,47 +261,22 @@ class Replay:
     moto_ceiling_mb_s: float = 0.0
 
 
-class _Stopwatch:
-    """Wall time spent inside the remote reader's fetch and the store's get_range, timed by wrapping the two bound
-    methods on their instances for the duration (the broker's code is not changed); `restore` removes the wraps."""
-
-    def __init__(self, reader) -> None:
-        self.reader, self.store = reader, reader.store
-        self.seconds = {"fetch": 0.0, "get_range": 0.0}
-        for owner, name in ((self.reader, "fetch"), (self.store, "get_range")):
-            setattr(owner, name, self._timed(getattr(owner, name), name))
-
-    def _timed(self, method, name: str):
-        async def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return await method(*args, **kwargs)
-            finally:
-                self.seconds[name] += time.perf_counter() - started
-        return timed
-
-    def restore(self) -> None:
-        del self.reader.fetch, self.store.get_range
-
-
 async def replay(app, client: ClientProcess, moto: Moto, ranges: dict) -> Replay:
     counters = app.broker.metrics.counters
     before = {name: counters[name] for name in COUNTERS}
     cpu0, moto0 = own_cpu_s(), moto.cpu_s()
-    watch = _Stopwatch(app.broker.fetch.remote)
-    try:
-        messages, payload, seconds, fetches, client_cpu = await client.call(
-            "drain", app.broker.port, REPLAY_TOPIC, ranges["remote_first"], ranges["remote_last"], REPLAY_FETCH_BYTES)
-    finally:
-        watch.restore()
+    probe = app.probe
+    reader_s, get_s = probe.seconds["fetch"], probe.seconds["get_range"]
+    messages, payload, seconds, fetches, client_cpu = await client.call(
+        "drain", app.broker.port, REPLAY_TOPIC, ranges["remote_first"], ranges["remote_last"], REPLAY_FETCH_BYTES)
     if messages != ranges["remote_last"] - ranges["remote_first"] + 1:
         raise RuntimeError(f"replay returned {messages} messages, expected "
                            f"{ranges['remote_last'] - ranges['remote_first'] + 1}")
     delta = {name: counters[name] - before[name] for name in COUNTERS}
     return Replay(messages, payload, int(delta["tiered_remote_bytes_total"]), seconds,
                   int(delta["tiered_remote_gets_total"]), int(delta["tiered_remote_catalog_queries_total"]), fetches,
-                  own_cpu_s() - cpu0, moto.cpu_s() - moto0, client_cpu, watch.seconds["fetch"],
-                  watch.seconds["get_range"])
+                  own_cpu_s() - cpu0, moto.cpu_s() - moto0, client_cpu, probe.seconds["fetch"] - reader_s,
+                  probe.seconds["get_range"] - get_s)
 
 
 async def moto_ceiling(client: ClientProcess, moto_url: str, bucket: str, segments: list) -> float:
@@ -285,18 +299,19 @@ def ms(seconds: float) -> str:
 
 def latency_table(backend: str, rows: list[Row]) -> str:
     head = (f"{'fetch (' + backend + ')':<24}{'n':>4}{'first byte p50':>15}{'p99':>7}{'full p50':>9}{'p99':>7}"
-            f"{'MB/s':>6}{'GETs/fetch':>14}{'queries/fetch':>15}")
+            f"{'MB/s':>6}{'GETs/fetch':>14}{'queries/fetch':>15}{'KiB read/fetch':>16}")
     lines = [head, "-" * len(head)]
     for row in rows:
         mb_s = row.bytes / sum(row.full_s) / 1e6
         if row.gets:
             gets = f"{statistics.mean(row.gets):.2f} (max {max(row.gets)})"
             queries = f"{statistics.mean(row.queries):.2f} (max {max(row.queries)})"
+            read = f"{row.read_bytes / row.fetches / 1024:.0f}"
         else:
-            gets = queries = "-"
+            gets = queries = read = "-"
         lines.append(f"{row.name:<24}{row.fetches:>4}{ms(quantile(row.ttfb_s, .5)):>15}"
                      f"{ms(quantile(row.ttfb_s, .99)):>7}{ms(quantile(row.full_s, .5)):>9}"
-                     f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}")
+                     f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}{read:>16}")
     sizes = ", ".join(f"{row.name} {row.bytes // row.fetches >> 10}" for row in rows)
     lines.append(f"(times in ms; {FETCH_BYTES >> 20} MiB fetches; KiB per answer on average: {sizes})")
     return "\n".join(lines)
@@ -319,21 +334,25 @@ def replay_table(backend: str, segment_bytes: int, r: Replay) -> str:
     ])
 
 
-def profile_table(title: str, profile: cProfile.Profile, top: int = 14) -> str:
-    out = io.StringIO()
-    stats = pstats.Stats(profile, stream=out)
+def profile_table(title: str, profile: cProfile.Profile, top: int = 12) -> str:
+    """The functions with the most own time, then the project's and the S3 client's with the most cumulative time."""
+    stats = pstats.Stats(profile, stream=io.StringIO())
     rows = []
     for (path, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():
         short = path.replace(str(REPO) + "/", "")
-        if "site-packages/" in short:
-            short = short.split("site-packages/", 1)[1]
+        for marker in ("site-packages/", f"/lib/python{sys.version_info[0]}.{sys.version_info[1]}/"):
+            if marker in short:
+                short = short.split(marker, 1)[1]
         rows.append((tottime, cumtime, calls, f"{short}:{line}({name})"))
     total = sum(r[0] for r in rows) or 1.0
-    rows.sort(reverse=True)
-    lines = [f"{title}: top own time on the broker's event loop thread ({total:.2f} s profiled)",
-             f"  {'own s':>7}{'share':>7}{'cum s':>8}{'calls':>9}  function"]
-    for tottime, cumtime, calls, where in rows[:top]:
+    lines = [f"{title}: the broker's event loop thread, {total:.2f} s profiled",
+             f"  {'own s':>7}{'share':>7}{'cum s':>8}{'calls':>9}  function (by own time)"]
+    for tottime, cumtime, calls, where in sorted(rows, reverse=True)[:top]:
         lines.append(f"  {tottime:>7.2f}{tottime / total:>7.0%}{cumtime:>8.2f}{calls:>9}  {where}")
+    lines.append(f"  {'':>7}{'':>7}{'cum s':>8}{'calls':>9}  tiered/ and aiobotocore/ functions (by cumulative time)")
+    ours = [r for r in rows if r[3].startswith(("tiered/", "aiobotocore/")) and r[1] < total * 0.99]
+    for tottime, cumtime, calls, where in sorted(ours, key=lambda r: r[1], reverse=True)[:top]:
+        lines.append(f"  {'':>7}{cumtime / total:>7.0%}{cumtime:>8.2f}{calls:>9}  {where}")
     return "\n".join(lines)
 
 
@@ -343,7 +362,6 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
                       workdir: Path) -> list[str]:
     samples = 30 if args.quick else 100
     rng = random.Random(5)
-    profile = cProfile.Profile() if args.profile else None
     out = []
     data_dir = workdir / f"data-{backend}"
     app = await start_broker(data_dir, catalog_url, bucket)
@@ -352,15 +370,16 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         ranges = await produce_and_tier(app, client, TOPIC, LATENCY_CONFIG, (23 if args.quick else 63) << 20)
         log(f"{backend}: remote {ranges['remote_first']}..{ranges['remote_last']} in {len(ranges['segments'])} "
             f"segments, local {ranges['local_first']}..{ranges['hwmark']}; measuring fetches ...")
-        rows = await latency_rows(app, client, ranges, samples, rng, moto.url, bucket, profile)
+        rows = await latency_rows(app, client, ranges, samples, rng, moto.url, bucket)
+        profiled = await profile_warm(app, client, ranges, samples, rng) if args.profile else None
         log(f"{backend}: restarting the broker on an empty disk ...")
         await app.stop()
         shutil.rmtree(data_dir)
         app = await start_broker(data_dir, catalog_url, bucket)
         rows.extend(await block_run_rows(app, client, samples, rng))
         out.append(latency_table(backend, rows))
-        if profile is not None:
-            out.append(profile_table(f"warm remote fetches ({backend})", profile))
+        if profiled is not None:
+            out.append(profiled)
         if backend != args.replay_backend:
             return out
         size, segment = (64 << 20, 16 << 20) if args.quick else (1024 << 20, 64 << 20)
@@ -373,7 +392,7 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         result = await replay(app, client, moto, ranges)
         result.moto_ceiling_mb_s = await moto_ceiling(client, moto.url, bucket, ranges["segments"])
         out.append(replay_table(backend, segment, result))
-        if profile is not None:
+        if args.profile:
             log(f"{backend}: replaying again under cProfile ...")
             profile = cProfile.Profile()
             profile.enable()

@@ -12,8 +12,9 @@ Phases, in this order, on one broker per backend:
    first workload (1 KiB x 1000, eight connections) is the high-rate ingest that PUTs per GiB are counted on.
 3. Idle: once every block is committed, PUTs and catalog statements over an idle window, scaled to a minute.
 
-Counters come from GET /metrics: `tiered_store_puts`, `tiered_blocks_uploaded_total`, `tiered_catalog_statements`
-(every SQL statement the catalog sent, BEGIN/COMMIT not counted, heartbeats included), `tanksrv_topic_produced_bytes`.
+Counters come from GET /metrics: `tiered_store_puts_total`, `tiered_blocks_uploaded_total`,
+`tiered_catalog_statements_total` (every SQL statement the catalog sent, BEGIN/COMMIT not counted, heartbeats
+included), `tanksrv_topic_produced_bytes`. A counter missing from /metrics is an error, never a zero.
 """
 
 from __future__ import annotations
@@ -160,7 +161,11 @@ async def wait_committed(broker: BrokerProcess, timeout_s: float = 60.0) -> dict
     deadline = time.monotonic() + timeout_s
     while True:
         m = broker.metrics()
-        if not m.get("tiered_blocks_in_flight") and not m.get("tiered_block_pending_bytes"):
+        gauges = ("tiered_blocks_in_flight", "tiered_block_pending_bytes")
+        missing = [g for g in gauges if g not in m]
+        if missing:
+            raise RuntimeError(f"/metrics has no {', '.join(missing)}")
+        if not any(m[g] for g in gauges):
             return m
         if time.monotonic() > deadline:
             raise RuntimeError(f"blocks still in flight after {timeout_s} s")
@@ -168,7 +173,9 @@ async def wait_committed(broker: BrokerProcess, timeout_s: float = 60.0) -> dict
 
 
 def _delta(after: dict, before: dict, name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
+    if name not in after or name not in before:
+        raise RuntimeError(f"/metrics has no {name}: the benchmark and the broker disagree on the counter's name")
+    return after[name] - before[name]
 
 
 async def run_backend(name: str, quick: bool, log=print) -> BackendResult:
@@ -201,9 +208,9 @@ async def _latency(broker: BrokerProcess, result: BackendResult, quick: bool, lo
         m = await produce(broker.port, "durable", run.shape, 1, seconds, broker.cpu_s, rate_per_s=run.rate_per_s)
         after = await wait_committed(broker)
         blocks = _delta(after, before, "tiered_blocks_uploaded_total")
-        statements = _delta(after, before, "tiered_catalog_statements")
+        statements = _delta(after, before, "tiered_catalog_statements_total")
         result.latency.append(LatencyResult(run, m, statements / blocks if blocks else float("nan"),
-                                            int(_delta(after, before, "tiered_store_puts"))))
+                                            int(_delta(after, before, "tiered_store_puts_total"))))
 
 
 async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult, quick: bool, log) -> None:
@@ -233,10 +240,10 @@ async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult,
 
 def _count_ingest(result: BackendResult, before: dict, after: dict, parts_s: float, seconds: float) -> None:
     result.ingest_gib += _delta(after, before, 'tanksrv_topic_produced_bytes{m="durable"}') / GIB
-    result.ingest_puts += int(_delta(after, before, "tiered_store_puts"))
+    result.ingest_puts += int(_delta(after, before, "tiered_store_puts_total"))
     result.ingest_blocks += int(_delta(after, before, "tiered_blocks_uploaded_total"))
     result.ingest_block_bytes += _delta(after, before, "tiered_block_bytes_uploaded_total")
-    result.ingest_statements += int(_delta(after, before, "tiered_catalog_statements"))
+    result.ingest_statements += int(_delta(after, before, "tiered_catalog_statements_total"))
     result.ingest_seconds += seconds
     result.parts_cpu_s += parts_s
 
@@ -258,8 +265,8 @@ async def _idle(broker: BrokerProcess, result: BackendResult, quick: bool, log) 
     await asyncio.sleep(idle_s)
     after = broker.metrics()
     result.idle_seconds = time.monotonic() - t0
-    result.idle_puts = int(_delta(after, before, "tiered_store_puts"))
-    result.idle_statements = int(_delta(after, before, "tiered_catalog_statements"))
+    result.idle_puts = int(_delta(after, before, "tiered_store_puts_total"))
+    result.idle_statements = int(_delta(after, before, "tiered_catalog_statements_total"))
 
 
 async def run(quick: bool, names: list[str] | None = None, log=print) -> list[BackendResult]:

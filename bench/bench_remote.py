@@ -42,6 +42,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +121,8 @@ async def produce_and_tier(app, client: ClientProcess, topic: str, config: dict,
     Returns the seq ranges: remote only, and still local."""
     port = app.broker.port
     await client.call("create_topic", port, topic, config)
-    produced = await client.call("produce", port, topic, total_bytes, VALUE_BYTES, PER_BUNDLE)
+    size, _, seconds = await client.call("produce", port, topic, total_bytes, VALUE_BYTES, PER_BUNDLE)
+    log(f"{topic}: produced {size / 1e6:.0f} MB of values in {seconds:.1f} s with durable acks")
     part = app.broker.registry.get(topic, 0)
     copier = app.broker.tiering.copier
     deadline = time.monotonic() + 600
@@ -133,7 +135,6 @@ async def produce_and_tier(app, client: ClientProcess, topic: str, config: dict,
     rows = await copied_segments(app, topic)
     local_first = part.log.first_available
     return {
-        "produced": produced,
         "remote_first": part.first_available,
         "remote_last": local_first - 1,
         "local_first": local_first,
@@ -256,6 +257,8 @@ class Replay:
     broker_cpu_s: float
     moto_cpu_s: float
     client_cpu_s: float
+    cache_hits: int
+    cache_misses: int
     reader_s: float  # wall time inside RemoteReader.fetch
     get_s: float  # of which inside the object store's get_range
     moto_ceiling_mb_s: float = 0.0
@@ -275,7 +278,8 @@ async def replay(app, client: ClientProcess, moto: Moto, ranges: dict) -> Replay
     delta = {name: counters[name] - before[name] for name in COUNTERS}
     return Replay(messages, payload, int(delta["tiered_remote_bytes_total"]), seconds,
                   int(delta["tiered_remote_gets_total"]), int(delta["tiered_remote_catalog_queries_total"]), fetches,
-                  own_cpu_s() - cpu0, moto.cpu_s() - moto0, client_cpu, probe.seconds["fetch"] - reader_s,
+                  own_cpu_s() - cpu0, moto.cpu_s() - moto0, client_cpu, int(delta["tiered_remote_cache_hits_total"]),
+                  int(delta["tiered_remote_cache_misses_total"]), probe.seconds["fetch"] - reader_s,
                   probe.seconds["get_range"] - get_s)
 
 
@@ -313,7 +317,8 @@ def latency_table(backend: str, rows: list[Row]) -> str:
                      f"{ms(quantile(row.ttfb_s, .99)):>7}{ms(quantile(row.full_s, .5)):>9}"
                      f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}{read:>16}")
     sizes = ", ".join(f"{row.name} {row.bytes // row.fetches >> 10}" for row in rows)
-    lines.append(f"(times in ms; {FETCH_BYTES >> 20} MiB fetches; KiB per answer on average: {sizes})")
+    lines.append(textwrap.fill(f"(times in ms; {FETCH_BYTES >> 20} MiB fetches; KiB per answer on average: {sizes})",
+                               len(head)))
     return "\n".join(lines)
 
 
@@ -325,7 +330,7 @@ def replay_table(backend: str, segment_bytes: int, r: Replay) -> str:
         f"  {r.messages} messages, {mb:.0f} MB of segment bytes in {r.seconds:.1f} s: {mb / r.seconds:.0f} MB/s "
         f"({r.payload_bytes / 1e6 / r.seconds:.0f} MB/s of message values)",
         f"  {r.fetches} fetches: {r.gets} GETs ({r.gets / r.fetches:.2f}/fetch), {r.queries} catalog queries "
-        f"({r.queries / r.fetches:.2f}/fetch)",
+        f"({r.queries / r.fetches:.2f}/fetch); segment-row cache {r.cache_hits} hits, {r.cache_misses} misses",
         f"  wall time inside the broker's remote reader {r.reader_s:.2f} s, of which S3 GETs {r.get_s:.2f} s",
         f"  CPU during the replay: broker {r.broker_cpu_s:.2f} s, moto {r.moto_cpu_s:.2f} s, client "
         f"{r.client_cpu_s:.2f} s (of {r.seconds:.2f} s wall, {os.cpu_count()} cores)",

@@ -125,22 +125,40 @@ class IndexCache:
             self.size_bytes -= old.size_bytes
 
 
+class _RunKey:
+    """A run location under the names SegmentCache looks up (base_seq, last_seq)."""
+
+    __slots__ = ("topic", "partition", "base_seq", "last_seq", "run")
+
+    def __init__(self, run):
+        self.topic, self.partition, self.base_seq, self.last_seq = run.topic, run.partition, run.first_seq, run.last_seq
+        self.run = run
+
+
 class RemoteReader:
     """Remote segments first (cached segment rows and index objects, one range GET of whole bundles), then block
     runs (one catalog query, one range GET)."""
 
     def __init__(self, store: ObjectStore, catalog: CatalogThread, metrics, *, max_concurrency: int = 8,
-                 segments: SegmentCache | None = None, indexes: IndexCache | None = None):
+                 segments: SegmentCache | None = None, indexes: IndexCache | None = None,
+                 runs: SegmentCache | None = None, highest_copied=lambda topic, partition: None):
         self.store = store
         self.catalog = catalog
         self.metrics = metrics
         self.segments = segments or SegmentCache()
         self.indexes = indexes or IndexCache()
+        self.runs = runs or SegmentCache()  # run locations, kept like segment rows (same grace-period argument)
+        # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
+        # only be in a block run, so the segment lookup is skipped.
+        self.highest_copied = highest_copied
         self._slots = asyncio.Semaphore(max_concurrency)
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | None:
         async with self._slots:
-            got = await self._from_segment(topic, partition, seq, fetch_size)
+            copied = self.highest_copied(topic, partition)
+            got = None
+            if copied is None or seq <= copied:
+                got = await self._from_segment(topic, partition, seq, fetch_size)
             if got is None:
                 got = await self._from_run(topic, partition, seq, fetch_size)
             if got is not None:
@@ -189,9 +207,14 @@ class RemoteReader:
         return RemoteChunk(*trimmed) if trimmed is not None else None
 
     async def _from_run(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | None:
-        run = await self._query(catalog_blocks.find_run, topic, partition, seq)
+        cached = self.runs.get(topic, partition, seq)
+        run = cached.run if cached is not None else None
         if run is None:
-            return None
+            run = await self._query(catalog_blocks.find_run, topic, partition, seq)
+            if run is None:
+                return None
+            if run.first_seq <= seq:
+                self.runs.put(_RunKey(run))
         data = await self._get(run.object_key, run.position, run.position + run.length_bytes)
         if data is None:
             return None

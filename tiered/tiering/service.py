@@ -4,13 +4,7 @@ The broker calls it at a few points only: `start` (after the local logs are reco
 `appended` on produce, `create_topic`/`topic_opened`, `may_delete_local` from local retention, `flush`/`stop` on
 shutdown, and `check_ready` for /readyz.
 
-Start-up reconciles the local disk with the catalog, partition by partition:
-- a topic only on disk (e.g. a TANK data directory) is registered in the catalog; a topic only in the catalog that
-  this broker leads (a pod on a new, empty volume) is recreated locally;
-- the broker claims leadership of its partitions, which bumps their epochs and fences any older incarnation;
-- records on disk past the catalog's high-water mark (acknowledged locally or not at all before a crash) are
-  uploaded and committed before they become visible; a disk behind the catalog continues from the catalog's
-  high-water mark, and older seqs are served from the bucket.
+Start-up reconciles the local disk with the catalog: see startup.py.
 """
 
 from __future__ import annotations
@@ -26,13 +20,14 @@ from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.engine import Catalog
-from tiered.catalog.errors import StaleEpoch, TopicExists
+from tiered.catalog.errors import StaleEpoch
 from tiered.catalog.migrate import upgrade
-from tiered.config import Settings
+from tiered.config import Settings, mask_url
 from tiered.storage.partition_log import AppendResult
 from tiered.tiering.block_builder import BlockBuilder, PartitionKey, PendingRun
 from tiered.tiering.block_pipeline import BlockPipeline
 from tiered.tiering.catalog_thread import CatalogThread
+from tiered.tiering.startup import reconcile_with_catalog
 from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
 from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.remote_fetch import RemoteReader
@@ -46,10 +41,6 @@ RECONCILE_INTERVAL_S = 120.0
 HEARTBEAT_INTERVAL_S = 10.0
 # Longer than any cache of catalog lookups (the remote reader's segment cache lives 60 s) and any upload in flight.
 DELETE_GRACE = timedelta(minutes=10)
-
-
-class TopicLedElsewhere(Exception):
-    """The catalog has the topic and another broker leads it."""
 
 
 class TieringService:
@@ -100,16 +91,20 @@ class TieringService:
             on_committed=self._committed, on_fenced=self._fenced, ack_timeout_s=self.ack_timeout_s,
             now_ms=self.now_ms,
         )  # fmt: skip
-        broker.fetch.remote = RemoteReader(self.store, self.catalog, metrics)
         self.copier = SegmentCopier(
             self.store, self.catalog, metrics=metrics, epoch_of=lambda t, p: self.epochs[(t, p)],
             committed_up_to=self._committed_up_to, on_copied=self._copied, on_fenced=self._fenced,
         )  # fmt: skip
+        broker.fetch.remote = RemoteReader(
+            self.store, self.catalog, metrics,
+            highest_copied=lambda t, p: self.copier.copied_last.get((t, p), 0),
+        )  # fmt: skip
         broker.registry.on_seal = self._sealed
         broker.registry.may_delete = self.may_delete_local
+        await self._warm_store()
         host, port = self.settings.listen_endpoint()
         await self.catalog.call(catalog_brokers.register_broker, self.broker_id, f"{socket.gethostname()}:{port}")
-        await self._reconcile_topics()
+        await reconcile_with_catalog(self)
         self._register_metrics(metrics)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._block_timer()))
@@ -118,6 +113,15 @@ class TieringService:
                                                         self.remote_retention_pass)))
         self._tasks.append(loop.create_task(self._every(RECONCILE_INTERVAL_S, "reconciler", self.reconcile_pass)))
         self._tasks.append(loop.create_task(self._heartbeat()))
+
+    async def _warm_store(self) -> None:
+        """Opens the object store client now (creating it costs ~0.3 s), so the first produce or fetch does not pay;
+        an unreachable store is reported here and by /readyz, and does not stop the broker from starting."""
+        try:
+            async for _ in self.store.list("", limit=1):
+                break
+        except Exception as exc:
+            log.warning("object store %s does not answer yet: %s", mask_url(self.settings.effective_store_url), exc)
 
     def _store_options(self) -> dict:
         if self.settings.effective_store_url.startswith("s3://"):
@@ -177,66 +181,6 @@ class TieringService:
         for partition, epoch in claimed.items():
             self.epochs[(topic.name, partition)] = epoch
 
-    async def _reconcile_topics(self) -> None:
-        registry = self.broker.registry
-        in_catalog = {t.name: t for t in await self.catalog.call(catalog_topics.list_topics)}
-        states = {(s.topic, s.partition): s for s in await self.catalog.call(catalog_partitions.get_partition_states)}
-        for name, topic in list(registry.topics.items()):
-            if name not in in_catalog:
-                log.info("registering local topic %s in the catalog", name)
-                try:
-                    await self.catalog.call(catalog_topics.create_topic, name, len(topic.partitions), topic.config_text)
-                except TopicExists:
-                    pass
-                for p in range(len(topic.partitions)):
-                    states[(name, p)] = None
-        for name, row in in_catalog.items():
-            if name in registry.topics:
-                continue
-            leaders = {states[(name, p)].leader_broker for p in range(row.partitions) if states.get((name, p))}
-            if leaders - {None, self.broker_id}:
-                log.info("topic %s is led by broker(s) %s; not served here", name, sorted(leaders - {None}))
-                continue
-            log.info("recreating topic %s locally from the catalog (%d partitions)", name, row.partitions)
-            registry.create_topic(name, row.partitions, row.config_text)
-        for topic in list(registry.topics.values()):
-            await self.topic_opened(topic)
-            for part in topic.partitions:
-                self._resume_partition(part, states.get((part.topic, part.partition)))
-                await self.copier.load_copied(part.topic, part.partition)
-                for segment in part.log.segments:
-                    self._sealed(part, segment)
-
-    def _resume_partition(self, part, state) -> None:
-        hwmark = state.hwmark_seq if state is not None else 0
-        first = state.first_available_seq if state is not None else 0
-        plog = part.log
-        local_last = plog.last_assigned
-        if hwmark > local_last:
-            log.info("%s/%d: the local disk ends at %d, the catalog at %d: continuing from the catalog",
-                     part.topic, part.partition, local_last, hwmark)
-            plog.ensure_next_seq(hwmark + 1)
-        if first and (not plog.first_available or first < plog.first_available):
-            part.remote_first_available = first
-        part.remote_hwmark = hwmark
-        if part.durable:
-            plog.mark_visible(min(hwmark, plog.last_assigned))
-        if local_last > hwmark:
-            self._reupload_tail(part, hwmark + 1, local_last)
-
-    def _reupload_tail(self, part, first_seq: int, last_seq: int) -> None:
-        count = 0
-        now = self.now_ms()
-        for stored in part.log.iter_records(first_seq, last_seq):
-            if stored.last_seq < first_seq:
-                continue
-            self.builder.add(part.topic, part.partition, stored.first_seq, stored.last_seq, stored.record, now)
-            count += 1
-        if count:
-            log.info("%s/%d: uploading %d records past the catalog's high-water mark (%d..%d) before serving them",
-                     part.topic, part.partition, count, first_seq, last_seq)
-            self._kick.set()
-
     # -- the produce path ---------------------------------------------------------------------------------------
 
     async def admission(self) -> bool:
@@ -250,6 +194,10 @@ class TieringService:
         if was_empty or self.builder.pending_bytes >= self.builder.max_bytes:
             self._kick.set()
         return ack
+
+    def kick(self) -> None:
+        """Wakes the block timer: records arrived in an empty builder, or it is full."""
+        self._kick.set()
 
     def _close_block(self) -> None:
         block = self.builder.close()

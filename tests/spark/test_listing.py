@@ -83,7 +83,8 @@ def test_time_ranges_read_exactly_the_messages_inside_them(cat, objects, histori
 
 
 def test_small_splits_and_small_pages_read_the_same(cat, objects, histories, monkeypatch):
-    monkeypatch.setattr(listing, "PAGE_ROWS", 2)
+    monkeypatch.setattr(listing, "FIRST_PAGE_ROWS", 1)
+    monkeypatch.setattr(listing, "PAGE_ROWS", 3)
     plans = plan_topic(cat, TOPIC, max_split_bytes=MIN_SPLIT_BYTES)
     assert max(len(p.splits) for p in plans) > 8
     assert read_all(cat, objects, max_split_bytes=MIN_SPLIT_BYTES) == {0: histories[0].messages,

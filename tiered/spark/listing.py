@@ -1,8 +1,8 @@
 """The driver's side of a replay: what the catalog holds for a topic, planned into splits (tiered.spark.planning).
 
 Only the driver opens the catalog; executors get splits naming objects and byte ranges. Every query is a named
-function of tiered.catalog, each an index scan that pages (segments and runs 1000 rows at a time), so planning costs
-grow with the range read, not with the topic's age.
+function of tiered.catalog, each an index scan that pages (segments and runs 64 rows first, then up to 1000 at a
+time), so planning costs grow with the range read, not with the topic's age.
 
 Read order against the segment copier, per partition: the highest copied seq first (H0), then the runs above H0,
 then the segments, then the highest copied seq again (H1); runs are read only above H1. A copy that finishes meanwhile
@@ -35,6 +35,9 @@ from tiered.spark.planning import (
     plan_partition,
 )
 
+# Catalog pages grow from FIRST_PAGE_ROWS to PAGE_ROWS rows: a narrow range costs one small page, a whole topic
+# few round trips.
+FIRST_PAGE_ROWS = 64
 PAGE_ROWS = 1000
 
 
@@ -131,9 +134,10 @@ def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> l
         return []
     out: list[SegmentEntry] = []
     after = first.base_seq - 1
+    limit = min(FIRST_PAGE_ROWS, PAGE_ROWS)
     while True:
         rows = catalog_segments.list_segments(
-            cat, topic, partition, states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=PAGE_ROWS
+            cat, topic, partition, states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=limit
         )
         for row in rows:
             if row.base_seq > seqs.last:
@@ -144,22 +148,25 @@ def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> l
                     row.min_ts_ms, row.max_ts_ms,
                 )  # fmt: skip
             )
-        if len(rows) < PAGE_ROWS:
+        if len(rows) < limit:
             return out
         after = rows[-1].base_seq
+        limit = min(limit * 4, PAGE_ROWS)
 
 
 def list_runs(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[RunEntry]:
     """The committed runs overlapping `seqs`, in seq order."""
     out: list[RunEntry] = []
     from_seq = seqs.first
+    limit = min(FIRST_PAGE_ROWS, PAGE_ROWS)
     while from_seq <= seqs.last:
-        rows = catalog_blocks.runs_for_range(cat, topic, partition, from_seq, PAGE_ROWS)
+        rows = catalog_blocks.runs_for_range(cat, topic, partition, from_seq, limit)
         for run in rows:
             if run.first_seq > seqs.last:
                 return out
             out.append(RunEntry(run.first_seq, run.last_seq, run.object_key, run.position, run.length_bytes))
-        if len(rows) < PAGE_ROWS:
+        if len(rows) < limit:
             return out
         from_seq = rows[-1].last_seq + 1
+        limit = min(limit * 4, PAGE_ROWS)
     return out

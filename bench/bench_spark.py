@@ -1,0 +1,343 @@
+"""Spark replay benchmark (issue 6): replay throughput from the bucket with 1 and 2 executor cores, against a consume
+of the same range through the broker in the same run; planning time for a topic with 10,000 remote segments.
+
+    python -m bench.bench_spark            256 MiB of history (about 4 minutes)
+    python -m bench.bench_spark --quick    32 MiB (about 2 minutes)
+
+Throughput. A `tiered serve` process (its own process: moto S3 in another, SQLite catalog) takes `--mib` of messages
+(1000-byte values, 64 per bundle, snappy as TANK's client chooses, two partitions), rolls segments of 1/16 of a
+partition's stored bytes, copies them to the bucket and drops them from the local disk once copied (`log.retention.bytes`), so that the broker, too,
+serves the history from the bucket. Then, in this order:
+- broker: one consumer (the project's asyncio Client, 4 MiB fetches) drains both partitions, one after the other;
+- spark local[1], local[2]: a fresh SparkSession each, one warm-up query over a few seqs (Python workers start),
+  then the timed query: `count(*)` and the sum of key and value lengths over the whole topic, which decodes every
+  message into Arrow and hands it to the JVM. The two aggregates are checked against the broker's consume.
+MB/s counts message payload (keys + values, 10^6 bytes) over the wall time of the consume or of the query.
+
+Planning. A catalog (SQLite, and PostgreSQL when its server binaries are installed) holding one topic of 4
+partitions x 2,500 COPY_FINISHED segments plus 100 runs each (rows written in one transaction, as the copier and the
+block pipeline would leave them): the time of `listing.plan_read` (every catalog query and the planning) for the
+whole topic and for a 1% seq range, its catalog statements, and the pure planning alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench import format_table
+from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+
+TOPIC = "history"
+PARTITIONS = 2
+VALUE_BYTES = 1000
+PER_BUNDLE = 64
+PLAN_PARTITIONS = 4
+PLAN_SEGMENTS_PER_PARTITION = 2500
+PLAN_RUNS_PER_PARTITION = 100
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Throughput:
+    reader: str
+    messages: int
+    payload_bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / 1e6 / self.seconds
+
+    @property
+    def messages_per_s(self) -> float:
+        return self.messages / self.seconds
+
+
+# -- history through a real broker ---------------------------------------------------------------------------------
+
+
+async def produce_history(port: int, total_bytes: int) -> None:
+    from tiered.client import Client
+    from tiered.protocol.bundle import Message
+
+    async with await Client.connect("127.0.0.1", port) as client:
+        # About 16 segments per partition (values store at about half their size), which leave the local disk
+        # once copied.
+        segment_bytes = max(64 << 10, total_bytes // 2 // PARTITIONS // 16)
+        await client.create_topic(TOPIC, PARTITIONS, {"log.segment.bytes": str(segment_bytes),
+                                                      "log.retention.bytes": "128"})
+        bundles = total_bytes // (VALUE_BYTES * PER_BUNDLE)
+        base_ms = int(time.time() * 1000)
+        window: list[asyncio.Future] = []
+        for i in range(bundles):
+            # Half repeated text, half random hex: snappy stores them at about half their size. A key on every
+            # other message.
+            messages = [
+                Message(b"%08d:" % (i * PER_BUNDLE + j) + b"event field=value;" * 27 + os.urandom(VALUE_BYTES // 3)
+                        .hex().encode()[: VALUE_BYTES - 9 - 18 * 27], b"user-%d" % (j % 97) if j % 2 else None,
+                        base_ms + i)
+                for j in range(PER_BUNDLE)
+            ]
+            window.append(asyncio.ensure_future(client.produce_many({(TOPIC, i % PARTITIONS): messages})))
+            if len(window) >= 16:
+                statuses = await window.pop(0)
+                assert all(s == 0 for s in statuses.values()), statuses
+        for pending in window:
+            statuses = await pending
+            assert all(s == 0 for s in statuses.values()), statuses
+
+
+def wait_until_tiered(broker: BrokerProcess, timeout_s: float) -> bool:
+    """Until every sealed segment is copied and gone from the local disk (bounded); False if that did not happen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/v1/tier", timeout=10) as resp:
+            parts = [p for p in json.loads(resp.read()) if p["topic"] == TOPIC]
+        if parts and all(p["pending_segments"] == 0 and p["remote_segments_last"] > 0
+                         and p["local_first"] == p["remote_segments_last"] + 1 for p in parts):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+async def consume_through_broker(port: int) -> Throughput:
+    from tiered.client import Client
+
+    messages = payload = 0
+    async with await Client.connect("127.0.0.1", port) as client:
+        started = time.perf_counter()
+        for p in range(PARTITIONS):
+            async for m in client.drain(TOPIC, p, 0, fetch_bytes=4 << 20):
+                messages += 1
+                payload += len(m.value) + (len(m.key) if m.key else 0)
+        seconds = time.perf_counter() - started
+    return Throughput("broker consume (1 client, bucket)", messages, payload, seconds)
+
+
+def spark_replay(cores: int, catalog_url: str, store_url: str, env: dict[str, str]) -> Throughput:
+    os.environ.update(env)
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from tiered.spark import TieredDataSource
+
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName(f"tiered-bench-{cores}")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(cores)).config("spark.driver.memory", "2g")
+             .config("spark.pyspark.python", sys.executable).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        spark.dataSource.register(TieredDataSource)
+
+        def load(**options):
+            reader = (spark.read.format("tiered").option("catalog", catalog_url).option("store", store_url)
+                      .option("topic", TOPIC).option("s3PathStyle", "true"))
+            for name, value in options.items():
+                reader = reader.option(name, str(value))
+            return reader.load()
+
+        def aggregate(df):
+            payload = F.sum(F.length("value") + F.coalesce(F.length("key"), F.lit(0)))
+            return df.agg(F.count(F.lit(1)).alias("n"), payload.alias("bytes")).collect()[0]
+
+        aggregate(load(endingSeq=200))  # warm-up: Python workers start, modules load
+        started = time.perf_counter()
+        row = aggregate(load())
+        seconds = time.perf_counter() - started
+        return Throughput(f"spark local[{cores}]", row["n"], row["bytes"], seconds)
+    finally:
+        spark.stop()
+
+
+def throughput(total_bytes: int, root: Path) -> tuple[list[Throughput], dict]:
+    root.mkdir(parents=True, exist_ok=True)
+    moto = MotoProcess(root).start()
+    catalog_url = f"sqlite:///{root / 'catalog.db'}"
+    store_url = f"s3://{moto.bucket}/t"
+    broker = BrokerProcess(root / "data", "--catalog", catalog_url, "--store", store_url, "--s3-path-style",
+                           env=moto.env).start()
+    try:
+        log(f"producing {total_bytes >> 20} MiB")
+        asyncio.run(produce_history(broker.port, total_bytes))
+        tiered = wait_until_tiered(broker, 300)
+        log("every sealed segment is in the bucket only" if tiered else "tiering did not finish in 5 minutes")
+        results = [asyncio.run(consume_through_broker(broker.port))]
+        log(f"{results[0].reader}: {results[0].mb_per_s:.1f} MB/s")
+    finally:
+        broker.stop()
+    env = {**moto.env, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        for cores in (1, 2):
+            result = spark_replay(cores, catalog_url, store_url, env)
+            if (result.messages, result.payload_bytes) != (results[0].messages, results[0].payload_bytes):
+                raise AssertionError(f"{result.reader} read {result.messages} messages / {result.payload_bytes} "
+                                     f"bytes, the broker {results[0].messages} / {results[0].payload_bytes}")
+            log(f"{result.reader}: {result.mb_per_s:.1f} MB/s")
+            results.append(result)
+    finally:
+        moto.stop()
+    return results, {"fully_tiered": tiered}
+
+
+# -- planning ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Planning:
+    backend: str
+    what: str
+    splits: int
+    statements: int
+    median_ms: float
+
+
+def fill_catalog(url: str) -> None:
+    """One topic of PLAN_PARTITIONS x PLAN_SEGMENTS_PER_PARTITION remote segments (16 MiB, 40,000 seqs each) and a
+    tail of block runs, written in one transaction as the copier and the block pipeline would leave them."""
+    from sqlalchemy import insert, update
+
+    from tiered.catalog import Catalog
+    from tiered.catalog import topics as catalog_topics
+    from tiered.catalog.models import Block, BlockRun, Partition, Segment
+    from tiered.tiering import keys
+
+    cat = Catalog.open(url)
+    try:
+        catalog_topics.create_topic(cat, TOPIC, PLAN_PARTITIONS)
+        now = datetime.now(timezone.utc)
+        segments, blocks, runs = [], [], []
+        seqs_per_segment, t0 = 40_000, 1_700_000_000_000
+        for p in range(PLAN_PARTITIONS):
+            for i in range(PLAN_SEGMENTS_PER_PARTITION):
+                base, last = i * seqs_per_segment + 1, (i + 1) * seqs_per_segment
+                segments.append(dict(
+                    topic=TOPIC, partition=p, base_seq=base, last_seq=last,
+                    object_key=keys.segment_key(TOPIC, p, base, last, 1_700_000_000 + i),
+                    index_object_key=keys.segment_index_key(TOPIC, p, base, last, 1_700_000_000 + i),
+                    size_bytes=16 << 20, index_size_bytes=32 << 10, min_ts_ms=t0 + i * 60_000,
+                    max_ts_ms=t0 + i * 60_000 + 59_999, freeze_ts=now, leader_epoch=1, state="COPY_FINISHED",
+                    updated_at=now,
+                ))
+            first = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + 1
+            for j in range(PLAN_RUNS_PER_PARTITION):
+                block_id = len(blocks) + 1
+                blocks.append(dict(block_id=block_id, object_key=keys.block_key(1, keys.new_block_id(t0 + block_id)),
+                                   state="committed", broker_id=1, size_bytes=64 << 10, created_at=now,
+                                   committed_at=now))
+                runs.append(dict(block_id=block_id, topic=TOPIC, partition=p, first_seq=first + j * 100,
+                                 last_seq=first + j * 100 + 99, position=0, length_bytes=64 << 10, messages=100,
+                                 min_ts_ms=t0, max_ts_ms=t0))
+        hwmark = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + PLAN_RUNS_PER_PARTITION * 100
+        with cat.write() as conn:
+            conn.execute(insert(Segment), segments)
+            conn.execute(insert(Block), blocks)
+            conn.execute(insert(BlockRun), runs)
+            conn.execute(update(Partition).where(Partition.topic == TOPIC)
+                         .values(hwmark_seq=hwmark, first_available_seq=1, leader_broker=1, leader_epoch=1))
+    finally:
+        cat.close()
+
+
+def planning(backend: str, url: str, repeats: int) -> list[Planning]:
+    from tiered.catalog import Catalog
+    from tiered.catalog.migrate import upgrade
+    from tiered.spark import listing
+    from tiered.spark.options import ReadOptions
+    from tiered.spark.planning import SeqRange, plan_partition
+
+    upgrade(url)
+    fill_catalog(url)
+    out = []
+    whole = ReadOptions.parse({"catalog": url, "store": "s3://b/p", "topic": TOPIC})
+    total_seqs = PLAN_SEGMENTS_PER_PARTITION * 40_000
+    narrow = ReadOptions.parse({"catalog": url, "store": "s3://b/p", "topic": TOPIC,
+                                "startingSeq": str(total_seqs // 2), "endingSeq": str(total_seqs // 2 + total_seqs // 100)})
+    for what, options in (("whole topic (10,000 segments, 400 runs)", whole), ("1% seq range", narrow)):
+        times, splits, statements = [], 0, 0
+        for _ in range(repeats):
+            cat = Catalog.open(url)
+            started = time.perf_counter()
+            plans = listing.plan_topic(cat, TOPIC, seqs=options.seqs)
+            times.append(time.perf_counter() - started)
+            splits, statements = sum(len(p.splits) for p in plans), cat.statements
+            cat.close()
+        # Through plan_read as the data source calls it: opening the catalog is part of what the driver pays.
+        started = time.perf_counter()
+        listing.plan_read(options)
+        open_and_plan_ms = (time.perf_counter() - started) * 1000
+        out.append(Planning(backend, what, splits, statements, statistics.median(times) * 1000))
+        out.append(Planning(backend, what + ", plan_read incl. catalog open", splits, statements, open_and_plan_ms))
+    cat = Catalog.open(url)
+    segments = [listing.list_segments(cat, TOPIC, p, SeqRange()) for p in range(PLAN_PARTITIONS)]
+    runs = [listing.list_runs(cat, TOPIC, p, SeqRange(total_seqs + 1)) for p in range(PLAN_PARTITIONS)]
+    cat.close()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        n = sum(len(plan_partition(TOPIC, p, segments[p], runs[p], total_seqs, SeqRange()))
+                for p in range(PLAN_PARTITIONS))
+        times.append(time.perf_counter() - started)
+    out.append(Planning("-", "pure planning of the listed rows", n, 0, statistics.median(times) * 1000))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_spark", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="32 MiB of history, fewer planning repeats")
+    parser.add_argument("--mib", type=int, help="MiB of history to replay (default 256, 32 with --quick)")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    total = (args.mib or (32 if args.quick else 256)) << 20
+    root = Path(tempfile.mkdtemp(prefix="tiered-bench-spark-"))
+    load = os.getloadavg()[0]
+    try:
+        results, notes = throughput(total, root / "replay")
+        plans = planning("sqlite", f"sqlite:///{root / 'plan.db'}", 3 if args.quick else 7)
+        bindir = find_pg_bindir()
+        if bindir is not None:
+            pg = PgCluster(bindir).start()
+            try:
+                plans += [p for p in planning("postgresql", pg.url(), 3 if args.quick else 7) if p.backend != "-"]
+            finally:
+                pg.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"Spark replay: {total >> 20} MiB of history, {PARTITIONS} partitions, moto S3 on loopback, SQLite catalog; "
+          f"{os.cpu_count()} cores, load average {load:.2f} before the run")
+    print(format_table(
+        ("reader", "messages", "payload MB", "seconds", "MB/s", "messages/s"),
+        [(r.reader, r.messages, r.payload_bytes / 1e6, r.seconds, r.mb_per_s, r.messages_per_s) for r in results],
+    ))
+    if not notes["fully_tiered"]:
+        print("note: some sealed segments were still on the broker's disk when it was consumed")
+    print()
+    print(format_table(("catalog", "planning", "splits", "statements", "ms (median)"),
+                       [(p.backend, p.what, p.splits, p.statements, p.median_ms) for p in plans]))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "throughput": [{**asdict(r), "mb_per_s": r.mb_per_s, "messages_per_s": r.messages_per_s}
+                           for r in results],
+            "planning": [asdict(p) for p in plans],
+        }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

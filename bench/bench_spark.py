@@ -6,8 +6,8 @@ of the same range through the broker in the same run; planning time for a topic 
 
 Throughput. A `tiered serve` process (its own process: moto S3 in another, SQLite catalog) takes `--mib` of messages
 (1000-byte values, 64 per bundle, snappy as TANK's client chooses, two partitions), rolls segments of 1/16 of a
-partition's stored bytes, copies them to the bucket and drops them from the local disk once copied (`log.retention.bytes`), so that the broker, too,
-serves the history from the bucket. Then, in this order:
+partition's stored bytes, copies them to the bucket and drops them from the local disk once copied
+(`log.retention.bytes`), so that the broker, too, serves the history from the bucket. Then, in this order:
 - broker: one consumer (the project's asyncio Client, 4 MiB fetches) drains both partitions, one after the other;
 - spark local[1], local[2]: a fresh SparkSession each, one warm-up query over a few seqs (Python workers start),
   then the timed query: `count(*)` and the sum of key and value lengths over the whole topic, which decodes every
@@ -266,8 +266,9 @@ def planning(backend: str, url: str, repeats: int) -> list[Planning]:
     out = []
     whole = ReadOptions.parse({"catalog": url, "store": "s3://b/p", "topic": TOPIC})
     total_seqs = PLAN_SEGMENTS_PER_PARTITION * 40_000
+    first = total_seqs // 2
     narrow = ReadOptions.parse({"catalog": url, "store": "s3://b/p", "topic": TOPIC,
-                                "startingSeq": str(total_seqs // 2), "endingSeq": str(total_seqs // 2 + total_seqs // 100)})
+                                "startingSeq": str(first), "endingSeq": str(first + total_seqs // 100)})
     for what, options in (("whole topic (10,000 segments, 400 runs)", whole), ("1% seq range", narrow)):
         times, splits, statements = [], 0, 0
         for _ in range(repeats):

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ending-timestamp", help="messages before this time (exclusive)")
     p.add_argument("--max-split-bytes", help="largest byte range read at once (default 64MiB)")
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--parquet", metavar="DEST", help="write Parquet files to a local directory or s3://bucket/prefix")
+    target.add_argument("--parquet", metavar="DEST",
+                        help="write Parquet files to a local directory or s3://bucket/prefix")
     target.add_argument("--to-topic", help="produce into this topic (same partition numbers)")
     p.add_argument("--to-broker", default=f"127.0.0.1:{DEFAULT_PORT}", help="broker [addr:]port for --to-topic")
     p.add_argument("--keep-seqs", action="store_true", help="keep each message's seq (ProduceWithSeqnum)")

@@ -91,12 +91,11 @@ class TieredReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         bounds = self.bounds
         splits = plan_read(self.options, partitions=bounds.partitions, seqs=bounds.seqs, times=bounds.times)
-        # Spark wants at least one partition; a None split reads nothing.
-        return [InputPartition(split) for split in splits] or [InputPartition(None)]
+        return [InputPartition(split) for split in splits]
 
     def read(self, partition: InputPartition) -> Iterator:
         split: Split | None = partition.value
-        if split is None:
+        if split is None:  # Spark turns an empty plan into one InputPartition(None)
             return iter(())
         reader = open_range_reader(self.options.store_url, s3_path_style=self.options.s3_path_style)
         return split_batches(reader, split, self.bounds.times)

@@ -4,8 +4,8 @@ Parquet or produces the messages into a topic of a broker.
 Reading is what a Spark task does (tiered.spark.execution), split after split, so the two give the same messages.
 Parquet goes through pyarrow directly: one file per split that holds any message, named
 `part-<partition:05d>-<its first seq:020d>.parquet` (sorted names are (partition, seq) order), with the data
-source's columns; to a local directory or to `s3://bucket/prefix` (each file written locally, then uploaded). A destination
-that already holds files is refused, so two replays never mix. Spark reads the result back with
+source's columns; to a local directory or to `s3://bucket/prefix` (each file written locally, then uploaded).
+A destination that already holds files is refused, so two replays never mix. Spark reads the result back with
 `spark.read.parquet(dest)`.
 
 Producing keeps keys and timestamps. With `keep_seqs` every bundle goes out as ProduceWithSeqnum (a sparse bundle

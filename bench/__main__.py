@@ -4,7 +4,7 @@
     python -m bench --quick              shorter runs, durable acks on file+sqlite only (~2 minutes)
     python -m bench --only broker        one benchmark: broker, durable or spark (repeatable)
     python -m bench --only durable --backend s3+postgresql
-    python -m bench --profile DIR        run the broker of the throughput benchmark under cProfile, one file per workload
+    python -m bench --profile DIR        cProfile the throughput benchmark's broker, one file per workload
     python -m bench --json PATH          also write every figure as JSON
 
 `--only spark` and `--only remote` run `python -m bench.bench_spark` / `python -m bench.bench_remote` (modules of

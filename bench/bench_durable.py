@@ -300,8 +300,8 @@ def report(results: list[BackendResult]) -> str:
         per_block_mib = r.ingest_block_bytes / r.ingest_blocks / (1 << 20) if r.ingest_blocks else float("nan")
         parts_cores = r.parts_cpu_s / r.ingest_seconds if r.ingest_seconds else float("nan")
         summary_rows.append([r.backend, r.ingest_gib, r.ingest_puts, per_gib, per_block_mib,
-                             r.largest_block_bytes / (1 << 20), per_block, r.idle_seconds, r.idle_puts, idle_per_min, statements_per_min,
-                             parts_cores])
+                             r.largest_block_bytes / (1 << 20), per_block, r.idle_seconds, r.idle_puts, idle_per_min,
+                             statements_per_min, parts_cores])
     ratio_rows = []
     for r in results:
         for x in r.ratio:
@@ -312,8 +312,8 @@ def report(results: list[BackendResult]) -> str:
         format_table(("backend", "msgs/s", "request", "samples", "achieved msgs/s", "p50 ms", "p99 ms", "max ms",
                       "errors", "PUTs", "stmts/block"), latency_rows,
                      "Durable ack latency (open loop, from each request's scheduled send time to its response)"),
-        format_table(("backend", "GiB ingested", "PUTs", "PUTs/GiB", "MiB/block", "largest MiB", "stmts/block", "idle s",
-                      "idle PUTs", "idle PUTs/min", "idle stmts/min", "moto+pg cores"), summary_rows,
+        format_table(("backend", "GiB ingested", "PUTs", "PUTs/GiB", "MiB/block", "largest MiB", "stmts/block",
+                      "idle s", "idle PUTs", "idle PUTs/min", "idle stmts/min", "moto+pg cores"), summary_rows,
                      "High-rate ingest (durable, 1KiB x1000, 8 connections) and idle (PUTs/min extrapolated from "
                      "the idle window; floor for 8 MiB blocks: 128 PUTs/GiB)"),
         format_table(("backend", "workload", "conns", "window", "durable msgs/s", "durable MB/s", "local msgs/s",

@@ -88,7 +88,8 @@ def stop_process(proc: subprocess.Popen | None, timeout_s: float = 30.0) -> None
 class BrokerProcess:
     """`tiered serve` as an operator runs it, on loopback ports of its own."""
 
-    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None, profile_path: Path | None = None):
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None,
+                 profile_path: Path | None = None):
         self.data_dir = data_dir
         self.port = free_port()
         self.http_port = free_port()

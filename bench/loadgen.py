@@ -31,7 +31,12 @@ from dataclasses import dataclass, field
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import CODEC_NONE, FLAG_SPARSE, Message, encode_bundle, read_bundle_header
 from tiered.protocol.codes import ConsumeStatus
-from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head, read_consume_response
+from tiered.protocol.consume_response import (
+    ConsumePartitionResult,
+    ConsumeTopicResult,
+    encode_consume_head,
+    read_consume_response,
+)
 from tiered.protocol.frame import FRAME_HEADER, MsgType, encode_frame
 from tiered.protocol.varint import encode_varint, maybe_varint
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import format_table
-from bench.harness import REPO, BrokerProcess, free_port, process_cpu_s, self_cpu_s, wait_for_port
+from bench.harness import REPO, BrokerProcess, die_with_parent, free_port, process_cpu_s, self_cpu_s, wait_for_port
 from bench.loadgen import ConsumeConn, ProduceConn, Shape, make_bundle, open_conn, produce_frame
 
 SHAPES = tuple(Shape(m, b) for m in (100, 1024) for b in (1, 100, 1000))
@@ -145,7 +145,7 @@ class NullServerProcess:
 
     def start(self) -> "NullServerProcess":
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.loadgen", "null-server", "--port", str(self.port)],
-                                     cwd=REPO)
+                                     cwd=REPO, preexec_fn=die_with_parent)
         wait_for_port(self.port, self.proc, 30.0, "the null server", Path("/dev/null"))
         return self
 

@@ -49,6 +49,15 @@ def process_cpu_s(pid: int, *, reaped_children: bool = False) -> float:
     return ticks / CLOCK_TICKS
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the benchmark process ends, even by SIGKILL (Linux prctl), so that no
+    broker is left running after an interrupted benchmark."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def self_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
@@ -107,7 +116,8 @@ class BrokerProcess:
         cmd = [*runner, "-m", "tiered.cli.main", "serve", "-p", str(self.data_dir), "-l", f"127.0.0.1:{self.port}",
                "-P", f"127.0.0.1:{self.http_port}", "--log-level", "warning", *self.extra]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                         preexec_fn=die_with_parent)
         wait_for_port(self.port, self.proc, timeout_s, "the broker", self.log_path)
         return self
 
@@ -152,7 +162,8 @@ class MotoProcess:
                 "sys.stdin.read()\ns.stop()\n")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, **self.env})
+                                         stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                         preexec_fn=die_with_parent)
         wait_for_port(self.port, self.proc, 60.0, "moto", self.log_path)
         self.client().create_bucket(Bucket=self.bucket)
         return self

@@ -196,3 +196,30 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
         assert app.broker.metrics.counters["tiered_reconciler_deletions_total"] >= 1
         assert [i.object_key async for i in tiering.store.list(orphan)] == []
         assert [m.value async for m in c.drain("hist", 0, 0)] == values[first - 1:]
+
+
+async def test_a_seq_in_a_gap_before_a_remote_segment_starts_at_that_segment(tiered_broker):
+    app = await tiered_broker()
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        await c.create_topic("hist", 1, TOPIC_CONFIG)
+        part = app.broker.registry.get("hist", 0)
+        first = []
+        while part.log.active is None or part.log.active.size <= 4096:  # fill the active segment past its size
+            first += await _produce(c, 5, start=len(first))
+        # A mirror-style produce jumps ahead: the roll before it seals the full segment, so the new segment starts at
+        # seq 1000 and the seqs in between exist nowhere: a gap between two segments.
+        gap = len(first) + 1
+        jumped = [Message(value(i), None, 1_700_000_000_000 + i, 1000 + i) for i in range(60)]
+        for i in range(0, 60, 5):
+            await c.produce_with_seqnum("hist", 0, jumped[i:i + 5])
+        await _produce(c, 200, start=2000)  # more segments, so the jumped ones are sealed, copied and trimmed
+        sealed_last = part.log.segments[-1].last
+        await eventually(lambda: max(r.last_seq for r in _copied(tiered_broker.catalog_url)) >= sealed_last,
+                         what="segments copied")
+        assert any(r.base_seq == 1000 for r in _copied(tiered_broker.catalog_url))
+        app.broker.enforce_retention()
+        assert part.log.first_available > 1060  # both ranges are remote only now
+        got = await c.consume("hist", 0, gap)
+        assert got.messages[0].seq == 1000 and got.messages[0].value == jumped[0].value
+        everything = [m.value async for m in c.drain("hist", 0, 0)]
+    assert everything[:len(first) + 60] == first + [m.value for m in jumped]

@@ -183,8 +183,10 @@ class RemoteReader:
         if row is None:
             self.metrics.inc("tiered_remote_cache_misses_total", help="remote reads that needed a catalog lookup")
             row = await self._query(catalog_segments.find_remote_segment, topic, partition, seq)
-            if row is None or row.base_seq > seq:
+            if row is None:
                 return None  # not in a remote segment (a block run may hold it)
+            # A seq in the gap before a segment (sparse produces jump) is served from the segment's first bundle:
+            # no block run can hold it, since the runs a segment covers are pruned once it is copied.
             self.segments.put(row)
         else:
             self.metrics.inc("tiered_remote_cache_hits_total", help="remote reads served without a catalog lookup")

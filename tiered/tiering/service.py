@@ -191,7 +191,9 @@ class TieringService:
         was_empty = self.builder.empty
         self.builder.add(part.topic, part.partition, appended.first_seq, appended.last_seq, appended.record,
                          self.now_ms(), ack)
-        if was_empty or self.builder.pending_bytes >= self.builder.max_bytes:
+        if self.builder.pending_bytes >= self.builder.max_bytes:
+            self._close_block()  # at once: the timer task may only run after many more appends
+        elif was_empty:
             self._kick.set()
         return ack
 

@@ -102,19 +102,6 @@ async def scrape(port: int) -> Scrape:
     return Scrape(answer.text)
 
 
-async def eventually(check, timeout_s: float = 15.0, what: str = "condition"):
-    """Polls `check` (sync or async) until it returns something true; fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
 
 def tiered_console_script(tmp_path: Path) -> Path:
     """The `tiered` console script: the installed one next to this interpreter when the package is installed (as

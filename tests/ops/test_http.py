@@ -7,7 +7,8 @@ import asyncio
 
 from tiered.server.http import HttpEndpoint
 
-from tests.ops.helpers import ahttp_get, eventually, http_request
+from tests.ops.helpers import ahttp_get, http_request
+from tests.support.polling import eventually
 
 
 async def _raw(port: int, raw: bytes):

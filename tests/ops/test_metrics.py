@@ -14,7 +14,8 @@ from tiered.protocol.bundle import Message
 from tiered.tiering import keys
 from tiered.tiering.store import open_store
 
-from tests.ops.helpers import ahttp_get, eventually, scrape
+from tests.ops.helpers import ahttp_get, scrape
+from tests.support.polling import eventually
 from tests.support.broker import REPO
 
 SMALL_SEGMENTS = {"log.segment.bytes": "4k", "log.index.interval.bytes": "128", "retention.segments.count": "2"}

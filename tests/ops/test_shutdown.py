@@ -8,7 +8,6 @@ import asyncio
 import json
 import time
 
-import pytest
 
 from tiered.catalog import Catalog
 from tiered.catalog import partitions as catalog_partitions

@@ -15,7 +15,8 @@ from tiered.cli.tier import status_url
 from tiered.client import Client
 from tiered.protocol.bundle import Message
 
-from tests.ops.helpers import child_env, eventually
+from tests.ops.helpers import child_env
+from tests.support.polling import eventually
 
 SMALL_SEGMENTS = {"log.segment.bytes": "2k", "log.index.interval.bytes": "128"}
 

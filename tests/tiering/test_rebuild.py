@@ -33,6 +33,7 @@ from tiered.tiering.store import open_store
 
 from tests.support.broker import local_settings
 from tests.support.postgres import TEMPLATE_DB
+from tests.support.polling import eventually
 
 SMALL_SEGMENTS = {"log.segment.bytes": "4k", "log.index.interval.bytes": "128"}
 TS0 = 1_700_000_000_000
@@ -41,13 +42,6 @@ TS0 = 1_700_000_000_000
 def value(topic: str, partition: int, i: int) -> bytes:
     return b"%s/%d/%05d-" % (topic.encode(), partition, i) + random.Random(i).randbytes(60)
 
-
-async def eventually(check, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def snapshot(url: str) -> dict[str, list[tuple]]:

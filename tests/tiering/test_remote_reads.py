@@ -18,6 +18,7 @@ from tiered.tiering.remote_fetch import SegmentCache
 from tiered.tiering.service import TieringService
 
 from tests.support.broker import local_settings
+from tests.support.polling import eventually
 
 TOPIC_CONFIG = {"log.segment.bytes": "4k", "log.index.interval.bytes": "128", "retention.segments.count": "2"}
 
@@ -25,18 +26,6 @@ TOPIC_CONFIG = {"log.segment.bytes": "4k", "log.index.interval.bytes": "128", "r
 def value(i: int) -> bytes:
     return b"v%05d-" % i + random.Random(i).randbytes(80)
 
-
-async def eventually(check, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

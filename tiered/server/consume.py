@@ -15,7 +15,7 @@ from tiered.protocol.codes import UINT64_MAX, ConsumeStatus
 from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head
 from tiered.protocol.requests import ConsumeRequest
 
-from tiered.server.fetch import Boundary, Eof, Found
+from tiered.server.fetch import Boundary, Found
 from tiered.server.waiters import Waiter, monotonic_ms, wakeup_deadline_ms
 
 log = logging.getLogger("tiered.server")

@@ -296,13 +296,13 @@ def bundle_seq_range(header: BundleHeader, next_seq: int) -> tuple[int, int]:
     return next_seq, next_seq + header.count - 1
 
 
-def timestamp_bounds(bundle) -> tuple[int, int]:
+def timestamp_bounds(bundle, header: BundleHeader | None = None) -> tuple[int, int]:
     """(min, max) message timestamp of one bundle, walking the message set without building messages.
 
     The block builder and the segment copier record these per run and segment, so that time-range replays can
     skip objects before reading them.
     """
-    header = read_bundle_header(bundle)
+    header = header or read_bundle_header(bundle)
     data = message_set(bundle, header)
     position, end = 0, len(data)
     low, high, ts = U64_MAX, 0, 0

@@ -25,6 +25,7 @@ log = logging.getLogger("tiered.server")
 
 IDLE_TIMEOUT_S = 16.0
 READ_BYTES = 256 * 1024
+WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for the client to read
 
 
 class CloseConnection(Exception):
@@ -41,6 +42,8 @@ class Connection:
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
         self.idle_timeout_s = broker.idle_timeout_s
+        self._pending: list[bytes] = []  # responses queued for the next flush
+        self._flush_scheduled = False
 
     def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -108,11 +111,23 @@ class Connection:
             raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
 
     async def send(self, msg_id: int, payload: bytes) -> None:
+        """Queues one response. Responses queued in the same turn of the event loop (pipelined requests) go out in
+        one write, so a burst of small responses costs one send() syscall rather than one each."""
         async with self.write_lock:
             if self.closed:
                 return
-            self.writer.write(encode_frame(msg_id, payload))
-            await self._drain()
+            self._pending.append(encode_frame(msg_id, payload))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+                await self._drain()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._pending and not self.closed:
+            self.writer.write(b"".join(self._pending))
+        self._pending.clear()
 
     async def send_consume(self, head: bytes, chunks) -> None:
         """A consume response: the frame head with the partition header, then every chunk in header order."""
@@ -120,6 +135,7 @@ class Connection:
         async with self.write_lock:
             if self.closed:
                 return
+            self._flush()  # queued responses go first, in order
             self.writer.write(head)
             for chunk in chunks:
                 if isinstance(chunk, FileChunk):
@@ -145,6 +161,7 @@ class Connection:
             self.writer.transport.abort()
 
     async def close(self) -> None:
+        self._flush()
         self.closed = True
         for task in list(self.tasks):
             task.cancel()

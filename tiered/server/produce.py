@@ -58,7 +58,8 @@ class ProduceHandler:
                     statuses.append(PartitionStatus(ProduceStatus.NO_LEADER))
                     continue
                 try:
-                    appended = part.log.append(p.bundle, p.base_seq if req.with_seqnum else None)
+                    header = headers[t_index][p_index]
+                    appended = part.log.append(p.bundle, p.base_seq if req.with_seqnum else None, header)
                 except InvalidSeqnums as exc:
                     log.info("produce %s/%d refused: %s", topic.name, p.partition, exc)
                     statuses.append(PartitionStatus(ProduceStatus.INVALID_SEQNUMS))
@@ -67,7 +68,7 @@ class ProduceHandler:
                     log.error("produce %s/%d: append failed: %s", topic.name, p.partition, exc)
                     statuses.append(PartitionStatus(ProduceStatus.SYSTEM))
                     continue
-                broker.metrics.produced(topic.name, len(appended.record), headers[t_index][p_index].count)
+                broker.metrics.produced(topic.name, len(appended.record), header.count)
                 ack = broker.after_append(part, appended)
                 if ack is not None:
                     pending.append((len(results), len(statuses), ack))

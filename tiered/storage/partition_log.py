@@ -28,7 +28,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from tiered.protocol.bundle import read_bundle_header
+from tiered.protocol.bundle import BundleHeader, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
 from tiered.storage.reads import Boundary, Eof, ReadRange, find_start, range_end
@@ -55,6 +55,7 @@ class AppendResult:
     position: int
     end_position: int
     record: bytes  # exactly the bytes written: {varint length, bundle}
+    header: BundleHeader | None = None  # the bundle's parsed header, so later stages need not parse it again
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,9 +211,11 @@ class PartitionLog:
 
     # ------------------------------------------------------------------------------------------- writes
 
-    def append(self, bundle: bytes | memoryview, base_seq: int | None = None) -> AppendResult:
-        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq."""
-        header = read_bundle_header(bundle)
+    def append(self, bundle: bytes | memoryview, base_seq: int | None = None,
+               header: BundleHeader | None = None) -> AppendResult:
+        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq; `header`,
+        when the caller already parsed it with read_bundle_header, saves parsing it again."""
+        header = header or read_bundle_header(bundle)
         if len(bundle) > MAX_VARINT:
             raise ProtocolError(f"bundle of {len(bundle)} bytes does not fit a segment record")
         with self._lock:
@@ -236,7 +239,7 @@ class PartitionLog:
             if self._visible_on_append:
                 self._visible = last
             self._count_for_flush(header.count, now)
-            return AppendResult(first, last, segment.base, position, position + len(record), record)
+            return AppendResult(first, last, segment.base, position, position + len(record), record, header)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

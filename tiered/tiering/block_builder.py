@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from tiered.protocol.bundle import maybe_record, read_bundle_header, timestamp_bounds
+from tiered.protocol.bundle import BundleHeader, maybe_record, read_bundle_header, timestamp_bounds
 from tiered.tiering.block_format import RunMeta
 
 PartitionKey = tuple[str, int]
@@ -50,13 +50,13 @@ class ClosedBlock:
         return [(r.topic, r.partition) for r in self.runs]
 
 
-def record_stats(record: bytes) -> tuple[int, int, int]:
-    """(messages, min ts, max ts) of one `{varint len, bundle}` record."""
+def record_stats(record: bytes, header: BundleHeader | None = None) -> tuple[int, int, int]:
+    """(messages, min ts, max ts) of one `{varint len, bundle}` record; `header` if the caller has it parsed."""
     start, end = maybe_record(record)
     bundle = memoryview(record)[start:end]
-    count = read_bundle_header(bundle).count
-    low, high = timestamp_bounds(bundle)
-    return count, low, high
+    header = header or read_bundle_header(bundle)
+    low, high = timestamp_bounds(bundle, header)
+    return header.count, low, high
 
 
 class BlockBuilder:
@@ -82,9 +82,9 @@ class BlockBuilder:
         return not self._runs
 
     def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: bytes, now_ms: float,
-            ack: asyncio.Future | None = None) -> None:
+            ack: asyncio.Future | None = None, header: BundleHeader | None = None) -> None:
         """Adds one record. Records of a partition must arrive in seq order (the partition log's append order)."""
-        messages, low, high = record_stats(record)
+        messages, low, high = record_stats(record, header)
         run = self._runs.get((topic, partition))
         if run is None:
             run = PendingRun(topic, partition, first_seq, last_seq, min_ts_ms=low, max_ts_ms=high)

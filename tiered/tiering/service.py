@@ -190,7 +190,7 @@ class TieringService:
         ack = asyncio.get_running_loop().create_future() if part.durable else None
         was_empty = self.builder.empty
         self.builder.add(part.topic, part.partition, appended.first_seq, appended.last_seq, appended.record,
-                         self.now_ms(), ack)
+                         self.now_ms(), ack, appended.header)
         if self.builder.pending_bytes >= self.builder.max_bytes:
             self._close_block()  # at once: the timer task may only run after many more appends
         elif was_empty:

@@ -1,7 +1,8 @@
 """The catalog: PostgreSQL (SQLite as the embedded single-node default) indexing every byte in the bucket.
 
 Every function takes a `Catalog` first and is one transaction; SQL lives only in this package. Modules by noun:
-`topics`, `brokers`, `partitions`, `blocks`, `segments`; `migrate` runs the Alembic migrations in migrations/.
+`topics`, `brokers`, `partitions`, `blocks`, `segments`; `restore` writes the rows `tiered catalog rebuild`
+restores from the bucket; `migrate` runs the Alembic migrations in migrations/.
 
     from tiered.catalog import Catalog, blocks
     cat = Catalog.open("postgresql://tiered@db/tiered")

@@ -42,30 +42,28 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol, TypeVar
 
-from sqlalchemy import bindparam, delete, insert, literal, select, update
-
-from tiered.catalog import BlockState, Catalog
+from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
-from tiered.catalog import segments as catalog_segments
+from tiered.catalog import restore as catalog_restore
 from tiered.catalog import topics as catalog_topics
-from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
+from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, RunRow
 from tiered.catalog.engine import utcnow
-from tiered.catalog.models import Block, BlockRun, Partition, Segment, Topic
+from tiered.catalog.restore import PartitionBounds, RestoredBlock
 from tiered.catalog.segments import SegmentMeta
 from tiered.protocol.bundle import maybe_record, timestamp_bounds
 from tiered.protocol.errors import ProtocolError
 from tiered.tiering import keys
-from tiered.tiering.block_format import FOOTER_TRAILER_BYTES, RunInfo, block_tail_bytes, read_block_footer
+from tiered.tiering.block_format import FOOTER_TRAILER_BYTES, block_tail_bytes, read_block_footer
 from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore
 
 TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
 UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
-INSERT_BATCH = 500  # blocks per catalog transaction
+INSERT_BATCH = 500  # blocks, or remote segments, per catalog transaction
 PRUNE_BATCH = 1000
 LIST_BATCH = 1000  # objects listed before their reads are awaited
 
@@ -88,7 +86,7 @@ class FoundBlock:
     created_at: datetime  # from the block id (a ULID)
     last_modified: datetime
     size_bytes: int
-    runs: tuple[RunInfo, ...]
+    runs: tuple[RunRow, ...]  # as the footer lists them
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +150,17 @@ async def rebuild_catalog(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     now = utcnow(now)
-    if not await asyncio.to_thread(catalog_is_empty, catalog):
+    if not await asyncio.to_thread(catalog_restore.catalog_is_empty, catalog):
         if not force:
             raise CatalogNotEmpty(f"catalog {catalog.url} is not empty: rebuild refuses to merge into it")
-        await asyncio.to_thread(clear_catalog, catalog)
+        await asyncio.to_thread(catalog_restore.clear_catalog, catalog)
     report = RebuildReport()
     found_blocks = await _read_blocks(store, report, progress, concurrency)
     found_segments = await _read_segments(store, report, progress, concurrency, read_timestamps)
 
-    kept_runs, abandoned = _resolve_runs(found_blocks, report)
+    kept, abandoned = _resolve_runs(found_blocks, report)
     segments = _resolve_segments(found_segments, report)
-    await _write(catalog, report, kept_runs, abandoned, segments, grace, now)
+    await _write(catalog, report, kept, abandoned, segments, grace, now)
     return report
 
 
@@ -214,14 +212,14 @@ async def _read_block(store: ObjectStore, info: ObjectInfo, report: RebuildRepor
         needed = block_tail_bytes(tail)
         if needed > len(tail):
             tail = await store.get_range(info.object_key, max(0, size - needed), size)
-        runs = read_block_footer(tail, size)
+        runs = tuple(RunRow(**asdict(run)) for run in read_block_footer(tail, size))
     except ProtocolError as error:
         report.damaged.append(f"{info.object_key} ({error})")
         return None
     except ObjectNotFound:
         return None  # deleted since the listing (swept): nothing to index
     created_at = datetime.fromtimestamp(parsed.created_ms / 1000, timezone.utc)
-    return FoundBlock(info.object_key, parsed.broker_id, created_at, info.last_modified, size, tuple(runs))
+    return FoundBlock(info.object_key, parsed.broker_id, created_at, info.last_modified, size, runs)
 
 
 async def _read_segments(
@@ -310,17 +308,18 @@ class _Taken:
 
 def _resolve_runs(
     found: list[FoundBlock], report: RebuildReport
-) -> tuple[list[tuple[FoundBlock, list[RunInfo]]], list[FoundBlock]]:
+) -> tuple[list[RestoredBlock], list[FoundBlock]]:
     """Newest block first, each run kept unless a newer block's run of the partition overlaps it. Returns the blocks
     with the runs they keep (oldest first) and the blocks that keep none."""
     taken: dict[tuple[str, int], _Taken] = defaultdict(_Taken)
-    kept: list[tuple[FoundBlock, list[RunInfo]]] = []
+    kept: list[RestoredBlock] = []
     abandoned: list[FoundBlock] = []
     for block in sorted(found, key=lambda b: (b.created_at, b.object_key), reverse=True):
         runs = [r for r in block.runs if taken[(r.topic, r.partition)].take(r.first_seq, r.last_seq)]
         report.runs_superseded += len(block.runs) - len(runs)
         if runs:
-            kept.append((block, runs))
+            kept.append(RestoredBlock(block.object_key, block.broker_id, block.size_bytes, block.created_at,
+                                      block.last_modified, runs))
         else:
             abandoned.append(block)
     kept.reverse()
@@ -345,7 +344,7 @@ def _resolve_segments(found: list[FoundSegment], report: RebuildReport) -> list[
 async def _write(
     catalog: Catalog,
     report: RebuildReport,
-    kept_runs: list[tuple[FoundBlock, list[RunInfo]]],
+    kept: list[RestoredBlock],
     abandoned: list[FoundBlock],
     segments: list[FoundSegment],
     grace: timedelta,
@@ -358,8 +357,8 @@ async def _write(
         partitions[topic] = max(partitions.get(topic, 0), partition + 1)
         created[topic] = min(created.get(topic, when), when)
 
-    for block, runs in kept_runs:
-        for run in runs:
+    for block in kept:
+        for run in block.runs:
             saw(run.topic, run.partition, block.created_at)
     for segment in segments:
         saw(segment.key.topic, segment.key.partition, datetime.fromtimestamp(segment.key.freeze_ts, timezone.utc))
@@ -368,16 +367,16 @@ async def _write(
     report.topics = len(partitions)
     report.partitions = sum(partitions.values())
 
-    for segment in segments:
-        await asyncio.to_thread(catalog_segments.segment_copy_started, catalog, _segment_meta(segment), now=now)
-        await asyncio.to_thread(catalog_segments.segment_copy_finished, catalog, segment.key.topic,
-                                segment.key.partition, segment.key.base, 0, now=now)
+    metas = [_segment_meta(segment) for segment in segments]
+    for start in range(0, len(metas), INSERT_BATCH):
+        await asyncio.to_thread(catalog_restore.insert_finished_segments, catalog, metas[start : start + INSERT_BATCH],
+                                now=now)
     report.segments = len(segments)
 
-    for start in range(0, len(kept_runs), INSERT_BATCH):
-        await asyncio.to_thread(insert_committed_blocks, catalog, kept_runs[start : start + INSERT_BATCH])
-    report.blocks = len(kept_runs)
-    report.runs = sum(len(runs) for _, runs in kept_runs)
+    for start in range(0, len(kept), INSERT_BATCH):
+        await asyncio.to_thread(catalog_restore.insert_committed_blocks, catalog, kept[start : start + INSERT_BATCH])
+    report.blocks = len(kept)
+    report.runs = sum(len(block.runs) for block in kept)
     for block in abandoned:
         block_id = await asyncio.to_thread(catalog_blocks.insert_pending_block, catalog, block.object_key,
                                            block.broker_id, block.size_bytes, now=block.created_at)
@@ -396,7 +395,7 @@ async def _write(
             report.blocks_emptied += pruned.blocks_marked
             if pruned.runs_deleted < PRUNE_BATCH:
                 break
-    await asyncio.to_thread(restore_partition_bounds, catalog, _bounds(kept_runs, segments, copied))
+    await asyncio.to_thread(catalog_restore.restore_partition_bounds, catalog, _bounds(kept, segments, copied))
 
 
 def _segment_meta(segment: FoundSegment) -> SegmentMeta:
@@ -411,9 +410,9 @@ def _segment_meta(segment: FoundSegment) -> SegmentMeta:
 
 
 def _bounds(
-    kept_runs: list[tuple[FoundBlock, list[RunInfo]]], segments: list[FoundSegment], copied: dict[tuple[str, int], int]
-) -> list[tuple[str, int, int, int]]:
-    """(topic, partition, first available seq, hwmark) of every partition holding something: the hwmark is the
+    kept: list[RestoredBlock], segments: list[FoundSegment], copied: dict[tuple[str, int], int]
+) -> list[PartitionBounds]:
+    """The bounds of every partition holding something: the hwmark is the
     highest seq anywhere; the first available seq the lowest one still held once runs below copied seqs are gone."""
     firsts: dict[tuple[str, int], int] = {}
     hwmarks: dict[tuple[str, int], int] = {}
@@ -425,77 +424,9 @@ def _bounds(
 
     for segment in segments:
         hold((segment.key.topic, segment.key.partition), segment.key.base, segment.key.last, True)
-    for _, runs in kept_runs:
-        for run in runs:
+    for block in kept:
+        for run in block.runs:
             where = (run.topic, run.partition)
             hold(where, run.first_seq, run.last_seq, run.last_seq > copied.get(where, 0))
-    return [(topic, partition, firsts.get((topic, partition), 0), hwmark)
+    return [PartitionBounds(topic, partition, firsts.get((topic, partition), 0), hwmark)
             for (topic, partition), hwmark in sorted(hwmarks.items())]
-
-
-# --- catalog writes no named query covers ----------------------------------------------------------------------------
-# tiered.catalog has the live broker's transitions only: a block enters `committed` through commit_block, which
-# checks that the committing broker leads each partition at its epoch, and a partition's hwmark only rises with a
-# commit. A rebuild has no leader and restores finished history, so it writes these rows directly. SQL stays in these
-# named functions, each one transaction.
-
-
-def catalog_is_empty(cat: Catalog) -> bool:
-    """True when the catalog holds no topic, block or segment (brokers may be registered)."""
-    with cat.read() as conn:
-        for model in (Topic, Block, Segment):
-            if conn.execute(select(literal(1)).select_from(model).limit(1)).first() is not None:
-                return False
-    return True
-
-
-def clear_catalog(cat: Catalog) -> None:
-    """Deletes every topic, partition, block, run and segment row (what `--force` replaces)."""
-    with cat.write() as conn:
-        for model in (BlockRun, Block, Segment, Partition, Topic):
-            conn.execute(delete(model))
-
-
-def insert_committed_blocks(cat: Catalog, blocks: Iterable[tuple[FoundBlock, Sequence[RunInfo]]]) -> list[int]:
-    """Inserts blocks as committed, with their runs, in one transaction. Returns their new block ids."""
-    ids: list[int] = []
-    with cat.write() as conn:
-        for block, runs in blocks:
-            block_id = conn.execute(
-                insert(Block)
-                .values(
-                    object_key=block.object_key,
-                    state=BlockState.COMMITTED,
-                    broker_id=block.broker_id,
-                    size_bytes=block.size_bytes,
-                    created_at=block.created_at,
-                    committed_at=block.last_modified,
-                )
-                .returning(Block.block_id)
-            ).scalar_one()
-            conn.execute(
-                insert(BlockRun),
-                [
-                    {
-                        "block_id": block_id, "topic": r.topic, "partition": r.partition, "first_seq": r.first_seq,
-                        "last_seq": r.last_seq, "position": r.position, "length_bytes": r.length_bytes,
-                        "messages": r.messages, "min_ts_ms": r.min_ts_ms, "max_ts_ms": r.max_ts_ms,
-                    }  # fmt: skip
-                    for r in runs
-                ],
-            )
-            ids.append(block_id)
-    return ids
-
-
-def restore_partition_bounds(cat: Catalog, bounds: Sequence[tuple[str, int, int, int]]) -> None:
-    """Sets (topic, partition)'s first available seq and hwmark as given, in one transaction."""
-    if not bounds:
-        return
-    with cat.write() as conn:
-        conn.execute(
-            update(Partition)
-            .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
-            .values(first_available_seq=bindparam("k_first"), hwmark_seq=bindparam("k_hwmark")),
-            [{"k_topic": t, "k_partition": p, "k_first": f, "k_hwmark": h} for t, p, f, h in bounds],
-        )

@@ -7,6 +7,7 @@ import pytest
 from tiered.catalog import BlockState, IllegalTransition, StaleEpoch, UnknownBlock, UnknownPartition
 from tiered.catalog.blocks import (
     BlockRow,
+    ListedRun,
     PruneResult,
     RunLocation,
     abandon_block,
@@ -171,6 +172,11 @@ def test_runs_for_range(cat, epochs):
         commit(cat, epochs, f"blk/{i}", run("a", 0, 10 * i + 1, 10 * i + 10))
     found = runs_for_range(cat, "a", 0, 15, 3)
     assert [(r.first_seq, r.object_key) for r in found] == [(11, "blk/1"), (21, "blk/2"), (31, "blk/3")]
+    # with the run's timestamp bounds (rows.run stamps its messages 1_700_000_000_000 + seq)
+    assert [(r.min_ts_ms, r.max_ts_ms) for r in found] == [(1_700_000_000_000 + f, 1_700_000_000_000 + f + 9)
+                                                          for f in (11, 21, 31)]
+    assert found[0] == ListedRun("a", 0, 11, 20, 0, 100, found[0].block_id, "blk/1", 1_700_000_000_011,
+                                 1_700_000_000_020)
     assert runs_for_range(cat, "a", 0, 51, 3) == []
     assert len(runs_for_range(cat, "a", 0, 1, 100)) == 5
 

@@ -105,6 +105,15 @@ def test_find_run_reads_the_covering_index_only_on_postgresql(cat, filled):
         assert "SEARCH block_runs USING INDEX ix_block_runs_lookup" in plan, plan
 
 
+def test_runs_for_range_scans_the_covering_index_and_reads_timestamps_from_rows(cat, filled):
+    """The timestamps are not in the index: runs_for_range (replay planning) visits rows, find_run does not."""
+    [(_, plan)] = explain(cat, lambda: blocks.runs_for_range(cat, "a", 0, 55, 5))
+    if cat.backend == "postgresql":
+        assert "Index Scan using ix_block_runs_lookup" in plan and "Index Only" not in plan, plan
+    else:
+        assert "SEARCH block_runs USING INDEX ix_block_runs_lookup" in plan, plan
+
+
 def test_writes_touch_rows_through_indexes(cat, filled):
     epochs = filled
     block_id = blocks.insert_pending_block(cat, "blk/new", 1, 10, now=T0)

@@ -82,6 +82,26 @@ def test_time_ranges_read_exactly_the_messages_inside_them(cat, objects, histori
     assert plans[0].splits == [] or all(isinstance(p, RunPiece) for s in plans[0].splits for p in s.pieces)
 
 
+def test_a_time_range_skips_the_runs_outside_it(cat, objects, tmp_path):
+    """Runs carry their timestamp bounds from the catalog: a run wholly outside the range is never planned."""
+    import random
+
+    history = PartitionHistory(cat, objects, TOPIC, 0, tmp_path / "times")
+    rng = random.Random(5)
+    for t0_ms in (1_000_000, 2_000_000, 3_000_000):  # three runs, far apart in time
+        mixed_bundles(rng, history, 4, t0_ms=t0_ms)
+        history.commit_run()
+    early, middle, late = history.runs
+    assert early.max_ts_ms < middle.min_ts_ms and middle.max_ts_ms < late.min_ts_ms
+    times = TimeRange(middle.min_ts_ms * 1000, (middle.max_ts_ms + 1) * 1000)
+    [plan] = plan_topic(cat, TOPIC, partitions=[0], times=times)
+    pieces = [p for s in plan.splits for p in s.pieces]
+    assert [(p.first_seq, p.max_seq) for p in pieces] == [(middle.first_seq, middle.last_seq)]
+    assert read_all(cat, objects, partitions=[0], times=times)[0] == [
+        m for m in history.messages if middle.first_seq <= m.seq <= middle.last_seq]
+    history.close()
+
+
 def test_small_splits_and_small_pages_read_the_same(cat, objects, histories, monkeypatch):
     monkeypatch.setattr(listing, "FIRST_PAGE_ROWS", 1)
     monkeypatch.setattr(listing, "PAGE_ROWS", 3)

@@ -37,8 +37,10 @@ def seg(base: int, last: int, size: int = 1000, min_ts: int | None = None, max_t
                         T + base if min_ts is None else min_ts, T + last if max_ts is None else max_ts)
 
 
-def run(first: int, last: int, length: int = 100, key: str | None = None) -> RunEntry:
-    return RunEntry(first, last, key or f"b/{first}.blk", 0, length)
+def run(first: int, last: int, length: int = 100, key: str | None = None, min_ts: int | None = None,
+        max_ts: int | None = None) -> RunEntry:
+    return RunEntry(first, last, key or f"b/{first}.blk", 0, length,
+                    T + first if min_ts is None else min_ts, T + last if max_ts is None else max_ts)
 
 
 def seq_windows(splits: list[Split]) -> list[tuple[str, int, int]]:
@@ -73,10 +75,17 @@ def test_time_range_prunes_segments_from_their_catalog_timestamps():
     assert plan_partition("t", 0, segments, [], 300, SeqRange(), TimeRange(5, 5)) == []
 
 
-def test_runs_are_pruned_by_time_when_the_catalog_gives_their_timestamps():
-    runs = [RunEntry(1, 10, "b/1", 0, 50, 1000, 1999), RunEntry(11, 20, "b/2", 0, 50, 3000, 3999), run(21, 30)]
-    splits = plan_partition("t", 0, [], runs, 0, SeqRange(), TimeRange(3_000_000, None))
-    assert seq_windows(splits) == [("Run", 11, 20), ("Run", 21, 30)]  # no timestamps: kept, filtered when decoded
+def test_time_range_prunes_runs_from_their_catalog_timestamps():
+    runs = [run(1, 10, min_ts=1000, max_ts=1999), run(11, 20, min_ts=3000, max_ts=3999),
+            run(21, 30, min_ts=2500, max_ts=4500), run(31, 40, min_ts=4000, max_ts=4999)]
+    # [3_000_000 us, 4_000_000 us): the first run ends before it, the last starts at its (exclusive) end.
+    splits = plan_partition("t", 0, [], runs, 0, SeqRange(), TimeRange(3_000_000, 4_000_000))
+    assert seq_windows(splits) == [("Run", 11, 20), ("Run", 21, 30)]
+    splits = plan_partition("t", 0, [], runs, 0, SeqRange(), TimeRange(1_999_000, 1_999_001))
+    assert seq_windows(splits) == [("Run", 1, 10)]  # a run whose newest message is exactly at the start is kept
+    # A skipped run does not move the seq window: the next run kept still starts at its own first seq.
+    splits = plan_partition("t", 0, [], runs, 0, SeqRange(5, 40), TimeRange(4_600_000, None))
+    assert seq_windows(splits) == [("Run", 31, 40)]
 
 
 def test_runs_are_grouped_into_splits_of_at_most_max_split_bytes_in_seq_order():

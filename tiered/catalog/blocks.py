@@ -55,6 +55,15 @@ class RunLocation:
 
 
 @dataclass(frozen=True, slots=True)
+class ListedRun(RunLocation):
+    """A run as `runs_for_range` lists it: its location and the bounds of its message timestamps, by which replay
+    planning prunes runs outside a time range."""
+
+    min_ts_ms: int
+    max_ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class BlockRow:
     block_id: int
     object_key: str
@@ -220,11 +229,11 @@ def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
     return BlockRow(*row) if row else None
 
 
-def _locations(topic: str, partition: int, from_seq: int, limit: int):
+def _locations(topic: str, partition: int, from_seq: int, limit: int, *extra_columns):
     # No filter on the block's state: a run exists only while its block is committed (runs are inserted by the
     # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe.
     return (
-        select(*_LOCATION_COLUMNS)
+        select(*_LOCATION_COLUMNS, *extra_columns)
         .join(Block, Block.block_id == BlockRun.block_id)
         .where(
             BlockRun.topic == topic,
@@ -244,11 +253,13 @@ def find_run(cat: Catalog, topic: str, partition: int, seq: int) -> RunLocation 
     return RunLocation(topic, partition, *row) if row else None
 
 
-def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[RunLocation]:
-    """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns."""
+def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[ListedRun]:
+    """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns, with their
+    timestamp bounds. Those are not in ix_block_runs_lookup, so unlike find_run's this scan of the index visits each
+    row it returns (replay planning pages through runs; the fetch path's find_run stays index-only)."""
     with cat.read() as conn:
-        rows = conn.execute(_locations(topic, partition, from_seq, limit))
-        return [RunLocation(topic, partition, *row) for row in rows]
+        rows = conn.execute(_locations(topic, partition, from_seq, limit, BlockRun.min_ts_ms, BlockRun.max_ts_ms))
+        return [ListedRun(topic, partition, *row) for row in rows]
 
 
 def prune_runs_covered(

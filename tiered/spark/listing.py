@@ -155,7 +155,7 @@ def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> l
 
 
 def list_runs(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[RunEntry]:
-    """The committed runs overlapping `seqs`, in seq order."""
+    """The committed runs overlapping `seqs`, in seq order, with their timestamp bounds (planning prunes by them)."""
     out: list[RunEntry] = []
     from_seq = seqs.first
     limit = min(FIRST_PAGE_ROWS, PAGE_ROWS)
@@ -164,7 +164,8 @@ def list_runs(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[
         for run in rows:
             if run.first_seq > seqs.last:
                 return out
-            out.append(RunEntry(run.first_seq, run.last_seq, run.object_key, run.position, run.length_bytes))
+            out.append(RunEntry(run.first_seq, run.last_seq, run.object_key, run.position, run.length_bytes,
+                                run.min_ts_ms, run.max_ts_ms))
         if len(rows) < limit:
             return out
         from_seq = rows[-1].last_seq + 1

@@ -106,15 +106,15 @@ class SegmentEntry:
 
 @dataclass(frozen=True, slots=True)
 class RunEntry:
-    """A committed block run. Timestamps are None when the catalog query did not return them (no time pruning)."""
+    """A committed block run as the catalog lists it."""
 
     first_seq: int
     last_seq: int
     object_key: str
     position: int
     length_bytes: int
-    min_ts_ms: int | None = None
-    max_ts_ms: int | None = None
+    min_ts_ms: int
+    max_ts_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +231,7 @@ def plan_partition(
     for run in sorted(runs, key=lambda r: r.first_seq):
         if run.last_seq < next_seq or run.first_seq > seqs.last:
             continue
-        has_times = run.min_ts_ms is not None and run.max_ts_ms is not None
-        if has_times and not times.overlaps_ms(run.min_ts_ms, run.max_ts_ms):
+        if not times.overlaps_ms(run.min_ts_ms, run.max_ts_ms):
             continue
         piece = RunPiece(
             run.object_key, run.position, run.length_bytes, run.first_seq,

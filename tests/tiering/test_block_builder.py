@@ -110,3 +110,16 @@ def test_index_cache_is_bounded_by_bytes():
     for name in "abc":
         cache.put(name, SparseIndex([(0, 0), (1, 10)]))  # 16 bytes each
     assert cache.get("a") is None and cache.get("b") is not None and cache.size_bytes == 32
+
+
+def test_bytes_cache_is_bounded_and_keeps_the_recent():
+    from tiered.tiering.remote_fetch import BytesCache
+
+    cache = BytesCache(max_bytes=10)
+    cache.put(("a", 0), b"1234")
+    cache.put(("b", 0), b"5678")
+    assert cache.get(("a", 0)) == b"1234"  # a is now the most recent
+    cache.put(("c", 0), b"90ab")  # evicts b
+    assert cache.get(("b", 0)) is None and cache.get(("a", 0)) == b"1234" and cache.size_bytes == 8
+    cache.put(("big", 0), b"x" * 11)  # larger than the cache: not kept
+    assert cache.get(("big", 0)) is None

@@ -135,6 +135,34 @@ class _RunKey:
         self.run = run
 
 
+class BytesCache:
+    """Recently read block runs, least recently used first out, up to `max_bytes`.
+
+    A run is read whole (the catalog does not know where its bundles start), so a consumer reading a run in fetches
+    smaller than the run would otherwise GET the whole run once per fetch. Runs never change once committed.
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes = max_bytes
+        self.size_bytes = 0
+        self._entries: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> bytes | None:
+        data = self._entries.get(key)
+        if data is not None:
+            self._entries.move_to_end(key)
+        return data
+
+    def put(self, key: tuple[str, int], data: bytes) -> None:
+        if key in self._entries or len(data) > self.max_bytes:
+            return
+        self._entries[key] = data
+        self.size_bytes += len(data)
+        while self.size_bytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self.size_bytes -= len(old)
+
+
 class RemoteReader:
     """Remote segments first (cached segment rows and index objects, one range GET of whole bundles), then block
     runs (one catalog query, one range GET)."""
@@ -148,6 +176,7 @@ class RemoteReader:
         self.segments = segments or SegmentCache()
         self.indexes = indexes or IndexCache()
         self.runs = runs or SegmentCache()  # run locations, kept like segment rows (same grace-period argument)
+        self.run_bytes = BytesCache()
         # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
         # only be in a block run, so the segment lookup is skipped.
         self.highest_copied = highest_copied
@@ -217,8 +246,14 @@ class RemoteReader:
                 return None
             if run.first_seq <= seq:
                 self.runs.put(_RunKey(run))
-        data = await self._get(run.object_key, run.position, run.position + run.length_bytes)
+        key = (run.object_key, run.position)
+        data = self.run_bytes.get(key)
         if data is None:
-            return None
+            data = await self._get(run.object_key, run.position, run.position + run.length_bytes)
+            if data is None:
+                return None
+            self.run_bytes.put(key, data)
+        else:
+            self.metrics.inc("tiered_remote_run_cache_hits_total", help="remote reads served from a cached block run")
         trimmed = trim_chunk(data, run.first_seq, seq, fetch_size)
         return RemoteChunk(*trimmed) if trimmed is not None else None

@@ -65,6 +65,7 @@ DECLARED_COUNTERS = {
     "tiered_remote_catalog_queries_total": "catalog lookups by remote reads",
     "tiered_remote_cache_hits_total": "remote reads served without a catalog lookup",
     "tiered_remote_cache_misses_total": "remote reads that needed a catalog lookup",
+    "tiered_remote_run_cache_hits_total": "remote reads served from a cached block run (no GET)",
     "tiered_remote_missing_objects_total": "objects the catalog names but the bucket lacks",
 }
 DECLARED_HISTOGRAMS = {

@@ -8,11 +8,15 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from dataclasses import asdict
 
-from tiered.catalog import Catalog
+from sqlalchemy import insert, inspect
+
+from tiered.catalog import Catalog, SegmentState, segments, topics
 from tiered.catalog.migrate import alembic_config, current, head, migrations_dir, upgrade
-from tiered.catalog.models import Base
+from tiered.catalog.models import Base, Segment
+
+from .rows import T0, segment
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -57,6 +61,37 @@ def test_downgrade_to_empty_and_back(empty_url):
     assert upgrade(empty_url) == (None, head())
 
 
+def segment_indexes(url: str) -> dict[str, dict]:
+    with Catalog.open(url) as cat, cat.read() as conn:
+        return {i["name"]: i for i in inspect(conn).get_indexes("segments")}
+
+
+def test_0002_indexes_the_segments_mid_deletion_of_a_catalog_in_use(empty_url):
+    """A catalog at 0001 holding segments gets the partial index, and lists its DELETE_STARTED rows through it; the
+    downgrade drops it and nothing else."""
+    assert upgrade(empty_url, "0001") == (None, "0001")
+    assert "ix_segments_delete_started" not in segment_indexes(empty_url)
+    with Catalog.open(empty_url) as cat:
+        topics.create_topic(cat, "t", 1, now=T0)
+        for base, state in ((1, "DELETE_FINISHED"), (11, "DELETE_STARTED"), (21, "COPY_FINISHED")):
+            with cat.write() as conn:
+                conn.execute(insert(Segment).values(
+                    **asdict(segment("t", 0, base, base + 9, 0)), state=state, updated_at=T0))
+    assert upgrade(empty_url) == ("0001", head())
+    index = segment_indexes(empty_url)["ix_segments_delete_started"]
+    assert index["column_names"] == ["topic", "partition", "base_seq"]
+    with Catalog.open(empty_url) as cat:
+        listed = segments.list_segments(cat, "t", 0, states=(SegmentState.DELETE_STARTED,))
+        assert [s.base_seq for s in listed] == [11]
+    config = alembic_config()
+    with Catalog.open(empty_url) as cat, cat.write() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0001")
+    assert current(empty_url) == "0001"
+    assert "ix_segments_delete_started" not in segment_indexes(empty_url)
+    assert "ix_segments_lookup" in segment_indexes(empty_url)
+
+
 def test_concurrent_upgrades_apply_once(pg_empty_url):
     """Brokers starting together (and the Helm hook Job) may all run the migrations: one applies them."""
     results, errors = [], []
@@ -89,7 +124,7 @@ def test_migrations_ship_as_a_package():
     folder = migrations_dir()
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
-    assert head() == "0001"
+    assert head() == "0002"
 
 
 def test_alembic_commands_work_given_only_a_url(tmp_path):

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event
 
-from tiered.catalog import blocks, partitions, segments, topics
+from tiered.catalog import SegmentState, blocks, partitions, segments, topics
 
 from .rows import T0, run, segment
 
@@ -81,6 +81,10 @@ LOOKUPS = {
         "ix_segments_lookup",
     ),
     "list_segments": (lambda c: segments.list_segments(c, "a", 0, after_base_seq=20), "segments"),
+    "unfinished_deletions": (
+        lambda c: segments.list_segments(c, "a", 0, states=(SegmentState.DELETE_STARTED,), limit=10),
+        "ix_segments_delete_started",
+    ),
     "blocks_to_sweep": (lambda c: blocks.blocks_to_sweep(c, T0, 10), "ix_blocks_state_delete_after"),
     "pending_blocks": (lambda c: blocks.pending_blocks_older_than(c, T0, 10), "ix_blocks_state_created_at"),
     "known_object_keys": (lambda c: blocks.known_object_keys(c, ["blk/3", "nope"]), "object_key"),
@@ -129,6 +133,24 @@ def test_writes_touch_rows_through_indexes(cat, filled):
     for call in calls:
         for statement, plan in explain(cat, call):
             assert full_scans(cat.backend, plan) == [], f"{statement}\n{plan}"
+
+
+def test_unfinished_deletions_skip_the_deleted_history(cat, filled):
+    """Remote retention's first lookup reads the segments left in DELETE_STARTED through their partial index alone,
+    not through every DELETE_FINISHED row of the partition (the primary key would walk them all)."""
+    epoch = filled[("a", 0)]
+    for i in range(5, 40):
+        base = 10 * i + 1
+        segments.segment_copy_started(cat, segment("a", 0, base, base + 9, epoch), now=T0)
+        segments.segment_copy_finished(cat, "a", 0, base, epoch, now=T0)
+        segments.segment_delete_started(cat, "a", 0, base, now=T0)
+        if i != 38:
+            segments.segment_delete_finished(cat, "a", 0, base, now=T0)
+    listed = []
+    [(_, plan)] = explain(cat, lambda: listed.extend(
+        segments.list_segments(cat, "a", 0, states=(SegmentState.DELETE_STARTED,), limit=10)))
+    assert [s.base_seq for s in listed] == [381]
+    assert "ix_segments_delete_started" in plan and full_scans(cat.backend, plan) == [], plan
 
 
 def test_a_full_scan_is_seen(cat, filled):

@@ -174,6 +174,16 @@ def test_list_segments_pages_and_filters(cat, epoch):
     assert [s.base_seq for s in finished] == [101, 201, 301, 401]
     assert [s.base_seq for s in list_segments(cat, "t", 0, states=(S.COPY_STARTED, S.DELETE_STARTED))] == [1, 501]
     assert list_segments(cat, "t", 1) == []
+    assert [s.base_seq for s in list_segments(cat, "t", 0, states=(S.DELETE_STARTED,))] == [1]
+    assert [s.base_seq for s in list_segments(cat, "t", 0, states=("COPY_STARTED",))] == [501]  # plain strings too
+    assert list_segments(cat, "t", 0, states=()) == []
+
+
+def test_list_segments_refuses_unknown_states(cat, epoch):
+    copy(cat, epoch, 1, 100)
+    for bad in ("deleted", "COPY_FINISHED' OR '1'='1"):  # states reach the SQL as literals: only real ones
+        with pytest.raises(ValueError):
+            list_segments(cat, "t", 0, states=(bad,))
 
 
 def test_remote_retention_by_age(cat, epoch):

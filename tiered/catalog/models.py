@@ -42,6 +42,7 @@ BlockId = BigInteger().with_variant(Integer(), "sqlite")
 # Partial index predicate, spelled as a literal so that both planners can match it (a bound parameter in the
 # query's WHERE cannot prove a partial index's predicate; query modules use the same literal).
 COPY_FINISHED_PREDICATE = text(f"state = '{SegmentState.COPY_FINISHED}'")
+DELETE_STARTED_PREDICATE = text(f"state = '{SegmentState.DELETE_STARTED}'")
 
 
 class UtcDateTime(TypeDecorator):
@@ -183,6 +184,16 @@ class Segment(Base):
             "last_seq",
             postgresql_where=COPY_FINISHED_PREDICATE,
             sqlite_where=COPY_FINISHED_PREDICATE,
+        ),
+        # Remote retention first finishes deletions an interrupted pass left in DELETE_STARTED: without this index
+        # that lookup walks every DELETE_FINISHED row of the partition. It holds only the few rows mid-deletion.
+        Index(
+            "ix_segments_delete_started",
+            "topic",
+            "partition",
+            "base_seq",
+            postgresql_where=DELETE_STARTED_PREDICATE,
+            sqlite_where=DELETE_STARTED_PREDICATE,
         ),
     )
 

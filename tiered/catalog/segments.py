@@ -53,6 +53,14 @@ _COLUMNS = tuple(getattr(Segment, f.name) for f in fields(SegmentRow))
 _READABLE = Segment.state == literal_column(f"'{SegmentState.COPY_FINISHED}'")
 
 
+def _state_in(states: tuple[str, ...]):
+    """`state` among `states`, spelled with literals (like _READABLE) so that a single state matches the partial
+    index on it: ix_segments_lookup for COPY_FINISHED, ix_segments_delete_started for DELETE_STARTED. Each state
+    is checked to be a SegmentState first, so nothing but those names reaches the SQL text."""
+    names = [literal_column(f"'{SegmentState(s)}'") for s in states]
+    return Segment.state == names[0] if len(names) == 1 else Segment.state.in_(names)
+
+
 def _key(topic: str, partition: int, base_seq: int):
     return and_(Segment.topic == topic, Segment.partition == partition, Segment.base_seq == base_seq)
 
@@ -189,7 +197,9 @@ def list_segments(
     limit: int = 1000,
 ) -> list[SegmentRow]:
     """Up to `limit` segments with base_seq > after_base_seq, in seq order, optionally only in `states`.
-    Page by passing the last row's base_seq as `after_base_seq`."""
+    Page by passing the last row's base_seq as `after_base_seq`. With `states=(DELETE_STARTED,)` (remote
+    retention's unfinished deletions) one scan of ix_segments_delete_started, however many segments were deleted.
+    Raises ValueError for a state that is not a SegmentState."""
     query = (
         select(*_COLUMNS)
         .where(Segment.topic == topic, Segment.partition == partition, Segment.base_seq > after_base_seq)
@@ -197,7 +207,9 @@ def list_segments(
         .limit(limit)
     )
     if states is not None:
-        query = query.where(Segment.state.in_([str(s) for s in states]))
+        if not states:
+            return []
+        query = query.where(_state_in(tuple(states)))
     with cat.read() as conn:
         return [SegmentRow(*r) for r in conn.execute(query)]
 

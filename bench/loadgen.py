@@ -143,7 +143,23 @@ class ConnStats:
     first_error: str = ""
 
 
-class ProduceConn(asyncio.Protocol):
+class _Connected:
+    """What both load-generator connections do on connect and on loss: `connected` and `done` report it."""
+
+    connected: asyncio.Future
+    done: asyncio.Future | None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.connected.set_result(None)
+
+    def connection_lost(self, exc) -> None:
+        for fut in (self.connected, self.done):
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+
+class ProduceConn(_Connected, asyncio.Protocol):
     """Produces `frame` (one bundle of `bundle_msgs` messages) until `stop_at` (time.monotonic())."""
 
     def __init__(self, frame: bytes, bundle_msgs: int, *, window: int = 32, rate_per_s: float | None = None,
@@ -165,15 +181,6 @@ class ProduceConn(asyncio.Protocol):
         self.sending = False  # an open-loop sender still has requests to send
         self.done: asyncio.Future | None = None
         self.connected: asyncio.Future = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.connected.set_result(None)
-
-    def connection_lost(self, exc) -> None:
-        for fut in (self.connected, self.done):
-            if fut is not None and not fut.done():
-                fut.set_exception(ConnectionError(f"connection lost: {exc}"))
 
     def run(self, stop_at: float) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -260,7 +267,7 @@ class ProduceConn(asyncio.Protocol):
             self.done.set_result(None)
 
 
-class ConsumeConn(asyncio.BufferedProtocol):
+class ConsumeConn(_Connected, asyncio.BufferedProtocol):
     """Consumes `topic`/`partition` from seq 0 to its hwmark, over and over, until `stop_at`."""
 
     def __init__(self, topic: str, partition: int, msg_bytes: int, fetch_bytes: int = FETCH_BYTES):
@@ -278,15 +285,6 @@ class ConsumeConn(asyncio.BufferedProtocol):
         self.transport = None
         self.done: asyncio.Future | None = None
         self.connected: asyncio.Future = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.connected.set_result(None)
-
-    def connection_lost(self, exc) -> None:
-        for fut in (self.connected, self.done):
-            if fut is not None and not fut.done():
-                fut.set_exception(ConnectionError(f"connection lost: {exc}"))
 
     def run(self, stop_at: float) -> asyncio.Future:
         self.done = asyncio.get_running_loop().create_future()

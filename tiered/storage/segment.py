@@ -63,7 +63,23 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-class SealedSegment:
+class SegmentFiles:
+    """Where a segment's two files are: `<directory>/<filename>` and its `<base>.index` beside it."""
+
+    directory: str
+    filename: str
+    base: int
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.filename)
+
+    @property
+    def index_path(self) -> str:
+        return os.path.join(self.directory, format_index_name(self.base))
+
+
+class SealedSegment(SegmentFiles):
     """An immutable segment. Its index and reader are loaded on first use (many sealed segments stay cold)."""
 
     def __init__(
@@ -90,14 +106,6 @@ class SealedSegment:
 
     def __repr__(self) -> str:
         return f"SealedSegment({self.filename!r}, size={self.size})"
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.directory, self.filename)
-
-    @property
-    def index_path(self) -> str:
-        return os.path.join(self.directory, format_index_name(self.base))
 
     @property
     def index(self) -> SparseIndex:
@@ -129,7 +137,7 @@ class SealedSegment:
                 pass
 
 
-class ActiveSegment:
+class ActiveSegment(SegmentFiles):
     """The one appendable segment of a partition. `last` is None until the first record is written."""
 
     def __init__(
@@ -226,14 +234,6 @@ class ActiveSegment:
             index=index,
             since_last_update=since_last_update,
         )
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.directory, self.filename)
-
-    @property
-    def index_path(self) -> str:
-        return os.path.join(self.directory, format_index_name(self.base))
 
     @property
     def index(self) -> SparseIndex:

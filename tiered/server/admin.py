@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from tiered.catalog.errors import TopicExists as CatalogTopicExists
 from tiered.protocol.codes import UINT64_MAX, CreateTopicStatus, DiscoverReason, ReloadConfStatus
 from tiered.protocol.frame import MsgType
 from tiered.protocol.requests import (
@@ -36,7 +37,6 @@ from tiered.protocol.responses import (
     encode_reload_conf_response,
     encode_status_response,
 )
-from tiered.catalog.errors import TopicExists as CatalogTopicExists
 from tiered.storage import topics as topic_dirs
 from tiered.storage.topic_config import ConfigError
 

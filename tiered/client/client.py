@@ -73,7 +73,7 @@ class Client:
         self.reader = reader
         self.writer = writer
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[int, object, asyncio.Future]] = {}
+        self._pending: dict[int, asyncio.Future] = {}  # by request id
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
         self._closed_exc: BaseException | None = None
 
@@ -120,25 +120,24 @@ class Client:
 
     def _deliver(self, msg_id: int, payload: bytes) -> None:
         request_id = int.from_bytes(payload[4:8] if msg_id == MsgType.CONSUME else payload[0:4], "little")
-        entry = self._pending.pop(request_id, None)
-        if entry is None:
+        future = self._pending.pop(request_id, None)
+        if future is None:
             raise ConnectionError(f"response to unknown request {request_id} (message 0x{msg_id:02x})")
-        _, request, future = entry
         if not future.done():
             future.set_result(payload)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._closed_exc = exc
-        for _, _, future in self._pending.values():
+        for future in self._pending.values():
             if not future.done():
                 future.set_exception(exc)
         self._pending.clear()
 
-    async def _call(self, msg_id: int, request_id: int, request, payload: bytes, timeout_s: float | None = None):
+    async def _call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None):
         if self._closed_exc is not None:
             raise ConnectionError(f"connection is closed: {self._closed_exc}")
         future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (msg_id, request, future)
+        self._pending[request_id] = future
         self.writer.write(encode_frame(msg_id, payload))
         await self.writer.drain()
         if timeout_s is None:
@@ -180,7 +179,7 @@ class Client:
         topics = tuple(rq.ProduceTopic(name, tuple(parts)) for name, parts in by_topic.items())
         req = rq.ProduceRequest(request_id, topics, with_seqnum=with_seqnum)
         msg_id = MsgType.PRODUCE_WITH_SEQNUM if with_seqnum else MsgType.PRODUCE
-        payload = await self._call(msg_id, request_id, req, rq.encode_produce_request(req))
+        payload = await self._call(msg_id, request_id, rq.encode_produce_request(req))
         resp = rs.read_produce_response(payload, req)
         out: dict[tuple[str, int], int] = {}
         for topic, result in zip(topics, resp.topics):
@@ -207,7 +206,7 @@ class Client:
                                 tuple(rq.ConsumeTopic(n, tuple(ps)) for n, ps in by_topic.items()))
         if timeout_s is None and max_wait_ms:
             timeout_s = min(max_wait_ms, 3_600_000) / 1000.0 + 30.0
-        payload = await self._call(MsgType.CONSUME, request_id, req, rq.encode_consume_request(req), timeout_s)
+        payload = await self._call(MsgType.CONSUME, request_id, rq.encode_consume_request(req), timeout_s)
         resp = rs.read_consume_response(payload)
         requested = {(t, p): seq for t, p, seq, _ in wanted}
         out: dict[tuple[str, int], ConsumeResult] = {}
@@ -255,8 +254,7 @@ class Client:
     async def discover_partitions(self, topic: str, partitions: Sequence[int] | None = None) -> list[rs.PartitionRange]:
         request_id = next(self._ids)
         req = rq.DiscoverPartitionsRequest(request_id, topic, tuple(partitions) if partitions is not None else None)
-        payload = await self._call(MsgType.DISCOVER_PARTITIONS, request_id, req,
-                                   rq.encode_discover_partitions_request(req))
+        payload = await self._call(MsgType.DISCOVER_PARTITIONS, request_id, rq.encode_discover_partitions_request(req))
         resp = rs.read_discover_partitions_response(payload)
         if not resp.partitions:
             raise UnknownTopic(f"unknown topic {topic!r}")
@@ -265,14 +263,13 @@ class Client:
     async def discover_topics(self) -> list[rs.TopicInfo]:
         request_id = next(self._ids)
         req = rq.DiscoverTopicsRequest(request_id)
-        payload = await self._call(MsgType.DISCOVER_TOPICS, request_id, req, rq.encode_discover_topics_request(req))
+        payload = await self._call(MsgType.DISCOVER_TOPICS, request_id, rq.encode_discover_topics_request(req))
         return list(rs.read_discover_topics_response(payload).topics)
 
     async def discover_topology(self) -> rs.DiscoverTopologyResponse:
         request_id = next(self._ids)
         req = rq.DiscoverTopologyRequest(request_id)
-        payload = await self._call(MsgType.DISCOVER_TOPOLOGY, request_id, req,
-                                   rq.encode_discover_topology_request(req))
+        payload = await self._call(MsgType.DISCOVER_TOPOLOGY, request_id, rq.encode_discover_topology_request(req))
         return rs.read_discover_topology_response(payload)
 
     async def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | str = "") -> int:
@@ -281,7 +278,7 @@ class Client:
             config = "".join(f"{k}={v}\n" for k, v in config.items())
         request_id = next(self._ids)
         req = rq.CreateTopicRequest(request_id, topic, partitions, config.encode())
-        payload = await self._call(MsgType.CREATE_TOPIC, request_id, req, rq.encode_create_topic_request(req))
+        payload = await self._call(MsgType.CREATE_TOPIC, request_id, rq.encode_create_topic_request(req))
         status = rs.read_create_topic_response(payload).status
         if status not in (CreateTopicStatus.OK, CreateTopicStatus.EXISTS):
             raise TankError(f"create topic {topic!r}: {CreateTopicStatus(status).name.lower()}", status)
@@ -290,13 +287,13 @@ class Client:
     async def reload_conf(self, topic: str, partition: int) -> int:
         request_id = next(self._ids)
         req = rq.ReloadConfRequest(request_id, topic, partition)
-        payload = await self._call(MsgType.RELOAD_CONF, request_id, req, rq.encode_reload_conf_request(req))
+        payload = await self._call(MsgType.RELOAD_CONF, request_id, rq.encode_reload_conf_request(req))
         return rs.read_reload_conf_response(payload).status
 
     async def status(self) -> rs.StatusResponse:
         request_id = next(self._ids)
         req = rq.StatusRequest(request_id)
-        payload = await self._call(MsgType.STATUS, request_id, req, rq.encode_status_request(req))
+        payload = await self._call(MsgType.STATUS, request_id, rq.encode_status_request(req))
         return rs.read_status_response(payload)
 
 

@@ -65,11 +65,7 @@ class ConsumeHandler:
                     budget -= got.chunk.size
                     immediate = True
                 elif isinstance(got, Boundary):
-                    results.append(
-                        ConsumePartitionResult(
-                            p.partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available
-                        )
-                    )
+                    results.append(_boundary_result(p.partition, got))
                     immediate = True
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
@@ -78,7 +74,7 @@ class ConsumeHandler:
                     fetch_sizes[(topic.name, p.partition)] = fetch_size
             topics.append(ConsumeTopicResult(topic.name, tuple(results), len(topic.partitions)))
         if immediate or not tails:
-            broker.metrics.consumed(topics, chunks)
+            broker.metrics.consumed(topics)
             await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
             return
         conn.spawn(self._wait(conn, req, tails, fetch_sizes, min_bytes))
@@ -114,14 +110,12 @@ class ConsumeHandler:
                     results.append(_found_result(p.partition, got))
                     chunks.append(got.chunk)
                 elif isinstance(got, Boundary):
-                    results.append(
-                        ConsumePartitionResult(p.partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available)
-                    )
+                    results.append(_boundary_result(p.partition, got))
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, 0, hwmark, 0))
             if results:
                 topics.append(ConsumeTopicResult(topic.name, tuple(results), len(results)))
-        broker.metrics.consumed(topics, chunks)
+        broker.metrics.consumed(topics)
         await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
 
 
@@ -129,3 +123,7 @@ def _found_result(partition: int, got: Found) -> ConsumePartitionResult:
     if got.first_bundle_sparse:
         return ConsumePartitionResult(partition, ConsumeStatus.SPARSE, 0, got.hwmark, got.chunk.size)
     return ConsumePartitionResult(partition, ConsumeStatus.OK, got.first_bundle_seq, got.hwmark, got.chunk.size)
+
+
+def _boundary_result(partition: int, got: Boundary) -> ConsumePartitionResult:
+    return ConsumePartitionResult(partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available)

@@ -97,14 +97,11 @@ class Metrics:
         self.produced_bytes[topic] += size_bytes
         self.produced_msgs[topic] += messages
 
-    def consumed(self, topics: Iterable, chunks: Iterable) -> None:
-        # Chunks follow the header order of partitions with data; attribute each to its topic.
-        chunk_iter = iter(chunks)
+    def consumed(self, topics: Iterable) -> None:
+        """Counts a consume response's chunk bytes per topic, from its partition results."""
         for topic in topics:
             for p in topic.partitions or ():
-                if p.chunk_len:
-                    next(chunk_iter, None)
-                    self.consumed_bytes[topic.name] += p.chunk_len
+                self.consumed_bytes[topic.name] += p.chunk_len
 
     def ack_latency(self, topic: str, seconds: float) -> None:
         self.latency[topic].observe(seconds)

@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Callable
 
 from tiered.catalog import brokers as catalog_brokers
@@ -73,8 +74,6 @@ class TieringService:
         if self._catalog is None:
             url = self.settings.effective_catalog_url
             if url.startswith("sqlite:///"):
-                from pathlib import Path
-
                 Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
             if self._migrate:
                 before, after = await asyncio.to_thread(upgrade, url)

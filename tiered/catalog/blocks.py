@@ -1,9 +1,15 @@
 """Blocks and their runs: the intent row, the commit, lookups by seq, pruning, the sweep (DESIGN.md steps 3-8).
 
 A block's life (tiered.catalog.states): `insert_pending_block` before the PUT; `commit_block` after it (or
-`abandon_block` when the commit failed); `prune_runs_covered` once remote segments hold its runs, which moves a
-block with no runs left to `deleting`; the sweeper deletes the object after `delete_after`, then
-`delete_block_rows`.
+`abandon_block` when the commit failed); `prune_runs_in` when a remote segment answering for the same seqs is
+recorded (tiered.catalog.segments.segment_copy_finished), or `prune_runs_below` once retention moved the first
+available seq past them, which moves a block with no runs left to `deleting`; the sweeper deletes the object after
+`delete_after`, then `delete_block_rows`.
+
+Every seq from a partition's first available seq to its high-water mark has one location: a remote segment or a
+block run that answers for it (`from_seq <= seq <= last_seq`). commit_block proves it for new runs (continuity),
+segment_copy_finished keeps it (runs go in the same transaction their segment becomes readable), and
+tiered.catalog.check verifies it.
 """
 
 from __future__ import annotations
@@ -12,10 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, delete, exists, insert, select, tuple_, update
+from sqlalchemy import Connection, bindparam, delete, exists, insert, select, tuple_, update
 
 from tiered.catalog.engine import Catalog, utcnow
-from tiered.catalog.errors import StaleEpoch, UnknownBlock
+from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock
 from tiered.catalog.models import Block, BlockRun, Partition, Segment
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.states import BLOCK_TRANSITIONS, BlockState
@@ -26,41 +32,53 @@ DEFAULT_DELETE_GRACE = timedelta(minutes=10)
 
 
 @dataclass(frozen=True, slots=True)
-class RunRow:
-    """One run as the block builder lays it out (and as the block footer lists it)."""
+class RunMeta:
+    """One run as its uploader describes it: which seqs of which partition it holds and answers for."""
 
     topic: str
     partition: int
-    first_seq: int
+    from_seq: int  # the first seq it answers for: the catalog's high-water mark + 1 when it commits (<= first_seq)
+    first_seq: int  # of its first record
     last_seq: int
-    position: int  # of the run's first byte in the block object
-    length_bytes: int
     messages: int
     min_ts_ms: int
     max_ts_ms: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow(RunMeta):
+    """One run as the block footer lists it and the catalog stores it: with its place in the block object."""
+
+    position: int  # of the run's first byte in the block object
+    length_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
 class RunLocation:
-    """Where a committed run's bytes are: one range GET of `object_key` at [position, position + length_bytes)."""
+    """Where a committed run's bytes are: one range GET of `object_key` at [position, position + length_bytes).
+    It answers for the seqs [from_seq, last_seq]; its first record starts at first_seq."""
 
     topic: str
     partition: int
+    from_seq: int
     first_seq: int
     last_seq: int
     position: int
     length_bytes: int
     block_id: int
     object_key: str
+    min_ts_ms: int
+    max_ts_ms: int
+
+    def holds(self, seq: int) -> bool:
+        return self.from_seq <= seq <= self.last_seq
 
 
 @dataclass(frozen=True, slots=True)
-class ListedRun(RunLocation):
-    """A run as `runs_for_range` lists it: its location and the bounds of its message timestamps, by which replay
-    planning prunes runs outside a time range."""
-
-    min_ts_ms: int
-    max_ts_ms: int
+class PruneResult:
+    runs_deleted: int
+    blocks_marked: int  # blocks left without runs, now `deleting`
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +93,6 @@ class BlockRow:
     delete_after: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class PruneResult:
-    runs_deleted: int
-    blocks_marked: int  # blocks left without runs, now `deleting`
-
-
 _BLOCK_COLUMNS = (
     Block.block_id,
     Block.object_key,
@@ -93,12 +105,15 @@ _BLOCK_COLUMNS = (
 )
 # Only columns of ix_block_runs_lookup (PostgreSQL answers from the index alone), plus the block's object key.
 _LOCATION_COLUMNS = (
+    BlockRun.from_seq,
     BlockRun.first_seq,
     BlockRun.last_seq,
     BlockRun.position,
     BlockRun.length_bytes,
     BlockRun.block_id,
     Block.object_key,
+    BlockRun.min_ts_ms,
+    BlockRun.max_ts_ms,
 )
 
 
@@ -121,15 +136,23 @@ def insert_pending_block(
         ).scalar_one()
 
 
-def _partition_keys(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> list[tuple[str, int]]:
+def _check_runs(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], list[RunRow]]:
+    """The runs grouped by partition (in block order), after the checks that need no database."""
     if not runs:
         raise ValueError("a block holds at least one run")
+    by_partition: dict[tuple[str, int], list[RunRow]] = {}
     for run in runs:
-        if not 1 <= run.first_seq <= run.last_seq:
-            raise ValueError(f"bad seq range {run.first_seq}..{run.last_seq} in run of {run.topic}/{run.partition}")
-        if (run.topic, run.partition) not in epochs:
+        if not 1 <= run.from_seq <= run.first_seq <= run.last_seq:
+            raise ValueError(f"bad seq range {run.from_seq}/{run.first_seq}..{run.last_seq} in run of "
+                             f"{run.topic}/{run.partition}")
+        key = (run.topic, run.partition)
+        if key not in epochs:
             raise ValueError(f"no leader epoch given for {run.topic}/{run.partition}")
-    return sorted({(run.topic, run.partition) for run in runs})
+        mine = by_partition.setdefault(key, [])
+        if mine and run.from_seq != mine[-1].last_seq + 1:
+            raise ValueError(f"runs of {run.topic}/{run.partition} in one block do not follow each other")
+        mine.append(run)
+    return by_partition
 
 
 def commit_block(
@@ -143,15 +166,18 @@ def commit_block(
 ) -> dict[tuple[str, int], int]:
     """Commits an uploaded block in one transaction; returns the new hwmark_seq of each of its partitions.
 
-    Locks the block's partitions rows in (topic, partition) order; unless `broker_id` leads every one of them at
-    the epoch given in `epochs`, raises StaleEpoch and changes nothing. Then marks the block committed, inserts
-    its runs, raises each partition's hwmark_seq to its highest run.last_seq, and sets first_available_seq from
-    the first run when it was still 0.
+    Locks the block's partitions rows in (topic, partition) order. Refuses, changing nothing:
+    - StaleEpoch unless `broker_id` leads every partition at the epoch given in `epochs`;
+    - Discontinuity unless each partition's first run continues the catalog exactly (from_seq = hwmark_seq + 1):
+      so a commit can neither reuse a committed seq nor leave one without a location.
+    Then marks the block committed, inserts its runs, raises each partition's hwmark_seq to its last run's
+    last_seq, and sets first_available_seq from the first run when it was still 0.
 
     A retry of a commit that did land (after CatalogUnavailable) returns the hwmarks as they are. A block that is
     not pending (abandoned) raises IllegalTransition; another broker's block raises ValueError.
     """
-    keys = _partition_keys(runs, epochs)
+    by_partition = _check_runs(runs, epochs)
+    keys = sorted(by_partition)
     committed_at = utcnow(now)
     with cat.write() as conn:
         partitions = lock_partitions(conn, keys)
@@ -175,22 +201,22 @@ def commit_block(
             BLOCK_TRANSITIONS.check(block.state, BlockState.COMMITTED, f"{block_id}")
         for key in keys:
             state = partitions[key]
+            # Raising inside the transaction rolls back the block's state change above.
             if state.leader_broker != broker_id or state.leader_epoch != epochs[key]:
-                # Raising inside the transaction rolls back the block's state change above.
                 raise StaleEpoch(key[0], key[1], epochs[key], state.leader_epoch, state.leader_broker)
+            first = by_partition[key][0]
+            if first.from_seq != state.hwmark_seq + 1 or first.leader_epoch != epochs[key]:
+                raise Discontinuity(key[0], key[1], state.hwmark_seq, first.from_seq)
         conn.execute(insert(BlockRun), [{"block_id": block_id, **asdict(run)} for run in runs])
-        changes = []
-        for key in keys:
-            mine = [run for run in runs if (run.topic, run.partition) == key]
-            state = partitions[key]
-            changes.append(
-                {
-                    "k_topic": key[0],
-                    "k_partition": key[1],
-                    "k_hwmark": max(state.hwmark_seq, max(run.last_seq for run in mine)),
-                    "k_first": state.first_available_seq or min(run.first_seq for run in mine),
-                }
-            )
+        changes = [
+            {
+                "k_topic": key[0],
+                "k_partition": key[1],
+                "k_hwmark": by_partition[key][-1].last_seq,
+                "k_first": partitions[key].first_available_seq or by_partition[key][0].first_seq,
+            }
+            for key in keys
+        ]
         conn.execute(
             update(Partition)
             .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
@@ -229,11 +255,11 @@ def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
     return BlockRow(*row) if row else None
 
 
-def _locations(topic: str, partition: int, from_seq: int, limit: int, *extra_columns):
+def _locations(topic: str, partition: int, from_seq: int, limit: int):
     # No filter on the block's state: a run exists only while its block is committed (runs are inserted by the
     # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe.
     return (
-        select(*_LOCATION_COLUMNS, *extra_columns)
+        select(*_LOCATION_COLUMNS)
         .join(Block, Block.block_id == BlockRun.block_id)
         .where(
             BlockRun.topic == topic,
@@ -246,65 +272,108 @@ def _locations(topic: str, partition: int, from_seq: int, limit: int, *extra_col
 
 
 def find_run(cat: Catalog, topic: str, partition: int, seq: int) -> RunLocation | None:
-    """The committed run holding `seq`, or if `seq` falls in a gap (or below the first run) the next run after it:
-    the run with the smallest last_seq >= seq. None when no run reaches `seq`. One index scan, LIMIT 1."""
+    """The committed run with the smallest last_seq >= seq: the one that holds `seq` when `holds(seq)` says so.
+    None when no run reaches `seq`. One index scan, LIMIT 1, answered from the index alone on PostgreSQL."""
     with cat.read() as conn:
         row = conn.execute(_locations(topic, partition, seq, 1)).first()
     return RunLocation(topic, partition, *row) if row else None
 
 
-def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[ListedRun]:
-    """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns, with their
-    timestamp bounds. Those are not in ix_block_runs_lookup, so unlike find_run's this scan of the index visits each
-    row it returns (replay planning pages through runs; the fetch path's find_run stays index-only)."""
+def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[RunLocation]:
+    """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns."""
     with cat.read() as conn:
-        rows = conn.execute(_locations(topic, partition, from_seq, limit, BlockRun.min_ts_ms, BlockRun.max_ts_ms))
-        return [ListedRun(topic, partition, *row) for row in rows]
+        return [RunLocation(topic, partition, *row) for row in conn.execute(_locations(topic, partition, from_seq, limit))]
 
 
-def prune_runs_covered(
+def prune_runs_in(
+    conn: Connection,
+    topic: str,
+    partition: int,
+    from_seq: int,
+    last_seq: int,
+    *,
+    grace: timedelta = DEFAULT_DELETE_GRACE,
+    now: datetime | None = None,
+) -> PruneResult:
+    """Inside the caller's transaction: deletes the runs of the partition that lie wholly inside
+    [from_seq, last_seq] (from their from_seq to their last_seq), then marks every block left without runs
+    `deleting`. A remote segment that answers for exactly that range calls it: a run is pruned only when a remote
+    segment holds every seq it answers for, never because its seqs are merely lower."""
+    victims = (
+        select(BlockRun.block_id, BlockRun.position)
+        .where(
+            BlockRun.topic == topic,
+            BlockRun.partition == partition,
+            BlockRun.last_seq <= last_seq,
+            BlockRun.last_seq >= from_seq,
+            BlockRun.from_seq >= from_seq,
+        )
+    )
+    return _delete_runs(conn, victims, grace, now)
+
+
+def prune_runs_within(
     cat: Catalog,
     topic: str,
     partition: int,
-    upto_seq: int,
+    from_seq: int,
+    last_seq: int,
+    *,
+    grace: timedelta = DEFAULT_DELETE_GRACE,
+    now: datetime | None = None,
+) -> PruneResult:
+    """prune_runs_in as its own transaction (a catalog rebuild, which records finished segments directly)."""
+    with cat.write() as conn:
+        return prune_runs_in(conn, topic, partition, from_seq, last_seq, grace=grace, now=now)
+
+
+def prune_runs_below(
+    cat: Catalog,
+    topic: str,
+    partition: int,
+    first_available: int,
     *,
     limit: int = 1000,
     grace: timedelta = DEFAULT_DELETE_GRACE,
     now: datetime | None = None,
 ) -> PruneResult:
-    """Deletes up to `limit` runs of the partition with last_seq <= upto_seq (the highest seq held by
-    COPY_FINISHED remote segments), oldest first, then marks every block left without runs `deleting`.
-    Call again while `runs_deleted == limit`."""
+    """Deletes up to `limit` runs of the partition that end below its first available seq (retention moved past
+    them: no reader may ask for their seqs), oldest first, and marks blocks left without runs `deleting`. Call
+    again while `runs_deleted == limit`."""
     victims = (
         select(BlockRun.block_id, BlockRun.position)
-        .where(BlockRun.topic == topic, BlockRun.partition == partition, BlockRun.last_seq <= upto_seq)
+        .where(BlockRun.topic == topic, BlockRun.partition == partition, BlockRun.last_seq < first_available)
         .order_by(BlockRun.last_seq)
         .limit(limit)
     )
     with cat.write() as conn:
-        touched = conn.execute(
-            delete(BlockRun)
-            .where(tuple_(BlockRun.block_id, BlockRun.position).in_(victims))
-            .returning(BlockRun.block_id)
-        ).scalars().all()
-        block_ids = sorted(set(touched))
-        if not block_ids:
-            return PruneResult(0, 0)
-        # Lock the blocks first (in id order), then look for remaining runs: two prunes of different partitions
-        # sharing a block then check one after the other, and the later one sees the earlier one's deletes. An
-        # unlocked NOT EXISTS would let each see the other's runs and neither mark the block: a leaked object.
-        conn.execute(
-            select(Block.block_id).where(Block.block_id.in_(block_ids)).order_by(Block.block_id).with_for_update()
+        return _delete_runs(conn, victims, grace, now)
+
+
+def _delete_runs(conn: Connection, victims, grace: timedelta, now: datetime | None) -> PruneResult:
+    touched = conn.execute(
+        delete(BlockRun)
+        .where(tuple_(BlockRun.block_id, BlockRun.position).in_(victims))
+        .returning(BlockRun.block_id)
+    ).scalars().all()
+    block_ids = sorted(set(touched))
+    if not block_ids:
+        return PruneResult(0, 0)
+    # Lock the blocks first (in id order), then look for remaining runs: two prunes of different partitions
+    # sharing a block then check one after the other, and the later one sees the earlier one's deletes. An
+    # unlocked NOT EXISTS would let each see the other's runs and neither mark the block: a leaked object.
+    conn.execute(
+        select(Block.block_id).where(Block.block_id.in_(block_ids)).order_by(Block.block_id).with_for_update()
+    )
+    marked = conn.execute(
+        update(Block)
+        .where(
+            Block.block_id.in_(block_ids),
+            Block.state.in_(BLOCK_TRANSITIONS.sources(BlockState.DELETING)),
+            ~exists().where(BlockRun.block_id == Block.block_id),
         )
-        marked = conn.execute(
-            update(Block)
-            .where(
-                Block.block_id.in_(block_ids),
-                Block.state.in_(BLOCK_TRANSITIONS.sources(BlockState.DELETING)),
-                ~exists().where(BlockRun.block_id == Block.block_id),
-            )
-            .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
-        )
+        .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
+    )
     return PruneResult(len(touched), marked.rowcount)
 
 

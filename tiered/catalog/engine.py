@@ -2,7 +2,8 @@
 
 The calling convention, everywhere in tiered.catalog: a query function takes a `Catalog` first and runs in its own
 transaction (`cat.write()` or `cat.read()`), so one call is one atomic step. The API is synchronous; the asyncio
-server calls it from a worker thread (`asyncio.to_thread`), and a `Catalog` may be shared by threads.
+server calls it through tiered.tiering.catalog_access.AsyncCatalog (worker threads, deadlines), and a `Catalog` may
+be shared by threads.
 
 URLs: `sqlite:///path` (the embedded single-node default: WAL, busy timeout, foreign keys, full sync) or
 `postgresql+psycopg://user@host/db` (`postgresql://` and `postgres://` are read as psycopg 3). Passwords are
@@ -24,6 +25,10 @@ from sqlalchemy.engine import URL, make_url
 from tiered.catalog.errors import CatalogUnavailable
 
 LOCK_TIMEOUT_MS = 10_000
+# Every statement and connection attempt on PostgreSQL is bounded, so a hung server or network gives an error (a
+# transient CatalogUnavailable, retried) rather than a worker thread stuck forever.
+STATEMENT_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_S = 5
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -52,9 +57,12 @@ def make_engine(
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, lock_timeout_ms)
-    connect_args = {}
-    if lock_timeout_ms is not None and "options" not in parsed.query:
-        connect_args["options"] = f"-c lock_timeout={int(lock_timeout_ms)}"
+    connect_args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if "options" not in parsed.query:
+        options = [f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"]
+        if lock_timeout_ms is not None:
+            options.append(f"-c lock_timeout={int(lock_timeout_ms)}")
+        connect_args["options"] = " ".join(options)
     return create_engine(
         parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow, connect_args=connect_args
     )

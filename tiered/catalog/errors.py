@@ -76,6 +76,21 @@ class StaleEpoch(CatalogError):
         self.leader_broker = leader_broker
 
 
+class Discontinuity(CatalogError):
+    """A commit that does not continue the partition's committed seqs: its first run answers from `from_seq`, but
+    the catalog's high-water mark is `hwmark`. Committing it would reuse seqs or leave some without a location."""
+
+    def __init__(self, topic: str, partition: int, hwmark: int, from_seq: int):
+        super().__init__(
+            f"{topic!r}/{partition}: a run answering from seq {from_seq} does not continue the committed "
+            f"high-water mark {hwmark}"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.hwmark = hwmark
+        self.from_seq = from_seq
+
+
 class IllegalTransition(CatalogError):
     """A state change the transition table does not allow (see tiered.catalog.states)."""
 

@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -106,6 +107,29 @@ class Partition(Base):
     remote_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
+class PartitionEpoch(Base):
+    """The leadership history of a partition: one row per claim, written by the claim's own transaction.
+
+    `start_seq` is the catalog's high-water mark + 1 when the epoch began, so epoch e holds the seqs
+    [start_seq(e), start_seq(e + 1) - 1]. `disk_id` names the local volume the claiming broker served from: a broker
+    reopening its disk knows from these rows whether another volume led the partition since, and from which seq
+    its own records may diverge from the catalog's.
+    """
+
+    __tablename__ = "partition_epochs"
+    __table_args__ = (
+        ForeignKeyConstraint(["topic", "partition"], ["partitions.topic", "partitions.partition"], ondelete="CASCADE"),
+    )
+
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    leader_epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    broker_id: Mapped[int] = mapped_column(Integer)
+    disk_id: Mapped[str] = mapped_column(Text)
+    start_seq: Mapped[int] = mapped_column(BigInteger)
+    claimed_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
 class Broker(Base):
     __tablename__ = "brokers"
 
@@ -144,13 +168,15 @@ class BlockRun(Base):
     __tablename__ = "block_runs"
     __table_args__ = (
         CheckConstraint("first_seq <= last_seq", name="seq_range"),
+        CheckConstraint("from_seq <= first_seq", name="from_seq"),
         # The fetch lookup: the run with the smallest last_seq >= seq, answered from the index alone on PostgreSQL.
         Index(
             "ix_block_runs_lookup",
             "topic",
             "partition",
             "last_seq",
-            postgresql_include=["first_seq", "position", "length_bytes", "block_id"],
+            postgresql_include=["first_seq", "position", "length_bytes", "block_id", "from_seq", "min_ts_ms",
+                                "max_ts_ms"],
         ),
         # The foreign key's own index: "does any run still reference this block?" is asked on every prune.
         Index(None, "block_id"),
@@ -160,12 +186,18 @@ class BlockRun(Base):
     position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     topic: Mapped[str] = mapped_column(Text)
     partition: Mapped[int] = mapped_column(Integer)
+    # The seqs this run answers for: [from_seq, last_seq]. from_seq is the catalog's high-water mark + 1 when the
+    # run was committed (the commit proves it), below first_seq only where a produce jumped seqs: a seq in
+    # [from_seq, first_seq) holds no message and reads from first_seq on, as in TANK.
+    from_seq: Mapped[int] = mapped_column(BigInteger)
     first_seq: Mapped[int] = mapped_column(BigInteger)
     last_seq: Mapped[int] = mapped_column(BigInteger)
     length_bytes: Mapped[int] = mapped_column(BigInteger)
     messages: Mapped[int] = mapped_column(Integer)
     min_ts_ms: Mapped[int] = mapped_column(BigInteger)
     max_ts_ms: Mapped[int] = mapped_column(BigInteger)
+    # The epoch its broker held when the commit checked it (0 for runs committed before epochs were recorded).
+    leader_epoch: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class Segment(Base):
@@ -175,6 +207,7 @@ class Segment(Base):
     __table_args__ = (
         CheckConstraint(_one_of("state", SegmentState), name="state"),
         CheckConstraint("base_seq <= last_seq", name="seq_range"),
+        CheckConstraint("from_seq <= base_seq", name="from_seq"),
         # Lookup by seq, retention and highest-copied scans only ever want readable segments: a partial index
         # keeps deleted segments out of the scan, so its cost does not grow with history.
         Index(
@@ -201,6 +234,9 @@ class Segment(Base):
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
     base_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     last_seq: Mapped[int] = mapped_column(BigInteger)
+    # The seqs this segment answers for, [from_seq, last_seq]: from_seq is the from_seq of the block run that held
+    # its first record (so a jump before the segment's base is the segment's), else base_seq.
+    from_seq: Mapped[int] = mapped_column(BigInteger)
     object_key: Mapped[str] = mapped_column(Text, unique=True)
     index_object_key: Mapped[str] = mapped_column(Text, unique=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)

@@ -7,14 +7,19 @@ partitions therefore queue instead of deadlocking.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy import Connection, and_, insert, or_, select, update
 
-from tiered.catalog.engine import Catalog
+from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
-from tiered.catalog.models import Partition
+from tiered.catalog.models import Partition, PartitionEpoch
+
+# Statements that name many partitions are sent in batches of this many: well under PostgreSQL's 65,535 bind
+# parameters and SQLite's 32,766, with room for the other parameters of a statement.
+BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,45 +44,118 @@ _COLUMNS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class EpochRow:
+    """One claim of a partition (tiered.catalog.models.PartitionEpoch)."""
+
+    leader_epoch: int
+    broker_id: int
+    disk_id: str
+    start_seq: int  # the catalog's high-water mark + 1 when the epoch began
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a claim returns, read in the claim's own transaction: the partition as it was just before, the new
+    epoch, and the history since the epoch the caller asked about."""
+
+    before: PartitionState
+    epoch: int
+    history: tuple[EpochRow, ...]  # epochs above the caller's `since`, oldest first, the new one last
+
+
 def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], PartitionState]:
     """Locks the partitions rows of `keys` in (topic, partition) order (FOR UPDATE on PostgreSQL; the SQLite write
     transaction already holds the database) and returns them. Raises UnknownPartition for a missing one."""
     wanted = sorted(set(keys))
-    by_topic: dict[str, list[int]] = {}
-    for topic, partition in wanted:
-        by_topic.setdefault(topic, []).append(partition)
-    # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes (SQLite
-    # does not for a row-value IN list).
-    rows = conn.execute(
-        select(*_COLUMNS)
-        .where(or_(*(and_(Partition.topic == t, Partition.partition.in_(ps)) for t, ps in by_topic.items())))
-        .order_by(Partition.topic, Partition.partition)
-        .with_for_update()
-    )
-    states = {(r.topic, r.partition): PartitionState(*r) for r in rows}
+    states: dict[tuple[str, int], PartitionState] = {}
+    for start in range(0, len(wanted), BATCH):
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in wanted[start : start + BATCH]:
+            by_topic.setdefault(topic, []).append(partition)
+        # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes (SQLite
+        # does not for a row-value IN list). Batches go in key order, so the lock order holds across them.
+        rows = conn.execute(
+            select(*_COLUMNS)
+            .where(or_(*(and_(Partition.topic == t, Partition.partition.in_(ps)) for t, ps in by_topic.items())))
+            .order_by(Partition.topic, Partition.partition)
+            .with_for_update()
+        )
+        states.update({(r.topic, r.partition): PartitionState(*r) for r in rows})
     for key in wanted:
         if key not in states:
             raise UnknownPartition(*key)
     return states
 
 
-def claim_partitions(cat: Catalog, broker_id: int, topic: str, partitions: Iterable[int]) -> dict[int, int]:
-    """Makes `broker_id` the leader of the partitions: bumps each one's epoch. Returns {partition: new epoch}.
+def claim_leadership(
+    cat: Catalog,
+    broker_id: int,
+    disk_id: str,
+    topic: str,
+    since: Mapping[int, int | None],
+    *,
+    now: datetime | None = None,
+) -> dict[int, Claim]:
+    """Makes `broker_id` (serving from volume `disk_id`) the leader of the partitions `since` names: bumps each
+    one's epoch and records the claim in partition_epochs with start_seq = high-water mark + 1, all in one
+    transaction. `since[p]` is the epoch the caller's disk last applied for p (None: unknown); the history above it
+    comes back with the claim. Returns {partition: Claim}.
 
     A claim always wins; whatever the previous leader still writes under its old epoch is refused from now on
     (StaleEpoch). Raises UnknownPartition, changing nothing, if any partition does not exist.
     """
-    numbers = sorted(set(partitions))
+    numbers = sorted(since)
     if not numbers:
         return {}
+    claimed_at = utcnow(now)
+    claims: dict[int, Claim] = {}
     with cat.write() as conn:
         states = lock_partitions(conn, ((topic, p) for p in numbers))
-        conn.execute(
-            update(Partition)
-            .where(Partition.topic == topic, Partition.partition.in_(numbers))
-            .values(leader_broker=broker_id, leader_epoch=Partition.leader_epoch + 1)
+        for start in range(0, len(numbers), BATCH):
+            chunk = numbers[start : start + BATCH]
+            conn.execute(
+                update(Partition)
+                .where(Partition.topic == topic, Partition.partition.in_(chunk))
+                .values(leader_broker=broker_id, leader_epoch=Partition.leader_epoch + 1)
+            )
+            conn.execute(insert(PartitionEpoch), [
+                {"topic": topic, "partition": p, "leader_epoch": states[(topic, p)].leader_epoch + 1,
+                 "broker_id": broker_id, "disk_id": disk_id, "start_seq": states[(topic, p)].hwmark_seq + 1,
+                 "claimed_at": claimed_at} for p in chunk
+            ])  # fmt: skip
+        history = _history(conn, topic, {p: e for p, e in since.items() if e is not None})
+        for p in numbers:
+            before = states[(topic, p)]
+            claims[p] = Claim(before, before.leader_epoch + 1, tuple(history.get(p, ())))
+    return claims
+
+
+def _history(conn: Connection, topic: str, since: Mapping[int, int]) -> dict[int, list[EpochRow]]:
+    """The claims of each partition above its `since` epoch, oldest first."""
+    out: dict[int, list[EpochRow]] = {}
+    numbers = sorted(since)
+    for start in range(0, len(numbers), BATCH):
+        chunk = numbers[start : start + BATCH]
+        low = min(since[p] for p in chunk)
+        rows = conn.execute(
+            select(PartitionEpoch.partition, PartitionEpoch.leader_epoch, PartitionEpoch.broker_id,
+                   PartitionEpoch.disk_id, PartitionEpoch.start_seq)
+            .where(PartitionEpoch.topic == topic, PartitionEpoch.partition.in_(chunk),
+                   PartitionEpoch.leader_epoch > low)
+            .order_by(PartitionEpoch.partition, PartitionEpoch.leader_epoch)
         )
-    return {p: states[(topic, p)].leader_epoch + 1 for p in numbers}
+        for partition, *row in rows:
+            if row[0] > since[partition]:
+                out.setdefault(partition, []).append(EpochRow(*row))
+    return out
+
+
+def claim_partitions(cat: Catalog, broker_id: int, topic: str, partitions: Iterable[int], *,
+                     disk_id: str = "") -> dict[int, int]:
+    """claim_leadership without history: returns {partition: new epoch}."""
+    claims = claim_leadership(cat, broker_id, disk_id, topic, {p: None for p in partitions})
+    return {p: claim.epoch for p, claim in claims.items()}
 
 
 def get_partition_states(cat: Catalog, topic: str | None = None) -> list[PartitionState]:

@@ -10,7 +10,7 @@ Each function is one transaction.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, delete, insert, literal, select, update
 
 from tiered.catalog.blocks import RunRow
 from tiered.catalog.engine import Catalog, utcnow
-from tiered.catalog.models import Block, BlockRun, Partition, Segment, Topic
+from tiered.catalog.models import Block, BlockRun, Partition, PartitionEpoch, Segment, Topic
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.segments import SegmentMeta
 from tiered.catalog.states import BlockState, SegmentState
@@ -56,7 +56,7 @@ def catalog_is_empty(cat: Catalog) -> bool:
 def clear_catalog(cat: Catalog) -> None:
     """Deletes every topic, partition, block, run and segment row; brokers stay. What `rebuild --force` replaces."""
     with cat.write() as conn:
-        for model in (BlockRun, Block, Segment, Partition, Topic):  # children before the rows they reference
+        for model in (BlockRun, Block, Segment, PartitionEpoch, Partition, Topic):  # children before their parents
             conn.execute(delete(model))
 
 
@@ -71,8 +71,9 @@ def insert_committed_blocks(cat: Catalog, blocks: Iterable[RestoredBlock]) -> li
         if not block.runs:
             raise ValueError(f"block {block.object_key} has no runs: record it abandoned instead")
         for run in block.runs:
-            if not 1 <= run.first_seq <= run.last_seq:
-                raise ValueError(f"bad seq range {run.first_seq}..{run.last_seq} in block {block.object_key}")
+            if not 1 <= run.from_seq <= run.first_seq <= run.last_seq:
+                raise ValueError(f"bad seq range {run.from_seq}/{run.first_seq}..{run.last_seq} in block "
+                                 f"{block.object_key}")
     ids: list[int] = []
     with cat.write() as conn:
         for block in blocks:
@@ -93,10 +94,14 @@ def insert_committed_blocks(cat: Catalog, blocks: Iterable[RestoredBlock]) -> li
     return ids
 
 
-def insert_finished_segments(cat: Catalog, segments: Sequence[SegmentMeta], *, now: datetime | None = None) -> None:
+def insert_finished_segments(cat: Catalog, segments: Sequence[SegmentMeta], *,
+                             from_seqs: Mapping[tuple[str, int, int], int] | None = None,
+                             now: datetime | None = None) -> None:
     """Inserts remote segments as COPY_FINISHED (readable) and adds their bytes, object and index, to their
     partitions' remote_bytes, as `segments.segment_copy_finished` does. Leader epochs are recorded, not checked.
+    `from_seqs[(topic, partition, base)]` is the seq a segment answers from (default: its base).
     Raises UnknownPartition, inserting nothing, for a partition that does not exist."""
+    from_seqs = from_seqs or {}
     if not segments:
         return
     updated_at = utcnow(now)
@@ -107,7 +112,8 @@ def insert_finished_segments(cat: Catalog, segments: Sequence[SegmentMeta], *, n
         lock_partitions(conn, added)  # the catalog's lock order: partitions, then segments
         conn.execute(
             insert(Segment),
-            [{**asdict(s), "state": SegmentState.COPY_FINISHED, "updated_at": updated_at} for s in segments],
+            [{**asdict(s), "state": SegmentState.COPY_FINISHED, "updated_at": updated_at,
+              "from_seq": from_seqs.get((s.topic, s.partition, s.base_seq), s.base_seq)} for s in segments],
         )
         conn.execute(
             update(Partition)

@@ -13,9 +13,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, func, insert, literal_column, select, update
 
+from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import StaleEpoch, UnknownSegment
-from tiered.catalog.models import Partition, Segment
+from tiered.catalog.models import BlockRun, Partition, Segment
 from tiered.catalog.partitions import PartitionState, lock_partitions
 from tiered.catalog.states import SEGMENT_TRANSITIONS, SegmentState
 
@@ -42,10 +43,14 @@ class SegmentMeta:
 class SegmentRow(SegmentMeta):
     state: str
     updated_at: datetime
+    from_seq: int  # the first seq it answers for (set when the copy finishes; base_seq until then)
 
     @property
     def total_bytes(self) -> int:
         return self.size_bytes + self.index_size_bytes
+
+    def holds(self, seq: int) -> bool:
+        return self.from_seq <= seq <= self.last_seq
 
 
 _COLUMNS = tuple(getattr(Segment, f.name) for f in fields(SegmentRow))
@@ -103,7 +108,8 @@ def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | Non
     """Records a copy about to start (before the upload). A crashed copy's retry overwrites its COPY_STARTED row
     with the new attempt. Raises StaleEpoch if `meta.leader_epoch` is not the partition's epoch, and
     IllegalTransition if the segment is already further along."""
-    row = SegmentRow(**asdict(meta), state=str(SegmentState.COPY_STARTED), updated_at=utcnow(now))
+    row = SegmentRow(**asdict(meta), state=str(SegmentState.COPY_STARTED), updated_at=utcnow(now),
+                     from_seq=meta.base_seq)
     name = f"{meta.topic}/{meta.partition} base {meta.base_seq}"
     with cat.write() as conn:
         _check_epoch(_lock_partition(conn, meta.topic, meta.partition), meta.leader_epoch)
@@ -116,22 +122,42 @@ def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | Non
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class CopyFinished:
+    segment: SegmentRow
+    pruned: PruneResult  # the block runs the segment now answers for, deleted in the same transaction
+
+
 def segment_copy_finished(
-    cat: Catalog, topic: str, partition: int, base_seq: int, leader_epoch: int, *, now: datetime | None = None
-) -> SegmentRow:
-    """Records a finished copy (after both objects are uploaded): the segment becomes readable and counts in the
-    partition's remote_bytes. Raises StaleEpoch, UnknownSegment, IllegalTransition; a retry is a no-op."""
+    cat: Catalog, topic: str, partition: int, base_seq: int, leader_epoch: int, *,
+    grace: timedelta = DEFAULT_DELETE_GRACE, now: datetime | None = None,
+) -> CopyFinished:
+    """Records a finished copy (after both objects are uploaded), in one transaction: the segment becomes readable
+    and counts in the partition's remote_bytes; it answers from the from_seq of the block run that held its first
+    record (a jump in seqs before its base is its own), else from its base; and the block runs that lie wholly
+    inside what it answers for are pruned (tiered.catalog.blocks.prune_runs_in), so no seq ever has two locations
+    and none is left without one. Raises StaleEpoch, UnknownSegment, IllegalTransition; a retry is a no-op."""
     with cat.write() as conn:
         state = _lock_partition(conn, topic, partition)
         row = _locked_row(conn, topic, partition, base_seq)
         if row is None:
             raise UnknownSegment(topic, partition, base_seq)
         if row.state == SegmentState.COPY_FINISHED:
-            return row
+            return CopyFinished(row, PruneResult(0, 0))
         _check_epoch(state, leader_epoch)
+        first_run = conn.execute(
+            select(BlockRun.from_seq, BlockRun.first_seq)
+            .where(BlockRun.topic == topic, BlockRun.partition == partition, BlockRun.last_seq >= base_seq)
+            .order_by(BlockRun.last_seq)
+            .limit(1)
+        ).first()
+        from_seq = first_run.from_seq if first_run is not None and first_run.first_seq == base_seq else base_seq
         row = _move(conn, row, SegmentState.COPY_FINISHED, now)
+        conn.execute(update(Segment).where(_key(topic, partition, base_seq)).values(from_seq=from_seq))
+        row = replace(row, from_seq=from_seq)
         _add_remote_bytes(conn, topic, partition, row.total_bytes)
-    return row
+        pruned = prune_runs_in(conn, topic, partition, from_seq, row.last_seq, grace=grace, now=now)
+    return CopyFinished(row, pruned)
 
 
 def segment_delete_started(
@@ -174,8 +200,8 @@ def get_segment(cat: Catalog, topic: str, partition: int, base_seq: int) -> Segm
 
 
 def find_remote_segment(cat: Catalog, topic: str, partition: int, seq: int) -> SegmentRow | None:
-    """The readable (COPY_FINISHED) remote segment holding `seq`, or if `seq` falls in a gap (or below the first
-    one) the next one after it: the smallest last_seq >= seq. None when none reaches `seq`. One index probe."""
+    """The readable (COPY_FINISHED) remote segment with the smallest last_seq >= seq: the one that holds `seq`
+    when `holds(seq)` says so. None when none reaches `seq`. One index probe."""
     with cat.read() as conn:
         row = conn.execute(
             select(*_COLUMNS)

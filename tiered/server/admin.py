@@ -42,7 +42,6 @@ from tiered.storage.topic_config import ConfigError
 
 log = logging.getLogger("tiered.server")
 
-MAX_PARTITIONS = 0xFFFF
 TANK_VERSION = 400
 
 
@@ -57,8 +56,8 @@ class AdminHandler:
             wanted = range(len(topic.partitions)) if req.partitions is None else req.partitions
             for p in wanted:
                 if 0 <= p < len(topic.partitions):
-                    part = topic.partitions[p]
-                    ranges.append(PartitionRange(part.first_available, part.hwmark))
+                    bounds = topic.partitions[p].bounds()
+                    ranges.append(PartitionRange(bounds.first_available, bounds.hwmark))
                 else:
                     ranges.append(PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.SYSTEM))
         payload = encode_discover_partitions_response(DiscoverPartitionsResponse(req.request_id, req.topic, tuple(ranges)))
@@ -70,14 +69,18 @@ class AdminHandler:
         await conn.send(MsgType.CREATE_TOPIC, payload)
 
     async def _create_topic(self, req: CreateTopicRequest) -> int:
+        """Everything that can be refused is checked before anything is written (catalog or disk)."""
         broker = self.broker
         if broker.settings.read_only:
             return CreateTopicStatus.READ_ONLY
-        if req.partitions == 0 or req.partitions > MAX_PARTITIONS:
+        if not 1 <= req.partitions <= topic_dirs.MAX_PARTITIONS:
+            log.info("create topic %s refused: %d partitions (1..%d allowed)", req.topic, req.partitions,
+                     topic_dirs.MAX_PARTITIONS)
             return CreateTopicStatus.INVALID
         try:
             topic_dirs.validate_topic_name(req.topic)
-        except ValueError:
+        except ValueError as exc:
+            log.info("create topic refused: %s", exc)
             return CreateTopicStatus.INVALID
         if req.topic in broker.registry.topics:
             return CreateTopicStatus.EXISTS
@@ -119,11 +122,9 @@ class AdminHandler:
         except ConfigError as exc:
             log.info("reload %s/%d refused: %s", req.topic, req.partition, exc)
             return ReloadConfStatus.PARSE
-        part.config = config
+        part.config = config  # a topic switched to durable acks shows only committed records from now on
         part.log.reconfigure(config)
-        if self.broker.tiering is not None:
-            # Visibility follows durability: a topic switched to durable acks shows only committed records.
-            part.log.visible_on_append = config.produce_ack != "durable"
+        self.broker.tier.reconfigured(req.topic, req.partition, config)
         log.info("reloaded config of %s/%d", req.topic, req.partition)
         return ReloadConfStatus.OK
 

@@ -1,37 +1,80 @@
-"""The whole broker process: the TANK listener, the HTTP endpoint, and the tiered storage layer, started and stopped
-in order. `tiered serve` runs one App; tests start one in-process."""
+"""The whole broker process, assembled once: the registry and waiters, the tier below the local disk and the sink it
+reports to, the TANK listener and the HTTP endpoint, started and stopped in order. `tiered serve` runs one App;
+tests start one in-process.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
+from typing import Callable
 
+from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.config import Settings
+from tiered.metrics import Metrics
 from tiered.server.broker import Broker
 from tiered.server.http import HttpEndpoint
+from tiered.server.registry import Registry
+from tiered.server.tier_events import TierEvents
+from tiered.server.waiters import Waiters
+from tiered.storage.local_state import LocalState
+from tiered.tier_interface import LocalOnly, Tier, TierSink
 
 log = logging.getLogger("tiered.server")
 
+# Builds the tier from what it reports to: (settings, sink, metrics, disk_id) -> Tier.
+TierFactory = Callable[[Settings, TierSink, Metrics, str], Tier]
+
+
+def tiering_service(**options) -> TierFactory:
+    """The catalog-and-bucket tier (tiered.tiering.service.TieringService), with `options` for its constructor."""
+
+    def make(settings: Settings, sink: TierSink, metrics: Metrics, disk_id: str) -> Tier:
+        from tiered.tiering.service import TieringService
+
+        return TieringService(settings, sink, metrics, disk_id=disk_id, **options)
+
+    return make
+
 
 class App:
-    def __init__(self, settings: Settings, *, tiering=None, local_only: bool = False, now_s=None):
-        """`tiering` defaults to the catalog and object store the settings name; `local_only` runs a plain TANK
+    def __init__(self, settings: Settings, *, tier: TierFactory | None = None, local_only: bool = False,
+                 clock: Clock = SYSTEM_CLOCK, now_s: Callable[[], float] = time.time):
+        """`tier` defaults to the catalog and object store the settings name; `local_only` runs a plain TANK
         broker with neither (tests of the TANK behaviour alone)."""
         self.settings = settings
-        if tiering is None and not local_only:
-            from tiered.tiering.service import TieringService
+        self.metrics = Metrics()
+        self.waiters = Waiters()
+        make_tier = None if local_only else (tier or tiering_service())
+        local_state = LocalState(settings.state_dir) if make_tier is not None else None
+        self.registry = Registry(settings.data_dir, settings.topic_defaults, now_s=now_s)
+        events = TierEvents(self.registry, self.waiters)
+        self.tier: Tier = make_tier(settings, events, self.metrics, local_state.disk_id) if make_tier else LocalOnly()
+        self.broker = Broker(settings, self.registry, self.waiters, self.metrics, self.tier, local_state=local_state,
+                             clock=clock, now_s=now_s)
+        routes = {"/v1/tier": self.tier_status} if self.tier.lower_tier else {}
+        self.http = HttpEndpoint(self.metrics.render, self.broker.check_ready, lambda: not self.broker.stopping,
+                                 routes)
 
-            tiering = TieringService(settings)
-        kwargs = {"now_s": now_s} if now_s is not None else {}
-        self.broker = Broker(settings, tiering=tiering, **kwargs)
-        routes = {"/v1/tier": tiering.tier_status} if tiering is not None else {}
-        self.http = HttpEndpoint(self.broker.metrics.render, self.ready, lambda: not self.broker.stopping, routes)
-
-    async def ready(self) -> tuple[bool, str]:
-        if not self.broker.ready:
-            return False, "the broker is not serving"
-        if self.broker.tiering is not None:
-            return await self.broker.tiering.check_ready()
-        return True, ""
+    def tier_status(self) -> list[dict]:
+        """Per partition: what the local disk holds, what the bucket holds, and what is still on its way there."""
+        out = []
+        for part in self.registry.all_partitions():
+            plog = part.log
+            bounds = part.bounds()
+            out.append({
+                "topic": part.topic,
+                "partition": part.partition,
+                "local_first": plog.first_available,
+                "local_last": plog.last_assigned,
+                "local_bytes": plog.stats().bytes,
+                "remote_first": part.catalog_first,
+                "hwmark": bounds.hwmark,
+                "role": part.role.value,
+                "fenced": part.role.value == "fenced",
+                **self.tier.partition_status(part.topic, part.partition),
+            })  # fmt: skip
+        return out
 
     async def start(self) -> None:
         # Health first: /healthz answers (and /readyz says "not ready") while local recovery runs.

@@ -1,4 +1,9 @@
-"""The broker: opens the registry, serves TANK's protocol, runs the timers, and shuts down gracefully.
+"""The broker: opens the registry, reconciles it with the tier below, serves TANK's protocol, runs the timers, and
+shuts down gracefully.
+
+Start-up order: recover the local logs; start the tier; ask it for the plan of every partition (tiered.tiering.
+startup) and carry the plans out here (truncate, continue from the catalog's high-water mark, remember the epoch),
+then let the tier upload what the plan keeps; only then listen.
 
 Shutdown order (SIGTERM): stop accepting; wake long-poll waiters so they answer now; let in-flight requests finish
 (durable produces wait for their block's commit); close the open block and commit it; close connections; close
@@ -10,20 +15,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
+from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.config import Settings
-from tiered.storage.partition_log import AppendResult
-
+from tiered.metrics import Metrics
 from tiered.server.admin import AdminHandler
 from tiered.server.connection import IDLE_TIMEOUT_S, Connection
 from tiered.server.consume import ConsumeHandler
 from tiered.server.fetch import FetchResolver
-from tiered.server.metrics import Metrics
 from tiered.server.produce import ProduceHandler
-from tiered.server.registry import Partition, Registry
+from tiered.server.registry import Partition, Registry, Role
 from tiered.server.waiters import Waiters
+from tiered.storage.local_state import LocalState
+from tiered.storage.partition_log import AppendResult
+from tiered.tasks import Supervisor
+from tiered.tier_interface import PartitionPlan, Tier
 
 log = logging.getLogger("tiered.server")
 
@@ -38,38 +47,37 @@ class Handlers:
 
 
 class Broker:
-    def __init__(self, settings: Settings, *, now_s: Callable[[], float] = time.time, tiering=None):
+    def __init__(self, settings: Settings, registry: Registry, waiters: Waiters, metrics: Metrics, tier: Tier, *,
+                 local_state: LocalState | None = None, clock: Clock = SYSTEM_CLOCK,
+                 now_s: Callable[[], float] = time.time):
         self.settings = settings
+        self.registry = registry
+        self.waiters = waiters
+        self.metrics = metrics
+        self.tier = tier
+        self.local_state = local_state
+        self.clock = clock
         self.now_s = now_s
-        self.tiering = tiering  # the durable/tiered layer (tiered.tiering.service), None for a local-only broker
-        self.registry = Registry(
-            settings.data_dir,
-            settings.topic_defaults,
-            now_s=now_s,
-            visible_on_append=(lambda config: config.produce_ack != "durable") if tiering else (lambda config: True),
-        )
-        self.waiters = Waiters()
-        self.metrics = Metrics()
-        self.fetch = FetchResolver()
+        self.fetch = FetchResolver(tier)
+        self.supervisor = Supervisor(metrics, clock=clock)
         self.handlers = Handlers(ProduceHandler(self), ConsumeHandler(self), AdminHandler(self))
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
         self.started_at = time.time()
         self.idle_timeout_s = IDLE_TIMEOUT_S
         self.retention_interval_s = RETENTION_INTERVAL_S
-        self._timers: list[asyncio.Task] = []
         self.stopping = False
         self.ready = False
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.registry.open_all()
-        if self.tiering is not None:
-            await self.tiering.start(self)
+        self.registry.open_all(self.tier)
+        await self.tier.start()
+        await self._open_partitions()
         host, port = self.settings.listen_endpoint()
         self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True, limit=1 << 20)
-        self._timers.append(asyncio.get_running_loop().create_task(self._retention_timer()))
+        self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.ready = True
         log.info(
             "serving %d topics, %d partitions on %s",
@@ -77,6 +85,55 @@ class Broker:
             self.registry.partition_count(),
             ", ".join(f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in self.server.sockets),
         )
+
+    async def _open_partitions(self) -> None:
+        if not self.tier.lower_tier:
+            for part in self.registry.all_partitions():
+                part.role = Role.LEADER
+            return
+        applied = self.local_state.applied_epoch if self.local_state is not None else (lambda t, p: None)
+        plan = await self.tier.open_partitions(self.registry.local_view(applied))
+        for name, why in plan.not_served.items():
+            log.info("topic %s is not served here: %s", name, why)
+        for topic in plan.create:
+            log.info("recreating topic %s locally from the catalog (%d partitions)", topic.name, topic.partitions)
+            try:
+                self.registry.create_topic(topic.name, topic.partitions, topic.config_text, self.tier)
+            except Exception as exc:
+                log.error("topic %s cannot be created locally and is not served: %s", topic.name, exc)
+        await self.apply_plans(plan.partitions)
+
+    async def apply_plans(self, plans: Sequence[PartitionPlan]) -> None:
+        """Carries the tier's plans out on the local logs, remembers their epochs, then lets the tier lead each
+        partition (uploading the tail a plan keeps) and serves it. A partition whose plan fails is reported and
+        stays unserved; the others are served."""
+        ready: list[tuple[Partition, PartitionPlan]] = []
+        for plan in plans:
+            part = self.registry.get(plan.topic, plan.partition)
+            if part is None:
+                log.error("%s/%d: planned but not open locally; not served", plan.topic, plan.partition)
+                continue
+            try:
+                if plan.truncate_after is not None:
+                    part.log.truncate_after(plan.truncate_after)
+                part.log.ensure_next_seq(plan.next_seq)
+            except Exception as exc:
+                log.error("%s/%d cannot be opened and is not served: %s", plan.topic, plan.partition, exc)
+                continue
+            part.committed = plan.committed
+            part.catalog_first = plan.first_available
+            if plan.truncate_after is not None or plan.reupload_after is not None or part.log.last_held < plan.committed:
+                log.info("%s/%d (epoch %d): %s", plan.topic, plan.partition, plan.epoch, plan.reason)
+            ready.append((part, plan))
+        if self.local_state is not None:
+            self.local_state.record_applied({(p.topic, p.partition): plan.epoch for p, plan in ready})
+        for part, plan in ready:
+            tail = () if plan.reupload_after is None else part.log.iter_records(plan.reupload_after + 1,
+                                                                                 part.log.last_held)
+            await self.tier.resume(plan, part.config, tail)
+            part.role = Role.LEADER
+            for segment in part.log.segments:
+                self.tier.sealed(part.topic, part.partition, segment)
 
     @property
     def port(self) -> int:
@@ -89,21 +146,18 @@ class Broker:
         self.stopping = True
         self.ready = False
         timeout_s = self.settings.shutdown_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         if self.server is not None:
             self.server.close()
-        for timer in self._timers:
-            timer.cancel()
+        await self.supervisor.stop()
         self.waiters.wake_all("shutdown")
-        if self.tiering is not None:
-            await self.tiering.flush(deadline)
+        await self.tier.flush(deadline)
         pending = [t for c in self.connections for t in c.tasks]
         if pending:
-            await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+            await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock.monotonic()))
         for conn in list(self.connections):
             await conn.close()
-        if self.tiering is not None:
-            await self.tiering.stop(deadline)
+        await self.tier.stop(deadline)
         self.registry.close()
         log.info("stopped")
 
@@ -120,41 +174,41 @@ class Broker:
 
     # -- the data path ----------------------------------------------------------------------------------------
 
-    def after_append(self, part: Partition, appended: AppendResult) -> asyncio.Future | None:
-        """Called after each local append. Returns the durable-ack future, or None when the append is already final."""
-        if self.tiering is not None:
-            ack = self.tiering.appended(part, appended)
-            if ack is not None:
-                return ack
-        self.waiters.visible(part.topic, part.partition, appended.first_seq, len(appended.record))
-        return None
-
-    def made_visible(self, part: Partition, first_seq: int, size_bytes: int) -> None:
-        """Called by the durable layer when a commit makes records of a partition visible."""
-        self.waiters.visible(part.topic, part.partition, first_seq, size_bytes)
+    def appended(self, part: Partition, appended: AppendResult) -> asyncio.Future | None:
+        """After each local append: hands the record to the tier; returns its durable-ack future, if it has one.
+        Records of a topic that is not durable are visible at once (TANK's standalone behaviour)."""
+        ack = self.tier.appended(part.topic, part.partition, appended, part.durable)
+        if not part.durable:
+            self.waiters.visible(part.topic, part.partition, appended.first_seq, len(appended.record))
+        return ack
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> None:
-        if self.tiering is not None:
-            await self.tiering.create_topic(name, partitions, config_text)
-        topic = self.registry.create_topic(name, partitions, config_text)
-        if self.tiering is not None:
-            await self.tiering.topic_opened(topic)
+        plans = await self.tier.create_topic(name, partitions, config_text)
+        # In a worker thread: a topic of thousands of partitions takes a while to lay out on disk.
+        topic = await asyncio.to_thread(self.registry.create_topic, name, partitions, config_text, self.tier)
+        if not self.tier.lower_tier:
+            for part in topic.partitions:
+                part.role = Role.LEADER
+            return
+        await self.apply_plans(plans)
 
     # -- timers -----------------------------------------------------------------------------------------------
 
-    async def _retention_timer(self) -> None:
-        while True:
-            await asyncio.sleep(self.retention_interval_s)
-            try:
-                self.enforce_retention()
-            except Exception:
-                log.exception("local retention check failed")
+    async def _retention_pass(self) -> None:
+        self.enforce_retention()
 
     def enforce_retention(self) -> int:
         """TANK checks retention only on roll; we also check on a timer so idle partitions are trimmed too."""
         deleted = 0
         now = self.now_s()
-        may_delete = self.registry.may_delete
         for part in self.registry.all_partitions():
-            deleted += len(part.log.enforce_retention(now, lambda seg, p=part: may_delete(p, seg)))
+            deleted += len(part.log.enforce_retention(now, part.log.may_delete))
         return deleted
+
+    async def check_ready(self) -> tuple[bool, str]:
+        if not self.ready:
+            return False, "the broker is not serving"
+        problems = self.supervisor.problems()
+        if problems:
+            return False, problems
+        return await self.tier.check_ready()

@@ -4,6 +4,10 @@ Each partition resolves to data (whole bundles from the one that holds the seq),
 partition that is not at EOF makes the response immediate; so does max_wait 0. Otherwise the request waits until
 `min_bytes` become visible across its partitions, or until its normalised deadline. EOF partitions carry one of
 TANK's three base values: first available (answered at once), 0 (timed out), or the first seq that arrived (woken).
+
+The waiter is registered before the handler yields to the event loop, and the tails are checked again right after:
+a produce that lands while the request is being resolved (pipelined on the same connection, or committed meanwhile)
+wakes it instead of being missed until the deadline.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from tiered.protocol.codes import UINT64_MAX, ConsumeStatus
 from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head
 from tiered.protocol.requests import ConsumeRequest
 
-from tiered.server.fetch import Boundary, Found
-from tiered.server.waiters import Waiter, monotonic_ms, wakeup_deadline_ms
+from tiered.bounds import Boundary, Eof
+from tiered.server.fetch import Found, Resolved
+from tiered.server.registry import Role
+from tiered.server.waiters import Waiter, wakeup_deadline_ms
+from tiered.tier_interface import Unreadable
 
 log = logging.getLogger("tiered.server")
 
@@ -53,19 +60,17 @@ class ConsumeHandler:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.UNKNOWN_PARTITION))
                     immediate = True
                     continue
-                if part.fenced:
+                if part.role is not Role.LEADER:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.NO_LEADER))
                     immediate = True
                     continue
                 fetch_size = min(p.fetch_size, MAX_FETCH_BYTES)
                 got = await broker.fetch.resolve(part, p.seq, max(1, min(fetch_size, budget)))
                 if isinstance(got, Found):
-                    results.append(_found_result(p.partition, got))
-                    chunks.append(got.chunk)
                     budget -= got.chunk.size
-                    immediate = True
-                elif isinstance(got, Boundary):
-                    results.append(_boundary_result(p.partition, got))
+                    chunks.append(got.chunk)
+                if not isinstance(got, Eof):
+                    results.append(_result(p.partition, got))
                     immediate = True
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
@@ -77,20 +82,28 @@ class ConsumeHandler:
             broker.metrics.consumed(topics)
             await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
             return
-        conn.spawn(self._wait(conn, req, tails, fetch_sizes, min_bytes))
-
-    async def _wait(self, conn, req: ConsumeRequest, tails, fetch_sizes, min_bytes: int) -> None:
-        broker = self.broker
-        loop = asyncio.get_running_loop()
-        waiter = Waiter(dict(tails), min_bytes, loop.create_future())
+        waiter = Waiter(dict(tails), min_bytes, asyncio.get_running_loop().create_future())
         broker.waiters.add(waiter)
-        delay_ms = wakeup_deadline_ms(monotonic_ms(), req.max_wait_ms) - monotonic_ms()
+        for (name, partition), tail in tails.items():
+            part = broker.registry.get(name, partition)
+            # Something became visible while this request was resolved: it answers now, from the tails.
+            if part is not None and part.hwmark >= tail:
+                waiter.first_seen.setdefault((name, partition), tail)
+                waiter.fire("data")
+        conn.spawn(self._wait(conn, req, waiter, fetch_sizes))
+
+    async def _wait(self, conn, req: ConsumeRequest, waiter: Waiter, fetch_sizes) -> None:
+        broker = self.broker
+        tails = waiter.seqs
+        clock = broker.clock
+        now_ms = clock.monotonic() * 1000.0
+        delay_ms = wakeup_deadline_ms(now_ms, req.max_wait_ms) - now_ms
+        timer = asyncio.ensure_future(clock.sleep(max(delay_ms, 0) / 1000.0))
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(delay_ms, 0) / 1000.0)
-            woken = waiter.future.result() == "data"  # "shutdown" answers like a timeout
-        except asyncio.TimeoutError:
-            woken = False
+            await asyncio.wait({waiter.future, timer}, return_when=asyncio.FIRST_COMPLETED)
+            woken = waiter.future.done() and waiter.future.result() == "data"  # "shutdown" answers like a timeout
         finally:
+            timer.cancel()
             broker.waiters.remove(waiter)
         topics: list[ConsumeTopicResult] = []
         chunks = []
@@ -107,10 +120,9 @@ class ConsumeHandler:
                     got = await broker.fetch.resolve(part, tails[tp], fetch_sizes[tp])
                 hwmark = part.hwmark if part is not None else 0
                 if isinstance(got, Found):
-                    results.append(_found_result(p.partition, got))
                     chunks.append(got.chunk)
-                elif isinstance(got, Boundary):
-                    results.append(_boundary_result(p.partition, got))
+                if got is not None and not isinstance(got, Eof):
+                    results.append(_result(p.partition, got))
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, 0, hwmark, 0))
             if results:
@@ -119,11 +131,14 @@ class ConsumeHandler:
         await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
 
 
-def _found_result(partition: int, got: Found) -> ConsumePartitionResult:
-    if got.first_bundle_sparse:
-        return ConsumePartitionResult(partition, ConsumeStatus.SPARSE, 0, got.hwmark, got.chunk.size)
-    return ConsumePartitionResult(partition, ConsumeStatus.OK, got.first_bundle_seq, got.hwmark, got.chunk.size)
-
-
-def _boundary_result(partition: int, got: Boundary) -> ConsumePartitionResult:
-    return ConsumePartitionResult(partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available)
+def _result(partition: int, got: Resolved) -> ConsumePartitionResult:
+    """The partition's result for anything but EOF."""
+    if isinstance(got, Found):
+        if got.first_bundle_sparse:
+            return ConsumePartitionResult(partition, ConsumeStatus.SPARSE, 0, got.hwmark, got.chunk.size)
+        return ConsumePartitionResult(partition, ConsumeStatus.OK, got.first_bundle_seq, got.hwmark, got.chunk.size)
+    if isinstance(got, Boundary):
+        return ConsumePartitionResult(partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available)
+    if isinstance(got, Unreadable):
+        return ConsumePartitionResult(partition, ConsumeStatus.SYSTEM)
+    raise TypeError(f"no consume result for {got!r}")

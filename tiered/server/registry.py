@@ -1,23 +1,36 @@
-"""The broker's topics and partitions: which exist, their configs, and their open partition logs.
+"""The broker's topics and partitions: which exist, their configs, their open partition logs, and what the tier
+below reported about them.
 
 A topic's effective config is layered: TANK's built-in defaults < the broker's `topic_defaults` < the topic's
 `config` file < the partition's `config` file. Partition logs are opened (and recovered) when the broker starts,
 so a torn tail is reported at start-up rather than on the first request that happens to touch it.
+
+Only the server changes a Partition: its request handlers and its TierSink (tiered.server.tier_events).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Mapping
 
+from tiered.bounds import PartitionBounds
 from tiered.storage import topics as topic_dirs
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig, parse_config_text
+from tiered.tier_interface import LocalPartition, LocalTopic, Tier
 
 log = logging.getLogger("tiered.server")
+
+
+class Role(Enum):
+    OPENING = "opening"  # being reconciled with the catalog: not served yet
+    LEADER = "leader"  # produce and consume served here
+    FENCED = "fenced"  # a newer leader claimed it: not served here
 
 
 @dataclass
@@ -26,25 +39,32 @@ class Partition:
     partition: int
     log: PartitionLog
     config: TopicConfig
-    # The lowest seq any tier still holds; the remote tier lowers it below the local log's first available.
-    remote_first_available: int = 0
-    remote_hwmark: int = 0  # the catalog's high-water mark: every seq up to it is durable in the bucket
-    fenced: bool = False  # a newer leader epoch took the partition over: it is no longer served here
-
-    @property
-    def first_available(self) -> int:
-        local = self.log.first_available
-        if self.remote_first_available and (not local or self.remote_first_available < local):
-            return self.remote_first_available
-        return local
-
-    @property
-    def hwmark(self) -> int:
-        return self.log.visible_seq
+    lower_tier: bool  # a tier below the local disk holds (and makes visible) what is committed
+    role: Role = Role.OPENING
+    committed: int = 0  # the catalog's high-water mark: every seq up to it is in the bucket and the catalog
+    catalog_first: int = 0  # the catalog's first available seq (0: it holds nothing of the partition yet)
 
     @property
     def durable(self) -> bool:
-        return self.config.produce_ack == "durable"
+        """Visibility follows durability: with a tier below, a durable topic shows only committed records."""
+        return self.lower_tier and self.config.produce_ack == "durable"
+
+    def bounds(self) -> PartitionBounds:
+        plog = self.log
+        local_first = plog.first_available
+        first = local_first
+        if self.catalog_first and (not first or self.catalog_first < first):
+            first = self.catalog_first
+        hwmark = self.committed if self.durable else plog.last_assigned
+        return PartitionBounds(first, hwmark, local_first, plog.last_held, self.lower_tier)
+
+    @property
+    def hwmark(self) -> int:
+        return self.bounds().hwmark
+
+    @property
+    def first_available(self) -> int:
+        return self.bounds().first_available
 
 
 @dataclass
@@ -58,23 +78,12 @@ class Topic:
 class Registry:
     """Every topic the broker serves, opened from the data directory."""
 
-    def __init__(
-        self,
-        data_dir: Path,
-        topic_defaults: Mapping[str, str],
-        *,
-        now_s: Callable[[], float] = time.time,
-        visible_on_append: Callable[[TopicConfig], bool] = lambda config: True,
-    ):
+    def __init__(self, data_dir: Path, topic_defaults: Mapping[str, str], *, now_s: Callable[[], float] = time.time):
         self.data_dir = Path(data_dir)
         self.topic_defaults = dict(topic_defaults)
         self.now_s = now_s
-        self.visible_on_append = visible_on_append
         self.topics: dict[str, Topic] = {}
         self.open_time_ms = 0
-        self.on_seal = None  # set by the tiering layer: called with (Partition, SealedSegment)
-        # Local retention's veto, set by the tiering layer (a segment stays until it is in the bucket).
-        self.may_delete: Callable[[Partition, object], bool] = lambda part, segment: True
 
     def topic_config(self, config_text: str, partition_values: Mapping[str, str] | None = None) -> TopicConfig:
         """Raises ConfigError naming the key and value that cannot be used."""
@@ -83,17 +92,22 @@ class Registry:
             layers.append(dict(partition_values))
         return TopicConfig.from_layers(*layers)
 
-    def open_all(self) -> None:
+    def open_all(self, tier: Tier) -> None:
+        """Opens every topic of the data directory; `tier` is told of each partition's rolls and may veto the
+        deletion of its sealed segments."""
         started = time.monotonic()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         found_topics, problems = topic_dirs.scan_report(str(self.data_dir))
         for problem in problems:
             log.warning("data directory: %s", problem)
         for found in found_topics:
-            self.open_topic(found.name, found.partitions, found.config_text)
+            try:
+                self.open_topic(found.name, found.partitions, found.config_text, tier)
+            except Exception as exc:  # one topic that cannot be opened does not keep the others dark
+                log.error("topic %s cannot be opened and is not served: %s", found.name, exc)
         self.open_time_ms = int((time.monotonic() - started) * 1000)
 
-    def open_topic(self, name: str, partitions: int, config_text: str) -> Topic:
+    def open_topic(self, name: str, partitions: int, config_text: str, tier: Tier) -> Topic:
         config = self.topic_config(config_text)
         topic = Topic(name, config_text, config)
         for p in range(partitions):
@@ -104,35 +118,26 @@ class Registry:
             except topic_dirs.PartitionConfigError as exc:
                 if exc.kind != "missing":
                     log.warning("partition config of %s/%d not applied: %s", name, p, exc)
-            topic.partitions.append(self._open_partition(name, p, part_config))
+            topic.partitions.append(self._open_partition(name, p, part_config, tier))
         self.topics[name] = topic
         return topic
 
-    def _open_partition(self, topic: str, partition: int, config: TopicConfig) -> Partition:
-        holder: list[Partition] = []
-
-        def sealed(segment) -> None:
-            if self.on_seal is not None and holder:
-                self.on_seal(holder[0], segment)
-
+    def _open_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier) -> Partition:
         plog = PartitionLog.open(
             str(self.data_dir / topic / str(partition)),
             config,
             now_s=self.now_s,
-            on_seal=sealed,
-            may_delete=lambda segment: bool(holder) and self.may_delete(holder[0], segment),
-            visible_on_append=self.visible_on_append(config),
+            on_seal=lambda segment: tier.sealed(topic, partition, segment),
+            may_delete=lambda segment: tier.may_delete_local(topic, partition, segment),
         )
-        part = Partition(topic, partition, plog, config)
-        holder.append(part)
-        return part
+        return Partition(topic, partition, plog, config, tier.lower_tier)
 
-    def create_topic(self, name: str, partitions: int, config_text: str) -> Topic:
+    def create_topic(self, name: str, partitions: int, config_text: str, tier: Tier) -> Topic:
         """Creates the topic's directories atomically and opens it. Raises on a bad name, config or an existing topic."""
         topic_dirs.validate_topic_name(name)
         self.topic_config(config_text)  # refuse a bad config before anything is written
         topic_dirs.create_topic_dir(str(self.data_dir), name, partitions, config_text)
-        return self.open_topic(name, partitions, config_text)
+        return self.open_topic(name, partitions, config_text, tier)
 
     def get(self, topic: str, partition: int) -> Partition | None:
         t = self.topics.get(topic)
@@ -140,12 +145,22 @@ class Registry:
             return None
         return t.partitions[partition]
 
-    def all_partitions(self):
+    def all_partitions(self) -> Iterator[Partition]:
         for topic in self.topics.values():
             yield from topic.partitions
 
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics.values())
+
+    def local_view(self, applied_epoch: Callable[[str, int], int | None]) -> list[LocalTopic]:
+        """What the disk holds, for the tier's start-up plan."""
+        return [
+            LocalTopic(t.name, t.config_text, tuple(
+                LocalPartition(t.name, p.partition, p.log.first_available, p.log.last_held,
+                               applied_epoch(t.name, p.partition))
+                for p in t.partitions))
+            for t in self.topics.values()
+        ]
 
     def close(self) -> None:
         for part in self.all_partitions():

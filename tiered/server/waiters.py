@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from dataclasses import dataclass, field
 
 MAX_WAIT_CAP_MS = 3_600_000
@@ -76,6 +75,11 @@ class Waiters:
             if waiter.captured_bytes >= waiter.min_bytes:
                 waiter.fire("data")
 
+    def wake_partition(self, topic: str, partition: int, reason: str = "moved") -> None:
+        """The partition is no longer served here: its waiters answer now (as a timeout)."""
+        for waiter in list(self._by_partition.get((topic, partition), ())):
+            waiter.fire(reason)
+
     def wake_all(self, reason: str = "shutdown") -> None:
         for bucket in list(self._by_partition.values()):
             for waiter in list(bucket):
@@ -84,6 +88,3 @@ class Waiters:
     def __len__(self) -> int:
         return len({w for bucket in self._by_partition.values() for w in bucket})
 
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000.0

@@ -4,7 +4,7 @@ Synchronous file I/O only; no network, no asyncio. The server owns one Partition
 """
 
 from tiered.storage.partition_log import AppendResult, InvalidSeqnums, LogStats, PartitionLog, StoredRecord
-from tiered.storage.reads import Boundary, Eof, ReadRange
+from tiered.storage.reads import ReadRange
 from tiered.storage.recovery import RecoveryError, RecoveryReport
 from tiered.storage.segment import ActiveSegment, SealedSegment
 from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text, parse_duration, parse_size
@@ -12,9 +12,7 @@ from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_t
 __all__ = [
     "ActiveSegment",
     "AppendResult",
-    "Boundary",
     "ConfigError",
-    "Eof",
     "InvalidSeqnums",
     "LogStats",
     "PartitionLog",

@@ -4,10 +4,11 @@ Seqs (PROTOCOL.md §3.1, §3.3, §10):
 - `last_assigned`: the highest seq ever given out (0 when nothing ever was). A plain produce gets last_assigned+1;
   a 0x05 produce names its first seq; a sparse bundle names first and last in its header. Explicit seqs must be
   above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap.
-- `visible_seq`: the hwmark consumers are served up to. With `visible_on_append` (TANK, `produce.ack=local`) it
-  follows every append; otherwise (durable acks) it only moves through `mark_visible()`, which the server calls
-  once the block holding the records is committed.
+- `last_held`: the last seq of the newest record on disk (0 when none); below last_assigned only after
+  `ensure_next_seq` (seqs committed elsewhere).
 - `first_available`: the base of the oldest local segment, 0 when the log holds nothing.
+What consumers may see (the high-water mark) is the server's decision (tiered.bounds): `read` takes it as an
+argument and never returns a record past it.
 
 A segment holds a contiguous walk of records: a non-sparse bundle always continues its predecessor's seqs, because
 readers derive its seqs from there. So a non-sparse bundle whose first seq jumps (a 0x05 produce with a base seq,
@@ -31,16 +32,16 @@ from typing import Callable, Iterator
 from tiered.protocol.bundle import BundleHeader, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
-from tiered.storage.reads import Boundary, Eof, ReadRange, find_start, range_end
+from tiered.protocol.codes import UINT64_MAX
+from tiered.storage.reads import ReadRange, find_start, range_end
 from tiered.storage.records import iter_records, pread_exact
 from tiered.storage.recovery import RecoveredLog, RecoveryReport, recover_partition
 from tiered.storage.retention import select_for_deletion
 from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
 from tiered.storage.topic_config import TopicConfig
+from tiered.storage.truncate import TruncateReport, truncate_partition_dir
 
 log = logging.getLogger("tiered.storage")
-
-U64_MAX = (1 << 64) - 1
 
 
 class InvalidSeqnums(ValueError):
@@ -89,7 +90,6 @@ class PartitionLog:
         now_s: Callable[[], float],
         on_seal: Callable[[SealedSegment], None] | None,
         may_delete: Callable[[SealedSegment], bool],
-        visible_on_append: bool,
         rng: random.Random,
     ):
         self.directory = directory
@@ -104,8 +104,6 @@ class PartitionLog:
         self._bases: list[int] = [s.base for s in self._sealed]
         self._active: ActiveSegment | None = recovered.active
         self._last_assigned: int = recovered.last_assigned
-        self._visible_on_append = visible_on_append
-        self._visible = self._last_assigned if visible_on_append else 0
         self._pending_flush_messages = 0
         self._next_flush_s = now_s() + config.flush_secs if config.flush_secs else None
         self._closed = False
@@ -120,13 +118,9 @@ class PartitionLog:
         next_seq_floor: int = 1,
         on_seal: Callable[[SealedSegment], None] | None = None,
         may_delete: Callable[[SealedSegment], bool] = _keep_everything,
-        visible_on_append: bool | None = None,
         rng: random.Random | None = None,
     ) -> PartitionLog:
-        """Recovers the directory (created if missing) and opens the log.
-
-        `visible_on_append` defaults to `config.produce_ack == "local"`. `may_delete` vetoes retention on roll.
-        """
+        """Recovers the directory (created if missing) and opens the log. `may_delete` vetoes retention on roll."""
         os.makedirs(directory, exist_ok=True)
         rng = rng or random.Random()
         recovered = recover_partition(directory, config, rng)
@@ -141,18 +135,7 @@ class PartitionLog:
                 len(report.deleted),
                 len(report.sealed_at_open),
             )
-        if visible_on_append is None:
-            visible_on_append = config.produce_ack == "local"
-        partition_log = cls(
-            directory,
-            config,
-            recovered,
-            now_s=now_s,
-            on_seal=on_seal,
-            may_delete=may_delete,
-            visible_on_append=visible_on_append,
-            rng=rng,
-        )
+        partition_log = cls(directory, config, recovered, now_s=now_s, on_seal=on_seal, may_delete=may_delete, rng=rng)
         partition_log.ensure_next_seq(next_seq_floor)
         return partition_log
 
@@ -172,19 +155,11 @@ class PartitionLog:
         return self._last_assigned
 
     @property
-    def visible_seq(self) -> int:
-        return self._visible
-
-    @property
-    def visible_on_append(self) -> bool:
-        return self._visible_on_append
-
-    @visible_on_append.setter
-    def visible_on_append(self, value: bool) -> None:
+    def last_held(self) -> int:
         with self._lock:
-            self._visible_on_append = value
-            if value:
-                self._visible = self._last_assigned
+            if self._active is not None and self._active.last is not None:
+                return self._active.last
+            return self._sealed[-1].last if self._sealed else 0
 
     @property
     def segments(self) -> tuple[SealedSegment, ...]:
@@ -229,15 +204,13 @@ class PartitionLog:
             explicit = header.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
-            if first < 1 or last < first or last > U64_MAX:
+            if first < 1 or last < first or last >= UINT64_MAX:
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid")
             record = encode_varint(len(bundle)) + bytes(bundle)
             now = self._now_s()
             segment = self._segment_for(first, last, header.sparse, len(record), now)
             position = segment.append(record, first, last, self.config.log_index_interval_bytes)
             self._last_assigned = last
-            if self._visible_on_append:
-                self._visible = last
             self._count_for_flush(header.count, now)
             return AppendResult(first, last, segment.base, position, position + len(record), record, header)
 
@@ -279,24 +252,33 @@ class PartitionLog:
                 return None
             return self._roll(self._now_s())
 
-    def mark_visible(self, seq: int) -> None:
-        """Durable acks: records up to `seq` are committed and may be served. Never moves backwards."""
-        with self._lock:
-            if seq > self._last_assigned:
-                raise ValueError(f"seq {seq} is above the last assigned seq {self._last_assigned}")
-            if seq > self._visible:
-                self._visible = seq
-
     def ensure_next_seq(self, seq: int) -> None:
         """Makes the next plain append get at least `seq` (the catalog is ahead of this disk).
 
-        Seqs below `seq` count as assigned and visible: they are committed elsewhere. The next plain append
-        starts a new segment based at `seq`.
+        Seqs below `seq` count as assigned: they are committed elsewhere. The next plain append starts a new
+        segment based at `seq`, so seqs held elsewhere never sit inside a local segment.
         """
         with self._lock:
             if seq > self._last_assigned + 1:
                 self._last_assigned = seq - 1
-                self._visible = max(self._visible, seq - 1)
+
+    def truncate_after(self, keep: int) -> TruncateReport:
+        """Removes every record past seq `keep` (records another leader's history replaced), crash-safely
+        (tiered.storage.truncate), and reopens the log. Only while the partition is not served."""
+        with self._lock:
+            self._check_open()
+            if self.last_held <= keep:
+                return TruncateReport(self.directory, keep)
+            self._close_files()
+            report = truncate_partition_dir(self.directory, keep)
+            recovered = recover_partition(self.directory, self.config, self._rng)
+            self._sealed = recovered.sealed
+            self._bases = [s.base for s in self._sealed]
+            self._active = recovered.active
+            self._last_assigned = recovered.last_assigned
+            log.warning("%s: removed %d records past seq %d (%d bytes): another leader's history replaces them",
+                        self.directory, report.records, keep, report.bytes)
+            return report
 
     def _count_for_flush(self, messages: int, now: float) -> None:
         config = self.config
@@ -332,23 +314,19 @@ class PartitionLog:
 
     # -------------------------------------------------------------------------------------------- reads
 
-    def locate(self, seq: int, fetch_size: int) -> ReadRange | Boundary | Eof:
-        """Where a consume for `seq` reads from (PROTOCOL.md §3.3): one segment's byte range of whole records."""
+    def read(self, seq: int, fetch_size: int, hwmark: int, *, across_gaps: bool = True) -> ReadRange | None:
+        """Whole records from the one holding `seq` (or, in a gap, the next one), ending at a record boundary near
+        `fetch_size` and never past `hwmark` (PROTOCOL.md §3.4). None when the log holds no visible record at or
+        after `seq`, or when `seq` falls between two segments and `across_gaps` is False: a gap between segments
+        may hold seqs a lower tier has (a disk behind the catalog), while a gap inside a segment is a jump in seqs
+        this log made itself."""
         with self._lock:
             self._check_open()
-            hwmark = self._visible
-            first_available = self.first_available
-            if seq == 0:
-                if first_available == 0:
-                    return Eof(first_available, hwmark)
-                seq = first_available
-            if seq == U64_MAX or seq == hwmark + 1:
-                return Eof(first_available, hwmark)
-            if seq > hwmark + 1 or first_available == 0 or seq < first_available:
-                return Boundary(first_available, hwmark)
             segment, start = self._find(seq)
             if segment is None or start.last_seq > hwmark:
-                return Boundary(first_available, hwmark)  # not held locally (e.g. below an ensure_next_seq jump)
+                return None
+            if seq < segment.base and not across_gaps:
+                return None
             reader = segment.reader()
             end = range_end(segment, reader.fileno(), start, segment.size, segment.last, max(fetch_size, 0), hwmark)
             return ReadRange(segment, reader, start.position, end, start.first_seq, start.sparse, hwmark)
@@ -412,10 +390,13 @@ class PartitionLog:
             if self._closed:
                 return
             self._closed = True
-            if self._active is not None:
-                try:
-                    self._active.flush()
-                finally:
-                    self._active.close()
-            for segment in self._sealed:
-                segment.close()
+            self._close_files()
+
+    def _close_files(self) -> None:
+        if self._active is not None:
+            try:
+                self._active.flush()
+            finally:
+                self._active.close()
+        for segment in self._sealed:
+            segment.close()

@@ -35,22 +35,6 @@ class ReadRange:
         return self.end_position - self.start_position
 
 
-@dataclass(frozen=True, slots=True)
-class Boundary:
-    """The seq is not held here: below first_available, above the tail, or not local. Consume error 0x01."""
-
-    first_available: int
-    hwmark: int
-
-
-@dataclass(frozen=True, slots=True)
-class Eof:
-    """The seq is the next one to be produced (or the partition is empty): a tail read, nothing to send yet."""
-
-    first_available: int
-    hwmark: int
-
-
 def find_start(segment: Segment, seq: int, size: int, fd: int) -> RecordInfo | None:
     """The first record of `segment` (within `size` bytes of file `fd`) whose last seq is >= `seq`, or None."""
     entry = segment.index.floor(seq - segment.base) if seq >= segment.base else None

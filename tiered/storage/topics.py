@@ -26,7 +26,9 @@ log = logging.getLogger("tiered.storage")
 
 TOPIC_CONFIG = "config"
 MAX_TOPIC_NAME = 64
-MAX_PARTITIONS = 0xFFFF  # partition ids are u16 on the wire
+# Partition ids are u16 on the wire, but every partition is a directory with open files and a row in every scan:
+# a topic of more than this many partitions is refused (docs/operations.md, "Limits").
+MAX_PARTITIONS = 4096
 # Dot entries of the data directory that belong to us, never to a topic creation (tiered.config's state_dir).
 STATE_DIRS = frozenset({".tiered"})
 RESERVED_TOPIC_NAMES = frozenset(d[1:] for d in STATE_DIRS)
@@ -50,11 +52,14 @@ def is_valid_topic_name(name: str) -> bool:
 
 
 def validate_topic_name(name: str) -> str:
+    """TANK's rule, and not a name of the broker's own state directory. Raises InvalidTopicName."""
     if not is_valid_topic_name(name):
         raise InvalidTopicName(
             f"invalid topic name {name!r}: 1..{MAX_TOPIC_NAME} characters of A-Z a-z 0-9 _ -, "
             "not starting or ending with - or _"
         )
+    if name in RESERVED_TOPIC_NAMES:
+        raise InvalidTopicName(f"topic name {name!r} is reserved: .{name} is the broker's own directory")
     return name
 
 
@@ -87,8 +92,6 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     TopicExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
     """
     validate_topic_name(name)
-    if name in RESERVED_TOPIC_NAMES:
-        raise InvalidTopicName(f"topic name {name!r} is reserved: .{name} is the broker's own directory")
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ValueError(f"a topic needs 1..{MAX_PARTITIONS} partitions, not {partitions}")
     values, _warnings = parse_config_text(config_text)

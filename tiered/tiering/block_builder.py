@@ -1,8 +1,13 @@
-"""The block builder: one per broker, shared by every partition (DESIGN.md, data path step 2).
+"""The block builder: one per broker, shared by every partition it leads (DESIGN.md, data path step 2).
 
 Appended records wait here until their block closes: when the oldest pending record is `max_age_ms` old, or when
 the pending bytes reach `max_bytes`. A block is never empty. Records are grouped by partition in first-appended
-order, so each partition's records form one contiguous run, byte for byte as they sit in the segment files.
+order, byte for byte as they sit in the segment files; a partition's records are split into a new run where its
+local segment rolled, so that every run lies inside one segment and the remote segment covers its runs exactly.
+
+Each partition's runs chain: a run answers from the seq after the previous run's last (its `from_seq`), starting at
+the catalog's high-water mark + 1 when the partition was claimed (`lead`). The commit checks that chain against the
+catalog (tiered.catalog.blocks.commit_block), so a block can neither reuse a committed seq nor skip one.
 
 The builder is pure bookkeeping: no I/O, no clock of its own (callers pass `now_ms`), so it is tested directly.
 """
@@ -12,18 +17,22 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from tiered.catalog.blocks import RunMeta
 from tiered.protocol.bundle import BundleHeader, maybe_record, read_bundle_header, timestamp_bounds
-from tiered.tiering.block_format import RunMeta
+from tiered.tier_interface import AckOutcome
 
-PartitionKey = tuple[str, int]
+TopicPartition = tuple[str, int]
 
 
 @dataclass
 class PendingRun:
-    """One partition's records waiting for the next block."""
+    """One partition's records of one local segment, waiting for the next block."""
 
     topic: str
     partition: int
+    leader_epoch: int
+    segment_base: int
+    from_seq: int
     first_seq: int
     last_seq: int
     records: list[bytes] = field(default_factory=list)
@@ -33,8 +42,8 @@ class PendingRun:
     size_bytes: int = 0
 
     def meta(self) -> RunMeta:
-        return RunMeta(self.topic, self.partition, self.first_seq, self.last_seq, self.messages,
-                       self.min_ts_ms, self.max_ts_ms)
+        return RunMeta(self.topic, self.partition, self.from_seq, self.first_seq, self.last_seq, self.messages,
+                       self.min_ts_ms, self.max_ts_ms, self.leader_epoch)
 
 
 @dataclass
@@ -42,12 +51,12 @@ class ClosedBlock:
     """A block ready to upload: its runs (in block order) and the acknowledgements waiting on it."""
 
     runs: list[PendingRun]
-    acks: list[tuple[PartitionKey, asyncio.Future]]  # each producer waiting on this block, by partition
+    acks: list[tuple[TopicPartition, asyncio.Future]]  # each producer waiting on this block, by partition
     opened_ms: float
     size_bytes: int
 
-    def partitions(self) -> list[PartitionKey]:
-        return [(r.topic, r.partition) for r in self.runs]
+    def partitions(self) -> list[TopicPartition]:
+        return list(dict.fromkeys((r.topic, r.partition) for r in self.runs))
 
 
 def record_stats(record: bytes, header: BundleHeader | None = None) -> tuple[int, int, int]:
@@ -59,14 +68,19 @@ def record_stats(record: bytes, header: BundleHeader | None = None) -> tuple[int
     return header.count, low, high
 
 
+class NotLeading(Exception):
+    """A record for a partition the builder was not told to lead (`lead`), or one that does not follow its last."""
+
+
 class BlockBuilder:
     def __init__(self, max_bytes: int = 8 << 20, max_age_ms: int = 250):
         self.max_bytes = max_bytes
         self.max_age_ms = max_age_ms
-        self._runs: dict[PartitionKey, PendingRun] = {}
-        self._acks: list[tuple[PartitionKey, asyncio.Future]] = []
+        self._runs: dict[TopicPartition, list[PendingRun]] = {}
+        self._acks: list[tuple[TopicPartition, asyncio.Future]] = []
         self._size = 0
         self._opened_ms: float | None = None
+        self._leading: dict[TopicPartition, tuple[int, int]] = {}  # (epoch, next from_seq)
 
     @property
     def pending_bytes(self) -> int:
@@ -81,25 +95,59 @@ class BlockBuilder:
     def empty(self) -> bool:
         return not self._runs
 
-    def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: bytes, now_ms: float,
-            ack: asyncio.Future | None = None, header: BundleHeader | None = None) -> None:
+    def lead(self, topic: str, partition: int, epoch: int, committed: int) -> None:
+        """From now on records of the partition are uploaded under `epoch`, continuing the catalog's high-water
+        mark `committed`. Pending records of an earlier lead are dropped (they can no longer be committed)."""
+        self.release(topic, partition)
+        self._leading[(topic, partition)] = (epoch, committed + 1)
+
+    def release(self, topic: str, partition: int) -> None:
+        """Stops leading the partition (fenced): its pending records are dropped, their acks REFUSED."""
+        self._leading.pop((topic, partition), None)
+        runs = self._runs.pop((topic, partition), None)
+        if runs:
+            self._size -= sum(r.size_bytes for r in runs)
+            kept = []
+            for key, ack in self._acks:
+                if key == (topic, partition):
+                    if not ack.done():
+                        ack.set_result(AckOutcome.REFUSED)
+                else:
+                    kept.append((key, ack))
+            self._acks = kept
+            if not self._runs:
+                self._opened_ms = None
+
+    def leads(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self._leading
+
+    def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: bytes, segment_base: int,
+            now_ms: float, ack: asyncio.Future | None = None, header: BundleHeader | None = None) -> None:
         """Adds one record. Records of a partition must arrive in seq order (the partition log's append order)."""
+        key = (topic, partition)
+        lead = self._leading.get(key)
+        if lead is None:
+            raise NotLeading(f"{topic}/{partition} is not led by this builder")
+        epoch, next_from = lead
+        if first_seq < next_from:
+            raise NotLeading(f"{topic}/{partition}: record {first_seq} does not follow {next_from - 1}")
         messages, low, high = record_stats(record, header)
-        run = self._runs.get((topic, partition))
-        if run is None:
-            run = PendingRun(topic, partition, first_seq, last_seq, min_ts_ms=low, max_ts_ms=high)
-            self._runs[(topic, partition)] = run
-        elif first_seq <= run.last_seq:
-            raise ValueError(f"{topic}/{partition}: record {first_seq} is not after {run.last_seq}")
+        runs = self._runs.setdefault(key, [])
+        run = runs[-1] if runs else None
+        if run is None or run.segment_base != segment_base:
+            run = PendingRun(topic, partition, epoch, segment_base, next_from, first_seq, last_seq,
+                             min_ts_ms=low, max_ts_ms=high)
+            runs.append(run)
         run.last_seq = last_seq
         run.records.append(record)
         run.messages += messages
         run.min_ts_ms = min(run.min_ts_ms, low)
         run.max_ts_ms = max(run.max_ts_ms, high)
         run.size_bytes += len(record)
+        self._leading[key] = (epoch, last_seq + 1)
         self._size += len(record)
         if ack is not None:
-            self._acks.append(((topic, partition), ack))
+            self._acks.append((key, ack))
         if self._opened_ms is None:
             self._opened_ms = now_ms
 
@@ -116,7 +164,8 @@ class BlockBuilder:
         """Takes everything pending as one block, or None when nothing is pending (an empty block is never built)."""
         if not self._runs:
             return None
-        block = ClosedBlock(list(self._runs.values()), self._acks, self._opened_ms or 0.0, self._size)
+        runs = [run for partition_runs in self._runs.values() for run in partition_runs]
+        block = ClosedBlock(runs, self._acks, self._opened_ms or 0.0, self._size)
         self._runs = {}
         self._acks = []
         self._size = 0

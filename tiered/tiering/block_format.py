@@ -9,23 +9,30 @@ Byte layout (all integers little-endian, as in TANK's files):
                run_count × {
                    topic:str8                      u8 length, then the topic name (TANK's rule: [A-Za-z0-9_-])
                    partition:u16                   RUN_ENTRY ...
+                   from_seq:u64                    the first seq the run answers for (version 2; see below)
                    first_seq:u64
                    last_seq:u64
                    position:u64                    byte position of the run in the object
                    length_bytes:u64
                    messages:u32
                    min_ts_ms:u64
-                   max_ts_ms:u64                   ... RUN_ENTRY
+                   max_ts_ms:u64
+                   leader_epoch:u64                the epoch the uploading broker held (version 2) ... RUN_ENTRY
                }
     trailer := footer_bytes:u32                    TRAILER: the footer's length (trailer excluded)
                footer_crc32:u32                    zlib.crc32 of the footer bytes
                version:u8                          FORMAT_VERSION
                magic:8s                            b"TIEREDB1", the object's last 8 bytes
 
+Version 1 (the first release) had no from_seq and no leader_epoch: its runs read as from_seq = first_seq and epoch 0.
+A partition may have several runs in one block (its records are split where a local segment rolled, so that each
+run lies inside one segment and a remote segment covers its runs exactly); they are in seq order.
+
 Invariants a reader checks, so a damaged or foreign object is refused rather than misread: the magic, the version,
-the footer CRC, at least one run, runs laid end to end from position 0 up to the footer in footer order, no
-partition twice, first_seq <= last_seq, 1 <= messages <= last_seq - first_seq + 1 (sparse bundles leave gaps),
-min_ts_ms <= max_ts_ms. decode_block also checks that each run is whole records.
+the footer CRC, at least one run, runs laid end to end from position 0 up to the footer in footer order,
+from_seq <= first_seq <= last_seq, runs of one partition in increasing seq order without overlap,
+1 <= messages <= last_seq - first_seq + 1 (sparse bundles leave gaps), min_ts_ms <= max_ts_ms. decode_block also
+checks that each run is whole records.
 
 Reading the footer of a stored block (what `tiered catalog rebuild` does) takes the tail of the object only: GET the
 last FOOTER_TRAILER_BYTES (or more, as a guess), ask block_tail_bytes() how many tail bytes the footer needs, GET
@@ -34,107 +41,79 @@ again if the first read was short, then read_block_footer(tail, object_size).
 
 from __future__ import annotations
 
-import re
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from tiered.protocol.varint import maybe_varint
+from tiered.catalog.blocks import RunMeta, RunRow
+from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
+from tiered.protocol.varint import maybe_varint
+from tiered.storage.topics import is_valid_topic_name
 
 MAGIC = b"TIEREDB1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 FOOTER_HEADER = struct.Struct("<I")  # run_count
 TOPIC_LEN = struct.Struct("<B")  # str8 length prefix
-# partition, first_seq, last_seq, position, length_bytes, messages, min_ts_ms, max_ts_ms
-RUN_ENTRY = struct.Struct("<HQQQQIQQ")
+# partition, from_seq, first_seq, last_seq, position, length_bytes, messages, min_ts_ms, max_ts_ms, leader_epoch
+RUN_ENTRY = struct.Struct("<HQQQQQIQQQ")
+# Version 1: partition, first_seq, last_seq, position, length_bytes, messages, min_ts_ms, max_ts_ms
+RUN_ENTRY_V1 = struct.Struct("<HQQQQIQQ")
 TRAILER = struct.Struct("<II B 8s")  # footer_bytes, footer_crc32, version, magic
 FOOTER_TRAILER_BYTES = TRAILER.size
 
-_TOPIC_RE = re.compile(rb"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
 _MAX_U32 = 0xFFFF_FFFF
-_MAX_U64 = (1 << 64) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class RunMeta:
-    """What the block builder knows about one partition's pending records."""
-
-    topic: str
-    partition: int
-    first_seq: int
-    last_seq: int
-    messages: int
-    min_ts_ms: int
-    max_ts_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """One run as the footer lists it: where its bytes sit in the object and what they hold."""
-
-    topic: str
-    partition: int
-    first_seq: int
-    last_seq: int
-    position: int
-    length_bytes: int
-    messages: int
-    min_ts_ms: int
-    max_ts_ms: int
-
-
-def encode_block(runs: Sequence[tuple[RunMeta, bytes]]) -> tuple[bytes, list[RunInfo]]:
-    """The block object holding `runs` in the given order, and the footer's description of each run.
+def encode_block(runs: Sequence[tuple[RunMeta, bytes]]) -> tuple[bytes, list[RunRow]]:
+    """The block object holding `runs` in the given order, and each run as the footer lists it (with its position).
 
     Each run's bytes must be whole `{varint len, bundle}` records (ProtocolError otherwise); bad metadata is a
-    ValueError. A block has at least one run and at most one run per partition.
+    ValueError. A block has at least one run; runs of one partition come in increasing seq order.
     """
     if not runs:
         raise ValueError("a block needs at least one run")
-    infos: list[RunInfo] = []
+    rows: list[RunRow] = []
     footer = bytearray(FOOTER_HEADER.pack(len(runs)))
-    seen: set[tuple[str, int]] = set()
+    last_of: dict[tuple[str, int], int] = {}
     position = 0
     for meta, records in runs:
         _check_meta(meta)
-        if (meta.topic, meta.partition) in seen:
-            raise ValueError(f"two runs for {meta.topic}/{meta.partition} in one block")
-        seen.add((meta.topic, meta.partition))
+        before = last_of.get((meta.topic, meta.partition))
+        if before is not None and meta.from_seq <= before:
+            raise ValueError(f"runs of {meta.topic}/{meta.partition} overlap or are out of order in one block")
+        last_of[(meta.topic, meta.partition)] = meta.last_seq
         _check_records(memoryview(records), 0, f"run {meta.topic}/{meta.partition}")
-        info = RunInfo(
-            meta.topic, meta.partition, meta.first_seq, meta.last_seq, position, len(records),
-            meta.messages, meta.min_ts_ms, meta.max_ts_ms,
-        )  # fmt: skip
+        row = RunRow(**{f: getattr(meta, f) for f in RunMeta.__dataclass_fields__}, position=position,
+                     length_bytes=len(records))
         topic = meta.topic.encode("ascii")
         footer += TOPIC_LEN.pack(len(topic)) + topic
         footer += RUN_ENTRY.pack(
-            info.partition, info.first_seq, info.last_seq, info.position, info.length_bytes,
-            info.messages, info.min_ts_ms, info.max_ts_ms,
+            row.partition, row.from_seq, row.first_seq, row.last_seq, row.position, row.length_bytes,
+            row.messages, row.min_ts_ms, row.max_ts_ms, row.leader_epoch,
         )  # fmt: skip
-        infos.append(info)
+        rows.append(row)
         position += len(records)
     if len(footer) > _MAX_U32:
         raise ValueError("block footer exceeds 4 GiB")
     trailer = TRAILER.pack(len(footer), zlib.crc32(footer), FORMAT_VERSION, MAGIC)
-    return b"".join([*(records for _, records in runs), footer, trailer]), infos
+    return b"".join([*(records for _, records in runs), footer, trailer]), rows
 
 
 def block_tail_bytes(tail) -> int:
     """How many bytes at the end of the object hold the footer and trailer, from a tail of at least the trailer."""
-    footer_bytes, _ = _read_trailer(tail)
+    footer_bytes, _, _ = _read_trailer(tail)
     return footer_bytes + FOOTER_TRAILER_BYTES
 
 
-def read_block_footer(tail, object_size: int) -> list[RunInfo]:
+def read_block_footer(tail, object_size: int) -> list[RunRow]:
     """The runs of a block of `object_size` bytes, from its last bytes (`tail`: at least block_tail_bytes(tail))."""
     tail = memoryview(tail)
     if len(tail) > object_size:
         raise ProtocolError(f"block tail of {len(tail)} bytes is longer than the object ({object_size} bytes)")
     tail_start = object_size - len(tail)  # object position of tail[0]; positions in errors are object positions
-    footer_bytes, crc = _read_trailer(tail, tail_start)
+    footer_bytes, crc, version = _read_trailer(tail, tail_start)
     footer_start = object_size - FOOTER_TRAILER_BYTES - footer_bytes
     if footer_start < 0:
         raise ProtocolError(f"block footer length {footer_bytes} exceeds the object", object_size - len(tail))
@@ -144,10 +123,10 @@ def read_block_footer(tail, object_size: int) -> list[RunInfo]:
     footer = tail[footer_start - tail_start : len(tail) - FOOTER_TRAILER_BYTES]
     if zlib.crc32(footer) != crc:
         raise ProtocolError("block footer CRC mismatch", footer_start)
-    return _read_footer(footer, footer_start)
+    return _read_footer(footer, footer_start, version)
 
 
-def decode_block(data) -> list[tuple[RunInfo, memoryview]]:
+def decode_block(data) -> list[tuple[RunRow, memoryview]]:
     """Every run of a whole block object with its bytes (views into `data`), each checked to be whole records."""
     data = memoryview(data)
     runs = read_block_footer(data, len(data))
@@ -158,29 +137,38 @@ def decode_block(data) -> list[tuple[RunInfo, memoryview]]:
     return out
 
 
-def _read_trailer(tail, tail_start: int = 0) -> tuple[int, int]:
+def _read_trailer(tail, tail_start: int = 0) -> tuple[int, int, int]:
     if len(tail) < FOOTER_TRAILER_BYTES:
         raise ProtocolError(f"block shorter than its {FOOTER_TRAILER_BYTES}-byte trailer", tail_start)
     trailer_start = len(tail) - FOOTER_TRAILER_BYTES
     footer_bytes, crc, version, magic = TRAILER.unpack_from(tail, trailer_start)
     if magic != MAGIC:
         raise ProtocolError(f"bad block magic {magic!r}", tail_start + len(tail) - len(MAGIC))
-    if version != FORMAT_VERSION:
+    if version not in (1, FORMAT_VERSION):
         raise ProtocolError(f"unknown block format version {version}", tail_start + trailer_start + 8)
     if footer_bytes < FOOTER_HEADER.size:
         raise ProtocolError(f"block footer length {footer_bytes} is too small", tail_start + trailer_start)
-    return footer_bytes, crc
+    return footer_bytes, crc, version
 
 
-def _read_footer(footer: memoryview, footer_start: int) -> list[RunInfo]:
+def _read_entry(footer: memoryview, at: int, topic: str, version: int) -> RunRow:
+    if version == 1:
+        partition, first, last, position, length, messages, low, high = RUN_ENTRY_V1.unpack_from(footer, at)
+        return RunRow(topic, partition, first, first, last, messages, low, high, 0, position, length)
+    partition, from_seq, first, last, position, length, messages, low, high, epoch = RUN_ENTRY.unpack_from(footer, at)
+    return RunRow(topic, partition, from_seq, first, last, messages, low, high, epoch, position, length)
+
+
+def _read_footer(footer: memoryview, footer_start: int, version: int) -> list[RunRow]:
+    entry = RUN_ENTRY if version == FORMAT_VERSION else RUN_ENTRY_V1
     (run_count,) = FOOTER_HEADER.unpack_from(footer, 0)
     if run_count == 0:
         raise ProtocolError("block footer lists no runs", footer_start)
     # Each entry takes at least 2 + RUN_ENTRY bytes: refuse a count the footer cannot hold before looping on it.
-    if run_count * (TOPIC_LEN.size + 1 + RUN_ENTRY.size) > len(footer) - FOOTER_HEADER.size:
+    if run_count * (TOPIC_LEN.size + 1 + entry.size) > len(footer) - FOOTER_HEADER.size:
         raise ProtocolError(f"block footer too short for {run_count} runs", footer_start)
-    runs: list[RunInfo] = []
-    seen: set[tuple[str, int]] = set()
+    runs: list[RunRow] = []
+    last_of: dict[tuple[str, int], int] = {}
     at = FOOTER_HEADER.size
     expected_position = 0
     for i in range(run_count):
@@ -189,24 +177,27 @@ def _read_footer(footer: memoryview, footer_start: int) -> list[RunInfo]:
             raise ProtocolError(f"truncated topic of run {i}", entry_at)
         (topic_len,) = TOPIC_LEN.unpack_from(footer, at)
         at += TOPIC_LEN.size
-        if at + topic_len + RUN_ENTRY.size > len(footer):
+        if at + topic_len + entry.size > len(footer):
             raise ProtocolError(f"truncated entry of run {i}", entry_at)
         raw_topic = bytes(footer[at : at + topic_len])
-        if not _TOPIC_RE.fullmatch(raw_topic):
+        topic = raw_topic.decode("latin-1")
+        if not raw_topic.isascii() or not is_valid_topic_name(topic):
             raise ProtocolError(f"invalid topic name {raw_topic!r} in run {i}", entry_at)
         at += topic_len
-        info = RunInfo(raw_topic.decode("ascii"), *RUN_ENTRY.unpack_from(footer, at))
-        at += RUN_ENTRY.size
+        info = _read_entry(footer, at, topic, version)
+        at += entry.size
         where = f"run {i} ({info.topic}/{info.partition})"
-        if (info.topic, info.partition) in seen:
-            raise ProtocolError(f"{where}: partition listed twice", entry_at)
-        seen.add((info.topic, info.partition))
+        before = last_of.get((info.topic, info.partition))
+        if before is not None and info.from_seq <= before:
+            raise ProtocolError(f"{where}: overlaps or precedes the partition's earlier run", entry_at)
+        last_of[(info.topic, info.partition)] = info.last_seq
         if info.position != expected_position:
             raise ProtocolError(f"{where}: position {info.position}, expected {expected_position}", entry_at)
         if info.length_bytes == 0:
             raise ProtocolError(f"{where}: empty run", entry_at)
-        if info.first_seq > info.last_seq:
-            raise ProtocolError(f"{where}: first seq {info.first_seq} > last seq {info.last_seq}", entry_at)
+        if not info.from_seq <= info.first_seq <= info.last_seq:
+            span = f"{info.from_seq}/{info.first_seq}/{info.last_seq}"
+            raise ProtocolError(f"{where}: from/first/last seqs {span} out of order", entry_at)
         if not 1 <= info.messages <= info.last_seq - info.first_seq + 1:
             span = f"{info.first_seq}-{info.last_seq}"
             raise ProtocolError(f"{where}: {info.messages} messages in seq range {span}", entry_at)
@@ -252,13 +243,15 @@ def _check_records(buf: memoryview, start: int, what: str, end: int | None = Non
 
 
 def _check_meta(meta: RunMeta) -> None:
-    if not _TOPIC_RE.fullmatch(meta.topic.encode("ascii", "replace")):
+    if not meta.topic.isascii() or not is_valid_topic_name(meta.topic):
         raise ValueError(f"invalid topic name: {meta.topic!r}")
     if not 0 <= meta.partition <= 0xFFFF:
         raise ValueError(f"partition out of range: {meta.partition}")
-    if not 0 <= meta.first_seq <= meta.last_seq <= _MAX_U64:
-        raise ValueError(f"bad seq range {meta.first_seq}-{meta.last_seq}")
+    if not 0 <= meta.from_seq <= meta.first_seq <= meta.last_seq <= UINT64_MAX:
+        raise ValueError(f"bad seq range {meta.from_seq}/{meta.first_seq}-{meta.last_seq}")
+    if not 0 <= meta.leader_epoch <= UINT64_MAX:
+        raise ValueError(f"bad leader epoch {meta.leader_epoch}")
     if not 1 <= meta.messages <= min(meta.last_seq - meta.first_seq + 1, _MAX_U32):
         raise ValueError(f"{meta.messages} messages do not fit seq range {meta.first_seq}-{meta.last_seq}")
-    if not 0 <= meta.min_ts_ms <= meta.max_ts_ms <= _MAX_U64:
+    if not 0 <= meta.min_ts_ms <= meta.max_ts_ms <= UINT64_MAX:
         raise ValueError(f"bad timestamp range {meta.min_ts_ms}-{meta.max_ts_ms}")

@@ -13,8 +13,8 @@ and freeze time, so the bucket holds everything the catalog indexes except what 
                partitions (no leader, epoch 0; hwmark = highest seq of any run or segment; first available = lowest
                seq still held after the prune below)
 
-Then, as the live broker does after each copy, block runs at or below the highest seq of the partition's remote
-segments are pruned, and blocks left without runs become `deleting` (the sweeper deletes them after the grace).
+Then, as the live broker does when a copy finishes, the block runs that lie inside what a remote segment answers for
+are pruned, and blocks left without runs become `deleting` (the sweeper deletes them after the grace).
 
 Segment timestamps: the key has none. With `read_timestamps` every `.ilog` is read whole (one full GET each) and
 min/max come from its bundles; otherwise they are recorded as unknown, the widest range (0, UNKNOWN_MAX_TS_MS), so
@@ -23,12 +23,12 @@ that a time-range replay never skips a segment it should read.
 What the bucket cannot tell, and the rule used instead:
 - Whether a block was ever committed. An upload whose commit failed (a fenced leader's, or a broker that crashed
   between PUT and commit) may still be in the bucket until swept, with the same seqs as a committed block. Runs of
-  one partition must not overlap, so when they do the run of the newest block (ULID time) wins and the older run
-  is dropped: the records were re-uploaded in a later block, or the seqs were reassigned by a later leader. A block
-  left with no run is recorded `deleting`. Overlapping segments are resolved the same way (newest object wins);
-  the losing objects are unknown to the rebuilt catalog and the reconciler deletes them after the grace period.
-  Limit: a fenced leader's block uploaded after the new leader's block for the same seqs would win; blocks do not
-  record the leader epoch.
+  one partition must not overlap, so when they do the run of the higher leader epoch wins (block format 2 records
+  it; then the newest block by ULID time) and the other run is dropped: the records were re-uploaded in a later
+  block, or the seqs were reassigned by a later leader. A block left with no run is recorded `deleting`.
+  Overlapping segments are resolved by the newest object; the losing objects are unknown to the rebuilt catalog
+  and the reconciler deletes them after the grace period. Blocks of format 1 carry no epoch (0): among them the
+  newest wins, so a fenced leader's block uploaded after the new leader's for the same seqs would win.
 - Objects whose deletion was in progress: a remote segment whose `.ilog` or `.index` is missing is skipped (and
   reported); one whose deletion had not begun comes back, and remote retention expires it again.
 
@@ -43,7 +43,7 @@ import asyncio
 import bisect
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol, TypeVar
 
@@ -64,7 +64,6 @@ from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore
 TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
 UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
 INSERT_BATCH = 500  # blocks, or remote segments, per catalog transaction
-PRUNE_BATCH = 1000
 LIST_BATCH = 1000  # objects listed before their reads are awaited
 
 T = TypeVar("T")
@@ -212,7 +211,7 @@ async def _read_block(store: ObjectStore, info: ObjectInfo, report: RebuildRepor
         needed = block_tail_bytes(tail)
         if needed > len(tail):
             tail = await store.get_range(info.object_key, max(0, size - needed), size)
-        runs = tuple(RunRow(**asdict(run)) for run in read_block_footer(tail, size))
+        runs = tuple(read_block_footer(tail, size))
     except ProtocolError as error:
         report.damaged.append(f"{info.object_key} ({error})")
         return None
@@ -309,13 +308,15 @@ class _Taken:
 def _resolve_runs(
     found: list[FoundBlock], report: RebuildReport
 ) -> tuple[list[RestoredBlock], list[FoundBlock]]:
-    """Newest block first, each run kept unless a newer block's run of the partition overlaps it. Returns the blocks
-    with the runs they keep (oldest first) and the blocks that keep none."""
+    """Highest leader epoch first (then newest block), each run kept unless such a block's run of the partition
+    overlaps the seqs it answers for. Returns the blocks with the runs they keep (oldest first) and the blocks that
+    keep none."""
     taken: dict[tuple[str, int], _Taken] = defaultdict(_Taken)
     kept: list[RestoredBlock] = []
     abandoned: list[FoundBlock] = []
-    for block in sorted(found, key=lambda b: (b.created_at, b.object_key), reverse=True):
-        runs = [r for r in block.runs if taken[(r.topic, r.partition)].take(r.first_seq, r.last_seq)]
+    order = lambda b: (max(r.leader_epoch for r in b.runs), b.created_at, b.object_key)  # noqa: E731
+    for block in sorted(found, key=order, reverse=True):
+        runs = [r for r in block.runs if taken[(r.topic, r.partition)].take(r.from_seq, r.last_seq)]
         report.runs_superseded += len(block.runs) - len(runs)
         if runs:
             kept.append(RestoredBlock(block.object_key, block.broker_id, block.size_bytes, block.created_at,
@@ -368,9 +369,10 @@ async def _write(
     report.partitions = sum(partitions.values())
 
     metas = [_segment_meta(segment) for segment in segments]
+    from_seqs = _segment_from_seqs(kept, segments)
     for start in range(0, len(metas), INSERT_BATCH):
         await asyncio.to_thread(catalog_restore.insert_finished_segments, catalog, metas[start : start + INSERT_BATCH],
-                                now=now)
+                                from_seqs=from_seqs, now=now)
     report.segments = len(segments)
 
     for start in range(0, len(kept), INSERT_BATCH):
@@ -385,17 +387,35 @@ async def _write(
 
     copied: dict[tuple[str, int], int] = {}
     for segment in segments:
-        where = (segment.key.topic, segment.key.partition)
-        copied[where] = max(copied.get(where, 0), segment.key.last)
-    for (topic, partition), upto in sorted(copied.items()):
-        while True:
-            pruned = await asyncio.to_thread(catalog_blocks.prune_runs_covered, catalog, topic, partition, upto,
-                                             limit=PRUNE_BATCH, grace=grace, now=now)
-            report.runs_pruned += pruned.runs_deleted
-            report.blocks_emptied += pruned.blocks_marked
-            if pruned.runs_deleted < PRUNE_BATCH:
-                break
+        key = segment.key
+        copied[(key.topic, key.partition)] = max(copied.get((key.topic, key.partition), 0), key.last)
+        pruned = await asyncio.to_thread(catalog_blocks.prune_runs_within, catalog, key.topic, key.partition,
+                                         from_seqs[(key.topic, key.partition, key.base)], key.last, grace=grace,
+                                         now=now)
+        report.runs_pruned += pruned.runs_deleted
+        report.blocks_emptied += pruned.blocks_marked
     await asyncio.to_thread(catalog_restore.restore_partition_bounds, catalog, _bounds(kept, segments, copied))
+
+
+def _segment_from_seqs(kept: list[RestoredBlock], segments: list[FoundSegment]) -> dict[tuple[str, int, int], int]:
+    """The seq each remote segment answers from: right after the location before it (a segment or a run that is not
+    inside a segment), when that leaves a jump before its base; else its base. The live broker records the same
+    thing from the block run its first record was in (tiered.catalog.segments.segment_copy_finished)."""
+    ends: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for block in kept:
+        for run in block.runs:
+            ends[(run.topic, run.partition)].append(run.last_seq)
+    for segment in segments:
+        ends[(segment.key.topic, segment.key.partition)].append(segment.key.last)
+    for values in ends.values():
+        values.sort()
+    out = {}
+    for segment in segments:
+        key = segment.key
+        values = ends[(key.topic, key.partition)]
+        i = bisect.bisect_left(values, key.base)
+        out[(key.topic, key.partition, key.base)] = values[i - 1] + 1 if i > 0 else key.base
+    return out
 
 
 def _segment_meta(segment: FoundSegment) -> SegmentMeta:

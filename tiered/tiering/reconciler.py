@@ -23,16 +23,15 @@ The grace period must exceed any cache of catalog lookups and any upload in flig
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, BlockRow
 from tiered.catalog.errors import UnknownBlock
 from tiered.tiering import keys
+from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.store import ObjectInfo, ObjectStore
 
 
@@ -54,7 +53,7 @@ def is_our_key(object_key: str) -> bool:
 
 async def reconcile(
     store: ObjectStore,
-    catalog: Catalog,
+    catalog: AsyncCatalog,
     now: datetime,
     *,
     grace: timedelta = DEFAULT_DELETE_GRACE,
@@ -76,7 +75,7 @@ async def reconcile(
     candidates = [i for i in listed if is_our_key(i.object_key) and i.last_modified < old_enough]
     if not candidates:
         return report
-    known = await asyncio.to_thread(catalog_blocks.known_object_keys, catalog, [i.object_key for i in candidates])
+    known = await catalog.read(catalog_blocks.known_object_keys, [i.object_key for i in candidates])
     orphans = [i.object_key for i in candidates if i.object_key not in known]
     if orphans:
         await store.delete_many(orphans)
@@ -84,26 +83,26 @@ async def reconcile(
     return report
 
 
-async def sweep_deleted_blocks(store: ObjectStore, catalog: Catalog, now: datetime, limit: int = 500) -> list[BlockRow]:
+async def sweep_deleted_blocks(store: ObjectStore, catalog: AsyncCatalog, now: datetime, limit: int = 500) -> list[BlockRow]:
     """Deletes the objects, then the rows, of at most `limit` blocks `deleting` whose delete_after <= now.
     Returns the blocks swept, oldest delete_after first."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    due = await asyncio.to_thread(catalog_blocks.blocks_to_sweep, catalog, now, limit)
+    due = await catalog.read(catalog_blocks.blocks_to_sweep, now, limit)
     if due:
         await store.delete_many([b.object_key for b in due])
-        await asyncio.to_thread(catalog_blocks.delete_block_rows, catalog, [b.block_id for b in due])
+        await catalog.write(catalog_blocks.delete_block_rows, [b.block_id for b in due])
     return due
 
 
 async def abandon_stale_pending(
-    catalog: Catalog, now: datetime, *, grace: timedelta = DEFAULT_DELETE_GRACE, limit: int = 100
+    catalog: AsyncCatalog, now: datetime, *, grace: timedelta = DEFAULT_DELETE_GRACE, limit: int = 100
 ) -> list[BlockRow]:
     """Marks `deleting` at most `limit` pending blocks older than `grace` whose broker cannot commit them any more
     (module docstring). Returns the blocks abandoned; one whose commit landed meanwhile is left as it is."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    stale = await asyncio.to_thread(catalog_blocks.pending_blocks_older_than, catalog, now - grace, limit)
+    stale = await catalog.read(catalog_blocks.pending_blocks_older_than, now - grace, limit)
     if not stale:
         return []
     # The brokers table holds one row per broker id: small, read whole.
@@ -117,7 +116,7 @@ async def abandon_stale_pending(
         if may_still_commit:
             continue
         try:
-            marked = await asyncio.to_thread(catalog_blocks.abandon_block, catalog, block.block_id, grace=grace,
+            marked = await catalog.write(catalog_blocks.abandon_block, block.block_id, grace=grace,
                                              now=now)
         except UnknownBlock:
             continue  # swept or rebuilt meanwhile

@@ -23,22 +23,22 @@ One pass, in this order, each step safe to repeat after a crash:
 
 A crash between steps leaves a state the next pass completes: first available already moved (it never moves
 back), segments still COPY_FINISHED (expired again), or DELETE_STARTED (step 1). Every step is bounded by `limit`.
-The catalog is synchronous: its calls run on worker threads.
+Catalog calls go through the async catalog (worker threads, deadlines).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from tiered.catalog import Catalog, SegmentState
+from tiered.catalog import SegmentState
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
 from tiered.catalog.segments import SegmentRow
 from tiered.storage.topic_config import TopicConfig
+from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.store import ObjectStore
 
 
@@ -60,7 +60,7 @@ class RetentionReport:
 
 async def enforce_remote_retention(
     store: ObjectStore,
-    catalog: Catalog,
+    catalog: AsyncCatalog,
     topic: str,
     partition: int,
     config: TopicConfig,
@@ -80,21 +80,19 @@ async def enforce_remote_retention(
         raise ValueError("limit and run_limit must be at least 1")
     report = RetentionReport(topic, partition)
 
-    leftovers = await asyncio.to_thread(
-        catalog_segments.list_segments, catalog, topic, partition,
+    leftovers = await catalog.read(catalog_segments.list_segments, topic, partition,
         states=(SegmentState.DELETE_STARTED,), limit=limit,
     )  # fmt: skip
     for segment in leftovers:
         await _delete_objects(store, segment)
-        await asyncio.to_thread(catalog_segments.segment_delete_finished, catalog, topic, partition,
+        await catalog.write(catalog_segments.segment_delete_finished, topic, partition,
                                 segment.base_seq, now=now)
         report.finished.append(segment)
     budget = limit - len(leftovers)
 
     expired: list[SegmentRow] = []
     if budget > 0:
-        expired = await asyncio.to_thread(
-            catalog_segments.segments_for_remote_retention, catalog, topic, partition, now=now,
+        expired = await catalog.read(catalog_segments.segments_for_remote_retention, topic, partition, now=now,
             max_age=timedelta(seconds=config.remote_retention_secs) if config.remote_retention_secs else None,
             max_bytes=config.remote_retention_bytes or None, limit=budget,
         )  # fmt: skip
@@ -102,52 +100,47 @@ async def enforce_remote_retention(
 
     if expired:
         first = await _first_kept_seq(catalog, topic, partition, expired[-1])
-        report.first_available_seq = await asyncio.to_thread(
-            catalog_partitions.set_first_available, catalog, topic, partition, first
-        )
+        report.first_available_seq = await catalog.write(catalog_partitions.set_first_available, topic, partition,
+                                                         first)
         for segment in expired:
-            await asyncio.to_thread(catalog_segments.segment_delete_started, catalog, topic, partition,
-                                    segment.base_seq, now=now)
+            await catalog.write(catalog_segments.segment_delete_started, topic, partition, segment.base_seq, now=now)
             await _delete_objects(store, segment)
-            await asyncio.to_thread(catalog_segments.segment_delete_finished, catalog, topic, partition,
-                                    segment.base_seq, now=now)
+            await catalog.write(catalog_segments.segment_delete_finished, topic, partition, segment.base_seq, now=now)
             report.deleted.append(segment)
     else:
         report.first_available_seq = await _first_available(catalog, topic, partition)
 
     if await _runs_below(catalog, topic, partition, report.first_available_seq):
-        pruned = await asyncio.to_thread(
-            catalog_blocks.prune_runs_covered, catalog, topic, partition, report.first_available_seq - 1,
-            limit=run_limit, grace=grace, now=now,
-        )  # fmt: skip
+        pruned = await catalog.write(catalog_blocks.prune_runs_below, topic, partition, report.first_available_seq,
+                                     limit=run_limit, grace=grace, now=now)
         report.runs_pruned = pruned.runs_deleted
         report.blocks_marked = pruned.blocks_marked
         report.more = report.more or pruned.runs_deleted == run_limit
     return report
 
 
-async def _first_kept_seq(catalog: Catalog, topic: str, partition: int, last_expired: SegmentRow) -> int:
-    """Where the partition's history starts once everything up to `last_expired` is gone: the base of the next
-    readable remote segment, or (none left) the seq right after the expired one, held locally or by block runs."""
+async def _first_kept_seq(catalog: AsyncCatalog, topic: str, partition: int, last_expired: SegmentRow) -> int:
+    """Where the partition's history starts once everything up to `last_expired` is gone: the seq right after it,
+    or the base of the next remote segment when that segment answers for the seqs in between (a jump)."""
     after = last_expired.last_seq + 1
-    following = await asyncio.to_thread(catalog_segments.find_remote_segment, catalog, topic, partition, after)
-    return max(after, following.base_seq) if following is not None else after
+    following = await catalog.read(catalog_segments.find_remote_segment, topic, partition, after)
+    return following.base_seq if following is not None and following.holds(after) else after
 
 
-async def _first_available(catalog: Catalog, topic: str, partition: int) -> int:
-    states = await asyncio.to_thread(catalog_partitions.get_partition_states, catalog, topic)
+async def _first_available(catalog: AsyncCatalog, topic: str, partition: int) -> int:
+    states = await catalog.read(catalog_partitions.get_partition_states, topic)
     for state in states:
         if state.partition == partition:
             return state.first_available_seq
     return 0
 
 
-async def _runs_below(catalog: Catalog, topic: str, partition: int, seq: int) -> bool:
+async def _runs_below(catalog: AsyncCatalog, topic: str, partition: int, seq: int) -> bool:
     """Whether any block run ends below `seq`: one index probe, so that a pass with nothing to prune takes no write
     transaction."""
     if seq <= 1:
         return False
-    oldest = await asyncio.to_thread(catalog_blocks.find_run, catalog, topic, partition, 1)
+    oldest = await catalog.read(catalog_blocks.find_run, topic, partition, 1)
     return oldest is not None and oldest.last_seq < seq
 
 

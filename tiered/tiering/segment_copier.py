@@ -2,10 +2,12 @@
 (DESIGN.md, data path step 5; Kafka's KIP-405 RemoteLogSegmentState).
 
 For one segment: COPY_STARTED in the catalog, then both uploads (multipart above a threshold), then COPY_FINISHED,
-then the block runs the segment covers are pruned (blocks left without runs are marked for deletion). A segment
-is copied only once every record in it is committed, so the bucket never holds a seq the catalog did not accept.
-Failures are retried with backoff; a copy interrupted by a crash is redone from COPY_STARTED at the next start
-(re-uploading the same keys is harmless). A refused epoch fences the partition, as for blocks.
+which in the same transaction prunes the block runs the segment now answers for (blocks left without runs are
+marked for deletion). A segment is copied only once every record in it is committed, so the bucket never holds a
+seq the catalog did not accept. Store and catalog failures are retried with backoff; a copy interrupted by a crash
+is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). A refused epoch fences the
+partition, as for blocks. A segment that cannot be read (a damaged file) is reported, counted and tried again
+later, and never holds up the other partitions' copies.
 """
 
 from __future__ import annotations
@@ -15,31 +17,34 @@ import logging
 import os
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from tiered.catalog import blocks as catalog_blocks
+from tiered import metrics as m
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog.errors import StaleEpoch
 from tiered.catalog.states import SegmentState
+from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
+from tiered.metrics import Metrics
 from tiered.protocol.bundle import maybe_record, timestamp_bounds
+from tiered.protocol.errors import ProtocolError
 from tiered.storage.records import iter_records, pread_exact
+from tiered.storage.segment import SealedSegment
 from tiered.tiering import keys
-from tiered.tiering.block_pipeline import Retrying
-from tiered.tiering.catalog_thread import CatalogThread
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.retrying import Retrying
 from tiered.tiering.store import ObjectStore
 
 log = logging.getLogger("tiered.tiering")
 
 MULTIPART_THRESHOLD_BYTES = 64 << 20
-PRUNE_BATCH = 1000  # prune_runs_covered's default limit
 
 
 @dataclass(frozen=True)
 class CopyJob:
     topic: str
     partition: int
-    segment: object  # tiered.storage.segment.SealedSegment
+    segment: SealedSegment
 
 
 def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]:
@@ -59,9 +64,10 @@ def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]
 
 
 class SegmentCopier:
-    def __init__(self, store: ObjectStore, catalog: CatalogThread, *, metrics,
-                 epoch_of: Callable[[str, int], int], committed_up_to: Callable[[str, int], int],
-                 on_copied: Callable[[CopyJob], None], on_fenced: Callable[[tuple[str, int], StaleEpoch], None],
+    def __init__(self, store: ObjectStore, catalog: AsyncCatalog, *, metrics: Metrics,
+                 epoch_of: Callable[[str, int], int | None], committed_up_to: Callable[[str, int], int],
+                 on_copied: Callable[[CopyJob], None], on_fenced: Callable[[tuple[str, int], int, str], None],
+                 grace: timedelta, clock: Clock = SYSTEM_CLOCK,
                  multipart_threshold_bytes: int = MULTIPART_THRESHOLD_BYTES):
         self.store = store
         self.catalog = catalog
@@ -70,8 +76,10 @@ class SegmentCopier:
         self.committed_up_to = committed_up_to
         self.on_copied = on_copied
         self.on_fenced = on_fenced
+        self.grace = grace
+        self.clock = clock
         self.multipart_threshold_bytes = multipart_threshold_bytes
-        self.retry = Retrying(metrics)
+        self.retry = Retrying(metrics, clock=clock)
         self.copied: set[tuple[str, int, int]] = set()  # (topic, partition, base) known COPY_FINISHED
         self.copied_last: dict[tuple[str, int], int] = {}  # the highest seq in the bucket's segments, per partition
         self._queue: deque[CopyJob] = deque()
@@ -82,7 +90,7 @@ class SegmentCopier:
     def is_copied(self, topic: str, partition: int, base: int) -> bool:
         return (topic, partition, base) in self.copied
 
-    def enqueue(self, topic: str, partition: int, segment) -> None:
+    def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
         key = (topic, partition, segment.base)
         if key in self.copied or key in self._queued:
             return
@@ -104,7 +112,7 @@ class SegmentCopier:
         """Learns which segments of a partition are already in the bucket (at start-up)."""
         after = 0
         while True:
-            rows = await self.catalog.call(catalog_segments.list_segments, topic, partition,
+            rows = await self.catalog.read(catalog_segments.list_segments, topic, partition,
                                            states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=1000)
             for row in rows:
                 self._mark_copied(topic, partition, row.base_seq, row.last_seq)
@@ -113,30 +121,48 @@ class SegmentCopier:
             after = rows[-1].base_seq
 
     async def run(self) -> None:
-        """The copy loop: one segment at a time, oldest first; waits while a segment's records are uncommitted."""
+        """The copy loop: one segment at a time, oldest first; a segment whose records are not all committed yet
+        waits (behind it, others go ahead); a segment that cannot be read goes to the back and is tried again."""
         while True:
-            if not self._queue:
+            job = self._next_ready()
+            if job is None:
                 self._wake.clear()
-                await self._wake.wait()
+                await wait_for_event(self.clock, self._wake, 0.5)  # woken by commits and new segments
                 continue
-            job = self._queue[0]
             if job.segment.deleted:
                 self._finish(job)
-                continue
-            if job.segment.last > self.committed_up_to(job.topic, job.partition):
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), 0.5)  # woken by commits, or re-checked
-                except asyncio.TimeoutError:
-                    pass
                 continue
             try:
                 await self.copy(job)
             except StaleEpoch as exc:
-                self.on_fenced((job.topic, job.partition), exc)
+                self.on_fenced((job.topic, job.partition), exc.expected, str(exc))
                 self._drop_partition(job.topic, job.partition)
                 continue
+            except NotLeader:
+                self._drop_partition(job.topic, job.partition)
+                continue
+            except (OSError, ProtocolError) as exc:
+                # This segment, not the copier: say so, keep it for later, and copy the others meanwhile.
+                self.metrics.inc(m.SEGMENT_COPY_FAILURES)
+                log.error("copy of %s/%d segment %s failed: %s; it is tried again later", job.topic, job.partition,
+                          job.segment.filename, exc)
+                self._queue.remove(job)
+                self._queue.append(job)
+                await self.clock.sleep(1.0)
+                continue
             self._finish(job)
+
+    def _next_ready(self) -> CopyJob | None:
+        """The oldest job whose records are all committed (a partition's segments in order)."""
+        blocked: set[tuple[str, int]] = set()
+        for job in self._queue:
+            key = (job.topic, job.partition)
+            if key in blocked:
+                continue
+            if job.segment.deleted or job.segment.last <= self.committed_up_to(job.topic, job.partition):
+                return job
+            blocked.add(key)
+        return None
 
     def _mark_copied(self, topic: str, partition: int, base: int, last: int) -> None:
         self.copied.add((topic, partition, base))
@@ -146,50 +172,44 @@ class SegmentCopier:
         self._wake.set()
 
     def _finish(self, job: CopyJob) -> None:
-        self._queue.popleft()
+        self._queue.remove(job)
         self._queued.discard((job.topic, job.partition, job.segment.base))
         self.pending_bytes -= job.segment.size
 
     def _drop_partition(self, topic: str, partition: int) -> None:
         for job in [j for j in self._queue if (j.topic, j.partition) == (topic, partition)]:
-            self._queue.remove(job)
-            self._queued.discard((topic, partition, job.segment.base))
-            self.pending_bytes -= job.segment.size
+            self._finish(job)
 
     async def copy(self, job: CopyJob) -> None:
         seg = job.segment
+        epoch = self.epoch_of(job.topic, job.partition)
+        if epoch is None:
+            raise NotLeader(job.topic, job.partition)
         freeze_ts = seg.freeze_ts
         object_key = keys.segment_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
         index_key = keys.segment_index_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
         low, high = await asyncio.to_thread(segment_timestamp_bounds, seg.path, seg.base, seg.size)
         meta = catalog_segments.SegmentMeta(
             job.topic, job.partition, seg.base, seg.last, object_key, index_key, seg.size,
-            os.path.getsize(seg.index_path), low, high, datetime.fromtimestamp(freeze_ts, timezone.utc),
-            self.epoch_of(job.topic, job.partition),
+            os.path.getsize(seg.index_path), low, high, datetime.fromtimestamp(freeze_ts, timezone.utc), epoch,
         )  # fmt: skip
         what = f"copy of {job.topic}/{job.partition} segment {seg.base}-{seg.last}"
-        await self.retry(what, lambda: self.catalog.commit(catalog_segments.segment_copy_started, meta),
-                         "tiered_catalog_errors_total")
+        await self.retry(what, lambda: self.catalog.write(catalog_segments.segment_copy_started, meta),
+                         m.CATALOG_ERRORS)
         await self.retry(what, lambda: self.store.put_file(
-            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes),
-            "tiered_segment_upload_errors_total")
-        await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path),
-                         "tiered_segment_upload_errors_total")
-        await self.retry(what, lambda: self.catalog.commit(
-            catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, meta.leader_epoch),
-            "tiered_catalog_errors_total")
+            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes), m.SEGMENT_UPLOAD_ERRORS)
+        await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path), m.SEGMENT_UPLOAD_ERRORS)
+        finished = await self.retry(what, lambda: self.catalog.write(
+            catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace),
+            m.CATALOG_ERRORS)
         self._mark_copied(job.topic, job.partition, seg.base, seg.last)
-        runs_deleted = blocks_marked = 0
-        while True:  # bounded batches, until no covered run is left
-            pruned = await self.retry(what, lambda: self.catalog.commit(
-                catalog_blocks.prune_runs_covered, job.topic, job.partition, seg.last), "tiered_catalog_errors_total")
-            runs_deleted += pruned.runs_deleted
-            blocks_marked += pruned.blocks_marked
-            if pruned.runs_deleted < PRUNE_BATCH:
-                break
-        self.metrics.inc("tiered_segments_copied_total", help="sealed segments copied to the bucket")
-        self.metrics.inc("tiered_segment_bytes_copied_total", seg.size + meta.index_size_bytes,
-                         help="segment and index bytes copied")
+        self.metrics.inc(m.SEGMENTS_COPIED)
+        self.metrics.inc(m.SEGMENT_BYTES_COPIED, seg.size + meta.index_size_bytes)
         log.info("copied %s/%d segment %d-%d (%d bytes); pruned %d block runs, %d blocks now unreferenced",
-                 job.topic, job.partition, seg.base, seg.last, seg.size, runs_deleted, blocks_marked)
+                 job.topic, job.partition, seg.base, seg.last, seg.size, finished.pruned.runs_deleted,
+                 finished.pruned.blocks_marked)
         self.on_copied(job)
+
+
+class NotLeader(Exception):
+    """The partition is no longer led here: its segments are not copied by this broker."""

@@ -1,10 +1,10 @@
-"""The tiered layer of a running broker: the catalog, the object store, the block builder and its pipeline.
+"""The tier below the local disk, as the server sees it (tiered.tier_interface.Tier): the catalog and the object
+store, the durable path (tiered.tiering.durable) and the remote tier (tiered.tiering.remote_tier), wired together.
 
-The broker calls it at a few points only: `start` (after the local logs are recovered), `admission` and
-`appended` on produce, `create_topic`/`topic_opened`, `may_delete_local` from local retention, `flush`/`stop` on
-shutdown, and `check_ready` for /readyz.
-
-Start-up reconciles the local disk with the catalog: see startup.py.
+Life: `start` opens the catalog (migrating it) and the store and starts the background loops; `open_partitions`
+reconciles the local disk with the catalog (claims, and plans each partition: tiered.tiering.startup); the server
+carries each plan out locally and calls `resume`, after which the partition is led here. Produce, roll, retention
+and reads call in through the Tier methods; commits, fences and copies go out through the server's TierSink.
 """
 
 from __future__ import annotations
@@ -12,106 +12,112 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
+from tiered import metrics as m
+from tiered.bounds import PartitionBounds
 from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
-from tiered.catalog.engine import Catalog
-from tiered.catalog.errors import StaleEpoch
+from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
+from tiered.catalog.engine import Catalog, mask_url
+from tiered.catalog.errors import TopicExists
 from tiered.catalog.migrate import upgrade
-from tiered.config import Settings, mask_url
-from tiered.storage.partition_log import AppendResult
-from tiered.tiering.block_builder import BlockBuilder, PartitionKey, PendingRun
-from tiered.tiering.block_pipeline import BlockPipeline
-from tiered.tiering.catalog_thread import CatalogThread
-from tiered.tiering.startup import reconcile_with_catalog
-from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
-from tiered.tiering.remote_retention import enforce_remote_retention
-from tiered.tiering.remote_fetch import RemoteReader
-from tiered.tiering.segment_copier import CopyJob, SegmentCopier
+from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.config import Settings
+from tiered.metrics import Metrics
+from tiered.storage.partition_log import AppendResult, StoredRecord
+from tiered.storage.segment import SealedSegment
+from tiered.storage.topic_config import TopicConfig
+from tiered.tasks import Supervisor
+from tiered.tier_interface import (
+    LocalTopic,
+    NewLocalTopic,
+    OpenPlan,
+    PartitionPlan,
+    RemoteChunk,
+    TierSink,
+    Unreadable,
+)
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.durable import DurablePath
+from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
+from tiered.tiering.startup import plan_partition
 from tiered.tiering.store import ObjectStore, open_store
 
 log = logging.getLogger("tiered.tiering")
 
-REMOTE_RETENTION_INTERVAL_S = 60.0
-RECONCILE_INTERVAL_S = 120.0
 HEARTBEAT_INTERVAL_S = 10.0
-# Longer than any cache of catalog lookups (the remote reader's segment cache lives 60 s) and any upload in flight.
-DELETE_GRACE = timedelta(minutes=10)
+
+
+@dataclass
+class Led:
+    """A partition this broker leads: the epoch its uploads carry, and its config."""
+
+    epoch: int
+    config: TopicConfig
 
 
 class TieringService:
-    def __init__(self, settings: Settings, *, store: ObjectStore | None = None, catalog: Catalog | None = None,
-                 now_ms: Callable[[], float] = lambda: time.time() * 1000, ack_timeout_s: float = 10.0,
-                 migrate: bool = True):
+    lower_tier = True
+
+    def __init__(self, settings: Settings, sink: TierSink, metrics: Metrics, *, disk_id: str,
+                 store: ObjectStore | None = None, catalog: Catalog | None = None, clock: Clock = SYSTEM_CLOCK,
+                 ack_timeout_s: float = 10.0, migrate: bool = True, grace: timedelta = DEFAULT_DELETE_GRACE):
         self.settings = settings
+        self.sink = sink
+        self.metrics = metrics
         self.broker_id = settings.broker_id
-        self.now_ms = now_ms
+        self.disk_id = disk_id
+        self.clock = clock
         self.ack_timeout_s = ack_timeout_s
-        self._store = store
-        self._catalog = catalog
+        self.grace = grace
+        self._store_given = store
+        self._catalog_given = catalog
         self._migrate = migrate
-        self.store: ObjectStore | None = None
-        self.catalog: CatalogThread | None = None
-        self.builder = BlockBuilder(settings.block_max_bytes, settings.block_max_age_ms)
-        self.pipeline: BlockPipeline | None = None
-        self.copier: SegmentCopier | None = None
-        self.epochs: dict[PartitionKey, int] = {}
-        self.broker = None
-        self.grace = DELETE_GRACE
-        self._reconcile_cursor: str | None = None
-        self._kick = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self.supervisor = Supervisor(metrics, clock=clock)
+        self.led: dict[tuple[str, int], Led] = {}
+        # Set by start():
+        self.store: ObjectStore
+        self.catalog: AsyncCatalog
+        self.durable: DurablePath
+        self.remote: RemoteTier
 
-    # -- lifecycle --------------------------------------------------------------------------------------------
+    # -- lifecycle --------------------------------------------------------------------------------------------------
 
-    async def start(self, broker) -> None:
-        self.broker = broker
-        if self._catalog is None:
+    async def start(self) -> None:
+        catalog = self._catalog_given
+        if catalog is None:
             url = self.settings.effective_catalog_url
             if url.startswith("sqlite:///"):
                 Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
             if self._migrate:
                 before, after = await asyncio.to_thread(upgrade, url)
                 if before != after:
-                    log.info("catalog migrated from %s to %s", before, after)
-            self._catalog = await asyncio.to_thread(Catalog.open, url)
-        self.catalog = CatalogThread(self._catalog)
-        if self._store is None:
-            self._store = open_store(self.settings.effective_store_url, **self._store_options())
-        self.store = self._store
-        metrics = broker.metrics
-        self.pipeline = BlockPipeline(
-            self.store, self.catalog, self.broker_id, self.epochs, metrics=metrics,
-            on_committed=self._committed, on_fenced=self._fenced, ack_timeout_s=self.ack_timeout_s,
-            now_ms=self.now_ms,
-        )  # fmt: skip
-        self.copier = SegmentCopier(
-            self.store, self.catalog, metrics=metrics, epoch_of=lambda t, p: self.epochs[(t, p)],
-            committed_up_to=self._committed_up_to, on_copied=self._copied, on_fenced=self._fenced,
-        )  # fmt: skip
-        broker.fetch.remote = RemoteReader(
-            self.store, self.catalog, metrics,
-            highest_copied=lambda t, p: self.copier.copied_last.get((t, p), 0),
-        )  # fmt: skip
-        broker.registry.on_seal = self._sealed
-        broker.registry.may_delete = self.may_delete_local
+                    log.info("catalog migrated from %s to %s", before or "an empty database", after)
+            catalog = await asyncio.to_thread(Catalog.open, url)
+        self.catalog = AsyncCatalog(catalog)
+        self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
+        self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, metrics=self.metrics,
+                                   max_bytes=self.settings.block_max_bytes, max_age_ms=self.settings.block_max_age_ms,
+                                   grace=self.grace, clock=self.clock, on_committed=self._commits_advanced)
+        self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, epoch_of=self._epoch_of,
+                                 committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
+                                 grace=self.grace, clock=self.clock)
         await self._warm_store()
-        host, port = self.settings.listen_endpoint()
-        await self.catalog.call(catalog_brokers.register_broker, self.broker_id, f"{socket.gethostname()}:{port}")
-        await reconcile_with_catalog(self)
-        self._register_metrics(metrics)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._block_timer()))
-        self._tasks.append(loop.create_task(self.copier.run()))
-        self._tasks.append(loop.create_task(self._every(REMOTE_RETENTION_INTERVAL_S, "remote retention",
-                                                        self.remote_retention_pass)))
-        self._tasks.append(loop.create_task(self._every(RECONCILE_INTERVAL_S, "reconciler", self.reconcile_pass)))
-        self._tasks.append(loop.create_task(self._heartbeat()))
+        _, port = self.settings.listen_endpoint()
+        await self.catalog.write(catalog_brokers.register_broker, self.broker_id, f"{socket.gethostname()}:{port}")
+        self._register_metrics()
+        sup = self.supervisor
+        sup.start("block timer", self.durable.block_timer)
+        sup.start("segment copier", self.remote.copier.run)
+        sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
+        sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
+        sup.every("catalog heartbeat", HEARTBEAT_INTERVAL_S,
+                  lambda: self.catalog.write(catalog_brokers.heartbeat, self.broker_id))
 
     async def _warm_store(self) -> None:
         """Opens the object store client now (creating it costs ~0.3 s), so the first produce or fetch does not pay;
@@ -128,238 +134,167 @@ class TieringService:
         return {}
 
     async def flush(self, deadline: float) -> None:
-        """Shutdown: close the open block and wait (until `deadline`, a monotonic time) for every commit."""
-        pending = self.builder.pending_bytes
-        self._close_block()
-        if self.pipeline is not None:
-            in_flight = self.pipeline.in_flight
-            done = await self.pipeline.drain(deadline - time.monotonic())
-            if done:
-                log.info("shutdown: committed the open block (%d bytes) and %d blocks in flight", pending, in_flight)
-            else:
-                log.error("shutdown: %d blocks not committed in time; their records stay on the local disk and are "
-                          "uploaded at the next start", self.pipeline.in_flight)
+        await self.durable.flush(deadline)
 
     async def stop(self, deadline: float) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks)
-        if self.pipeline is not None:
-            await self.pipeline.cancel()
-        if self.store is not None:
-            await self.store.close()
-        if self.catalog is not None:
-            await asyncio.to_thread(self.catalog.close)
+        await self.supervisor.stop()
+        await self.durable.stop()
+        await self.store.close()
+        await asyncio.to_thread(self.catalog.close)
 
     async def check_ready(self, timeout_s: float = 1.0) -> tuple[bool, str]:
-        """Both parts are asked at once, each within `timeout_s`, so a 503 names the part that failed."""
+        """Both parts are asked at once, each within `timeout_s`, so a 503 names the part that failed; a background
+        task that keeps failing makes the broker not ready too."""
 
         async def store_answers() -> None:
             async for _ in self.store.list("", limit=1):
                 break
 
-        checks = {"catalog": self.catalog.call(catalog_topics.list_topics), "object store": store_answers()}
+        checks = {"catalog": self.catalog.read(catalog_topics.list_topics, deadline_s=timeout_s),
+                  "object store": store_answers()}
         results = await asyncio.gather(*(asyncio.wait_for(c, timeout_s) for c in checks.values()),
                                        return_exceptions=True)
         for part, result in zip(checks, results):
             if isinstance(result, BaseException):  # readiness reports any failure, it never raises
-                return False, f"{part}: {result or type(result).__name__}"
+                reason = str(result) or type(result).__name__
+                if isinstance(result, asyncio.TimeoutError):
+                    reason = f"no answer within {timeout_s:.0f} s"
+                return False, f"{part}: {reason}"
+        problems = self.supervisor.problems()
+        if problems:
+            return False, problems
         return True, ""
 
-    # -- topics and partitions --------------------------------------------------------------------------------
+    # -- partitions ------------------------------------------------------------------------------------------------
 
-    async def create_topic(self, name: str, partitions: int, config_text: str) -> None:
-        """Records a new topic in the catalog before its directories exist. Raises TopicExists."""
-        await self.catalog.call(catalog_topics.create_topic, name, partitions, config_text)
-
-    async def topic_opened(self, topic) -> None:
-        """Claims leadership of a topic's partitions; the broker serves them from now on."""
-        claimed = await self.catalog.call(catalog_partitions.claim_partitions, self.broker_id, topic.name,
-                                          range(len(topic.partitions)))
-        for partition, epoch in claimed.items():
-            self.epochs[(topic.name, partition)] = epoch
-
-    # -- the produce path ---------------------------------------------------------------------------------------
-
-    async def admission(self) -> bool:
-        return await self.pipeline.admission(self.ack_timeout_s)
-
-    def appended(self, part, appended: AppendResult) -> asyncio.Future | None:
-        ack = asyncio.get_running_loop().create_future() if part.durable else None
-        was_empty = self.builder.empty
-        self.builder.add(part.topic, part.partition, appended.first_seq, appended.last_seq, appended.record,
-                         self.now_ms(), ack, appended.header)
-        if self.builder.pending_bytes >= self.builder.max_bytes:
-            self._close_block()  # at once: the timer task may only run after many more appends
-        elif was_empty:
-            self._kick.set()
-        return ack
-
-    def kick(self) -> None:
-        """Wakes the block timer: records arrived in an empty builder, or it is full."""
-        self._kick.set()
-
-    def _close_block(self) -> None:
-        block = self.builder.close()
-        if block is not None:
-            self.pipeline.submit(block)
-
-    async def _block_timer(self) -> None:
-        while True:
-            due = self.builder.due_ms()
-            if due is None:
-                await self._kick.wait()
-                self._kick.clear()
+    async def open_partitions(self, local: Sequence[LocalTopic]) -> OpenPlan:
+        """Start-up: registers local-only topics in the catalog, claims every partition this broker serves, and
+        plans each one (tiered.tiering.startup)."""
+        plan = OpenPlan()
+        in_catalog = {t.name: t for t in await self.catalog.read(catalog_topics.list_topics)}
+        states = {(s.topic, s.partition): s for s in await self.catalog.read(catalog_partitions.get_partition_states)}
+        served: dict[str, LocalTopic] = {}
+        for topic in local:
+            if topic.name not in in_catalog:
+                log.info("registering local topic %s in the catalog", topic.name)
+                try:
+                    await self.catalog.write(catalog_topics.create_topic, topic.name, len(topic.partitions),
+                                             topic.config_text)
+                except TopicExists:
+                    pass
+            served[topic.name] = topic
+        for name, row in in_catalog.items():
+            if name in served:
                 continue
-            now = self.now_ms()
-            if self.builder.should_close(now):
-                self._close_block()
+            leaders = {states[(name, p)].leader_broker for p in range(row.partitions) if (name, p) in states}
+            others = sorted(b for b in leaders if b is not None and b != self.broker_id)
+            if others:
+                plan.not_served[name] = f"led by broker(s) {others}"
                 continue
-            try:
-                await asyncio.wait_for(self._kick.wait(), (due - now) / 1000.0)
-                self._kick.clear()
-            except asyncio.TimeoutError:
-                pass
+            plan.create.append(NewLocalTopic(name, row.partitions, row.config_text))
+            served[name] = LocalTopic(name, row.config_text, ())
+        for name, topic in served.items():
+            count = in_catalog[name].partitions if name in in_catalog else len(topic.partitions)
+            plan.partitions.extend(await self._claim(name, count, {p.partition: p for p in topic.partitions}))
+        return plan
 
-    def _committed(self, runs: list[PendingRun]) -> None:
-        registry = self.broker.registry
-        for run in runs:
-            part = registry.get(run.topic, run.partition)
-            if part is None:
-                continue
-            part.remote_hwmark = max(part.remote_hwmark, run.last_seq)
-            if not part.remote_first_available:
-                part.remote_first_available = run.first_seq
-            if part.durable:
-                part.log.mark_visible(run.last_seq)
-                self.broker.made_visible(part, run.first_seq, run.size_bytes)
-        self.copier.commits_advanced()
+    async def _claim(self, topic: str, count: int, local: dict) -> list[PartitionPlan]:
+        since = {p: (local[p].applied_epoch if p in local else None) for p in range(count)}
+        claims = await self.catalog.write(catalog_partitions.claim_leadership, self.broker_id, self.disk_id, topic,
+                                          since)
+        plans = []
+        for p, claim in sorted(claims.items()):
+            await self.remote.copier.load_copied(topic, p)
+            plans.append(plan_partition(local.get(p), claim, broker_id=self.broker_id, disk_id=self.disk_id,
+                                        copied_last=self.remote.copier.copied_last.get((topic, p), 0)))
+        return plans
 
-    def _fenced(self, key: PartitionKey, exc: StaleEpoch) -> None:
-        part = self.broker.registry.get(*key)
-        if part is not None:
-            part.fenced = True
-        self.broker.metrics.inc("tiered_fenced_partitions_total", help="partitions fenced by a newer leader epoch")
-        log.error("%s/%d: %s; this broker stops serving the partition", key[0], key[1], exc)
+    async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
+        """Records a new topic in the catalog and claims its partitions. Raises TopicExists."""
+        await self.catalog.write(catalog_topics.create_topic, name, partitions, config_text)
+        return await self._claim(name, partitions, {})
 
-    def _sealed(self, part, segment) -> None:
-        """A segment rolled (or was found sealed at start): copy it unless the topic keeps segments local."""
-        if part.config.remote_copy:
-            self.copier.enqueue(part.topic, part.partition, segment)
+    async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
+        key = (plan.topic, plan.partition)
+        self.led[key] = Led(plan.epoch, config)
+        self.durable.lead(plan.topic, plan.partition, plan.epoch, plan.committed)
+        count = await self.durable.upload_tail(plan.topic, plan.partition, tail, self.ack_timeout_s)
+        if count:
+            log.info("%s/%d: uploading %d records past the catalog's high-water mark before serving them",
+                     plan.topic, plan.partition, count)
+
+    def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
+        led = self.led.get((topic, partition))
+        if led is not None:
+            led.config = config
+
+    def _epoch_of(self, topic: str, partition: int) -> int | None:
+        led = self.led.get((topic, partition))
+        return led.epoch if led is not None and self.durable.leads(topic, partition) else None
 
     def _committed_up_to(self, topic: str, partition: int) -> int:
-        part = self.broker.registry.get(topic, partition)
-        return part.remote_hwmark if part is not None else 0
+        return self.durable.committed_to.get((topic, partition), 0)
 
-    def _copied(self, job: CopyJob) -> None:
-        part = self.broker.registry.get(job.topic, job.partition)
-        if part is not None and not part.remote_first_available:
-            part.remote_first_available = job.segment.base
+    def _commits_advanced(self) -> None:
+        self.remote.copier.commits_advanced()
 
-    def may_delete_local(self, part, segment) -> bool:
-        """A sealed segment leaves the local disk only once it is in the bucket (COPY_FINISHED); with
-        `remote.copy=false`, once its records are committed in blocks."""
-        if part.config.remote_copy:
-            return self.copier.is_copied(part.topic, part.partition, segment.base)
-        return segment.last <= part.remote_hwmark
+    # -- the produce path ---------------------------------------------------------------------------------------------
 
-    def tier_status(self) -> list[dict]:
-        """Per partition: what the local disk holds, what the bucket holds, and what is still on its way there."""
-        out = []
-        for part in self.broker.registry.all_partitions():
-            plog = part.log
-            segments, pending_bytes = self.copier.pending_for(part.topic, part.partition)
-            out.append({
-                "topic": part.topic,
-                "partition": part.partition,
-                "local_first": plog.first_available,
-                "local_last": plog.last_assigned,
-                "local_bytes": plog.stats().bytes,
-                "remote_first": part.remote_first_available,
-                "remote_segments_last": self.copier.copied_last.get((part.topic, part.partition), 0),
-                "committed": part.remote_hwmark,
-                "hwmark": part.hwmark,
-                "pending_segments": segments,
-                "pending_segment_bytes": pending_bytes,
-                "fenced": part.fenced,
-            })  # fmt: skip
-        return out
+    async def admission(self) -> bool:
+        return await self.durable.admission(self.ack_timeout_s)
 
-    # -- background ---------------------------------------------------------------------------------------------
+    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+        return self.durable.appended(topic, partition, appended, durable)
 
-    def _now(self) -> datetime:
-        return datetime.fromtimestamp(self.now_ms() / 1000, timezone.utc)
+    # -- segments and reads -----------------------------------------------------------------------------------------
+
+    def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None:
+        led = self.led.get((topic, partition))
+        if led is not None:
+            self.remote.sealed(topic, partition, segment, led.config.remote_copy)
+
+    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool:
+        led = self.led.get((topic, partition))
+        if led is None:
+            return False
+        return self.remote.may_delete_local(topic, partition, segment, led.config.remote_copy,
+                                            self._committed_up_to(topic, partition))
+
+    async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
+        return await self.remote.read(topic, partition, seq, fetch_size)
 
     async def remote_retention_pass(self) -> int:
-        """One pass of remote retention over the partitions this broker leads; returns segments deleted."""
-        deleted = 0
-        for part in list(self.broker.registry.all_partitions()):
-            config = part.config
-            if part.fenced or not (config.remote_retention_secs or config.remote_retention_bytes):
-                continue
-            report = await enforce_remote_retention(self.store, self.catalog.catalog, part.topic, part.partition,
-                                                    config, self._now(), grace=self.grace)
-            if report.first_available_seq > part.remote_first_available:
-                part.remote_first_available = report.first_available_seq
-            deleted += len(report.deleted)
-        if deleted:
-            self.broker.metrics.inc("tiered_remote_segments_deleted_total", deleted,
-                                    help="remote segments expired by remote retention")
-        return deleted
+        led = [(t, p, lead.config) for (t, p), lead in self.led.items() if self._epoch_of(t, p) is not None]
+        return await self.remote.remote_retention_pass(led)
 
     async def reconcile_pass(self) -> int:
-        """One bounded pass of the two-phase deletion and the orphan reconciler; returns objects deleted."""
-        now = self._now()
-        metrics = self.broker.metrics
-        abandoned = await abandon_stale_pending(self.catalog.catalog, now, grace=self.grace)
-        swept = await sweep_deleted_blocks(self.store, self.catalog.catalog, now)
-        report = await reconcile(self.store, self.catalog.catalog, now, grace=self.grace,
-                                 start_after=self._reconcile_cursor)
-        self._reconcile_cursor = report.next_start_after
-        if swept:
-            metrics.inc("tiered_blocks_deleted_total", len(swept), help="block objects deleted after their grace period")
-        if abandoned:
-            metrics.inc("tiered_blocks_abandoned_total", len(abandoned), help="intent rows whose upload never committed")
-        if report.deleted:
-            metrics.inc("tiered_reconciler_deletions_total", len(report.deleted),
-                        help="orphan objects the catalog did not know, deleted by the reconciler")
-        return len(swept) + len(report.deleted)
+        return await self.remote.reconcile_pass()
 
-    async def _every(self, interval_s: float, what: str, step) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await step()
-            except Exception:
-                log.exception("%s failed; retrying in %.0f s", what, interval_s)
+    # -- observability ----------------------------------------------------------------------------------------------
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
-            try:
-                await self.catalog.call(catalog_brokers.heartbeat, self.broker_id)
-            except Exception as exc:
-                log.warning("catalog heartbeat failed: %s", exc)
+    def partition_status(self, topic: str, partition: int) -> dict:
+        segments, pending_bytes = self.remote.copier.pending_for(topic, partition)
+        return {
+            "remote_segments_last": self.remote.copier.copied_last.get((topic, partition), 0),
+            "committed": self._committed_up_to(topic, partition),
+            "pending_segments": segments,
+            "pending_segment_bytes": pending_bytes,
+        }
 
-    def _register_metrics(self, metrics) -> None:
+    def _register_metrics(self) -> None:
         counters = self.store.counters
-        metrics.counter_fn("tiered_store_puts_total", "object store PUT requests", lambda: counters.puts)
-        metrics.counter_fn("tiered_store_gets_total", "object store GET requests", lambda: counters.gets)
-        metrics.counter_fn("tiered_store_errors_total", "object store request errors", lambda: counters.errors)
-        metrics.counter_fn("tiered_store_put_bytes_total", "bytes uploaded", lambda: counters.put_bytes)
-        metrics.gauge("tiered_block_pending_bytes", "bytes waiting for the next block",
-                      lambda: self.builder.pending_bytes)
-        metrics.gauge("tiered_blocks_in_flight", "blocks uploading or committing", lambda: self.pipeline.in_flight)
-        metrics.counter_fn("tiered_catalog_statements_total", "SQL statements sent to the catalog",
-                           lambda: self.catalog.catalog.statements)
-        metrics.gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied",
-                      lambda: self.copier.pending)
-        metrics.gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket",
-                      lambda: self.builder.pending_bytes + self.pipeline.in_flight_bytes + self.copier.pending_bytes)
-        metrics.gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket",
-                      self._upload_lag_s)
+        metrics = self.metrics
+        metrics.counter_fn(m.STORE_PUTS, lambda: counters.puts)
+        metrics.counter_fn(m.STORE_GETS, lambda: counters.gets)
+        metrics.counter_fn(m.STORE_ERRORS, lambda: counters.errors)
+        metrics.counter_fn(m.STORE_PUT_BYTES, lambda: counters.put_bytes)
+        metrics.counter_fn(m.CATALOG_STATEMENTS, lambda: self.catalog.catalog.statements)
+        self.durable.register_metrics()
+        self.remote.register_metrics()
+        metrics.gauge(m.UPLOAD_LAG_BYTES, lambda: self.durable.unuploaded_bytes + self.remote.copier.pending_bytes)
+        metrics.gauge(m.UPLOAD_LAG_SECONDS, self._upload_lag_s)
 
     def _upload_lag_s(self) -> float:
-        oldest = [t for t in (self.pipeline.oldest_open_ms(), self.builder.opened_ms) if t is not None]
-        return max(0.0, (self.now_ms() - min(oldest)) / 1000.0) if oldest else 0.0
+        oldest = self.durable.oldest_unuploaded_ms()
+        return max(0.0, (self.clock.now_ms() - oldest) / 1000.0) if oldest is not None else 0.0

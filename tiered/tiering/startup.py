@@ -1,80 +1,72 @@
-"""Start-up: the local disk reconciled with the catalog, partition by partition.
+"""Start-up and takeover: what a broker does with its local records of a partition it is about to lead.
 
-- a topic only on disk (e.g. a TANK data directory) is registered in the catalog; a topic only in the catalog that
-  this broker leads (a pod on a new, empty volume) is recreated locally;
-- the broker claims leadership of its partitions, which bumps their epochs and fences any older incarnation;
-- records on disk past the catalog's high-water mark (acknowledged locally or not at all before a crash) are
-  uploaded and committed before they become visible; a disk behind the catalog continues from the catalog's
-  high-water mark, and older seqs are served from the bucket.
+`plan_partition` is pure: from what the disk holds, the claim (the catalog's state just before it and the leadership
+history since the epoch this disk last applied) and this disk's id, it decides. The server carries the plan out
+(truncate, continue from the catalog's high-water mark, record the epoch as applied) and the tier then uploads the
+records past the high-water mark, if the plan keeps them, before they become visible.
+
+The rule (DESIGN.md, "Restart and rescheduling"; the durability promise):
+- The disk's records up to the end of the last epoch it applied agree with the catalog: that epoch's leader was
+  this disk, and it committed records in append order.
+- If every claim since that epoch was this disk's own (a restart, or a claim that crashed before it was applied,
+  which committed nothing), the disk is still the partition's history: its records past the catalog's high-water
+  mark were appended but not uploaded (acknowledged locally, or not at all) and are uploaded now.
+- Otherwise another volume led in between: the catalog's history after the end of this disk's epoch is that other
+  leader's, and this disk's records past it were never committed. They are dropped, and the partition continues
+  from the catalog's high-water mark; older seqs the disk lacks are read from the bucket.
+- A disk that never applied an epoch (data from before epochs were recorded, a TANK data directory, or a catalog
+  rebuilt from the bucket since) is the history if the catalog names no other leader; else its records past the
+  catalog's start are not trusted: dropped.
 """
 
 from __future__ import annotations
 
-import logging
-
-from tiered.catalog import partitions as catalog_partitions
-from tiered.catalog import topics as catalog_topics
-from tiered.catalog.errors import TopicExists
-
-log = logging.getLogger("tiered.tiering")
+from tiered.catalog.partitions import Claim
+from tiered.tier_interface import LocalPartition, PartitionPlan
 
 
-async def reconcile_with_catalog(service) -> None:
-    registry = service.broker.registry
-    in_catalog = {t.name: t for t in await service.catalog.call(catalog_topics.list_topics)}
-    states = {(s.topic, s.partition): s for s in await service.catalog.call(catalog_partitions.get_partition_states)}
-    for name, topic in list(registry.topics.items()):
-        if name not in in_catalog:
-            log.info("registering local topic %s in the catalog", name)
-            try:
-                await service.catalog.call(catalog_topics.create_topic, name, len(topic.partitions), topic.config_text)
-            except TopicExists:
-                pass
-            for p in range(len(topic.partitions)):
-                states[(name, p)] = None
-    for name, row in in_catalog.items():
-        if name in registry.topics:
-            continue
-        leaders = {states[(name, p)].leader_broker for p in range(row.partitions) if states.get((name, p))}
-        if leaders - {None, service.broker_id}:
-            log.info("topic %s is led by broker(s) %s; not served here", name, sorted(leaders - {None}))
-            continue
-        log.info("recreating topic %s locally from the catalog (%d partitions)", name, row.partitions)
-        registry.create_topic(name, row.partitions, row.config_text)
-    for topic in list(registry.topics.values()):
-        await service.topic_opened(topic)
-        for part in topic.partitions:
-            resume_partition(service, part, states.get((part.topic, part.partition)))
-            await service.copier.load_copied(part.topic, part.partition)
-            for segment in part.log.segments:
-                service._sealed(part, segment)
+def plan_partition(local: LocalPartition | None, claim: Claim, *, broker_id: int, disk_id: str,
+                   copied_last: int = 0) -> PartitionPlan:
+    before = claim.before
+    hwmark = before.hwmark_seq
+    held = local.last_held if local is not None else 0
+    prior = local.applied_epoch if local is not None else None
+    if prior is not None and prior > before.leader_epoch:
+        prior = None  # the catalog's epochs went back (it was rebuilt from the bucket): the disk's epoch says nothing
+    since = [e for e in claim.history if e.leader_epoch != claim.epoch]  # claims after `prior`, before this one
 
-def resume_partition(service, part, state) -> None:
-    hwmark = state.hwmark_seq if state is not None else 0
-    first = state.first_available_seq if state is not None else 0
-    plog = part.log
-    local_last = plog.last_assigned
-    if hwmark > local_last:
-        log.info("%s/%d: the local disk ends at %d, the catalog at %d: continuing from the catalog",
-                 part.topic, part.partition, local_last, hwmark)
-        plog.ensure_next_seq(hwmark + 1)
-    if first and (not plog.first_available or first < plog.first_available):
-        part.remote_first_available = first
-    part.remote_hwmark = hwmark
-    if part.durable:
-        plog.mark_visible(min(hwmark, plog.last_assigned))
-    if local_last > hwmark:
-        reupload_tail(service, part, hwmark + 1, local_last)
+    if prior is None:
+        ours = held == 0 or before.leader_broker in (None, broker_id)
+        keep = hwmark if ours else 0
+        why = "no epoch applied on this disk; " + ("the catalog names no other leader" if ours
+                                                   else f"broker {before.leader_broker} led it")
+    else:
+        foreign = [e for e in since if e.disk_id != disk_id]
+        ours = not foreign
+        keep = since[0].start_seq - 1 if since else hwmark
+        why = (f"epoch {prior} was this disk's, and no other volume led since" if ours else
+               f"broker {foreign[0].broker_id} (another volume) led from epoch {foreign[0].leader_epoch}")
 
-def reupload_tail(service, part, first_seq: int, last_seq: int) -> None:
-    count = 0
-    now = service.now_ms()
-    for stored in part.log.iter_records(first_seq, last_seq):
-        if stored.last_seq < first_seq:
-            continue
-        service.builder.add(part.topic, part.partition, stored.first_seq, stored.last_seq, stored.record, now)
-        count += 1
-    if count:
-        log.info("%s/%d: uploading %d records past the catalog's high-water mark (%d..%d) before serving them",
-                 part.topic, part.partition, count, first_seq, last_seq)
-        service.kick()
+    truncate_after = None
+    reupload_after = None
+    if ours:
+        if held > hwmark:
+            reupload_after = hwmark
+            why += f"; uploading {hwmark + 1}..{held} before serving it"
+    elif held > keep:
+        truncate_after = keep
+        why += f"; dropping local records {keep + 1}..{held}, which the catalog never committed"
+    if held < hwmark:
+        why += f"; the disk ends at {held}, the catalog at {hwmark}: continuing from the catalog"
+    return PartitionPlan(
+        topic=before.topic,
+        partition=before.partition,
+        epoch=claim.epoch,
+        committed=hwmark,
+        first_available=before.first_available_seq,
+        copied_last=copied_last,
+        truncate_after=truncate_after,
+        next_seq=hwmark + 1,
+        reupload_after=reupload_after,
+        reason=why,
+    )

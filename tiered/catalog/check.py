@@ -1,0 +1,142 @@
+"""The catalog's consistency check (`tiered catalog check`): every acknowledged seq has exactly one location.
+
+For each partition, every seq from its first available seq to its high-water mark must be answered for by exactly
+one location: a readable (COPY_FINISHED) remote segment or a committed block run, each answering for
+[from_seq, last_seq]. Reported as problems:
+- a seq range no location answers for (a hole: a consumer there would be skipped past acknowledged messages);
+- two locations answering for one seq (two segments, two runs, or a run a segment already holds);
+- a location reaching past the high-water mark (committed seqs beyond what the catalog says is committed);
+- a location with from_seq > first_seq or first_seq > last_seq.
+Locations wholly below the first available seq are retention's leftovers, not problems. The walk reads every
+readable segment and run row in pages, per partition, in seq order: its cost grows with the catalog, so it is an
+operator's tool and a test oracle, never on a request path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from sqlalchemy import select
+
+from tiered.catalog.engine import Catalog
+from tiered.catalog.models import Block, BlockRun, Segment
+from tiered.catalog.partitions import PartitionState, get_partition_states
+from tiered.catalog.states import SegmentState
+
+PAGE = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    kind: str  # "segment" or "run"
+    name: str  # the object key (and position of a run)
+    from_seq: int
+    first_seq: int
+    last_seq: int
+
+
+@dataclass
+class PartitionCheck:
+    topic: str
+    partition: int
+    first_available: int
+    hwmark: int
+    locations: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckReport:
+    partitions: list[PartitionCheck] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{p.topic}/{p.partition}: {problem}" for p in self.partitions for problem in p.problems]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_catalog(cat: Catalog, topic: str | None = None) -> CheckReport:
+    """Checks every partition (of `topic`, or of all topics)."""
+    report = CheckReport()
+    for state in get_partition_states(cat, topic):
+        report.partitions.append(check_partition(cat, state))
+    return report
+
+
+def check_partition(cat: Catalog, state: PartitionState) -> PartitionCheck:
+    result = PartitionCheck(state.topic, state.partition, state.first_available_seq, state.hwmark_seq)
+    locations = sorted(_locations(cat, state.topic, state.partition), key=lambda loc: (loc.from_seq, loc.last_seq))
+    result.locations = len(locations)
+    low, high = state.first_available_seq, state.hwmark_seq
+    covered_to = low - 1 if low else 0  # the highest seq answered for so far, from `low` up
+    previous: Location | None = None
+    for loc in locations:
+        if not loc.from_seq <= loc.first_seq <= loc.last_seq:
+            result.problems.append(f"{loc.kind} {loc.name}: seqs from {loc.from_seq}, first {loc.first_seq}, "
+                                   f"last {loc.last_seq} out of order")
+            continue
+        if loc.last_seq > high:
+            result.problems.append(f"{loc.kind} {loc.name} holds seqs up to {loc.last_seq}, past the high-water "
+                                   f"mark {high}")
+        if low and loc.last_seq < low:
+            continue  # wholly below the first available seq: retention's to remove
+        if previous is not None and loc.from_seq <= previous.last_seq:
+            both_from = max(loc.from_seq, low)
+            result.problems.append(f"seqs {both_from}..{min(loc.last_seq, previous.last_seq)} have two locations: "
+                                   f"{previous.kind} {previous.name} and {loc.kind} {loc.name}")
+        elif low and loc.from_seq > covered_to + 1 and covered_to < high:
+            result.problems.append(f"seqs {covered_to + 1}..{min(loc.from_seq - 1, high)} have no location")
+        covered_to = max(covered_to, loc.last_seq)
+        if previous is None or loc.last_seq > previous.last_seq:
+            previous = loc
+    if low and covered_to < high:
+        result.problems.append(f"seqs {max(covered_to + 1, low)}..{high} have no location")
+    if not low and high:
+        result.problems.append(f"high-water mark {high} but no first available seq")
+    return result
+
+
+def _locations(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
+    yield from _segments(cat, topic, partition)
+    yield from _runs(cat, topic, partition)
+
+
+def _segments(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
+    after = -1
+    while True:
+        with cat.read() as conn:
+            rows = conn.execute(
+                select(Segment.base_seq, Segment.from_seq, Segment.last_seq, Segment.object_key)
+                .where(Segment.topic == topic, Segment.partition == partition, Segment.base_seq > after,
+                       Segment.state == SegmentState.COPY_FINISHED)
+                .order_by(Segment.base_seq)
+                .limit(PAGE)
+            ).all()
+        for base, from_seq, last, object_key in rows:
+            yield Location("segment", object_key, from_seq, base, last)
+        if len(rows) < PAGE:
+            return
+        after = rows[-1].base_seq
+
+
+def _runs(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
+    after = (-1, -1)
+    while True:
+        with cat.read() as conn:
+            rows = conn.execute(
+                select(BlockRun.last_seq, BlockRun.position, BlockRun.from_seq, BlockRun.first_seq, Block.object_key)
+                .join(Block, Block.block_id == BlockRun.block_id)
+                .where(BlockRun.topic == topic, BlockRun.partition == partition,
+                       (BlockRun.last_seq > after[0]) | ((BlockRun.last_seq == after[0]) & (BlockRun.position > after[1])))
+                .order_by(BlockRun.last_seq, BlockRun.position)
+                .limit(PAGE)
+            ).all()
+        for last, position, from_seq, first, object_key in rows:
+            yield Location("run", f"{object_key}@{position}", from_seq, first, last)
+        if len(rows) < PAGE:
+            return
+        after = (rows[-1].last_seq, rows[-1].position)

@@ -1,0 +1,246 @@
+"""The broker's counters, declared once, and their Prometheus text exposition.
+
+TANK's own names are kept (`tanksrv_topic_produced_bytes{m="<topic>"}`, `..._produced_msgs`, `..._consumed_bytes`,
+the `tanksrv_topic_latency` histogram labelled `n="<topic>"`), so existing dashboards keep working; the tiering
+counters are ours, under `tiered_`. Everything here is plain integers updated on the event loop: no locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+# Latency buckets in seconds, for produce acknowledgement latency per topic.
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Histogram:
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def quantile(self, q: float) -> float:
+        """An upper bound of the q-quantile from the buckets (for logs and benchmarks)."""
+        if not self.count:
+            return 0.0
+        target = q * self.count
+        running = 0
+        for i, n in enumerate(self.counts):
+            running += n
+            if running >= target:
+                return LATENCY_BUCKETS_S[i] if i < len(LATENCY_BUCKETS_S) else float("inf")
+        return float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """A counter of ours: declared once here, with its meaning, and incremented by this object everywhere."""
+
+    name: str
+    help: str
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """A histogram of seconds, declared like a Counter."""
+
+    name: str
+    help: str
+
+
+@dataclass(frozen=True, slots=True)
+class Gauge:
+    """A value read at scrape time from a function registered by the part that owns it."""
+
+    name: str
+    help: str
+
+
+# Every counter and histogram of ours, with its meaning (docs/operations.md lists them too; a test compares). They
+# are exported from the start, at 0: a series that appears only at its first increment hides that increment from
+# rate() and increase(), so an alert on the first upload error would never fire. Counters that another part keeps
+# (the object store's, the catalog's) are plain Counters, read at scrape time through `counter_fn`.
+DECLARED_COUNTERS: list[Counter] = []
+DECLARED_TIMINGS: list[Timing] = []
+
+
+def _declare(name: str, help: str) -> Counter:
+    counter = Counter(name, help)
+    DECLARED_COUNTERS.append(counter)
+    return counter
+
+
+def _declare_timing(name: str, help: str) -> Timing:
+    timing = Timing(name, help)
+    DECLARED_TIMINGS.append(timing)
+    return timing
+
+
+BLOCKS_UPLOADED = _declare("tiered_blocks_uploaded_total", "blocks uploaded")
+BLOCK_BYTES_UPLOADED = _declare("tiered_block_bytes_uploaded_total", "block bytes uploaded")
+PUT_ERRORS = _declare("tiered_put_errors_total", "failed attempts to upload a block")
+COMMIT_ERRORS = _declare("tiered_commit_errors_total", "failed attempts to commit a block to the catalog")
+CATALOG_ERRORS = _declare("tiered_catalog_errors_total",
+                         "failed catalog writes (block intent rows, segment copy states, pruning)")
+ACK_TIMEOUTS = _declare("tiered_durable_ack_timeouts_total", "produce acks answered 0x02 after the ack timeout")
+FENCED_PARTITIONS = _declare("tiered_fenced_partitions_total", "partitions fenced by a newer leader epoch")
+SEGMENTS_COPIED = _declare("tiered_segments_copied_total", "sealed segments copied to the bucket")
+SEGMENT_BYTES_COPIED = _declare("tiered_segment_bytes_copied_total", "segment and index bytes copied")
+SEGMENT_COPY_FAILURES = _declare("tiered_segment_copy_failures_total",
+                                 "segment copies that failed on a local file (the segment is tried again later)")
+SEGMENT_UPLOAD_ERRORS = _declare("tiered_segment_upload_errors_total",
+                                "failed attempts to upload a sealed segment or its index")
+BLOCKS_DELETED = _declare("tiered_blocks_deleted_total", "block objects deleted after their grace period")
+BLOCKS_ABANDONED = _declare("tiered_blocks_abandoned_total", "intent rows whose upload never committed")
+RECONCILER_DELETIONS = _declare("tiered_reconciler_deletions_total",
+                               "orphan objects the catalog did not know, deleted by the reconciler")
+REMOTE_SEGMENTS_DELETED = _declare("tiered_remote_segments_deleted_total", "remote segments expired by remote retention")
+REMOTE_BYTES = _declare("tiered_remote_bytes_total", "bytes served from the bucket")
+REMOTE_GETS = _declare("tiered_remote_gets_total", "range GETs by remote reads")
+REMOTE_CATALOG_QUERIES = _declare("tiered_remote_catalog_queries_total", "catalog lookups by remote reads")
+REMOTE_CACHE_HITS = _declare("tiered_remote_cache_hits_total", "remote reads served without a catalog lookup")
+REMOTE_CACHE_MISSES = _declare("tiered_remote_cache_misses_total", "remote reads that needed a catalog lookup")
+REMOTE_RUN_CACHE_HITS = _declare("tiered_remote_run_cache_hits_total",
+                                "remote reads served from a cached block run (no GET)")
+REMOTE_MISSING_OBJECTS = _declare("tiered_remote_missing_objects_total",
+                                 "objects the catalog names but the bucket lacks")
+
+TASK_RESTARTS = _declare("tiered_task_restarts_total", "background tasks that died and were restarted")
+TASK_FAILURES = _declare("tiered_task_failures_total", "failed runs of periodic background steps")
+UNLOCATED_READS = _declare("tiered_unlocated_reads_total",
+                           "consumes of a seq below the high-water mark that no tier holds (a bug: see the log)")
+DISCONTINUOUS_COMMITS = _declare("tiered_discontinuous_commits_total",
+                                 "block commits refused because they did not continue the catalog's high-water mark")
+
+COMMIT_SECONDS = _declare_timing("tiered_commit_seconds", "block commit latency")
+DURABLE_ACK_SECONDS = _declare_timing("tiered_durable_ack_seconds", "time from a block's first record to its commit")
+
+
+# Read at scrape time.
+STORE_PUTS = Counter("tiered_store_puts_total", "object store PUT requests")
+STORE_GETS = Counter("tiered_store_gets_total", "object store GET requests")
+STORE_ERRORS = Counter("tiered_store_errors_total", "object store request errors")
+STORE_PUT_BYTES = Counter("tiered_store_put_bytes_total", "bytes uploaded")
+CATALOG_STATEMENTS = Counter("tiered_catalog_statements_total", "SQL statements sent to the catalog")
+BLOCK_PENDING_BYTES = Gauge("tiered_block_pending_bytes", "bytes waiting for the next block")
+BLOCKS_IN_FLIGHT = Gauge("tiered_blocks_in_flight", "blocks uploading or committing")
+SEGMENTS_PENDING_UPLOAD = Gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied")
+UPLOAD_LAG_BYTES = Gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket")
+UPLOAD_LAG_SECONDS = Gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket")
+
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.produced_bytes: dict[str, int] = defaultdict(int)
+        self.produced_msgs: dict[str, int] = defaultdict(int)
+        self.consumed_bytes: dict[str, int] = defaultdict(int)
+        self.latency: dict[str, Histogram] = defaultdict(Histogram)
+        self.counters: dict[str, float] = defaultdict(float)
+        self.histograms: dict[str, Histogram] = defaultdict(Histogram)
+        # Gauges computed at scrape time: name -> (help, function returning value or {labels: value}).
+        self.gauges: dict[str, tuple[str, Callable[[], float | dict]]] = {}
+        self.counter_fns: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.help: dict[str, str] = {}
+        for counter in DECLARED_COUNTERS:
+            self.counters[counter.name] = 0
+            self.help[counter.name] = counter.help
+        for timing in DECLARED_TIMINGS:
+            self.histograms[timing.name] = Histogram()
+            self.help[timing.name] = timing.help
+
+    def produced(self, topic: str, size_bytes: int, messages: int) -> None:
+        self.produced_bytes[topic] += size_bytes
+        self.produced_msgs[topic] += messages
+
+    def consumed(self, topics: Iterable) -> None:
+        """Counts a consume response's chunk bytes per topic, from its partition results."""
+        for topic in topics:
+            for p in topic.partitions or ():
+                self.consumed_bytes[topic.name] += p.chunk_len
+
+    def ack_latency(self, topic: str, seconds: float) -> None:
+        self.latency[topic].observe(seconds)
+
+    def inc(self, counter: Counter, value: float = 1) -> None:
+        self.counters[counter.name] += value
+        self.help.setdefault(counter.name, counter.help)
+
+    def observe(self, timing: Timing, seconds: float) -> None:
+        self.histograms[timing.name].observe(seconds)
+        self.help.setdefault(timing.name, timing.help)
+
+    def count(self, counter: Counter) -> float:
+        return self.counters.get(counter.name, 0)
+
+    def gauge(self, gauge: Gauge, fn: Callable[[], float | dict]) -> None:
+        self.gauges[gauge.name] = (gauge.help, fn)
+
+    def counter_fn(self, counter: Counter, fn: Callable[[], float]) -> None:
+        """A counter kept elsewhere (e.g. the object store's own), read at scrape time."""
+        self.counter_fns[counter.name] = (counter.help, fn)
+
+    def render(self) -> str:
+        out: list[str] = []
+        _family(out, "tanksrv_topic_produced_bytes", "counter", "bytes produced per topic",
+                ((f'm="{_esc(t)}"', v) for t, v in sorted(self.produced_bytes.items())))
+        _family(out, "tanksrv_topic_produced_msgs", "counter", "messages produced per topic",
+                ((f'm="{_esc(t)}"', v) for t, v in sorted(self.produced_msgs.items())))
+        _family(out, "tanksrv_topic_consumed_bytes", "counter", "bytes consumed per topic",
+                ((f'm="{_esc(t)}"', v) for t, v in sorted(self.consumed_bytes.items())))
+        out.append("# HELP tanksrv_topic_latency produce acknowledgement latency in seconds")
+        out.append("# TYPE tanksrv_topic_latency histogram")
+        for topic, hist in sorted(self.latency.items()):
+            _histogram_lines(out, "tanksrv_topic_latency", hist, f'n="{_esc(topic)}",')
+        for name, value in sorted(self.counters.items()):
+            _family(out, name, "counter", self.help.get(name, name), (("", value),))
+        for name, hist in sorted(self.histograms.items()):
+            out.append(f"# HELP {name} {self.help.get(name, name)}")
+            out.append(f"# TYPE {name} histogram")
+            _histogram_lines(out, name, hist, "")
+        for name, (help, fn) in sorted(self.counter_fns.items()):
+            _family(out, name, "counter", help, (("", fn()),))
+        for name, (help, fn) in sorted(self.gauges.items()):
+            value = fn()
+            samples = value.items() if isinstance(value, dict) else (("", value),)
+            _family(out, name, "gauge", help, samples)
+        return "\n".join(out) + "\n"
+
+
+def _family(out: list[str], name: str, kind: str, help: str, samples) -> None:
+    out.append(f"# HELP {name} {help}")
+    out.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        out.append(f"{name}{{{labels}}} {_num(value)}" if labels else f"{name} {_num(value)}")
+
+
+def _histogram_lines(out: list[str], name: str, hist: Histogram, labels: str) -> None:
+    running = 0
+    for bound, n in zip(LATENCY_BUCKETS_S, hist.counts):
+        running += n
+        out.append(f'{name}_bucket{{{labels}le="{bound}"}} {running}')
+    out.append(f'{name}_bucket{{{labels}le="+Inf"}} {hist.count}')
+    bare = labels.rstrip(",")
+    suffix = f"{{{bare}}}" if bare else ""
+    out.append(f"{name}_sum{suffix} {_num(hist.total)}")
+    out.append(f"{name}_count{suffix} {hist.count}")
+
+
+def _num(value: float) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return repr(value)
+    return str(int(value))
+
+
+def _esc(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

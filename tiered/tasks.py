@@ -1,0 +1,95 @@
+"""Background tasks that never die silently.
+
+Every long-running loop of the broker (block timer, segment copier, retention, reconciler, heartbeat) runs under a
+`Supervisor`. A loop that raises is logged with its traceback once, counted (`tiered_task_restarts_total`), shown
+as failing by `/readyz` until it has run cleanly again, and restarted after a backoff that grows to `max_backoff_s`.
+A periodic step that fails (`every`) is the same: logged (one line per failure, the traceback only on the first of a
+series), counted, reported by readiness, retried at its interval; its recovery is logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.metrics import TASK_FAILURES, TASK_RESTARTS, Metrics
+
+log = logging.getLogger("tiered.tasks")
+
+
+class Supervisor:
+    def __init__(self, metrics: Metrics, *, clock: Clock = SYSTEM_CLOCK, first_backoff_s: float = 0.1,
+                 max_backoff_s: float = 10.0):
+        self.metrics = metrics
+        self.clock = clock
+        self.first_backoff_s = first_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._tasks: dict[str, asyncio.Task] = {}
+        self.failing: dict[str, str] = {}  # task name -> its last error, while it has not recovered
+
+    def start(self, name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
+        """Runs `loop_fn()` until it returns; restarts it whenever it raises."""
+        self._tasks[name] = asyncio.get_running_loop().create_task(self._supervise(name, loop_fn), name=name)
+
+    def every(self, name: str, interval_s: float, step: Callable[[], Awaitable[object]]) -> None:
+        """Runs `step()` every `interval_s` (first after one interval)."""
+
+        async def periodic() -> None:
+            while True:
+                await self.clock.sleep(interval_s)
+                try:
+                    await step()
+                except Exception as exc:
+                    self._failed(name, exc, restart=False)
+                else:
+                    self._recovered(name)
+
+        self.start(name, periodic)
+
+    async def _supervise(self, name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
+        backoff = self.first_backoff_s
+        while True:
+            started = self.clock.monotonic()
+            try:
+                await loop_fn()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(name, exc, restart=True)
+            if self.clock.monotonic() - started > self.max_backoff_s:
+                backoff = self.first_backoff_s  # it ran a while: a fresh failure, not a crash loop
+            await self.clock.sleep(backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
+
+    def _failed(self, name: str, exc: Exception, *, restart: bool) -> None:
+        first = name not in self.failing
+        self.failing[name] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if restart:
+            self.metrics.inc(TASK_RESTARTS)
+            log.error("background task %s died (%s); restarting it", name, self.failing[name], exc_info=first)
+        else:
+            self.metrics.inc(TASK_FAILURES)
+            log.error("%s failed: %s; retrying", name, self.failing[name], exc_info=first)
+
+    def _recovered(self, name: str) -> None:
+        if self.failing.pop(name, None) is not None:
+            log.info("%s works again", name)
+
+    def mark_healthy(self, name: str) -> None:
+        """Called by a supervised loop once it has done useful work after a restart."""
+        self._recovered(name)
+
+    def problems(self) -> str:
+        """What readiness reports: every task that is failing, with its last error; "" when none is."""
+        return "; ".join(f"{name}: {error}" for name, error in sorted(self.failing.items()))
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._tasks.clear()

@@ -1,0 +1,202 @@
+"""The seam between the broker (tiered.server) and the tier below its local disk (tiered.tiering).
+
+Two narrow interfaces, wired once when the process is assembled (tiered.server.app):
+- `Tier`: what the server asks of a tier. The server calls it on produce (admission, appended), on topic creation,
+  when a segment rolls or may be deleted, for reads its local log cannot answer, at start-up (the plan that
+  reconciles the local disk with the catalog) and at shutdown. `LocalOnly` is the tier of a plain TANK broker.
+- `TierSink`: what a tier reports back: records committed (they become visible), a partition fenced by a newer
+  leader, a segment copied, the first available seq moved by retention. Only the server changes its partitions'
+  state, and only in these callbacks or its own request handlers.
+The data passed across is plain and immutable. Neither side imports the other: tiered.tiering implements `Tier`
+and calls a `TierSink`; tiered.server implements `TierSink` and calls a `Tier`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, Sequence
+
+from tiered.bounds import PartitionBounds
+from tiered.storage.partition_log import AppendResult, StoredRecord
+from tiered.storage.segment import SealedSegment
+from tiered.storage.topic_config import TopicConfig
+
+
+class AckOutcome(Enum):
+    """How a durable produce ends (what its future resolves to; the server answers each with its own code)."""
+
+    COMMITTED = "committed"  # in the bucket and the catalog: answered OK
+    NOT_CONFIRMED = "not confirmed"  # its block still retries past the deadline: it may yet be committed
+    REFUSED = "refused"  # it will never be committed (the partition was fenced first): safe to send again
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPartition:
+    """What the local disk holds of one partition, for the start-up plan."""
+
+    topic: str
+    partition: int
+    first: int  # first seq on disk, 0: none
+    last_held: int  # last seq of the newest record on disk, 0: none
+    applied_epoch: int | None  # the last epoch whose plan this disk carried out (tiered.storage.local_state)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTopic:
+    name: str
+    config_text: str
+    partitions: tuple[LocalPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    """How one partition is served from now on (tiered.tiering.startup.plan_partition).
+
+    truncate_after  drop local records past this seq first (None: keep them all)
+    next_seq        the next plain append gets at least this seq (the catalog's high-water mark + 1)
+    reupload_after  upload the local records past this seq before they are visible (None: nothing to upload)
+    """
+
+    topic: str
+    partition: int
+    epoch: int
+    committed: int  # the catalog's high-water mark
+    first_available: int  # the catalog's first available seq (0: the catalog holds nothing yet)
+    copied_last: int  # the highest seq in a readable remote segment (0: none)
+    truncate_after: int | None
+    next_seq: int
+    reupload_after: int | None
+    reason: str  # one line for the log: why this plan
+
+
+@dataclass(frozen=True, slots=True)
+class NewLocalTopic:
+    """A topic the catalog has and this disk does not (a new, empty volume): created locally before serving."""
+
+    name: str
+    partitions: int
+    config_text: str
+
+
+@dataclass
+class OpenPlan:
+    create: list[NewLocalTopic] = field(default_factory=list)
+    partitions: list[PartitionPlan] = field(default_factory=list)
+    not_served: dict[str, str] = field(default_factory=dict)  # topic -> why it is not served here
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteChunk:
+    data: bytes  # whole {varint len, bundle} records
+    first_bundle_seq: int
+    first_bundle_sparse: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """No location could be read for a seq the bounds say is stored: a hole in the catalog or a missing object.
+    Answered as a system error (0xfb) and alarmed, never skipped."""
+
+    reason: str
+
+
+class TierSink(Protocol):
+    def committed(self, topic: str, partition: int, first_seq: int, last_seq: int, size_bytes: int) -> None:
+        """Records [first_seq, last_seq] of the partition are in the bucket and the catalog."""
+
+    def fenced(self, topic: str, partition: int, reason: str) -> None:
+        """A newer leader claimed the partition: this broker stops serving it."""
+
+    def copied(self, topic: str, partition: int, base: int, last: int) -> None:
+        """A sealed segment [base, last] is readable in the bucket."""
+
+    def first_available_moved(self, topic: str, partition: int, seq: int) -> None:
+        """Remote retention moved the partition's first available seq up to `seq`."""
+
+
+class Tier(Protocol):
+    lower_tier: bool  # whether reads below the local disk can be answered
+
+    async def start(self) -> None: ...
+
+    async def open_partitions(self, local: Sequence[LocalTopic]) -> OpenPlan: ...
+
+    async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
+        """Called once a plan is carried out locally: lead the partition, uploading `tail` (the records past
+        `plan.reupload_after`) before anything appended later."""
+
+    def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None: ...
+
+    async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]: ...
+
+    async def admission(self) -> bool: ...
+
+    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+        """A record was appended locally; returns the future of its durable ack on a durable topic."""
+
+    def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None: ...
+
+    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool: ...
+
+    async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None: ...
+
+    async def flush(self, deadline: float) -> None: ...
+
+    async def stop(self, deadline: float) -> None: ...
+
+    async def check_ready(self) -> tuple[bool, str]: ...
+
+    def partition_status(self, topic: str, partition: int) -> dict: ...
+
+
+class LocalOnly:
+    """The tier of a plain TANK broker: nothing below the local disk."""
+
+    lower_tier = False
+
+    async def start(self) -> None:
+        return None
+
+    async def open_partitions(self, local: Sequence[LocalTopic]) -> OpenPlan:
+        return OpenPlan()
+
+    async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
+        return None
+
+    def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
+        return None
+
+    async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
+        return []
+
+    async def admission(self) -> bool:
+        return True
+
+    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+        return None
+
+    def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None:
+        return None
+
+    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool:
+        return True
+
+    async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
+        return None
+
+    async def flush(self, deadline: float) -> None:
+        return None
+
+    async def stop(self, deadline: float) -> None:
+        return None
+
+    async def check_ready(self) -> tuple[bool, str]:
+        return True, ""
+
+    def partition_status(self, topic: str, partition: int) -> dict:
+        return {}

@@ -1,0 +1,149 @@
+"""The durable path: every appended record reaches the bucket and the catalog within the block window.
+
+Appended records go to the block builder (tiered.tiering.block_builder); a timer closes the block when its oldest
+record is `block.max_age_ms` old (or at once when it is full) and hands it to the pipeline
+(tiered.tiering.block_pipeline), which uploads and commits blocks in order. Commits are reported to the server's
+sink (records become visible, durable acks are answered); a refused commit fences the partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from tiered import metrics as m
+from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
+from tiered.metrics import Metrics
+from tiered.storage.partition_log import AppendResult, StoredRecord
+from tiered.tier_interface import TierSink
+from tiered.tiering.block_builder import BlockBuilder, PendingRun, TopicPartition
+from tiered.tiering.block_pipeline import BlockPipeline
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.store import ObjectStore
+
+log = logging.getLogger("tiered.tiering")
+
+
+class DurablePath:
+    def __init__(self, store: ObjectStore, catalog: AsyncCatalog, broker_id: int, sink: TierSink, *,
+                 metrics: Metrics, max_bytes: int, max_age_ms: int, grace, clock: Clock = SYSTEM_CLOCK,
+                 on_committed=None):
+        self.sink = sink
+        self.metrics = metrics
+        self.clock = clock
+        self.builder = BlockBuilder(max_bytes, max_age_ms)
+        self._extra_on_committed = on_committed
+        self.pipeline = BlockPipeline(store, catalog, broker_id, metrics=metrics, on_committed=self._committed,
+                                      on_fenced=self._fenced, grace=grace, clock=clock)
+        self._kick = asyncio.Event()
+        self.committed_to: dict[TopicPartition, int] = {}  # the catalog's high-water mark, as this broker knows it
+
+    # -- leadership ------------------------------------------------------------------------------------------------
+
+    def lead(self, topic: str, partition: int, epoch: int, committed: int) -> None:
+        """Uploads the partition's records under `epoch` from now on, continuing the catalog's high-water mark
+        `committed`."""
+        self.builder.lead(topic, partition, epoch, committed)
+        self.committed_to[(topic, partition)] = committed
+
+    async def upload_tail(self, topic: str, partition: int, tail: Iterable[StoredRecord], timeout_s: float) -> int:
+        """Uploads local records past the catalog's high-water mark (a restart), in order, before later appends:
+        block by block, waiting for room in the pipeline as produces do. Returns how many records it took."""
+        count = 0
+        for stored in tail:
+            if self.builder.pending_bytes >= self.builder.max_bytes:
+                self._close_block()
+                while not await self.admission(timeout_s):
+                    log.warning("%s/%d: uploads are stalled; the restart's re-upload waits", topic, partition)
+            self.builder.add(topic, partition, stored.first_seq, stored.last_seq, stored.record,
+                             stored.segment_base, self.clock.now_ms())
+            count += 1
+        if count:
+            self._kick.set()
+        return count
+
+    def leads(self, topic: str, partition: int) -> bool:
+        return self.builder.leads(topic, partition)
+
+    # -- the produce path ------------------------------------------------------------------------------------------
+
+    async def admission(self, timeout_s: float) -> bool:
+        return await self.pipeline.admission(timeout_s)
+
+    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+        ack = asyncio.get_running_loop().create_future() if durable else None
+        was_empty = self.builder.empty
+        self.builder.add(topic, partition, appended.first_seq, appended.last_seq, appended.record,
+                         appended.segment_base, self.clock.now_ms(), ack, appended.header)
+        if self.builder.pending_bytes >= self.builder.max_bytes:
+            self._close_block()  # at once: the timer task may only run after many more appends
+        elif was_empty:
+            self._kick.set()
+        return ack
+
+    def _close_block(self) -> None:
+        block = self.builder.close()
+        if block is not None:
+            self.pipeline.submit(block)
+
+    async def block_timer(self) -> None:
+        """Closes the open block when it is due (run under the supervisor)."""
+        while True:
+            due = self.builder.due_ms()
+            if due is None:
+                await self._kick.wait()
+                self._kick.clear()
+                continue
+            now = self.clock.now_ms()
+            if self.builder.should_close(now):
+                self._close_block()
+                continue
+            if await wait_for_event(self.clock, self._kick, (due - now) / 1000.0):
+                self._kick.clear()
+
+    def _committed(self, runs: list[PendingRun]) -> None:
+        for run in runs:
+            key = (run.topic, run.partition)
+            self.committed_to[key] = max(self.committed_to.get(key, 0), run.last_seq)
+            self.sink.committed(run.topic, run.partition, run.first_seq, run.last_seq, run.size_bytes)
+        if self._extra_on_committed is not None:
+            self._extra_on_committed()
+
+    def _fenced(self, key: TopicPartition, epoch: int, reason: str) -> None:
+        if not self.builder.leads(*key):
+            return  # already reported (by the copier or an earlier block)
+        self.builder.release(*key)
+        self.metrics.inc(m.FENCED_PARTITIONS)
+        log.error("%s/%d: %s; this broker stops serving the partition", key[0], key[1], reason)
+        self.sink.fenced(key[0], key[1], reason)
+
+    # -- shutdown ------------------------------------------------------------------------------------------------
+
+    async def flush(self, deadline: float) -> None:
+        """Closes the open block and waits (until `deadline`, on the clock's monotonic time) for every commit."""
+        pending = self.builder.pending_bytes
+        self._close_block()
+        in_flight = self.pipeline.in_flight
+        if await self.pipeline.drain(deadline - self.clock.monotonic()):
+            log.info("shutdown: committed the open block (%d bytes) and %d blocks in flight", pending, in_flight)
+        else:
+            log.error("shutdown: %d blocks not committed in time; their records stay on the local disk and are "
+                      "uploaded at the next start", self.pipeline.in_flight)
+
+    async def stop(self) -> None:
+        await self.pipeline.cancel()
+
+    # -- observability -------------------------------------------------------------------------------------------
+
+    def register_metrics(self) -> None:
+        self.metrics.gauge(m.BLOCK_PENDING_BYTES, lambda: self.builder.pending_bytes)
+        self.metrics.gauge(m.BLOCKS_IN_FLIGHT, lambda: self.pipeline.in_flight)
+
+    def oldest_unuploaded_ms(self) -> float | None:
+        oldest = [t for t in (self.pipeline.oldest_open_ms(), self.builder.opened_ms) if t is not None]
+        return min(oldest) if oldest else None
+
+    @property
+    def unuploaded_bytes(self) -> int:
+        return self.builder.pending_bytes + self.pipeline.in_flight_bytes

@@ -1,0 +1,108 @@
+"""The remote tier: sealed segments copied to the bucket, reads below the local disk, remote retention, and the
+two-phase deletion with its orphan reconciler (DESIGN.md, data path steps 5 to 8).
+
+Its loops run under the broker's supervisor: the copier continuously, retention and reconciliation as periodic
+passes. Everything it learns that changes what a partition serves (a segment copied, the first available seq moved)
+goes to the server's sink.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from tiered import metrics as m
+from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.metrics import Metrics
+from tiered.storage.segment import SealedSegment
+from tiered.storage.topic_config import TopicConfig
+from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
+from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.remote_retention import enforce_remote_retention
+from tiered.tiering.segment_copier import CopyJob, SegmentCopier
+from tiered.tiering.store import ObjectStore
+
+log = logging.getLogger("tiered.tiering")
+
+REMOTE_RETENTION_INTERVAL_S = 60.0
+RECONCILE_INTERVAL_S = 120.0
+
+
+class RemoteTier:
+    def __init__(self, store: ObjectStore, catalog: AsyncCatalog, sink: TierSink, *, metrics: Metrics,
+                 epoch_of: Callable[[str, int], int | None], committed_up_to: Callable[[str, int], int],
+                 on_fenced: Callable[[tuple[str, int], int, str], None], grace: timedelta,
+                 clock: Clock = SYSTEM_CLOCK):
+        self.store = store
+        self.catalog = catalog
+        self.sink = sink
+        self.metrics = metrics
+        self.clock = clock
+        self.grace = grace
+        self.copier = SegmentCopier(store, catalog, metrics=metrics, epoch_of=epoch_of,
+                                    committed_up_to=committed_up_to, on_copied=self._copied, on_fenced=on_fenced,
+                                    grace=grace, clock=clock)
+        self.reader = RemoteReader(store, catalog, metrics,
+                                   highest_copied=lambda t, p: self.copier.copied_last.get((t, p), 0))
+        self._reconcile_cursor: str | None = None
+
+    # -- segments ---------------------------------------------------------------------------------------------------
+
+    def sealed(self, topic: str, partition: int, segment: SealedSegment, copy: bool) -> None:
+        if copy:
+            self.copier.enqueue(topic, partition, segment)
+
+    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment, copy: bool,
+                         committed: int) -> bool:
+        """A sealed segment leaves the local disk only once it is in the bucket (COPY_FINISHED); with
+        `remote.copy=false`, once its records are committed in blocks."""
+        if copy:
+            return self.copier.is_copied(topic, partition, segment.base)
+        return segment.last <= committed
+
+    def _copied(self, job: CopyJob) -> None:
+        self.sink.copied(job.topic, job.partition, job.segment.base, job.segment.last)
+
+    async def read(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
+        return await self.reader.fetch(topic, partition, seq, fetch_size)
+
+    # -- periodic passes --------------------------------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now_ms() / 1000, timezone.utc)
+
+    async def remote_retention_pass(self, partitions: list[tuple[str, int, TopicConfig]]) -> int:
+        """One pass of remote retention over the partitions this broker leads; returns segments deleted."""
+        deleted = 0
+        for topic, partition, config in partitions:
+            if not (config.remote_retention_secs or config.remote_retention_bytes):
+                continue
+            report = await enforce_remote_retention(self.store, self.catalog, topic, partition, config, self._now(),
+                                                    grace=self.grace)
+            if report.first_available_seq:
+                self.sink.first_available_moved(topic, partition, report.first_available_seq)
+            deleted += len(report.deleted)
+        if deleted:
+            self.metrics.inc(m.REMOTE_SEGMENTS_DELETED, deleted)
+        return deleted
+
+    async def reconcile_pass(self) -> int:
+        """One bounded pass of the two-phase deletion and the orphan reconciler; returns objects deleted."""
+        now = self._now()
+        abandoned = await abandon_stale_pending(self.catalog, now, grace=self.grace)
+        swept = await sweep_deleted_blocks(self.store, self.catalog, now)
+        report = await reconcile(self.store, self.catalog, now, grace=self.grace, start_after=self._reconcile_cursor)
+        self._reconcile_cursor = report.next_start_after
+        if swept:
+            self.metrics.inc(m.BLOCKS_DELETED, len(swept))
+        if abandoned:
+            self.metrics.inc(m.BLOCKS_ABANDONED, len(abandoned))
+        if report.deleted:
+            self.metrics.inc(m.RECONCILER_DELETIONS, len(report.deleted))
+        return len(swept) + len(report.deleted)
+
+    def register_metrics(self) -> None:
+        self.metrics.gauge(m.SEGMENTS_PENDING_UPLOAD, lambda: self.copier.pending)

@@ -68,13 +68,13 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("segments") as batch:
-        batch.drop_constraint("ck_segments_from_seq", type_="check")
+        batch.drop_constraint("from_seq", type_="check")
         batch.drop_column("from_seq")
     op.drop_index("ix_block_runs_lookup", table_name="block_runs")
     op.create_index("ix_block_runs_lookup", "block_runs", ["topic", "partition", "last_seq"],
                     postgresql_include=["first_seq", "position", "length_bytes", "block_id"])
     with op.batch_alter_table("block_runs") as batch:
-        batch.drop_constraint("ck_block_runs_from_seq", type_="check")
+        batch.drop_constraint("from_seq", type_="check")
         batch.drop_column("leader_epoch")
         batch.drop_column("from_seq")
     op.drop_table("partition_epochs")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tiered.catalog import BlockState, IllegalTransition, StaleEpoch, UnknownBlock, UnknownPartition
+from tiered.catalog.errors import Discontinuity
 from tiered.catalog.blocks import (
     BlockRow,
-    ListedRun,
     PruneResult,
     RunLocation,
     abandon_block,
@@ -20,14 +20,15 @@ from tiered.catalog.blocks import (
     known_object_keys,
     object_key_known,
     pending_blocks_older_than,
-    prune_runs_covered,
+    prune_runs_below,
+    prune_runs_within,
     runs_for_range,
 )
 from tiered.catalog.partitions import claim_partitions, get_partition_states
 from tiered.catalog.segments import segment_copy_started
 from tiered.catalog.topics import create_topic
 
-from .rows import T0, minutes, run, segment
+from .rows import T0, minutes, run, segment, stamped
 
 BROKER = 7
 
@@ -44,7 +45,7 @@ def epochs(cat):
 
 def commit(cat, epochs, object_key, *runs, now=T0):
     block_id = insert_pending_block(cat, object_key, BROKER, sum(r.length_bytes for r in runs), now=now)
-    return block_id, commit_block(cat, block_id, BROKER, runs, epochs, now=now)
+    return block_id, commit_block(cat, block_id, BROKER, stamped(runs, epochs), epochs, now=now)
 
 
 def hwmarks(cat):
@@ -58,8 +59,16 @@ def test_pending_block_is_an_intent_row(cat):
     assert get_block(cat, 10_000) is None
 
 
+def test_an_intent_row_retried_after_it_landed_returns_the_same_block(cat):
+    """After CatalogUnavailable the caller cannot know whether the insert landed: asking again is safe."""
+    block_id = insert_pending_block(cat, "blk/1", BROKER, 4096, now=T0)
+    assert insert_pending_block(cat, "blk/1", BROKER, 4096, now=T0) == block_id
+    with pytest.raises(ValueError):  # the same key from another broker, or in another state, is a bug
+        insert_pending_block(cat, "blk/1", BROKER + 1, 4096, now=T0)
+
+
 def test_commit_inserts_runs_and_raises_hwmarks(cat, epochs):
-    block_id, marks = commit(cat, epochs, "blk/1", run("a", 0, 1, 10, 0, 300), run("b", 0, 5, 5, 300, 40))
+    block_id, marks = commit(cat, epochs, "blk/1", run("a", 0, 1, 10, 0, 300), run("b", 0, 5, 5, 300, 40, from_seq=1))
     assert marks == {("a", 0): 10, ("b", 0): 5}
     block = get_block(cat, block_id)
     assert (block.state, block.committed_at) == ("committed", T0)
@@ -71,11 +80,35 @@ def test_commit_inserts_runs_and_raises_hwmarks(cat, epochs):
     assert find_run(cat, "a", 0, 15).object_key == "blk/2"
 
 
-def test_hwmark_never_moves_back(cat, epochs):
-    commit(cat, epochs, "blk/1", run("a", 0, 50, 60))
-    _, marks = commit(cat, epochs, "blk/2", run("a", 0, 10, 20))  # a late commit of older seqs fills a hole
+def test_a_commit_must_continue_the_high_water_mark(cat, epochs):
+    """Continuity: a run answers from hwmark + 1, no lower (reused seqs) and no higher (seqs without a location)."""
+    commit(cat, epochs, "blk/1", run("a", 0, 1, 10))
+    for bad in (run("a", 0, 5, 20), run("a", 0, 12, 20), run("a", 0, 10, 20)):
+        block_id = insert_pending_block(cat, f"blk/bad{bad.first_seq}", BROKER, 1, now=T0)
+        with pytest.raises(Discontinuity) as caught:
+            commit_block(cat, block_id, BROKER, stamped([bad], epochs), epochs)
+        assert (caught.value.hwmark, caught.value.from_seq) == (10, bad.first_seq)
+        assert get_block(cat, block_id).state == "pending"  # nothing changed
+    assert hwmarks(cat)[("a", 0)] == (1, 10)
+    # A jump in seqs (a produce that names its seqs) is the next run's: it answers from 11 but starts at 50.
+    _, marks = commit(cat, epochs, "blk/2", run("a", 0, 50, 60, from_seq=11))
     assert marks == {("a", 0): 60}
-    assert find_run(cat, "a", 0, 15).object_key == "blk/2"
+    hit = find_run(cat, "a", 0, 30)
+    assert (hit.object_key, hit.from_seq, hit.first_seq) == ("blk/2", 11, 50) and hit.holds(30)
+
+
+def test_runs_of_one_partition_in_a_block_must_follow_each_other(cat, epochs):
+    _, marks = commit(cat, epochs, "blk/1", run("a", 0, 1, 10), run("a", 0, 11, 20, 100))
+    assert marks == {("a", 0): 20}
+    block_id = insert_pending_block(cat, "blk/2", BROKER, 1, now=T0)
+    with pytest.raises(ValueError):
+        commit_block(cat, block_id, BROKER, stamped([run("a", 0, 21, 30), run("a", 0, 25, 40, 100)], epochs), epochs)
+
+
+def test_a_run_from_another_epoch_is_refused(cat, epochs):
+    block_id = insert_pending_block(cat, "blk/1", BROKER, 1, now=T0)
+    with pytest.raises(Discontinuity):
+        commit_block(cat, block_id, BROKER, [run("a", 0, 1, 10, epoch=99)], epochs)
 
 
 def test_stale_epoch_is_refused_and_changes_nothing(cat, epochs):
@@ -83,7 +116,7 @@ def test_stale_epoch_is_refused_and_changes_nothing(cat, epochs):
     block_id = insert_pending_block(cat, "blk/1", BROKER, 200, now=T0)
     claim_partitions(cat, 99, "a", [1])  # another broker takes a/1: epoch 2, leader 99
     with pytest.raises(StaleEpoch) as caught:
-        commit_block(cat, block_id, BROKER, [run("a", 0, 6, 9), run("a", 1, 1, 4, 100)], epochs)
+        commit_block(cat, block_id, BROKER, stamped([run("a", 0, 6, 9), run("a", 1, 1, 4, 100)], epochs), epochs)
     error = caught.value
     assert (error.topic, error.partition, error.expected, error.actual, error.leader_broker) == ("a", 1, 1, 2, 99)
     assert get_block(cat, block_id).state == "pending"
@@ -93,9 +126,8 @@ def test_stale_epoch_is_refused_and_changes_nothing(cat, epochs):
     new_epoch = claim_partitions(cat, BROKER, "a", [1])[1]
     with pytest.raises(StaleEpoch):
         commit_block(cat, block_id, BROKER, [run("a", 1, 1, 4)], epochs)
-    assert commit_block(cat, block_id, BROKER, [run("a", 1, 1, 4)], {**epochs, ("a", 1): new_epoch}) == {
-        ("a", 1): 4
-    }
+    assert commit_block(cat, block_id, BROKER, [run("a", 1, 1, 4, epoch=new_epoch)],
+                        {**epochs, ("a", 1): new_epoch}) == {("a", 1): 4}
 
 
 def test_same_epoch_from_another_broker_is_refused(cat, epochs):
@@ -124,7 +156,7 @@ def test_commit_refuses_bad_input_before_touching_the_database(cat, epochs):
 
 def test_commit_retry_after_it_landed_is_a_no_op(cat, epochs):
     block_id, marks = commit(cat, epochs, "blk/1", run("a", 0, 1, 10))
-    assert commit_block(cat, block_id, BROKER, [run("a", 0, 1, 10)], epochs) == marks
+    assert commit_block(cat, block_id, BROKER, stamped([run("a", 0, 1, 10)], epochs), epochs) == marks
     assert len(runs_for_range(cat, "a", 0, 1, 10)) == 1
 
 
@@ -150,16 +182,16 @@ def test_abandon_refuses_a_referenced_block(cat, epochs):
 
 
 def test_find_run_edges(cat, epochs):
-    # Runs 1..10, 11..20, then a gap, then 31..40.
+    # Runs 1..10, 11..20, then a jump: 31..40 answers from 21.
     first, _ = commit(cat, epochs, "blk/1", run("a", 0, 1, 10, 0, 111), run("a", 1, 1, 1, 111, 7))
     second, _ = commit(cat, epochs, "blk/2", run("a", 0, 11, 20, 64, 222))
-    third, _ = commit(cat, epochs, "blk/3", run("a", 0, 31, 40, 0, 333))
+    third, _ = commit(cat, epochs, "blk/3", run("a", 0, 31, 40, 0, 333, from_seq=21))
     hit = find_run(cat, "a", 0, 1)
-    assert hit == RunLocation("a", 0, 1, 10, 0, 111, first, "blk/1")
+    assert hit == RunLocation("a", 0, 1, 1, 10, 0, 111, first, "blk/1", 1_700_000_000_001, 1_700_000_000_010)
     assert find_run(cat, "a", 0, 10).block_id == first  # exactly the last seq of a run
     assert find_run(cat, "a", 0, 11).block_id == second  # exactly the first seq of the next
-    hit = find_run(cat, "a", 0, 25)  # in the gap: the next run, which starts after the seq asked for
-    assert (hit.block_id, hit.first_seq, hit.position) == (third, 31, 0)
+    hit = find_run(cat, "a", 0, 25)  # in the jump: the run that answers for it, which starts after the seq asked
+    assert (hit.block_id, hit.first_seq, hit.position, hit.holds(25)) == (third, 31, 0, True)
     assert find_run(cat, "a", 0, 0).block_id == first  # below the first run
     assert find_run(cat, "a", 0, 40).block_id == third
     assert find_run(cat, "a", 0, 41) is None  # past the last run
@@ -175,35 +207,47 @@ def test_runs_for_range(cat, epochs):
     # with the run's timestamp bounds (rows.run stamps its messages 1_700_000_000_000 + seq)
     assert [(r.min_ts_ms, r.max_ts_ms) for r in found] == [(1_700_000_000_000 + f, 1_700_000_000_000 + f + 9)
                                                           for f in (11, 21, 31)]
-    assert found[0] == ListedRun("a", 0, 11, 20, 0, 100, found[0].block_id, "blk/1", 1_700_000_000_011,
-                                 1_700_000_000_020)
+    assert found[0] == RunLocation("a", 0, 11, 11, 20, 0, 100, found[0].block_id, "blk/1", 1_700_000_000_011,
+                                   1_700_000_000_020)
     assert runs_for_range(cat, "a", 0, 51, 3) == []
     assert len(runs_for_range(cat, "a", 0, 1, 100)) == 5
 
 
-def test_prune_deletes_covered_runs_and_marks_empty_blocks(cat, epochs):
+def test_prune_within_deletes_the_runs_inside_a_range_and_marks_empty_blocks(cat, epochs):
     shared, _ = commit(cat, epochs, "blk/1", run("a", 0, 1, 10), run("a", 1, 1, 5, 100))
     alone, _ = commit(cat, epochs, "blk/2", run("a", 0, 11, 20))
     kept, _ = commit(cat, epochs, "blk/3", run("a", 0, 21, 30))
-    assert prune_runs_covered(cat, "a", 0, 20, grace=minutes(10), now=T0) == PruneResult(2, 1)
+    assert prune_runs_within(cat, "a", 0, 1, 20, grace=minutes(10), now=T0) == PruneResult(2, 1)
     assert get_block(cat, alone).state == "deleting"
     assert get_block(cat, alone).delete_after == T0 + minutes(10)
     assert get_block(cat, shared).state == "committed"  # a/1 still has a run in it
     assert find_run(cat, "a", 0, 1).block_id == kept
     assert find_run(cat, "a", 1, 1).block_id == shared
-    assert prune_runs_covered(cat, "a", 1, 5, now=T0) == PruneResult(1, 1)
+    assert prune_runs_within(cat, "a", 1, 1, 5, now=T0) == PruneResult(1, 1)
     assert get_block(cat, shared).state == "deleting"
-    assert prune_runs_covered(cat, "a", 0, 20, now=T0) == PruneResult(0, 0)
+    assert prune_runs_within(cat, "a", 0, 1, 20, now=T0) == PruneResult(0, 0)
     assert get_block(cat, kept).state == "committed"
 
 
-def test_prune_is_bounded(cat, epochs):
+def test_prune_within_never_takes_a_run_that_reaches_outside_the_range(cat, epochs):
+    """The disk-loss case: runs 1..10 and 11..20 of a lost disk's tail; a new disk's segment holds 21..30 only."""
+    commit(cat, epochs, "blk/1", run("a", 0, 1, 10))
+    commit(cat, epochs, "blk/2", run("a", 0, 11, 20))
+    commit(cat, epochs, "blk/3", run("a", 0, 21, 30))
+    assert prune_runs_within(cat, "a", 0, 21, 30, now=T0) == PruneResult(1, 1)
+    assert [r.object_key for r in runs_for_range(cat, "a", 0, 1, 10)] == ["blk/1", "blk/2"]
+    assert prune_runs_within(cat, "a", 0, 5, 20, now=T0) == PruneResult(1, 1)  # 1..10 reaches below 5: kept
+    assert [r.object_key for r in runs_for_range(cat, "a", 0, 1, 10)] == ["blk/1"]
+
+
+def test_prune_below_is_bounded(cat, epochs):
     for i in range(5):
         commit(cat, epochs, f"blk/{i}", run("a", 0, 10 * i + 1, 10 * i + 10))
-    assert prune_runs_covered(cat, "a", 0, 50, limit=2, now=T0) == PruneResult(2, 2)
+    assert prune_runs_below(cat, "a", 0, 51, limit=2, now=T0) == PruneResult(2, 2)
     assert find_run(cat, "a", 0, 1).first_seq == 21  # the oldest went first
-    assert prune_runs_covered(cat, "a", 0, 50, limit=2, now=T0) == PruneResult(2, 2)
-    assert prune_runs_covered(cat, "a", 0, 50, limit=2, now=T0) == PruneResult(1, 1)
+    assert prune_runs_below(cat, "a", 0, 51, limit=2, now=T0) == PruneResult(2, 2)
+    assert prune_runs_below(cat, "a", 0, 51, limit=2, now=T0) == PruneResult(1, 1)
+    assert prune_runs_below(cat, "a", 0, 51, limit=2, now=T0) == PruneResult(0, 0)
 
 
 def test_sweep_after_the_grace_period(cat, epochs):
@@ -211,7 +255,7 @@ def test_sweep_after_the_grace_period(cat, epochs):
     for i in range(4):
         block_id, _ = commit(cat, epochs, f"blk/{i}", run("a", 0, 10 * i + 1, 10 * i + 10))
         ids.append(block_id)
-        prune_runs_covered(cat, "a", 0, 10 * i + 10, grace=minutes(10), now=T0 + minutes(i))
+        prune_runs_below(cat, "a", 0, 10 * i + 11, grace=minutes(10), now=T0 + minutes(i))
     assert blocks_to_sweep(cat, T0 + minutes(9), 10) == []
     due = blocks_to_sweep(cat, T0 + minutes(11), 10)
     assert [b.block_id for b in due] == ids[:2]  # delete_after <= now, oldest first

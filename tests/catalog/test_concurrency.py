@@ -11,13 +11,15 @@ from sqlalchemy import event
 
 from tiered.catalog import Catalog, CatalogUnavailable
 from tiered.catalog.blocks import (
+    abandon_block,
     commit_block,
     find_run,
     get_block,
     insert_pending_block,
-    prune_runs_covered,
+    prune_runs_below,
     runs_for_range,
 )
+from tiered.catalog.errors import Discontinuity
 from tiered.catalog.partitions import claim_partitions, get_partition_states
 from tiered.catalog.topics import create_topic
 
@@ -56,18 +58,26 @@ def test_commits_sharing_partitions_do_not_deadlock(cat, epochs):
     """Two committers whose blocks hold the same partitions, listed in opposite orders: the sorted row locks make
     them queue, never deadlock (PostgreSQL would abort one with a deadlock error after deadlock_timeout)."""
 
-    def committer(first_seq: int, order):
-        for i in range(BLOCKS_PER_THREAD):
-            seq = first_seq + i * 10
-            block_id = insert_pending_block(cat, f"blk/{first_seq}/{i}", 1, 600, now=T0)
-            runs = [run("t", p, seq, seq + 9, p * 100) for p in order]
-            commit_block(cat, block_id, 1, runs, epochs, now=T0)
+    def committer(tag: str, order):
+        done = attempt = 0
+        while done < BLOCKS_PER_THREAD:
+            attempt += 1
+            marks = {s.partition: s.hwmark_seq for s in get_partition_states(cat, "t")}
+            block_id = insert_pending_block(cat, f"blk/{tag}/{attempt}", 1, 600, now=T0)
+            runs = [run("t", p, marks[p] + 1, marks[p] + 10, p * 100) for p in order]
+            try:
+                commit_block(cat, block_id, 1, runs, epochs, now=T0)
+                done += 1
+            except Discontinuity:  # the other committer got there first: continue from its hwmark
+                abandon_block(cat, block_id, now=T0)
 
     forward, backward = list(range(PARTITIONS)), list(reversed(range(PARTITIONS)))
-    assert in_threads(lambda: committer(1, forward), lambda: committer(100_001, backward)) == []
+    assert in_threads(lambda: committer("f", forward), lambda: committer("b", backward)) == []
     for state in get_partition_states(cat, "t"):
-        assert state.hwmark_seq == 100_001 + (BLOCKS_PER_THREAD - 1) * 10 + 9
-        assert len(runs_for_range(cat, "t", state.partition, 1, 1000)) == 2 * BLOCKS_PER_THREAD
+        assert state.hwmark_seq == 2 * BLOCKS_PER_THREAD * 10
+        runs = runs_for_range(cat, "t", state.partition, 1, 1000)
+        assert len(runs) == 2 * BLOCKS_PER_THREAD
+        assert [r.from_seq for r in runs] == [10 * i + 1 for i in range(2 * BLOCKS_PER_THREAD)]
 
 
 def test_concurrent_prunes_of_shared_blocks_mark_every_block(cat, epochs):
@@ -80,7 +90,7 @@ def test_concurrent_prunes_of_shared_blocks_mark_every_block(cat, epochs):
         ids.append(block_id)
 
     def pruner(partition):
-        while prune_runs_covered(cat, "t", partition, 40, limit=1, now=T0).runs_deleted:
+        while prune_runs_below(cat, "t", partition, 41, limit=1, now=T0).runs_deleted:
             pass
 
     if cat.backend == "postgresql":

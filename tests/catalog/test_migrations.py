@@ -46,7 +46,7 @@ def test_head_builds_exactly_the_models(empty_url):
         assert indexes["ix_block_runs_lookup"]["column_names"] == ["topic", "partition", "last_seq"]
         if cat.backend == "postgresql":
             assert indexes["ix_block_runs_lookup"]["dialect_options"]["postgresql_include"] == [
-                "first_seq", "position", "length_bytes", "block_id"]
+                "first_seq", "position", "length_bytes", "block_id", "from_seq", "min_ts_ms", "max_ts_ms"]
 
 
 def test_downgrade_to_empty_and_back(empty_url):
@@ -92,6 +92,40 @@ def test_0002_indexes_the_segments_mid_deletion_of_a_catalog_in_use(empty_url):
     assert "ix_segments_lookup" in segment_indexes(empty_url)
 
 
+def test_0003_gives_a_catalog_in_use_its_history_and_coverage(empty_url):
+    """A catalog at 0002 with a led partition, a committed run and a remote segment: 0003 records the current epoch
+    as the partition's history (disk unknown, starting after the high-water mark) and lets every run and segment
+    answer from its first seq; the downgrade takes exactly that away again."""
+    from sqlalchemy import text
+
+    assert upgrade(empty_url, "0002") == (None, "0002")
+    with Catalog.open(empty_url) as cat, cat.write() as conn:
+        conn.execute(text("INSERT INTO topics (name, partitions, config_text, created_at) "
+                          "VALUES ('t', 2, '', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO partitions (topic, partition, leader_broker, leader_epoch, hwmark_seq, "
+                          "first_available_seq) VALUES ('t', 0, 3, 7, 40, 1), ('t', 1, NULL, 0, 0, 0)"))
+        conn.execute(text("INSERT INTO blocks (object_key, state, broker_id, size_bytes, created_at) "
+                          "VALUES ('blk/1', 'committed', 3, 10, CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO block_runs (block_id, position, topic, partition, first_seq, last_seq, "
+                          "length_bytes, messages, min_ts_ms, max_ts_ms) VALUES (1, 0, 't', 0, 31, 40, 10, 10, 0, 0)"))
+        conn.execute(insert(Segment).values(**asdict(segment("t", 0, 1, 30, 7)), state="COPY_FINISHED",
+                                            updated_at=T0))
+    assert upgrade(empty_url) == ("0002", head())
+    with Catalog.open(empty_url) as cat, cat.read() as conn:
+        history = conn.execute(text("SELECT topic, partition, leader_epoch, broker_id, disk_id, start_seq "
+                                    "FROM partition_epochs")).all()
+        assert [tuple(r) for r in history] == [("t", 0, 7, 3, "", 41)]
+        assert conn.execute(text("SELECT from_seq, leader_epoch FROM block_runs")).one() == (31, 0)
+        assert conn.execute(text("SELECT from_seq FROM segments")).scalar_one() == 1
+    config = alembic_config()
+    with Catalog.open(empty_url) as cat, cat.write() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0002")
+    with Catalog.open(empty_url) as cat, cat.read() as conn:
+        assert "partition_epochs" not in inspect(conn).get_table_names()
+        assert "from_seq" not in {c["name"] for c in inspect(conn).get_columns("block_runs")}
+
+
 def test_concurrent_upgrades_apply_once(pg_empty_url):
     """Brokers starting together (and the Helm hook Job) may all run the migrations: one applies them."""
     results, errors = [], []
@@ -124,7 +158,7 @@ def test_migrations_ship_as_a_package():
     folder = migrations_dir()
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
-    assert head() == "0002"
+    assert head() == "0003"
 
 
 def test_alembic_commands_work_given_only_a_url(tmp_path):

@@ -109,11 +109,11 @@ def test_find_run_reads_the_covering_index_only_on_postgresql(cat, filled):
         assert "SEARCH block_runs USING INDEX ix_block_runs_lookup" in plan, plan
 
 
-def test_runs_for_range_scans_the_covering_index_and_reads_timestamps_from_rows(cat, filled):
-    """The timestamps are not in the index: runs_for_range (replay planning) visits rows, find_run does not."""
+def test_runs_for_range_reads_the_covering_index_only_too(cat, filled):
+    """The timestamp bounds replay planning prunes by are in the index: runs_for_range visits no run row either."""
     [(_, plan)] = explain(cat, lambda: blocks.runs_for_range(cat, "a", 0, 55, 5))
     if cat.backend == "postgresql":
-        assert "Index Scan using ix_block_runs_lookup" in plan and "Index Only" not in plan, plan
+        assert "Index Only Scan using ix_block_runs_lookup" in plan, plan
     else:
         assert "SEARCH block_runs USING INDEX ix_block_runs_lookup" in plan, plan
 
@@ -121,10 +121,13 @@ def test_runs_for_range_scans_the_covering_index_and_reads_timestamps_from_rows(
 def test_writes_touch_rows_through_indexes(cat, filled):
     epochs = filled
     block_id = blocks.insert_pending_block(cat, "blk/new", 1, 10, now=T0)
-    block_runs = [run("a", 0, 500, 510), run("b", 0, 500, 500, 100)]
+    block_runs = [run("a", 0, 500, 510, from_seq=201), run("b", 0, 500, 500, 100, from_seq=21)]
     calls = [
         lambda: blocks.commit_block(cat, block_id, 1, block_runs, epochs, now=T0),
-        lambda: blocks.prune_runs_covered(cat, "a", 0, 50, now=T0),
+        lambda: blocks.prune_runs_below(cat, "a", 0, 50, now=T0),
+        lambda: blocks.prune_runs_within(cat, "a", 0, 51, 60, now=T0),
+        lambda: segments.segment_copy_started(cat, segment("a", 0, 61, 70, epochs[("a", 0)]), now=T0),
+        lambda: segments.segment_copy_finished(cat, "a", 0, 61, epochs[("a", 0)], now=T0),
         lambda: blocks.abandon_block(cat, blocks.pending_blocks_older_than(cat, T0 + timedelta(1), 1)[0].block_id),
         lambda: blocks.delete_block_rows(cat, [1, 2]),
         lambda: partitions.claim_partitions(cat, 2, "a", [0, 1]),

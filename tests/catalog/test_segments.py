@@ -36,7 +36,7 @@ def epoch(cat):
 def copy(cat, epoch, base, last, size=1000, freeze_ts=T0):
     meta = segment("t", 0, base, last, epoch, size, freeze_ts)
     segment_copy_started(cat, meta, now=T0)
-    return segment_copy_finished(cat, "t", 0, base, epoch, now=T0 + minutes(1))
+    return segment_copy_finished(cat, "t", 0, base, epoch, now=T0 + minutes(1)).segment
 
 
 def remote_bytes(cat):
@@ -50,7 +50,7 @@ def test_copy_started_then_finished(cat, epoch):
     assert get_segment(cat, "t", 0, 1) == started
     assert find_remote_segment(cat, "t", 0, 50) is None  # not readable until finished
     assert remote_bytes(cat) == 0
-    finished = segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(1))
+    finished = segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(1)).segment
     assert (finished.state, finished.updated_at) == (S.COPY_FINISHED, T0 + minutes(1))
     assert get_segment(cat, "t", 0, 1) == finished
     assert find_remote_segment(cat, "t", 0, 50) == finished
@@ -63,13 +63,13 @@ def test_copy_retries_are_idempotent(cat, epoch):
     # A crashed copy starts over: the row takes the new attempt's numbers.
     again = segment_copy_started(cat, segment("t", 0, 1, 100, epoch, 2000), now=T0 + minutes(5))
     assert (get_segment(cat, "t", 0, 1).size_bytes, again.updated_at) == (2000, T0 + minutes(5))
-    finished = segment_copy_finished(cat, "t", 0, 1, epoch, now=T0)
+    finished = segment_copy_finished(cat, "t", 0, 1, epoch, now=T0).segment
     # A COMMIT whose outcome was unknown is retried: nothing moves, bytes are not counted twice.
-    assert segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(9)) == finished
+    assert segment_copy_finished(cat, "t", 0, 1, epoch, now=T0 + minutes(9)).segment == finished
     assert remote_bytes(cat) == 2200
     # Even once another broker has claimed the partition: the copy did finish under the old epoch.
     claim_partitions(cat, 2, "t", [0])
-    assert segment_copy_finished(cat, "t", 0, 1, epoch) == finished
+    assert segment_copy_finished(cat, "t", 0, 1, epoch).segment == finished
 
 
 def test_copy_is_fenced_by_the_leader_epoch(cat, epoch):
@@ -85,7 +85,7 @@ def test_copy_is_fenced_by_the_leader_epoch(cat, epoch):
     assert get_segment(cat, "t", 0, 101) is None
     # The new leader redoes the copy under its own epoch.
     segment_copy_started(cat, segment("t", 0, 1, 100, new_epoch), now=T0)
-    assert segment_copy_finished(cat, "t", 0, 1, new_epoch).leader_epoch == new_epoch
+    assert segment_copy_finished(cat, "t", 0, 1, new_epoch).segment.leader_epoch == new_epoch
 
 
 def test_illegal_segment_transitions_raise_and_change_nothing(cat, epoch):

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, bindparam, delete, exists, insert, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock
@@ -121,19 +122,30 @@ def insert_pending_block(
     cat: Catalog, object_key: str, broker_id: int, size_bytes: int, *, now: datetime | None = None
 ) -> int:
     """Records the intent to upload `object_key` (call it BEFORE the PUT, so that no object exists that the catalog
-    does not know). Returns the new block_id."""
-    with cat.write() as conn:
-        return conn.execute(
-            insert(Block)
-            .values(
-                object_key=object_key,
-                state=BlockState.PENDING,
-                broker_id=broker_id,
-                size_bytes=size_bytes,
-                created_at=utcnow(now),
-            )
-            .returning(Block.block_id)
-        ).scalar_one()
+    does not know). Returns the new block_id. A retry after an insert that landed (CatalogUnavailable hides whether
+    it did) returns the same block; the key pending for another broker, or past pending, raises ValueError."""
+    try:
+        with cat.write() as conn:
+            return conn.execute(
+                insert(Block)
+                .values(
+                    object_key=object_key,
+                    state=BlockState.PENDING,
+                    broker_id=broker_id,
+                    size_bytes=size_bytes,
+                    created_at=utcnow(now),
+                )
+                .returning(Block.block_id)
+            ).scalar_one()
+    except IntegrityError:  # the key exists (object keys are unique): a retry of an insert that landed?
+        with cat.read() as conn:
+            existing = conn.execute(
+                select(Block.block_id, Block.broker_id, Block.state).where(Block.object_key == object_key)
+            ).first()
+        if existing is None or existing.broker_id != broker_id or existing.state != BlockState.PENDING:
+            raise ValueError(f"block {object_key} already exists"
+                             + (f" ({existing.state}, broker {existing.broker_id})" if existing else "")) from None
+        return existing.block_id
 
 
 def _check_runs(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], list[RunRow]]:

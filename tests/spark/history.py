@@ -78,7 +78,7 @@ class PartitionHistory:
 
     def __post_init__(self) -> None:
         config = TopicConfig(log_index_interval_bytes=self.index_interval_bytes, log_segment_bytes=1 << 30)
-        self.log = PartitionLog.open(str(self.directory), config, visible_on_append=True)
+        self.log = PartitionLog.open(str(self.directory), config)
         self.epoch = catalog_partitions.claim_partitions(self.cat, BROKER_ID, self.topic, [self.partition])[
             self.partition
         ]

@@ -160,7 +160,7 @@ def test_order_splits_sorts_by_partition_then_seq():
 def segment_file(tmp_path_factory) -> tuple[bytes, bytes, list[Message], int, int]:
     """A sealed TANK segment of plain, snappy and sparse bundles, indexed every ~200 bytes."""
     directory = tmp_path_factory.mktemp("segment")
-    log = PartitionLog.open(str(directory), TopicConfig(log_index_interval_bytes=200), visible_on_append=True)
+    log = PartitionLog.open(str(directory), TopicConfig(log_index_interval_bytes=200))
     rng = random.Random(7)
     messages: list[Message] = []
     for i in range(120):

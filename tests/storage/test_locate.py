@@ -1,13 +1,15 @@
-"""locate(): TANK's consume semantics over local segments (PROTOCOL.md §3.3, §3.4, §10)."""
+"""TANK's consume semantics over local segments (PROTOCOL.md §3.3, §3.4, §10): tiered.bounds.locate decides,
+PartitionLog.read carries it out (tests.support.storage_helpers.locate composes the two as a local-only broker)."""
 
 import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.storage_helpers import bundle_for_record, plain_bundle, sparse_bundle, storage_config
+from tests.support.storage_helpers import bundle_for_record, locate, plain_bundle, sparse_bundle, storage_config
 from tiered.protocol.bundle import decode_bundle, maybe_record
-from tiered.storage import Boundary, Eof, PartitionLog, ReadRange
+from tiered.bounds import Boundary, Eof
+from tiered.storage import PartitionLog, ReadRange
 
 U64_MAX = (1 << 64) - 1
 
@@ -35,15 +37,15 @@ def ten_records(open_storage_log, **kwargs):
 
 def test_empty_partition(open_storage_log):
     log = open_storage_log()
-    assert log.locate(0, 1000) == Eof(0, 0)
-    assert log.locate(1, 1000) == Eof(0, 0)
-    assert log.locate(U64_MAX, 1000) == Eof(0, 0)
-    assert log.locate(2, 1000) == Boundary(0, 0)
+    assert locate(log, 0, 1000) == Eof(0, 0)
+    assert locate(log, 1, 1000) == Eof(0, 0)
+    assert locate(log, U64_MAX, 1000) == Eof(0, 0)
+    assert locate(log, 2, 1000) == Boundary(0, 0)
 
 
 def test_seq_zero_is_first_available(open_storage_log):
     log = ten_records(open_storage_log)
-    chunk = log.locate(0, 100_000)
+    chunk = locate(log, 0, 100_000)
     assert (chunk.first_bundle_seq, chunk.start_position, chunk.end_position, chunk.hwmark) == (1, 0, 1070, 10)
     assert chunk.file is log.active.reader() and chunk.segment is log.active
     assert chunk_seqs(chunk) == list(range(1, 11))
@@ -51,10 +53,10 @@ def test_seq_zero_is_first_available(open_storage_log):
 
 def test_tail_and_beyond(open_storage_log):
     log = ten_records(open_storage_log)
-    assert log.locate(11, 1000) == Eof(1, 10)
-    assert log.locate(U64_MAX, 1000) == Eof(1, 10)
-    assert log.locate(12, 1000) == Boundary(1, 10)
-    assert log.locate(10, 1000).start_position == 963
+    assert locate(log, 11, 1000) == Eof(1, 10)
+    assert locate(log, U64_MAX, 1000) == Eof(1, 10)
+    assert locate(log, 12, 1000) == Boundary(1, 10)
+    assert locate(log, 10, 1000).start_position == 963
 
 
 def test_middle_of_a_bundle_starts_at_the_whole_bundle(open_storage_log):
@@ -62,10 +64,10 @@ def test_middle_of_a_bundle_starts_at_the_whole_bundle(open_storage_log):
     log = open_storage_log()
     log.append(plain_bundle(b"a1", b"a2", b"a3"))
     log.append(plain_bundle(b"b1"))
-    chunk = log.locate(2, 1000)
+    chunk = locate(log, 2, 1000)
     assert (chunk.first_bundle_seq, chunk.start_position, chunk.first_bundle_sparse) == (1, 0, False)
     assert chunk_seqs(chunk) == [1, 2, 3, 4]
-    chunk = log.locate(4, 1000)
+    chunk = locate(log, 4, 1000)
     assert chunk.first_bundle_seq == 4 and chunk_seqs(chunk) == [4]
 
 
@@ -73,33 +75,43 @@ def test_fetch_size_smaller_than_a_bundle_still_returns_it(open_storage_log):
     log = open_storage_log()
     first = log.append(plain_bundle(b"a" * 20, b"b"))
     log.append(plain_bundle(b"c"))
-    chunk = log.locate(1, 5)
+    chunk = locate(log, 1, 5)
     assert (chunk.start_position, chunk.end_position) == (0, first.end_position)
-    assert log.locate(1, 0).end_position == first.end_position
+    assert locate(log, 1, 0).end_position == first.end_position
 
 
 def test_end_snaps_to_segment_end_index_entry_or_walk(open_storage_log):
     log = ten_records(open_storage_log)  # index (0,0) (2,214) (4,428) (6,642) (8,856), size 1070
-    assert log.locate(1, 1070).end_position == 1070  # the rest fits
-    assert log.locate(1, 1069).end_position == 856  # index entry <= start + fetch_size
-    assert log.locate(1, 700).end_position == 642
-    assert log.locate(1, 641).end_position == 428
-    assert log.locate(3, 214).end_position == 428  # start 214: entry at 428 exactly
-    assert log.locate(3, 200).end_position == 321  # no entry in (214, 414]: walk, stop before 321..428
-    assert log.locate(3, 106).end_position == 321  # at least the first bundle
+    assert locate(log, 1, 1070).end_position == 1070  # the rest fits
+    assert locate(log, 1, 1069).end_position == 856  # index entry <= start + fetch_size
+    assert locate(log, 1, 700).end_position == 642
+    assert locate(log, 1, 641).end_position == 428
+    assert locate(log, 3, 214).end_position == 428  # start 214: entry at 428 exactly
+    assert locate(log, 3, 200).end_position == 321  # no entry in (214, 414]: walk, stop before 321..428
+    assert locate(log, 3, 106).end_position == 321  # at least the first bundle
 
 
-def test_chunks_never_pass_the_visible_seq(open_storage_log):
-    log = ten_records(open_storage_log, visible_on_append=False)
-    log.mark_visible(5)
-    chunk = log.locate(1, 100_000)
+def test_chunks_never_pass_the_hwmark(open_storage_log):
+    log = ten_records(open_storage_log)
+    chunk = locate(log, 1, 100_000, hwmark=5)
     assert chunk.hwmark == 5 and chunk.end_position == 428  # index entry (4, 428): seqs 1..4
     assert chunk_seqs(chunk) == [1, 2, 3, 4]
-    chunk = log.locate(5, 100_000)
+    chunk = locate(log, 5, 100_000, hwmark=5)
     assert (chunk.start_position, chunk.end_position) == (428, 535)  # the walk stops before seq 6
-    assert log.locate(6, 100_000) == Eof(1, 5)
-    log.mark_visible(10)
-    assert log.locate(6, 100_000).end_position == 1070
+    assert locate(log, 6, 100_000, hwmark=5) == Eof(1, 5)
+    assert log.read(6, 100_000, 5) is None  # asked directly: nothing visible at or after 6
+    assert locate(log, 6, 100_000, hwmark=10).end_position == 1070
+
+
+def test_a_gap_between_segments_is_not_answered_when_a_lower_tier_may_hold_it(open_storage_log):
+    log = open_storage_log()
+    log.append(plain_bundle(b"a", b"b", b"c"))
+    log.ensure_next_seq(10)  # 4..9 are held elsewhere (a disk behind the catalog)
+    log.append(plain_bundle(b"j"))
+    assert [s.base for s in (*log.segments, log.active)] == [1, 10]
+    assert log.read(5, 1000, 10, across_gaps=False) is None
+    assert log.read(5, 1000, 10).first_bundle_seq == 10  # local-only: TANK's gap, the next bundle
+    assert log.read(10, 1000, 10, across_gaps=False).first_bundle_seq == 10
 
 
 def test_gap_inside_a_segment_starts_at_the_next_bundle(open_storage_log):
@@ -108,10 +120,10 @@ def test_gap_inside_a_segment_starts_at_the_next_bundle(open_storage_log):
     sparse = log.append(sparse_bundle(10, 12))
     log.append(plain_bundle(b"d"))
     for seq in (4, 9, 10, 11, 12):
-        chunk = log.locate(seq, 1000)
+        chunk = locate(log, seq, 1000)
         assert (chunk.start_position, chunk.first_bundle_seq, chunk.first_bundle_sparse) == (sparse.position, 10, True)
         assert chunk_seqs(chunk) == [10, 12, 13]
-    assert log.locate(13, 1000).first_bundle_sparse is False
+    assert locate(log, 13, 1000).first_bundle_sparse is False
 
 
 def test_one_segment_per_range_and_gaps_between_segments(open_storage_log):
@@ -120,13 +132,13 @@ def test_one_segment_per_range_and_gaps_between_segments(open_storage_log):
     log.seal_active()
     log.append(plain_bundle(b"d"))  # segment 4
     log.append(plain_bundle(b"j"), base_seq=10)  # segment 10
-    chunk = log.locate(2, 100_000)
+    chunk = locate(log, 2, 100_000)
     assert chunk.segment is log.segments[0] and chunk_seqs(chunk) == [1, 2, 3]
     assert chunk.file is log.segments[0].reader()
-    chunk = log.locate(4, 100_000)
+    chunk = locate(log, 4, 100_000)
     assert chunk.segment is log.segments[1] and chunk_seqs(chunk) == [4]
     for seq in (5, 9):
-        chunk = log.locate(seq, 100_000)
+        chunk = locate(log, seq, 100_000)
         assert chunk.segment is log.active and chunk.first_bundle_seq == 10 and chunk_seqs(chunk) == [10]
 
 
@@ -136,10 +148,10 @@ def test_below_first_available_is_a_boundary(open_storage_log):
     for _ in range(6):
         log.append(bundle_for_record(107))
     assert [s.base for s in log.segments] == [4, 5] and log.first_available == 4
-    assert log.locate(3, 1000) == Boundary(4, 6)
-    assert log.locate(1, 1000) == Boundary(4, 6)
-    assert log.locate(0, 1000).first_bundle_seq == 4
-    assert chunk_seqs(log.locate(5, 1000)) == [5]
+    assert locate(log, 3, 1000) == Boundary(4, 6)
+    assert locate(log, 1, 1000) == Boundary(4, 6)
+    assert locate(log, 0, 1000).first_bundle_seq == 4
+    assert chunk_seqs(locate(log, 5, 1000)) == [5]
 
 
 RECORD = st.one_of(
@@ -159,7 +171,7 @@ RECORD = st.one_of(
 )
 def test_locate_properties(tmp_path_factory, records, interval, segment_bytes, fetch_size, visible_cut, seq_pick):
     config = storage_config(log_index_interval_bytes=interval, log_segment_bytes=segment_bytes)
-    log = PartitionLog.open(str(tmp_path_factory.mktemp("p")), config, visible_on_append=False)
+    log = PartitionLog.open(str(tmp_path_factory.mktemp("p")), config)
     try:
         written = []
         for kind, a, b in records:
@@ -169,12 +181,11 @@ def test_locate_properties(tmp_path_factory, records, interval, segment_bytes, f
                 first = log.last_assigned + a
                 written.append(log.append(sparse_bundle(*range(first, first + 2 * b, 2))))
         visible = written[int(visible_cut * (len(written) - 1))].last_seq
-        log.mark_visible(visible)
         first = log.first_available
         seq = first + int(seq_pick * (visible + 1 - first))
         if first > 1:
-            assert log.locate(first - 1, fetch_size) == Boundary(first, visible)
-        result = log.locate(seq, fetch_size)
+            assert locate(log, first - 1, fetch_size, visible) == Boundary(first, visible)
+        result = locate(log, seq, fetch_size, visible)
         if seq == visible + 1:
             assert result == Eof(log.first_available, visible)
             return

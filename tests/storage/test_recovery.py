@@ -15,7 +15,7 @@ CONFIG = storage_config(log_index_interval_bytes=128)
 
 def build_reference(directory, *, seal_first=False):
     """A log with plain, sparse and snappy records; the last one has a 2-byte length prefix."""
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     written = [log.append(bundle_for_record(100)) for _ in range(3)]
     if seal_first:
         log.seal_active()
@@ -38,16 +38,16 @@ def active_log_path(directory):
 
 def test_clean_reopen_continues_exactly(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    log = PartitionLog.open(str(a), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(a), CONFIG)
     for _ in range(7):
         log.append(bundle_for_record(107))
     log.close()
-    log = PartitionLog.open(str(a), CONFIG, visible_on_append=True)
-    assert log.recovery.clean and log.last_assigned == 7 and log.visible_seq == 7
+    log = PartitionLog.open(str(a), CONFIG)
+    assert log.recovery.clean and log.last_assigned == 7 and log.last_held == 7
     for _ in range(6):
         log.append(bundle_for_record(107))
     log.close()
-    reference = PartitionLog.open(str(b), CONFIG, visible_on_append=True)
+    reference = PartitionLog.open(str(b), CONFIG)
     for _ in range(13):
         reference.append(bundle_for_record(107))
     reference.close()
@@ -55,10 +55,11 @@ def test_clean_reopen_continues_exactly(tmp_path):
     assert read(active_log_path(a)) == read(active_log_path(b))
 
 
-def test_durable_log_reopens_with_nothing_visible(tmp_path):
+def test_reopened_log_knows_its_records(tmp_path):
+    """What consumers may see of them is the server's decision (tiered.bounds): the log only knows what it holds."""
     build_reference(tmp_path / "p")
-    log = PartitionLog.open(str(tmp_path / "p"), CONFIG, visible_on_append=False)
-    assert (log.last_assigned, log.visible_seq, log.first_available) == (16, 0, 1)
+    log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
+    assert (log.last_assigned, log.last_held, log.first_available) == (16, 16, 1)
     log.close()
 
 
@@ -71,7 +72,7 @@ def test_torn_tail_cut_at_every_byte_of_the_last_record(tmp_path, caplog):
         os.truncate(active_log_path(case), last.position + keep)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="tiered.storage"):
-            log = PartitionLog.open(str(case), CONFIG, visible_on_append=True)
+            log = PartitionLog.open(str(case), CONFIG)
         try:
             assert log.recovery.bytes_cut == keep, keep
             assert [c.position for c in log.recovery.cut] == [last.position]
@@ -104,7 +105,7 @@ def test_undecodable_tail_is_cut(tmp_path, damage):
     with open(path, "ab") as f:
         f.write(damage)
     size = os.path.getsize(path)
-    log = PartitionLog.open(str(tmp_path / "p"), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
     try:
         assert log.recovery.bytes_cut == len(damage) and log.recovery.cut[0].position == size - len(damage)
         assert log.last_assigned == written[-1].last_seq
@@ -114,13 +115,13 @@ def test_undecodable_tail_is_cut(tmp_path, damage):
 
 def test_torn_record_the_last_index_entry_points_at(tmp_path):
     # With 107-byte records and interval 128 every other record is indexed: cut into an indexed record.
-    log = PartitionLog.open(str(tmp_path / "p"), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
     written = [log.append(bundle_for_record(107)) for _ in range(9)]
     index_bytes = read(tmp_path / "p" / "1.index")
     log.close()
     assert log.segments == () and written[-1].position == 856
     os.truncate(active_log_path(tmp_path / "p"), 856 + 50)
-    log = PartitionLog.open(str(tmp_path / "p"), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
     try:
         assert log.recovery.bytes_cut == 50 and log.last_assigned == 8
         assert read(tmp_path / "p" / "1.index") == index_bytes[:-8]  # the entry at 856 is gone
@@ -131,14 +132,14 @@ def test_torn_record_the_last_index_entry_points_at(tmp_path):
 
 
 def test_everything_torn_deletes_the_segment(tmp_path):
-    log = PartitionLog.open(str(tmp_path / "p"), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
     log.append(bundle_for_record(100))
     log.seal_active()
     log.append(bundle_for_record(100))
     active_name = log.active.filename
     log.close()
     os.truncate(active_log_path(tmp_path / "p"), 40)
-    log = PartitionLog.open(str(tmp_path / "p"), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
     try:
         assert log.active is None and log.last_assigned == 1 and log.recovery.bytes_cut == 40
         assert sorted(name for name, _ in log.recovery.deleted) == sorted([active_name, "2.index"])
@@ -151,7 +152,7 @@ def test_everything_torn_deletes_the_segment(tmp_path):
 @pytest.mark.parametrize("how", ["missing", "empty", "partial-entry", "short", "past-eof", "garbage"])
 def test_index_repair(tmp_path, how):
     directory = tmp_path / "p"
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     for _ in range(10):
         log.append(bundle_for_record(107))
     log.close()
@@ -171,26 +172,26 @@ def test_index_repair(tmp_path, how):
     else:
         with open(index_path, "wb") as f:
             f.write(bytes.fromhex("05000000 10000000 01000000 20000000"))  # not increasing
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     try:
         assert read(index_path) == good
         assert list(log.active.index) == [(0, 0), (2, 214), (4, 428), (6, 642), (8, 856)]
         assert log.recovery.rebuilt_indexes or log.recovery.repaired_indexes
         assert log.recovery.bytes_cut == 0 and log.last_assigned == 10
-        assert log.locate(7, 100).start_position == 642
+        assert log.read(7, 100, log.last_assigned).start_position == 642
     finally:
         log.close()
 
 
 def test_zero_size_log_is_deleted(tmp_path):
     directory = tmp_path / "p"
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     log.append(bundle_for_record(50))
     log.seal_active()
     log.close()
     open(directory / "2_1795352600.log", "wb").close()
     open(directory / "2.index", "wb").close()
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     try:
         assert sorted(name for name, _ in log.recovery.deleted) == ["2.index", "2_1795352600.log"]
         assert log.active is None and log.last_assigned == 1 and log.first_available == 1
@@ -201,7 +202,7 @@ def test_zero_size_log_is_deleted(tmp_path):
 
 def test_sealed_segment_index_rebuilt_and_zero_size_sealed_deleted(tmp_path):
     directory = tmp_path / "p"
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     for _ in range(5):
         log.append(bundle_for_record(107))
     sealed = log.seal_active()
@@ -210,7 +211,7 @@ def test_sealed_segment_index_rebuilt_and_zero_size_sealed_deleted(tmp_path):
     good = read(directory / "1.index")
     os.unlink(directory / "1.index")
     open(directory / "100-200_5.ilog", "wb").close()
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     try:
         assert read(directory / "1.index") == good
         assert "1.index" in log.recovery.rebuilt_indexes
@@ -227,7 +228,7 @@ def test_legacy_names_are_accepted(tmp_path):
     active = bytes([len(bundle_for_record(70))]) + bundle_for_record(70)
     (directory / "1-2.ilog").write_bytes(sealed)
     (directory / "3.log").write_bytes(active)
-    log = PartitionLog.open(str(directory), storage_config(log_segment_bytes=64), visible_on_append=True)
+    log = PartitionLog.open(str(directory), storage_config(log_segment_bytes=64))
     try:
         assert [(s.base, s.last, s.filename) for s in log.segments] == [(1, 2, "1-2.ilog")]
         assert log.segments[0].freeze_ts == int(os.stat(directory / "1-2.ilog").st_mtime)
@@ -245,7 +246,7 @@ def test_an_older_log_is_sealed_at_open(tmp_path):
     record = bytes([len(bundle_for_record(60))]) + bundle_for_record(60)
     (directory / "1_100.log").write_bytes(record * 2)
     (directory / "3_200.log").write_bytes(record)
-    log = PartitionLog.open(str(directory), CONFIG, visible_on_append=True)
+    log = PartitionLog.open(str(directory), CONFIG)
     try:
         assert [(s.base, s.last) for s in log.segments] == [(1, 2)]
         assert log.recovery.sealed_at_open == [log.segments[0].filename]

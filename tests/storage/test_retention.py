@@ -99,7 +99,7 @@ def test_retention_by_time_on_a_timer(open_storage_log, storage_clock):
     deleted = log.enforce_retention(max(freeze) + 3601)
     assert len(deleted) == 3 and log.segments == () and log.first_available == 4
     assert all(s.deleted for s in deleted)
-    assert log.active is not None and log.locate(0, 1000).first_bundle_seq == 4
+    assert log.active is not None and log.read(4, 1000, log.last_assigned).first_bundle_seq == 4
 
 
 def test_deleted_segment_stays_readable_until_its_last_reader_lets_go(open_storage_log, storage_clock):
@@ -109,7 +109,7 @@ def test_deleted_segment_stays_readable_until_its_last_reader_lets_go(open_stora
     log = open_storage_log(storage_config(log_segment_bytes=64))
     fill(log, 2)
     segment = log.segments[0]
-    chunk = log.locate(1, 1000)
+    chunk = log.read(1, 1000, log.last_assigned)
     log.reconfigure(storage_config(log_segment_bytes=64, log_retention_secs=1))
     assert log.enforce_retention(segment.freeze_ts + 2) == [segment]
     assert not os.path.exists(segment.path) and log.stats().segments == 1

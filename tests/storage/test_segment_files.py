@@ -40,7 +40,7 @@ def test_first_records_are_tanks_bytes(open_storage_log, tmp_path):
     assert result.record == expected
     assert (result.first_seq, result.last_seq, result.position, result.end_position) == (2, 4, 23, 23 + 31)
     assert read(directory / f"1_{OBSERVED_TS}.log") == HELLO_RECORD + expected
-    assert log.last_assigned == 4 and log.visible_seq == 4 and log.first_available == 1
+    assert log.last_assigned == 4 and log.last_held == 4 and log.first_available == 1
 
 
 def test_index_interval_128_with_107_byte_records(open_storage_log, tmp_path):

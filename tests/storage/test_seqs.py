@@ -2,15 +2,23 @@
 
 import pytest
 
-from tests.support.storage_helpers import OBSERVED_TS, bundle_for_record, plain_bundle, segment_files, sparse_bundle
+from tests.support.storage_helpers import (
+    OBSERVED_TS,
+    bundle_for_record,
+    locate,
+    plain_bundle,
+    segment_files,
+    sparse_bundle,
+)
 from tiered.protocol.bundle import decode_bundle
 from tiered.protocol.errors import ProtocolError
-from tiered.storage import Boundary, Eof, InvalidSeqnums, ReadRange
+from tiered.bounds import Boundary, Eof
+from tiered.storage import InvalidSeqnums, ReadRange
 
 
 def test_plain_bundles_take_consecutive_seqs(open_storage_log):
     log = open_storage_log()
-    assert (log.first_available, log.last_assigned, log.visible_seq) == (0, 0, 0)
+    assert (log.first_available, log.last_assigned, log.last_held) == (0, 0, 0)
     assert log.append(plain_bundle(b"a", b"b", b"c")).first_seq == 1
     result = log.append(plain_bundle(b"d"))
     assert (result.first_seq, result.last_seq) == (4, 4)
@@ -98,10 +106,10 @@ def test_memoryview_bundles_are_accepted(open_storage_log):
 def test_ensure_next_seq_on_an_empty_log(open_storage_log, tmp_path):
     log = open_storage_log()
     log.ensure_next_seq(501)
-    assert (log.first_available, log.last_assigned, log.visible_seq) == (0, 500, 500)
-    assert log.locate(0, 100) == Eof(0, 500)
-    assert log.locate(20, 100) == Boundary(0, 500)  # held remotely, not here
-    assert log.locate(501, 100) == Eof(0, 500)
+    assert (log.first_available, log.last_assigned, log.last_held) == (0, 500, 0)
+    assert locate(log, 0, 100) == Eof(0, 500)
+    assert locate(log, 20, 100) == Boundary(0, 500)  # held remotely, not here
+    assert locate(log, 501, 100) == Eof(0, 500)
     result = log.append(plain_bundle(b"a"))
     assert (result.first_seq, result.segment_base) == (501, 501)
     assert segment_files(tmp_path / "p") == ["501.index", f"501_{OBSERVED_TS}.log"]
@@ -114,48 +122,18 @@ def test_ensure_next_seq_on_a_log_that_is_behind(open_storage_log):
     log = open_storage_log()
     log.append(plain_bundle(b"a", b"b"))
     log.ensure_next_seq(100)
-    assert log.last_assigned == 99 and log.visible_seq == 99
-    assert isinstance(log.locate(50, 100), Boundary)  # in the jump: not held locally
+    assert log.last_assigned == 99 and log.last_held == 2
+    assert isinstance(locate(log, 50, 100), Boundary)  # in the jump: not held locally
     result = log.append(plain_bundle(b"c"))
     assert (result.first_seq, result.segment_base) == (100, 100)
     assert [(s.base, s.last) for s in log.segments] == [(1, 2)]
-    assert log.locate(1, 1000).first_bundle_seq == 1
+    assert locate(log, 1, 1000).first_bundle_seq == 1
 
 
 def test_next_seq_floor_at_open(open_storage_log):
     log = open_storage_log(next_seq_floor=42)
     assert log.last_assigned == 41
     assert log.append(plain_bundle(b"a")).first_seq == 42
-
-
-def test_durable_visibility_moves_only_on_mark_visible(open_storage_log):
-    log = open_storage_log(visible_on_append=False)
-    first = log.append(plain_bundle(b"a"))
-    log.append(plain_bundle(b"b", b"c"))
-    assert log.visible_seq == 0 and log.last_assigned == 3
-    assert log.locate(0, 1000) == Eof(1, 0)
-    assert log.locate(1, 1000) == Eof(1, 0)
-    log.mark_visible(1)
-    chunk = log.locate(1, 1000)
-    assert isinstance(chunk, ReadRange)
-    assert (chunk.start_position, chunk.end_position, chunk.hwmark) == (0, first.end_position, 1)
-    assert log.locate(2, 1000) == Eof(1, 1)
-    log.mark_visible(0)  # never backwards
-    assert log.visible_seq == 1
-    with pytest.raises(ValueError):
-        log.mark_visible(4)
-    log.mark_visible(3)
-    assert log.locate(1, 1000).end_position == log.active.size
-
-
-def test_durable_default_comes_from_produce_ack(open_storage_log):
-    from tiered.storage import TopicConfig
-
-    assert open_storage_log(TopicConfig(produce_ack="durable"), visible_on_append=None).visible_on_append is False
-    log = open_storage_log(TopicConfig(produce_ack="durable"), visible_on_append=False)
-    log.append(plain_bundle(b"a"))
-    log.visible_on_append = True
-    assert log.visible_seq == 1
 
 
 def test_read_records_returns_exact_records_across_segments(open_storage_log):
@@ -182,8 +160,8 @@ def test_read_records_returns_exact_records_across_segments(open_storage_log):
     assert [decode_bundle(r.record[1:], r.first_seq)[0].seq for r in stored] == [5, 8, 9, 20]
 
 
-def test_read_records_ignores_visibility(open_storage_log):
-    log = open_storage_log(visible_on_append=False)
+def test_read_records_returns_what_a_consumer_may_not_see_yet(open_storage_log):
+    log = open_storage_log()
     record = log.append(bundle_for_record(40)).record
     assert log.read_records(1, 1) == record
 
@@ -196,7 +174,7 @@ def test_a_seq_span_past_int32_starts_a_new_segment(open_storage_log):
     assert log.append(sparse_bundle(far)).segment_base == 1  # span exactly INT32_MAX: same segment
     result = log.append(sparse_bundle(far + 1, far + 5))
     assert result.segment_base == far + 1 and [(s.base, s.last) for s in log.segments] == [(1, far)]
-    assert log.locate(far, 1000).segment is log.segments[0]
+    assert locate(log, far, 1000).segment is log.segments[0]
 
 
 def test_a_closed_log_refuses_work(open_storage_log):
@@ -204,6 +182,6 @@ def test_a_closed_log_refuses_work(open_storage_log):
     log.append(plain_bundle(b"a"))
     log.close()
     log.close()
-    for call in (lambda: log.append(plain_bundle(b"b")), lambda: log.locate(1, 10), log.seal_active):
+    for call in (lambda: log.append(plain_bundle(b"b")), lambda: locate(log, 1, 10), log.seal_active):
         with pytest.raises(ValueError):
             call()

@@ -71,7 +71,6 @@ def open_storage_log(tmp_path, storage_clock):
     def opener(config: TopicConfig | None = None, **kwargs) -> PartitionLog:
         kwargs.setdefault("now_s", storage_clock)
         kwargs.setdefault("rng", random.Random(7))
-        kwargs.setdefault("visible_on_append", True)
         log = PartitionLog.open(str(tmp_path / "p"), config or TopicConfig(), **kwargs)
         opened.append(log)
         return log
@@ -79,3 +78,18 @@ def open_storage_log(tmp_path, storage_clock):
     yield opener
     for log in opened:
         log.close()
+
+
+def locate(log: PartitionLog, seq: int, fetch_size: int, hwmark: int | None = None):
+    """What a local-only broker answers for `seq`: tiered.bounds.locate over the log's own bounds (the hwmark is
+    the last assigned seq unless given), carried out by PartitionLog.read. A ReadRange, Boundary or Eof."""
+    from tiered.bounds import Boundary, Local, PartitionBounds
+    from tiered.bounds import locate as decide
+
+    hw = log.last_assigned if hwmark is None else hwmark
+    bounds = PartitionBounds(log.first_available, hw, log.first_available, log.last_held, False)
+    where = decide(seq, bounds)
+    if isinstance(where, Local):
+        got = log.read(where.seq, fetch_size, hw)
+        return got if got is not None else Boundary(bounds.first_available, hw)
+    return where

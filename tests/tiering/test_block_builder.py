@@ -7,9 +7,11 @@ import asyncio
 import pytest
 
 from tiered.protocol.bundle import Message, encode_bundle, encode_record
-from tiered.tiering.block_builder import BlockBuilder
+from tiered.tier_interface import AckOutcome
+from tiered.tiering.block_builder import BlockBuilder, NotLeading
 from tiered.tiering.block_format import decode_block, encode_block
-from tiered.tiering.remote_fetch import IndexCache, SegmentCache, trim_chunk
+from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.remote_fetch import trim_chunk
 from tiered.storage.index import SparseIndex
 
 
@@ -18,52 +20,88 @@ def record(values, ts=1000, codec=0, seqs=None):
     return encode_record(encode_bundle(messages, codec=codec, sparse=seqs is not None))
 
 
+def leading(*partitions, epoch=3, committed=0, **kwargs) -> BlockBuilder:
+    builder = BlockBuilder(**kwargs)
+    for topic, partition in partitions:
+        builder.lead(topic, partition, epoch, committed)
+    return builder
+
+
 def test_nothing_pending_closes_nothing():
     builder = BlockBuilder(max_bytes=1024, max_age_ms=250)
     assert builder.due_ms() is None and not builder.should_close(10_000) and builder.close() is None
 
 
 def test_a_block_closes_by_age_of_its_oldest_record():
-    builder = BlockBuilder(max_bytes=1 << 20, max_age_ms=250)
-    builder.add("t", 0, 1, 1, record([b"a"]), now_ms=1000)
-    builder.add("t", 0, 2, 2, record([b"b"]), now_ms=1200)
+    builder = leading(("t", 0), max_bytes=1 << 20, max_age_ms=250)
+    builder.add("t", 0, 1, 1, record([b"a"]), 1, now_ms=1000)
+    builder.add("t", 0, 2, 2, record([b"b"]), 1, now_ms=1200)
     assert builder.due_ms() == 1250
     assert not builder.should_close(1249) and builder.should_close(1250)
 
 
 def test_a_block_closes_by_size():
-    builder = BlockBuilder(max_bytes=100, max_age_ms=10_000)
-    builder.add("t", 0, 1, 1, record([b"x" * 60]), now_ms=0)
+    builder = leading(("t", 0), max_bytes=100, max_age_ms=10_000)
+    builder.add("t", 0, 1, 1, record([b"x" * 60]), 1, now_ms=0)
     assert not builder.should_close(1)
-    builder.add("t", 0, 2, 2, record([b"y" * 60]), now_ms=1)
+    builder.add("t", 0, 2, 2, record([b"y" * 60]), 1, now_ms=1)
     assert builder.should_close(1)
 
 
 def test_runs_are_grouped_by_partition_byte_for_byte_with_stats():
-    builder = BlockBuilder()
+    builder = leading(("t", 1), ("u", 0))
     r1, r2, r3 = record([b"a", b"b"], ts=10), record([b"c"], ts=5), record([b"d", b"e", b"f"], ts=20, codec=1)
     loop = asyncio.new_event_loop()
     ack = loop.create_future()
-    builder.add("t", 1, 1, 2, r1, now_ms=0, ack=ack)
-    builder.add("u", 0, 7, 7, r2, now_ms=1)
-    builder.add("t", 1, 3, 5, r3, now_ms=2)
+    builder.add("t", 1, 1, 2, r1, 1, now_ms=0, ack=ack)
+    builder.add("u", 0, 7, 7, r2, 7, now_ms=1)
+    builder.add("t", 1, 3, 5, r3, 1, now_ms=2)
     block = builder.close()
     loop.close()
     assert builder.empty and builder.pending_bytes == 0
-    assert [(r.topic, r.partition, r.first_seq, r.last_seq, r.messages) for r in block.runs] == [
-        ("t", 1, 1, 5, 5), ("u", 0, 7, 7, 1)]
+    assert [(r.topic, r.partition, r.from_seq, r.first_seq, r.last_seq, r.messages, r.leader_epoch)
+            for r in block.runs] == [("t", 1, 1, 1, 5, 5, 3), ("u", 0, 1, 7, 7, 1, 3)]
     assert (block.runs[0].min_ts_ms, block.runs[0].max_ts_ms) == (10, 22)
     assert block.acks == [(("t", 1), ack)]
-    data, infos = encode_block([(r.meta(), b"".join(r.records)) for r in block.runs])
+    data, rows = encode_block([(r.meta(), b"".join(r.records)) for r in block.runs])
     runs = decode_block(data)
     assert bytes(runs[0][1]) == r1 + r3 and bytes(runs[1][1]) == r2
+    assert [r for r, _ in runs] == rows
 
 
-def test_records_of_a_partition_must_arrive_in_seq_order():
-    builder = BlockBuilder()
-    builder.add("t", 0, 5, 6, record([b"a", b"b"]), now_ms=0)
-    with pytest.raises(ValueError):
-        builder.add("t", 0, 6, 6, record([b"c"]), now_ms=0)
+def test_a_partition_s_runs_split_where_its_segment_rolled_and_chain():
+    """Every run lies inside one local segment, so a remote segment later answers for exactly its runs."""
+    builder = leading(("t", 0), committed=40)
+    builder.add("t", 0, 41, 42, record([b"a", b"b"]), 1, now_ms=0)
+    builder.add("t", 0, 43, 43, record([b"c"]), 43, now_ms=0)  # the segment rolled: base 43
+    builder.add("t", 0, 50, 50, record([b"d"]), 43, now_ms=0)  # a jump inside the segment
+    first = builder.close()
+    assert [(r.segment_base, r.from_seq, r.first_seq, r.last_seq) for r in first.runs] == [
+        (1, 41, 41, 42), (43, 43, 43, 50)]
+    builder.add("t", 0, 51, 51, record([b"e"]), 43, now_ms=0)
+    assert [(r.from_seq, r.first_seq) for r in builder.close().runs] == [(51, 51)]  # the chain goes on
+
+
+def test_records_of_a_partition_must_arrive_in_seq_order_and_be_led():
+    builder = leading(("t", 0))
+    builder.add("t", 0, 5, 6, record([b"a", b"b"]), 5, now_ms=0)
+    with pytest.raises(NotLeading):
+        builder.add("t", 0, 6, 6, record([b"c"]), 5, now_ms=0)
+    with pytest.raises(NotLeading):
+        builder.add("u", 0, 1, 1, record([b"c"]), 1, now_ms=0)
+
+
+def test_release_drops_the_partition_and_refuses_its_acks():
+    builder = leading(("t", 0), ("t", 1))
+    loop = asyncio.new_event_loop()
+    mine, other = loop.create_future(), loop.create_future()
+    builder.add("t", 0, 1, 1, record([b"a"]), 1, now_ms=0, ack=mine)
+    builder.add("t", 1, 1, 1, record([b"b"]), 1, now_ms=0, ack=other)
+    builder.release("t", 0)
+    assert mine.result() is AckOutcome.REFUSED and not other.done()
+    assert not builder.leads("t", 0) and builder.leads("t", 1)
+    assert [(r.topic, r.partition) for r in builder.close().runs] == [("t", 1)]
+    loop.close()
 
 
 def test_trim_starts_at_the_bundle_holding_the_seq_and_ends_on_a_boundary():
@@ -89,33 +127,31 @@ def test_trim_follows_sparse_bundles():
 
 
 class Row:
-    def __init__(self, base, last):
-        self.topic, self.partition, self.base_seq, self.last_seq = "t", 0, base, last
+    def __init__(self, from_seq, last):
+        self.topic, self.partition, self.from_seq, self.last_seq = "t", 0, from_seq, last
 
 
-def test_segment_cache_expires_and_evicts():
+def test_range_cache_expires_and_evicts():
     now = [0.0]
-    cache = SegmentCache(per_partition=2, ttl_s=10, clock=lambda: now[0])
+    cache = RangeCache(per_partition=2, ttl_s=10, clock=lambda: now[0])
     cache.put(Row(1, 10))
     cache.put(Row(11, 20))
-    assert cache.get("t", 0, 15).base_seq == 11 and cache.get("t", 0, 25) is None
+    assert cache.get("t", 0, 15).from_seq == 11 and cache.get("t", 0, 25) is None
     cache.put(Row(21, 30))  # evicts the least recently used: 1-10
     assert cache.get("t", 0, 5) is None
     now[0] = 11
     assert cache.get("t", 0, 15) is None  # older than the ttl
 
 
-def test_index_cache_is_bounded_by_bytes():
-    cache = IndexCache(max_bytes=32)
+def test_sized_lru_of_indexes_is_bounded_by_bytes():
+    cache = SizedLru(32, lambda index: index.size_bytes)
     for name in "abc":
         cache.put(name, SparseIndex([(0, 0), (1, 10)]))  # 16 bytes each
     assert cache.get("a") is None and cache.get("b") is not None and cache.size_bytes == 32
 
 
-def test_bytes_cache_is_bounded_and_keeps_the_recent():
-    from tiered.tiering.remote_fetch import BytesCache
-
-    cache = BytesCache(max_bytes=10)
+def test_sized_lru_of_bytes_is_bounded_and_keeps_the_recent():
+    cache = SizedLru(10, len)
     cache.put(("a", 0), b"1234")
     cache.put(("b", 0), b"5678")
     assert cache.get(("a", 0)) == b"1234"  # a is now the most recent

@@ -12,12 +12,11 @@ from hypothesis import strategies as st
 
 from tiered.protocol.bundle import Message, decode_bundle, encode_bundle, encode_record, maybe_record
 from tiered.protocol.errors import ProtocolError
+from tiered.catalog.blocks import RunMeta, RunRow
 from tiered.tiering.block_format import (
     FOOTER_TRAILER_BYTES,
     MAGIC,
-    RUN_ENTRY,
-    RunInfo,
-    RunMeta,
+    RUN_ENTRY_V1,
     block_tail_bytes,
     decode_block,
     encode_block,
@@ -30,12 +29,18 @@ def records(first_ts: int, *values: bytes) -> bytes:
     return b"".join(encode_record(encode_bundle([Message(v, ts_ms=first_ts + i)])) for i, v in enumerate(values))
 
 
+def meta(topic: str, partition: int, first: int, last: int, messages: int, min_ts: int, max_ts: int, *,
+         from_seq: int | None = None, epoch: int = 0) -> RunMeta:
+    return RunMeta(topic, partition, first if from_seq is None else from_seq, first, last, messages, min_ts, max_ts,
+                   epoch)
+
+
 def sample_runs() -> list[tuple[RunMeta, bytes]]:
     return [
-        (RunMeta("orders", 0, 100, 102, 3, 1000, 1002), records(1000, b"a", b"bb", b"ccc")),
-        (RunMeta("orders", 7, 5, 5, 1, 2000, 2000), records(2000, b"x" * 300)),
-        (RunMeta("audit-log_2", 65535, 2**64 - 2, 2**64 - 1, 2, 0, 2**64 - 1), records(0, b"", b"k")),
-        (RunMeta("big", 1, 0, 1, 2, 5, 6), records(5, random.Random(1).randbytes(20_000), b"y" * 200)),
+        (meta("orders", 0, 100, 102, 3, 1000, 1002), records(1000, b"a", b"bb", b"ccc")),
+        (meta("orders", 7, 5, 5, 1, 2000, 2000), records(2000, b"x" * 300)),
+        (meta("audit-log_2", 65535, 2**64 - 2, 2**64 - 1, 2, 0, 2**64 - 1), records(0, b"", b"k")),
+        (meta("big", 1, 0, 1, 2, 5, 6), records(5, random.Random(1).randbytes(20_000), b"y" * 200)),
     ]
 
 
@@ -45,7 +50,8 @@ RECORD4 = b"\x03abc"
 
 
 def footer_entry(topic: bytes, *fields: int) -> bytes:
-    return bytes([len(topic)]) + topic + RUN_ENTRY.pack(*fields)
+    """A version 1 entry (forge's default): partition, first, last, position, length, messages, min ts, max ts."""
+    return bytes([len(topic)]) + topic + RUN_ENTRY_V1.pack(*fields)
 
 
 def forge(run_bytes: bytes, footer: bytes, *, version: int = 1, magic: bytes = MAGIC, crc: int | None = None) -> bytes:
@@ -56,15 +62,32 @@ def forge(run_bytes: bytes, footer: bytes, *, version: int = 1, magic: bytes = M
 
 def test_the_byte_layout_is_exactly_as_documented():
     run = records(1700000000000, b"hello")
-    data, infos = encode_block([(RunMeta("t", 1, 10, 10, 1, 1700000000000, 1700000000000), run)])
+    data, rows = encode_block([(meta("t", 1, 10, 10, 1, 1700000000000, 1700000000000, from_seq=7, epoch=4), run)])
     footer = (
         struct.pack("<I", 1)  # run_count
         + b"\x01t"  # topic str8
-        + struct.pack("<HQQQQIQQ", 1, 10, 10, 0, len(run), 1, 1700000000000, 1700000000000)
+        + struct.pack("<HQQQQQIQQQ", 1, 7, 10, 10, 0, len(run), 1, 1700000000000, 1700000000000, 4)
     )
-    assert data == run + footer + struct.pack("<II", len(footer), zlib.crc32(footer)) + b"\x01" + b"TIEREDB1"
+    assert data == run + footer + struct.pack("<II", len(footer), zlib.crc32(footer)) + b"\x02" + b"TIEREDB1"
     assert FOOTER_TRAILER_BYTES == 17
-    assert infos == [RunInfo("t", 1, 10, 10, 0, len(run), 1, 1700000000000, 1700000000000)]
+    assert rows == [RunRow("t", 1, 7, 10, 10, 1, 1700000000000, 1700000000000, 4, 0, len(run))]
+
+
+def test_version_1_blocks_still_read_answering_from_their_first_seq():
+    """Blocks written before from_seq and epochs were recorded: a run answers from its first seq, epoch 0."""
+    run = records(1700000000000, b"hello")
+    footer = struct.pack("<I", 1) + footer_entry(b"t", 1, 10, 10, 0, len(run), 1, 1700000000000, 1700000000000)
+    [(row, data)] = decode_block(forge(run, footer, version=1))
+    assert row == RunRow("t", 1, 10, 10, 10, 1, 1700000000000, 1700000000000, 0, 0, len(run))
+    assert bytes(data) == run
+
+
+def test_a_partition_may_have_several_runs_in_seq_order():
+    first, second = records(0, b"a"), records(0, b"b")
+    data, rows = encode_block([(meta("t", 0, 1, 1, 1, 0, 0), first), (meta("t", 0, 2, 2, 1, 0, 0), second)])
+    assert [(r.first_seq, r.position) for r in read_block_footer(data, len(data))] == [(1, 0), (2, len(first))]
+    with pytest.raises(ValueError):
+        encode_block([(meta("t", 0, 2, 2, 1, 0, 0), first), (meta("t", 0, 1, 1, 1, 0, 0), second)])
 
 
 def test_round_trip_runs_are_contiguous_and_byte_for_byte():
@@ -122,7 +145,7 @@ def test_corrupt_trailers_are_refused():
     bad_magic = data[:-1] + b"X"
     with pytest.raises(ProtocolError, match="magic"):
         decode_block(bad_magic)
-    bad_version = data[:-9] + b"\x02" + data[-8:]
+    bad_version = data[:-9] + b"\x03" + data[-8:]
     with pytest.raises(ProtocolError, match="version"):
         decode_block(bad_version)
     footer_len_at = len(data) - FOOTER_TRAILER_BYTES
@@ -178,8 +201,8 @@ def test_runs_that_are_not_whole_records_are_refused():
         ([], 0, "no runs"),
         ([(b"t", 0, 0, 0, 0, 4, 1, 0, 0)], 2, "too short for 2 runs"),
         ([(b"t", 0, 0, 0, 1, 4, 1, 0, 0)], 1, "position 1, expected 0"),
-        ([(b"t", 0, 0, 0, 0, 2, 1, 0, 0), (b"t", 0, 1, 1, 2, 2, 1, 0, 0)], 2, "listed twice"),
-        ([(b"t", 0, 5, 4, 0, 4, 1, 0, 0)], 1, "first seq 5 > last seq 4"),
+        ([(b"t", 0, 1, 1, 0, 2, 1, 0, 0), (b"t", 0, 1, 1, 2, 2, 1, 0, 0)], 2, "overlaps"),
+        ([(b"t", 0, 5, 4, 0, 4, 1, 0, 0)], 1, "out of order"),
         ([(b"t", 0, 0, 0, 0, 4, 0, 0, 0)], 1, "0 messages"),
         ([(b"t", 0, 0, 1, 0, 4, 3, 0, 0)], 1, "3 messages"),
         ([(b"t", 0, 0, 0, 0, 4, 1, 9, 8)], 1, "min timestamp"),
@@ -201,7 +224,7 @@ def test_stray_footer_bytes_and_truncated_entries_are_refused():
     entry = footer_entry(b"t", 0, 0, 0, 0, 4, 1, 0, 0)
     with pytest.raises(ProtocolError, match="stray"):
         decode_block(forge(RECORD4, struct.pack("<I", 1) + entry + b"\x00"))
-    two = struct.pack("<I", 2) + entry + b"\x28" + b"u" * 40 + b"\x00" * (RUN_ENTRY.size - 1)
+    two = struct.pack("<I", 2) + entry + b"\x28" + b"u" * 40 + b"\x00" * (RUN_ENTRY_V1.size - 1)
     with pytest.raises(ProtocolError, match="truncated entry of run 1"):
         decode_block(forge(RECORD4 + RECORD4, two))
 
@@ -210,16 +233,17 @@ def test_stray_footer_bytes_and_truncated_entries_are_refused():
     "runs, error",
     [
         ([], ValueError),
-        ([(RunMeta("t", 0, 0, 0, 1, 0, 0), records(0, b"a"))] * 2, ValueError),  # a partition twice
-        ([(RunMeta("-t", 0, 0, 0, 1, 0, 0), records(0, b"a"))], ValueError),
-        ([(RunMeta("tö", 0, 0, 0, 1, 0, 0), records(0, b"a"))], ValueError),
-        ([(RunMeta("t", 65536, 0, 0, 1, 0, 0), records(0, b"a"))], ValueError),
-        ([(RunMeta("t", 0, 3, 2, 1, 0, 0), records(0, b"a"))], ValueError),
-        ([(RunMeta("t", 0, 0, 1, 3, 0, 0), records(0, b"a"))], ValueError),
-        ([(RunMeta("t", 0, 0, 0, 0, 0, 0), records(0, b"a"))], ValueError),
-        ([(RunMeta("t", 0, 0, 0, 1, 5, 4), records(0, b"a"))], ValueError),
-        ([(RunMeta("t", 0, 0, 0, 1, 0, 0), b"")], ProtocolError),
-        ([(RunMeta("t", 0, 0, 0, 1, 0, 0), records(0, b"a")[:-1])], ProtocolError),
+        ([(meta("t", 0, 0, 0, 1, 0, 0), records(0, b"a"))] * 2, ValueError),  # one partition's seqs twice
+        ([(meta("t", 0, 5, 5, 1, 0, 0, from_seq=6), records(0, b"a"))], ValueError),  # from past first
+        ([(meta("-t", 0, 0, 0, 1, 0, 0), records(0, b"a"))], ValueError),
+        ([(meta("tö", 0, 0, 0, 1, 0, 0), records(0, b"a"))], ValueError),
+        ([(meta("t", 65536, 0, 0, 1, 0, 0), records(0, b"a"))], ValueError),
+        ([(meta("t", 0, 3, 2, 1, 0, 0), records(0, b"a"))], ValueError),
+        ([(meta("t", 0, 0, 1, 3, 0, 0), records(0, b"a"))], ValueError),
+        ([(meta("t", 0, 0, 0, 0, 0, 0), records(0, b"a"))], ValueError),
+        ([(meta("t", 0, 0, 0, 1, 5, 4), records(0, b"a"))], ValueError),
+        ([(meta("t", 0, 0, 0, 1, 0, 0), b"")], ProtocolError),
+        ([(meta("t", 0, 0, 0, 1, 0, 0), records(0, b"a")[:-1])], ProtocolError),
     ],
 )
 def test_encode_refuses_what_it_could_not_read_back(runs, error):
@@ -228,7 +252,7 @@ def test_encode_refuses_what_it_could_not_read_back(runs, error):
 
 
 run_metas = st.builds(
-    lambda partition, first, span, messages, ts, ts_span: RunMeta(
+    lambda partition, first, span, messages, ts, ts_span: meta(
         "topic", partition, first, first + span, min(messages, span + 1), ts, ts + ts_span
     ),
     st.integers(0, 0xFFFF),

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiered.server.app import App
-from tiered.tiering.service import TieringService
+from tiered.server.app import App, tiering_service
 
 from tests.support.broker import local_settings
 
@@ -23,7 +22,7 @@ async def ops_broker(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
                   "s3_path_style": True, "shutdown_timeout_s": 5.0, "http_listen": "127.0.0.1:0",
                   "block_max_age_ms": 50, **overrides}
         settings = local_settings(tmp_path / "data", **values)
-        app = App(settings, tiering=TieringService(settings, ack_timeout_s=10.0))
+        app = App(settings, tier=tiering_service(ack_timeout_s=10.0))
         await app.start()
         apps.append(app)
         return app

@@ -159,7 +159,7 @@ async def test_reconciler_deletions_are_counted(ops_broker):
         await store.close()
     before = await scrape(app.http.port)
     assert before.value("tiered_reconciler_deletions_total") == 0  # exported before the first deletion
-    tiering = app.broker.tiering
+    tiering = app.tier
     tiering.grace = timedelta(0)  # the orphan is old enough at once (no block is pending: nothing else qualifies)
     assert await tiering.reconcile_pass() == 1
     m = await scrape(app.http.port)

@@ -41,7 +41,7 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
     hist = app.broker.registry.get("hist", 0)
     sealed = list(hist.log.segments)
     assert sealed
-    copier = app.broker.tiering.copier
+    copier = app.tier.remote.copier
     await eventually(lambda: copier.pending == 0 and copier.copied_last.get(("hist", 0)) == sealed[-1].last,
                      what="the sealed segments to be copied")
 

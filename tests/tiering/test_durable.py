@@ -18,9 +18,8 @@ from tiered.catalog import partitions as catalog_partitions
 from tiered.client import Client, TankError
 from tiered.protocol.bundle import Message
 from tiered.protocol.codes import ProduceStatus
-from tiered.server.app import App
+from tiered.server.app import App, tiering_service
 from tiered.tiering.block_format import decode_block
-from tiered.tiering.service import TieringService
 from tiered.tiering.store import open_store
 
 from tests.support.broker import local_settings
@@ -35,8 +34,9 @@ async def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     async def make(catalog_url: str, *, ack_timeout_s: float = 10.0, **overrides) -> App:
         overrides.setdefault("block_max_age_ms", 50)  # blocks close sooner than the 250 ms default: faster tests
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/tiered",
-                                  s3_path_style=True, shutdown_timeout_s=3.0, **overrides)
-        app = App(settings, tiering=TieringService(settings, ack_timeout_s=ack_timeout_s))
+                                  s3_path_style=True, shutdown_timeout_s=3.0,
+                                  produce_ack_timeout_ms=int(ack_timeout_s * 1000), **overrides)
+        app = App(settings, tier=tiering_service(ack_timeout_s=ack_timeout_s))
         await app.start()
         apps.append(app)
         return app
@@ -50,6 +50,11 @@ async def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
 
 async def _stop(app: App) -> None:
     await app.stop()
+
+
+def set_ack_timeout(app: App, seconds: float) -> None:
+    """How long the broker waits for a durable commit before answering "not confirmed" (0x03)."""
+    app.broker.settings = replace(app.broker.settings, produce_ack_timeout_ms=int(seconds * 1000))
 
 
 async def _assert_durable(catalog_url: str, bucket: str, topic: str, partition: int, expected: list[bytes]) -> None:
@@ -132,22 +137,23 @@ async def test_s3_errors_are_retried_and_every_ack_lands(durable, s3_faults, tmp
     await _stop(app)
 
 
-async def test_a_store_that_goes_away_answers_0x02_and_nothing_unacknowledged_is_visible(durable, s3_faults, tmp_path):
+async def test_a_store_that_goes_away_answers_not_confirmed_and_nothing_unacknowledged_is_visible(
+        durable, s3_faults, tmp_path):
     catalog_url = f"sqlite:///{tmp_path}/c.db"
     app = await durable(catalog_url)
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("outage", 1)
         await c.produce("outage", 0, [b"before"])
-        app.broker.tiering.pipeline.ack_timeout_s = 1.0  # the producer gives up quickly during the outage
+        set_ack_timeout(app, 1.0)  # the producer gives up quickly during the outage
         s3_faults.go_away()
         with pytest.raises(TankError) as caught:
             await c.produce("outage", 0, [b"during"])
-        assert caught.value.code == ProduceStatus.SYSTEM
+        assert caught.value.code == ProduceStatus.ACK_TIMEOUT  # appended, not confirmed: it may still commit
         # Not committed, so not visible: a consumer sees only what the catalog holds.
         got = await c.consume("outage", 0, 1)
         assert [m.value for m in got.messages] == [b"before"] and got.hwmark == 1
         s3_faults.come_back()
-        app.broker.tiering.pipeline.ack_timeout_s = 10.0
+        set_ack_timeout(app, 10.0)
         await c.produce("outage", 0, [b"after"])
         values = [m.value async for m in c.drain("outage", 0, 0)]
     # The failed record was retried in the background and committed before "after": the catalog has no hole.
@@ -191,7 +197,7 @@ async def test_a_broker_with_a_stale_epoch_is_refused_and_stops_serving(durable,
         catalog_partitions.claim_partitions(cat, 99, "contested", [0])  # another broker takes the partition over
         with pytest.raises(TankError) as refused:
             await c.produce("contested", 0, [b"too late"])
-        assert refused.value.code == ProduceStatus.SYSTEM
+        assert refused.value.code == ProduceStatus.NO_LEADER  # never committed: safe to send to the new leader
         with pytest.raises(TankError) as fenced:
             await c.produce("contested", 0, [b"later"])
         assert fenced.value.code == ProduceStatus.NO_LEADER
@@ -206,9 +212,9 @@ async def test_an_idle_broker_makes_no_puts(durable, tmp_path):
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("quiet", 1)
         await c.produce("quiet", 0, [b"one"])
-        puts = app.broker.tiering.store.counters.puts
+        puts = app.tier.store.counters.puts
         await asyncio.sleep(1.0)
-        assert app.broker.tiering.store.counters.puts == puts == 1
+        assert app.tier.store.counters.puts == puts == 1
     await _stop(app)
 
 
@@ -218,7 +224,7 @@ async def test_records_past_the_catalog_are_uploaded_at_restart_before_they_are_
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("tail", 1)
         await c.produce("tail", 0, [b"committed"])
-        app.broker.tiering.pipeline.ack_timeout_s = 0.5  # producers give up quickly during the outage
+        set_ack_timeout(app, 0.5)  # producers give up quickly during the outage
         s3_faults.go_away()
         for value in (b"local-1", b"local-2"):
             with pytest.raises(TankError):
@@ -260,7 +266,7 @@ async def test_local_ack_topics_answer_at_append_and_are_still_uploaded(durable,
         await c.produce("fast", 0, [b"a", b"b"])
         assert [m.value for m in (await c.consume("fast", 0, 1)).messages] == [b"a", b"b"]
     for _ in range(50):
-        if app.broker.tiering.store.counters.puts:
+        if app.tier.store.counters.puts:
             break
         await asyncio.sleep(0.05)
     await _assert_durable(catalog_url, durable.bucket, "fast", 0, [b"a", b"b"])

@@ -21,14 +21,13 @@ from tiered.catalog.models import Block, BlockRun, Partition, Segment, Topic
 from tiered.cli.main import main as cli_main
 from tiered.client import BoundaryError, Client
 from tiered.protocol.bundle import Message, encode_bundle, encode_record
-from tiered.server.app import App
+from tiered.server.app import App, tiering_service
 from tiered.storage.topic_config import TopicConfig
 from tiered.tiering import keys
 from tiered.tiering.block_format import RunMeta, encode_block
 from tiered.tiering.rebuild import UNKNOWN_MAX_TS_MS, CatalogNotEmpty, rebuild_catalog
 from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.service import TieringService
 from tiered.tiering.store import open_store
 
 from tests.support.broker import local_settings
@@ -79,7 +78,7 @@ def brokers(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     async def start(catalog_url: str, data_dir: Path) -> App:
         settings = local_settings(data_dir, catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/p",
                                   s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50)
-        app = App(settings, tiering=TieringService(settings))
+        app = App(settings, tier=tiering_service())
         await app.start()
         return app
 
@@ -113,7 +112,7 @@ async def _produce_history(app: App) -> dict[tuple[str, int], list[bytes]]:
 
         # The partitions concurrently, so that blocks hold runs of several partitions.
         await asyncio.gather(*(produce(t, p, count) for (t, p), count in PRODUCED.items()))
-    copier = app.broker.tiering.copier
+    copier = app.tier.remote.copier
     sealed = sum(len(app.broker.registry.get("orders", p).log.segments) for p in (0, 1))
     assert sealed >= 4
     await eventually(lambda: copier.pending == 0 and len(copier.copied) >= sealed, what="segments copied")

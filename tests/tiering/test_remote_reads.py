@@ -13,9 +13,8 @@ from tiered.catalog import segments as catalog_segments
 from tiered.catalog.states import SegmentState
 from tiered.client import Client
 from tiered.protocol.bundle import Message
-from tiered.server.app import App
-from tiered.tiering.remote_fetch import BytesCache, SegmentCache
-from tiered.tiering.service import TieringService
+from tiered.server.app import App, tiering_service
+from tiered.tiering.caches import RangeCache, SizedLru
 
 from tests.support.broker import local_settings
 from tests.support.polling import eventually
@@ -37,7 +36,7 @@ async def tiered_broker(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     async def make(**overrides) -> App:
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/t",
                                   s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50, **overrides)
-        app = App(settings, tiering=TieringService(settings))
+        app = App(settings, tier=tiering_service())
         await app.start()
         apps.append(app)
         return app
@@ -103,8 +102,8 @@ async def test_an_empty_data_dir_serves_everything_from_the_bucket(tiered_broker
         # The unsealed tail lives only in block runs: one catalog query and one GET cold, none warm.
         counters = app.broker.metrics.counters
         copied = max(row.last_seq for row in _copied(tiered_broker.catalog_url))
-        app.broker.fetch.remote.runs = SegmentCache()  # cold: the drain above cached the run ...
-        app.broker.fetch.remote.run_bytes = BytesCache()  # ... and its bytes
+        app.tier.remote.reader.runs = RangeCache()  # cold: the drain above cached the run ...
+        app.tier.remote.reader.run_bytes = SizedLru(64 << 20, len)  # ... and its bytes
         queries, gets = counters["tiered_remote_catalog_queries_total"], counters["tiered_remote_gets_total"]
         for _ in range(2):
             run_read = await c.consume("hist", 0, copied + 1, fetch_bytes=500)
@@ -169,7 +168,7 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
         sealed = len(part.log.segments)
         await eventually(lambda: len(_copied(tiered_broker.catalog_url)) >= sealed, what="segments copied")
         app.broker.enforce_retention()
-        tiering = app.broker.tiering
+        tiering = app.tier
         assert await tiering.remote_retention_pass() > 0
         first = part.first_available
         assert first > 1
@@ -181,7 +180,7 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
         # An upload whose commit never happened leaves an object the catalog does not know: the reconciler removes it.
         orphan = keys.block_key(0, keys.new_block_id(1_000))
         await tiering.store.put(orphan, b"orphan")
-        tiering.grace = timedelta(0)
+        tiering.remote.grace = timedelta(0)
         assert await tiering.reconcile_pass() >= 1
         assert app.broker.metrics.counters["tiered_reconciler_deletions_total"] >= 1
         assert [i.object_key async for i in tiering.store.list(orphan)] == []

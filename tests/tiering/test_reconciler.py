@@ -21,6 +21,7 @@ from tiered.catalog.blocks import RunRow
 from tiered.catalog.segments import SegmentMeta
 from tiered.tiering import keys
 from tiered.tiering.reconciler import abandon_stale_pending, is_our_key, reconcile, sweep_deleted_blocks
+from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.store import ObjectNotFound
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -32,6 +33,13 @@ def cat(catalog_url):
     catalog = Catalog.open(catalog_url)
     yield catalog
     catalog.close()
+
+
+@pytest.fixture
+def acat(cat):
+    access = AsyncCatalog(cat)
+    yield access
+    access.shutdown()
 
 
 def _block_key(broker_id: int = 1) -> str:
@@ -51,7 +59,7 @@ async def _committed_block(store, cat, first: int, last: int, *, now: datetime =
     await store.put(object_key, b"block %d-%d" % (first, last))
     block_id = catalog_blocks.insert_pending_block(cat, object_key, 1, 20, now=now)
     epoch = catalog_partitions.get_partition_states(cat, "t")[0].leader_epoch
-    run = RunRow("t", 0, first, last, 0, 20, last - first + 1, 1, 2)
+    run = RunRow("t", 0, first, first, last, last - first + 1, 1, 2, epoch, 0, 20)
     catalog_blocks.commit_block(cat, block_id, 1, [run], {("t", 0): epoch}, now=now)
     return block_id, object_key
 
@@ -61,7 +69,7 @@ def _topic(cat) -> int:
     return catalog_partitions.claim_partitions(cat, 1, "t", [0])[0]
 
 
-async def test_the_reconciler_deletes_old_orphans_and_nothing_else(s3_store, cat):
+async def test_the_reconciler_deletes_old_orphans_and_nothing_else(s3_store, cat, acat):
     epoch = _topic(cat)
     _, committed = await _committed_block(s3_store, cat, 1, 10)
     pending = _block_key()
@@ -93,7 +101,7 @@ async def test_the_reconciler_deletes_old_orphans_and_nothing_else(s3_store, cat
 
     deleted, listed, pages, start_after = [], 0, 0, None
     while True:  # a page of 3 at a time, as a bounded background scan goes through the bucket
-        report = await reconcile(s3_store, cat, now, grace=grace, start_after=start_after, limit=3)
+        report = await reconcile(s3_store, acat, now, grace=grace, start_after=start_after, limit=3)
         deleted += report.deleted
         listed += report.listed
         pages += 1
@@ -106,7 +114,7 @@ async def test_the_reconciler_deletes_old_orphans_and_nothing_else(s3_store, cat
     assert remaining == {committed, pending, segment, index, foreign, young}
 
     # With real time passing, the young orphan is eventually collected too, and the known objects still are not.
-    report = await reconcile(s3_store, cat, now + timedelta(minutes=1), grace=grace)
+    report = await reconcile(s3_store, acat, now + timedelta(minutes=1), grace=grace)
     assert report.deleted == [young] and report.next_start_after is None
 
 
@@ -117,25 +125,25 @@ def test_our_key_formats():
         assert not is_our_key(other), other
 
 
-async def test_the_sweeper_honours_delete_after(s3_store, cat):
+async def test_the_sweeper_honours_delete_after(s3_store, cat, acat):
     _topic(cat)
     blocks = [await _committed_block(s3_store, cat, f, f + 9) for f in (1, 11, 21)]
     # The runs of the first two are covered by a remote segment: their blocks are marked, 10 minutes of grace.
-    catalog_blocks.prune_runs_covered(cat, "t", 0, 20, grace=GRACE, now=T0)
+    catalog_blocks.prune_runs_below(cat, "t", 0, 21, grace=GRACE, now=T0)
 
-    assert await sweep_deleted_blocks(s3_store, cat, T0 + GRACE - timedelta(seconds=1)) == []
+    assert await sweep_deleted_blocks(s3_store, acat, T0 + GRACE - timedelta(seconds=1)) == []
     assert all([await _exists(s3_store, k) for _, k in blocks])
 
-    swept = await sweep_deleted_blocks(s3_store, cat, T0 + GRACE, limit=1)  # bounded: one at a time
+    swept = await sweep_deleted_blocks(s3_store, acat, T0 + GRACE, limit=1)  # bounded: one at a time
     assert [b.block_id for b in swept] == [blocks[0][0]]
-    swept += await sweep_deleted_blocks(s3_store, cat, T0 + GRACE, limit=10)
+    swept += await sweep_deleted_blocks(s3_store, acat, T0 + GRACE, limit=10)
     assert [b.object_key for b in swept] == [blocks[0][1], blocks[1][1]]
     assert [await _exists(s3_store, k) for _, k in blocks] == [False, False, True]
     assert [catalog_blocks.get_block(cat, i) is None for i, _ in blocks] == [True, True, False]
-    assert await sweep_deleted_blocks(s3_store, cat, T0 + timedelta(days=1)) == []
+    assert await sweep_deleted_blocks(s3_store, acat, T0 + timedelta(days=1)) == []
 
 
-async def test_stale_pending_blocks_are_abandoned_only_when_their_broker_cannot_commit(s3_store, cat):
+async def test_stale_pending_blocks_are_abandoned_only_when_their_broker_cannot_commit(s3_store, cat, acat):
     now = T0 + timedelta(minutes=55)
     catalog_brokers.register_broker(cat, 1, "alive:1", now=T0 - timedelta(hours=1))
     catalog_brokers.heartbeat(cat, 1, now=now - timedelta(seconds=5))
@@ -155,22 +163,22 @@ async def test_stale_pending_blocks_are_abandoned_only_when_their_broker_cannot_
     for _, object_key in (kept_alive, restarted, unknown, silent, young):
         await s3_store.put(object_key, b"object")
 
-    abandoned = await abandon_stale_pending(cat, now, grace=GRACE, limit=10)
+    abandoned = await abandon_stale_pending(acat, now, grace=GRACE, limit=10)
     assert sorted(b.block_id for b in abandoned) == sorted(b for b, _ in (restarted, unknown, silent))
     states = {b: catalog_blocks.get_block(cat, b).state for b, _ in (kept_alive, restarted, unknown, silent, young)}
     assert states == {kept_alive[0]: "pending", restarted[0]: "deleting", unknown[0]: "deleting",
                       silent[0]: "deleting", young[0]: "pending"}
     # The objects go in the second phase, a grace period later.
-    assert await sweep_deleted_blocks(s3_store, cat, now) == []
-    swept = await sweep_deleted_blocks(s3_store, cat, now + GRACE)
+    assert await sweep_deleted_blocks(s3_store, acat, now) == []
+    swept = await sweep_deleted_blocks(s3_store, acat, now + GRACE)
     assert sorted(b.object_key for b in swept) == sorted(k for _, k in (restarted, unknown, silent))
     assert [await _exists(s3_store, k) for _, k in (kept_alive, restarted, unknown, silent, young)] == [
         True, False, False, False, True]  # fmt: skip
-    assert await abandon_stale_pending(cat, now, grace=GRACE) == []
+    assert await abandon_stale_pending(acat, now, grace=GRACE) == []
 
 
-async def test_a_pending_block_whose_commit_landed_is_not_abandoned(s3_store, cat):
+async def test_a_pending_block_whose_commit_landed_is_not_abandoned(s3_store, cat, acat):
     _topic(cat)
     block_id, object_key = await _committed_block(s3_store, cat, 1, 5)
-    assert await abandon_stale_pending(cat, T0 + timedelta(days=1), grace=GRACE) == []
+    assert await abandon_stale_pending(acat, T0 + timedelta(days=1), grace=GRACE) == []
     assert catalog_blocks.get_block(cat, block_id).state == "committed"

@@ -46,7 +46,11 @@ class AsyncCatalog:
         except asyncio.TimeoutError:
             raise CatalogUnavailable(f"{getattr(fn, '__name__', fn)} did not answer within {deadline:.0f} s") from None
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
+        """Stops the worker threads, leaving the catalog open (its owner closes it)."""
         self._writes.shutdown(wait=True)
         self._reads.shutdown(wait=True)
+
+    def close(self) -> None:
+        self.shutdown()
         self.catalog.close()

@@ -106,7 +106,7 @@ async def abandon_stale_pending(
     if not stale:
         return []
     # The brokers table holds one row per broker id: small, read whole.
-    brokers = {b.broker_id: b for b in await asyncio.to_thread(catalog_brokers.list_brokers, catalog)}
+    brokers = {b.broker_id: b for b in await catalog.read(catalog_brokers.list_brokers)}
     abandoned: list[BlockRow] = []
     for block in stale:
         broker = brokers.get(block.broker_id)

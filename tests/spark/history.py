@@ -32,7 +32,8 @@ from tiered.protocol.bundle import (
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig
 from tiered.tiering import keys
-from tiered.tiering.block_format import RunMeta, encode_block
+from tiered.catalog.blocks import RunMeta
+from tiered.tiering.block_format import encode_block
 
 BROKER_ID = 1
 T0_MS = 1_750_000_000_000
@@ -99,26 +100,26 @@ class PartitionHistory:
         records = b"".join(p[2] for p in self._pending)
         stamps = [m.ts_ms for p in self._pending for m in p[3]]
         count = sum(len(p[3]) for p in self._pending)
-        meta = RunMeta(self.topic, self.partition, first, last, count, min(stamps), max(stamps))
-        data, (info,) = encode_block([(meta, records)])
+        from_seq = self.runs[-1].last_seq + 1 if self.runs else 1
+        meta = RunMeta(self.topic, self.partition, from_seq, first, last, count, min(stamps), max(stamps), self.epoch)
+        data, (row,) = encode_block([(meta, records)])
         object_key = keys.block_key(BROKER_ID, keys.new_block_id(T0_MS))
         block_id = catalog_blocks.insert_pending_block(self.cat, object_key, BROKER_ID, len(data))
         self.objects.put(object_key, data)
-        row = RunRow(self.topic, self.partition, first, last, info.position, info.length_bytes, count,
-                     meta.min_ts_ms, meta.max_ts_ms)
         catalog_blocks.commit_block(self.cat, block_id, BROKER_ID, [row], {(self.topic, self.partition): self.epoch})
         self.runs.append(row)
         self._pending.clear()
         return row
 
-    def tier_segment(self, *, prune: bool = True) -> SegmentMeta:
-        """Commits what is pending, seals the active segment, uploads and records it as the copier does."""
+    def tier_segment(self) -> SegmentMeta:
+        """Commits what is pending, seals the active segment, uploads and records it as the copier does (the block
+        runs it holds are pruned by the same transaction)."""
         self.commit_run()
         sealed = self.log.seal_active()
         assert sealed is not None, "nothing to seal"
-        return self.copy_sealed(sealed, prune=prune)
+        return self.copy_sealed(sealed)
 
-    def copy_sealed(self, sealed, *, prune: bool = True) -> SegmentMeta:
+    def copy_sealed(self, sealed) -> SegmentMeta:
         data = Path(sealed.path).read_bytes()
         index = Path(sealed.index_path).read_bytes()
         stamps = [ts for _, _, record in _records(data) for ts in timestamp_bounds(record)]
@@ -141,8 +142,6 @@ class PartitionHistory:
         self.objects.put(meta.object_key, data)
         self.objects.put(meta.index_object_key, index)
         catalog_segments.segment_copy_finished(self.cat, self.topic, self.partition, sealed.base, self.epoch)
-        if prune:
-            catalog_blocks.prune_runs_covered(self.cat, self.topic, self.partition, sealed.last)
         self.segments.append(meta)
         return meta
 

@@ -24,8 +24,10 @@ from tiered.protocol.bundle import Message, encode_bundle, encode_record
 from tiered.server.app import App, tiering_service
 from tiered.storage.topic_config import TopicConfig
 from tiered.tiering import keys
-from tiered.tiering.block_format import RunMeta, encode_block
+from tiered.catalog.blocks import RunMeta
+from tiered.tiering.block_format import encode_block
 from tiered.tiering.rebuild import UNKNOWN_MAX_TS_MS, CatalogNotEmpty, rebuild_catalog
+from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.local_store import LocalObjectStore
 from tiered.tiering.store import open_store
@@ -59,12 +61,14 @@ def snapshot(url: str) -> dict[str, list[tuple]]:
                 "runs": rows(
                     select(Block.object_key, BlockRun.topic, BlockRun.partition, BlockRun.first_seq, BlockRun.last_seq,
                            BlockRun.position, BlockRun.length_bytes, BlockRun.messages, BlockRun.min_ts_ms,
-                           BlockRun.max_ts_ms).join(Block, Block.block_id == BlockRun.block_id)
+                           BlockRun.max_ts_ms, BlockRun.from_seq, BlockRun.leader_epoch)
+                    .join(Block, Block.block_id == BlockRun.block_id)
                 ),
                 "segments": rows(
                     select(Segment.topic, Segment.partition, Segment.base_seq, Segment.last_seq, Segment.object_key,
                            Segment.index_object_key, Segment.size_bytes, Segment.index_size_bytes, Segment.min_ts_ms,
-                           Segment.max_ts_ms, Segment.freeze_ts).where(Segment.state == SegmentState.COPY_FINISHED)
+                           Segment.max_ts_ms, Segment.freeze_ts, Segment.from_seq)
+                    .where(Segment.state == SegmentState.COPY_FINISHED)
                 ),
             }
     finally:
@@ -129,7 +133,7 @@ async def test_the_rebuilt_catalog_matches_the_original_and_serves_the_same_hist
     await app.stop()
 
     store = open_store(brokers.store_url, path_style=True)
-    original = Catalog.open(original_url)
+    original = AsyncCatalog(Catalog.open(original_url))
     # Remote retention drops the oldest remote segment of orders/0: its first available seq moves on.
     expired = await enforce_remote_retention(store, original, "orders", 0, TopicConfig(remote_retention_bytes=1),
                                              datetime.now(timezone.utc), limit=1)
@@ -178,7 +182,7 @@ def _block(runs: list[tuple[str, int, int, int]]) -> bytes:
     encoded = []
     for topic, partition, first, last in runs:
         bundle = encode_bundle([Message(b"m%d" % s, None, TS0 + s) for s in range(first, last + 1)])
-        encoded.append((RunMeta(topic, partition, first, last, last - first + 1, TS0 + first, TS0 + last),
+        encoded.append((RunMeta(topic, partition, first, first, last, last - first + 1, TS0 + first, TS0 + last, 0),
                         encode_record(bundle)))
     return encode_block(encoded)[0]
 

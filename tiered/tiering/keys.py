@@ -19,6 +19,11 @@ store adds it, so nothing outside `tiering/` ever sees or builds a full key.
         freeze time in seconds, as in its `.ilog` file name. A partition's objects are listable under
         partition_segments_prefix(); TANK's tools can read the objects as they are.
 
+    starts/<topic>/<partition>
+        The partition's first available seq, as decimal text, written by remote retention each time it moves it
+        (before anything below it is deleted). A catalog rebuilt from the bucket starts each partition there, so
+        history that retention expired does not come back from block objects still waiting for their sweep.
+
 Parsers are strict (they accept exactly what the builders produce) and return None for any other key: the orphan
 reconciler lists the whole bucket, which may hold objects that are not ours.
 """
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 
 BLOCKS_PREFIX = "blocks/"
 SEGMENTS_PREFIX = "segments/"
+STARTS_PREFIX = "starts/"
 BLOCK_SUFFIX = ".blk"
 SEGMENT_SUFFIX = ".ilog"
 SEGMENT_INDEX_SUFFIX = ".index"
@@ -47,6 +53,7 @@ _TOPIC = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?"
 _DECIMAL = r"0|[1-9][0-9]*"
 _TOPIC_RE = re.compile(_TOPIC)
 _ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+_START_KEY_RE = re.compile(rf"starts/(?P<topic>{_TOPIC})/(?P<partition>{_DECIMAL})")
 _BLOCK_KEY_RE = re.compile(rf"blocks/(?P<hash>[0-9a-f]{{4}})/(?P<broker>{_DECIMAL})/(?P<id>[0-9A-Z]{{26}})\.blk")
 _SEGMENT_KEY_RE = re.compile(
     rf"segments/(?P<topic>{_TOPIC})/(?P<partition>{_DECIMAL})/"
@@ -197,6 +204,24 @@ def _parse_segment(object_key: str, suffix: str) -> SegmentKey | None:
     if partition > MAX_PARTITION or not base <= last <= MAX_U64:
         return None
     return SegmentKey(m["topic"], partition, base, last, int(m["freeze"]))
+
+
+def partition_start_key(topic: str, partition: int) -> str:
+    _check_topic(topic)
+    _check_partition(partition)
+    return f"{STARTS_PREFIX}{topic}/{partition}"
+
+
+def starts_prefix() -> str:
+    return STARTS_PREFIX
+
+
+def parse_partition_start_key(object_key: str) -> tuple[str, int] | None:
+    """(topic, partition) of a `starts/` key, or None."""
+    m = _START_KEY_RE.fullmatch(object_key)
+    if m is None or int(m["partition"]) > MAX_PARTITION:
+        return None
+    return m["topic"], int(m["partition"])
 
 
 def _check_topic(topic: str) -> None:

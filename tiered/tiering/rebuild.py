@@ -43,7 +43,7 @@ import asyncio
 import bisect
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Protocol, TypeVar
 
@@ -108,6 +108,8 @@ class RebuildReport:
     blocks_abandoned: int = 0  # every run superseded by a newer block: recorded `deleting`
     runs: int = 0
     runs_superseded: int = 0
+    runs_expired: int = 0  # below their partition's start (retention expired them; their block awaited its sweep)
+    segments_expired: int = 0
     runs_pruned: int = 0  # covered by remote segments
     blocks_emptied: int = 0  # left without runs by the prune: `deleting`
     segments: int = 0
@@ -156,10 +158,12 @@ async def rebuild_catalog(
     report = RebuildReport()
     found_blocks = await _read_blocks(store, report, progress, concurrency)
     found_segments = await _read_segments(store, report, progress, concurrency, read_timestamps)
+    starts = await _read_starts(store, report)
+    found_blocks, found_segments = _below_starts_removed(found_blocks, found_segments, starts, report)
 
     kept, abandoned = _resolve_runs(found_blocks, report)
     segments = _resolve_segments(found_segments, report)
-    await _write(catalog, report, kept, abandoned, segments, grace, now)
+    await _write(catalog, report, kept, abandoned, segments, starts, grace, now)
     return report
 
 
@@ -261,6 +265,38 @@ async def _read_segments(
     return [segment for segment in found if segment is not None]
 
 
+async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[tuple[str, int], int]:
+    """Each partition's first available seq as remote retention last wrote it (tiered.tiering.keys)."""
+    starts: dict[tuple[str, int], int] = {}
+    async for info in store.list(keys.starts_prefix()):
+        where = keys.parse_partition_start_key(info.object_key)
+        if where is None:
+            report.foreign.append(info.object_key)
+            continue
+        try:
+            starts[where] = int((await store.get(info.object_key)).decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            report.damaged.append(info.object_key)
+        except ObjectNotFound:
+            continue
+    return starts
+
+
+def _below_starts_removed(
+    blocks: list[FoundBlock], segments: list[FoundSegment], starts: dict[tuple[str, int], int], report: RebuildReport
+) -> tuple[list[FoundBlock], list[FoundSegment]]:
+    """Runs and remote segments wholly below their partition's start: history retention expired, whose objects were
+    still waiting for their deletion. A block left without runs is recorded as abandoned (`deleting`)."""
+    kept_blocks = []
+    for block in blocks:
+        runs = tuple(r for r in block.runs if r.last_seq >= starts.get((r.topic, r.partition), 0))
+        report.runs_expired += len(block.runs) - len(runs)
+        kept_blocks.append(block if len(runs) == len(block.runs) else replace(block, runs=runs))
+    kept_segments = [s for s in segments if s.key.last >= starts.get((s.key.topic, s.key.partition), 0)]
+    report.segments_expired += len(segments) - len(kept_segments)
+    return kept_blocks, kept_segments
+
+
 def _segment_order(key: keys.SegmentKey) -> tuple:
     return key.topic, key.partition, key.base, key.last, key.freeze_ts
 
@@ -317,6 +353,9 @@ def _resolve_runs(
     order = lambda b: (max(r.leader_epoch for r in b.runs), b.created_at, b.object_key)  # noqa: E731
     for block in sorted(found, key=order, reverse=True):
         runs = [r for r in block.runs if taken[(r.topic, r.partition)].take(r.from_seq, r.last_seq)]
+        if not block.runs:
+            abandoned.append(block)
+            continue
         report.runs_superseded += len(block.runs) - len(runs)
         if runs:
             kept.append(RestoredBlock(block.object_key, block.broker_id, block.size_bytes, block.created_at,
@@ -348,6 +387,7 @@ async def _write(
     kept: list[RestoredBlock],
     abandoned: list[FoundBlock],
     segments: list[FoundSegment],
+    starts: dict[tuple[str, int], int],
     grace: timedelta,
     now: datetime,
 ) -> None:
@@ -385,16 +425,15 @@ async def _write(
         await asyncio.to_thread(catalog_blocks.abandon_block, catalog, block_id, grace=grace, now=now)
     report.blocks_abandoned = len(abandoned)
 
-    copied: dict[tuple[str, int], int] = {}
     for segment in segments:
         key = segment.key
-        copied[(key.topic, key.partition)] = max(copied.get((key.topic, key.partition), 0), key.last)
         pruned = await asyncio.to_thread(catalog_blocks.prune_runs_within, catalog, key.topic, key.partition,
                                          from_seqs[(key.topic, key.partition, key.base)], key.last, grace=grace,
                                          now=now)
         report.runs_pruned += pruned.runs_deleted
         report.blocks_emptied += pruned.blocks_marked
-    await asyncio.to_thread(catalog_restore.restore_partition_bounds, catalog, _bounds(kept, segments, copied))
+    await asyncio.to_thread(catalog_restore.restore_partition_bounds, catalog,
+                            _bounds(kept, segments, from_seqs, starts))
 
 
 def _segment_from_seqs(kept: list[RestoredBlock], segments: list[FoundSegment]) -> dict[tuple[str, int, int], int]:
@@ -430,12 +469,15 @@ def _segment_meta(segment: FoundSegment) -> SegmentMeta:
 
 
 def _bounds(
-    kept: list[RestoredBlock], segments: list[FoundSegment], copied: dict[tuple[str, int], int]
+    kept: list[RestoredBlock], segments: list[FoundSegment], from_seqs: dict[tuple[str, int, int], int],
+    starts: dict[tuple[str, int], int],
 ) -> list[PartitionBounds]:
-    """The bounds of every partition holding something: the hwmark is the
-    highest seq anywhere; the first available seq the lowest one still held once runs below copied seqs are gone."""
+    """The bounds of every partition holding something: the hwmark is the highest seq anywhere; the first available
+    seq the lowest one a remote segment or a run no segment answers for holds, and never below the partition's
+    start as retention wrote it."""
     firsts: dict[tuple[str, int], int] = {}
     hwmarks: dict[tuple[str, int], int] = {}
+    answering: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
 
     def hold(where: tuple[str, int], first: int, last: int, readable: bool) -> None:
         hwmarks[where] = max(hwmarks.get(where, 0), last)
@@ -443,10 +485,14 @@ def _bounds(
             firsts[where] = min(firsts.get(where, first), first)
 
     for segment in segments:
-        hold((segment.key.topic, segment.key.partition), segment.key.base, segment.key.last, True)
+        key = segment.key
+        hold((key.topic, key.partition), key.base, key.last, True)
+        answering[(key.topic, key.partition)].append((from_seqs[(key.topic, key.partition, key.base)], key.last))
     for block in kept:
         for run in block.runs:
             where = (run.topic, run.partition)
-            hold(where, run.first_seq, run.last_seq, run.last_seq > copied.get(where, 0))
-    return [PartitionBounds(topic, partition, firsts.get((topic, partition), 0), hwmark)
+            pruned = any(low <= run.from_seq and run.last_seq <= high for low, high in answering[where])
+            hold(where, run.first_seq, run.last_seq, not pruned)
+    return [PartitionBounds(topic, partition, max(firsts.get((topic, partition), 0), starts.get((topic, partition), 0)),
+                            hwmark)
             for (topic, partition), hwmark in sorted(hwmarks.items())]

@@ -11,10 +11,11 @@ prefix of the partition's history, while
 
 One pass, in this order, each step safe to repeat after a crash:
 1. Segments left in DELETE_STARTED by an interrupted pass are finished first: objects deleted, DELETE_FINISHED.
-2. The partition's first available seq moves past the expired segments (to the next remaining remote segment's
-   base, else to the seq after the last expired one) BEFORE any of them stops being readable, so that a consumer
-   below it gets the boundary fault with a seq that is still served, never a seq whose objects are going away.
-   set_first_available never moves it back.
+2. The partition's first available seq moves past the expired segments (to the seq after the last expired one, or
+   the base of the next remote segment when that one answers for the seqs between) BEFORE any of them stops being
+   readable, so that a consumer below it gets the boundary fault with a seq that is still served, never a seq
+   whose objects are going away. set_first_available never moves it back. The new start is also written to the
+   bucket (tiered.tiering.keys.partition_start_key), for a catalog rebuilt from the bucket.
 3. Per segment: DELETE_STARTED (it stops being readable and leaves remote_bytes), delete the `.ilog` and `.index`
    objects, DELETE_FINISHED.
 4. Block runs below the first available seq (if any: one index probe) are pruned; blocks left without runs become
@@ -38,6 +39,7 @@ from tiered.catalog import segments as catalog_segments
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
 from tiered.catalog.segments import SegmentRow
 from tiered.storage.topic_config import TopicConfig
+from tiered.tiering import keys
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.store import ObjectStore
 
@@ -102,6 +104,7 @@ async def enforce_remote_retention(
         first = await _first_kept_seq(catalog, topic, partition, expired[-1])
         report.first_available_seq = await catalog.write(catalog_partitions.set_first_available, topic, partition,
                                                          first)
+        await store.put(keys.partition_start_key(topic, partition), str(report.first_available_seq).encode())
         for segment in expired:
             await catalog.write(catalog_segments.segment_delete_started, topic, partition, segment.base_seq, now=now)
             await _delete_objects(store, segment)

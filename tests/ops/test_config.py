@@ -44,6 +44,7 @@ SAMPLES = {
     "read_only": ("true", "1", True),
     "block_max_bytes": ('"512kb"', "512KiB", 512 << 10),
     "block_max_age_ms": ("100", "100", 100),
+    "produce_ack_timeout_ms": ("2500", "2500", 2500),
     "shutdown_timeout_s": ("12.5", "12.5", 12.5),
     "log_level": ('"debug"', "DEBUG", "debug"),
     "log_format": ('"json"', "json", "json"),
@@ -54,6 +55,7 @@ OTHER = {
     "catalog_url": ("sqlite:///x.db", "sqlite:///x.db"), "store_url": ("file:///objects", "file:///objects"),
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
+    "produce_ack_timeout_ms": ("900", 900),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
 }
 BARE_FLAGS = {"s3_path_style", "read_only"}
@@ -153,6 +155,7 @@ BAD = {
     "read_only": ("2", "bad boolean"),
     "block_max_bytes": ("12", "1 KiB"),
     "block_max_age_ms": ("0", "1 ms"),
+    "produce_ack_timeout_ms": ("0", "1 ms"),
     "shutdown_timeout_s": ("nan", "positive number of seconds"),
     "log_level": ("loud", "not one of"),
     "log_format": ("xml", "not one of"),

@@ -160,7 +160,7 @@ async def test_reconciler_deletions_are_counted(ops_broker):
     before = await scrape(app.http.port)
     assert before.value("tiered_reconciler_deletions_total") == 0  # exported before the first deletion
     tiering = app.tier
-    tiering.grace = timedelta(0)  # the orphan is old enough at once (no block is pending: nothing else qualifies)
+    tiering.remote.grace = timedelta(0)  # the orphan is old enough at once (no block is pending: nothing else qualifies)
     assert await tiering.reconcile_pass() == 1
     m = await scrape(app.http.port)
     assert m.value("tiered_reconciler_deletions_total") == 1

@@ -74,14 +74,13 @@ def log(text: str) -> None:
 
 async def start_broker(data_dir: Path, catalog_url: str, bucket: str):
     from tiered.config import Settings
-    from tiered.server.app import App
-    from tiered.tiering.service import TieringService
+    from tiered.server.app import App, tiering_service
 
     settings = Settings(data_dir=data_dir, listen="127.0.0.1:0", http_listen="off", catalog_url=catalog_url,
                         store_url=f"s3://{bucket}/t", s3_path_style=True)
-    app = App(settings, tiering=TieringService(settings))
+    app = App(settings, tier=tiering_service())
     await app.start()
-    app.probe = ReaderProbe(app.broker.fetch.remote)  # the benchmark's own attribute, for this run only
+    app.probe = ReaderProbe(app.tier.remote.reader)  # the benchmark's own attribute, for this run only
     return app
 
 
@@ -112,7 +111,7 @@ async def copied_segments(app, topic: str) -> list:
     from tiered.catalog import segments as catalog_segments
     from tiered.catalog.states import SegmentState
 
-    return await app.broker.tiering.catalog.call(catalog_segments.list_segments, topic, 0,
+    return await app.tier.catalog.read(catalog_segments.list_segments, topic, 0,
                                                  states=(SegmentState.COPY_FINISHED,))
 
 
@@ -124,7 +123,7 @@ async def produce_and_tier(app, client: ClientProcess, topic: str, config: dict,
     size, _, seconds = await client.call("produce", port, topic, total_bytes, VALUE_BYTES, PER_BUNDLE)
     log(f"{topic}: produced {size / 1e6:.0f} MB of values in {seconds:.1f} s with durable acks")
     part = app.broker.registry.get(topic, 0)
-    copier = app.broker.tiering.copier
+    copier = app.tier.remote.copier
     deadline = time.monotonic() + 600
     # The copier's own record of finished copies is what local retention asks (may_delete), so wait on it.
     while not all(copier.is_copied(topic, 0, segment.base) for segment in part.log.segments):
@@ -189,17 +188,17 @@ async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, r
                        bucket: str) -> list[Row]:
     """Local, remote cold, remote with the index cached, remote warm, and moto's own GET, interleaved sample by
     sample so that a change in the machine's load during the run hits every row alike."""
-    from tiered.tiering.remote_fetch import IndexCache, SegmentCache
+    from tiered.tiering.caches import RangeCache, SizedLru
 
-    remote = app.broker.fetch.remote
+    remote = app.tier.remote.reader
     await client.call("connect", app.broker.port)
 
     def empty_all():
-        remote.segments = SegmentCache()
-        remote.indexes = IndexCache()
+        remote.segments = RangeCache()
+        remote.indexes = SizedLru(64 << 20, lambda index: index.size_bytes)
 
     def empty_rows():
-        remote.segments = SegmentCache()
+        remote.segments = RangeCache()
 
     local, cold, index_cached, warm = Row("local"), Row("remote cold"), Row("remote index cached"), Row("remote warm")
     moto = Row("moto GET (no broker)")

@@ -214,7 +214,7 @@ def fill_catalog(url: str) -> None:
 
     from tiered.catalog import Catalog
     from tiered.catalog import topics as catalog_topics
-    from tiered.catalog.models import Block, BlockRun, Partition, Segment
+    from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
     from tiered.tiering import keys
 
     cat = Catalog.open(url)
@@ -245,10 +245,10 @@ def fill_catalog(url: str) -> None:
                                  min_ts_ms=t0, max_ts_ms=t0))
         hwmark = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + PLAN_RUNS_PER_PARTITION * 100
         with cat.write() as conn:
-            conn.execute(insert(Segment), segments)
-            conn.execute(insert(Block), blocks)
-            conn.execute(insert(BlockRun), runs)
-            conn.execute(update(Partition).where(Partition.topic == TOPIC)
+            conn.execute(insert(SegmentModel), segments)
+            conn.execute(insert(BlockModel), blocks)
+            conn.execute(insert(BlockRunModel), runs)
+            conn.execute(update(PartitionModel).where(PartitionModel.topic == TOPIC)
                          .values(hwmark_seq=hwmark, first_available_seq=1, leader_broker=1, leader_epoch=1))
     finally:
         cat.close()

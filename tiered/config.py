@@ -14,17 +14,15 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
+
+from tiered.catalog.engine import mask_url
+from tiered.storage.topic_config import parse_size as parse_topic_size
 
 DEFAULT_PORT = 11011
 DEFAULT_HTTP_PORT = 9102
 ENV_PREFIX = "TIERED_"
 _OFF = ("off", "none", "false", "0", "")  # http_listen values that turn the HTTP endpoint off
 
-_SIZE_UNITS = {
-    "": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
-}
 
 
 class SettingsError(ValueError):
@@ -105,12 +103,13 @@ def parse_endpoint(text: str, default_port: int) -> tuple[str, int]:
 
 
 def parse_size(text: str | int) -> int:
+    """A size as topic configs spell it (TANK's grammar: `8m`, `512KiB`, `1g+512mb`; 1024-based)."""
     if isinstance(text, int):
         return text
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise SettingsError(f"bad size {text!r} (use a number with b, k, m, g, t, KiB, MiB or GiB)")
-    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    try:
+        return parse_topic_size("".join(str(text).split()))
+    except ValueError:
+        raise SettingsError(f"bad size {text!r} (use a number with b, k, m, g, t, KiB, MiB or GiB)") from None
 
 
 def parse_bool(text: str | bool) -> bool:
@@ -136,17 +135,6 @@ def parse_broker_id(text: str | int, hostname: str | None = None) -> int:
     if not text.isdigit():
         raise SettingsError(f"bad broker id {text!r} (a number, or auto)")
     return int(text)
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, so it can be logged."""
-    if not isinstance(url, str) or "@" not in url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _endpoint(default_port: int, may_be_off: bool = False):

@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tiered.catalog import Catalog, CatalogUnavailable, mask_url
 from tiered.catalog.blocks import commit_block, find_run, insert_pending_block, runs_for_range
 from tiered.catalog.engine import normalize_url
-from tiered.catalog.models import Block
+from tiered.catalog.models import BlockModel
 from tiered.catalog.partitions import claim_partitions
 from tiered.catalog.segments import find_remote_segment
 from tiered.catalog.topics import create_topic, get_topic
@@ -76,7 +76,7 @@ def test_a_missing_schema_is_not_transient(tmp_path, pg_empty_url):
 
 def test_constraints_hold_on_both_backends(cat):
     with pytest.raises(IntegrityError), cat.write() as conn:
-        conn.execute(insert(Block).values(object_key="k", state="lost", broker_id=1, size_bytes=1, created_at=T0))
+        conn.execute(insert(BlockModel).values(object_key="k", state="lost", broker_id=1, size_bytes=1, created_at=T0))
     with pytest.raises((IntegrityError, OperationalError)), cat.write() as conn:
         conn.execute(text("INSERT INTO partitions (topic, partition) VALUES ('no-such-topic', 0)"))
 

@@ -14,7 +14,7 @@ from sqlalchemy import insert, inspect
 
 from tiered.catalog import Catalog, SegmentState, segments, topics
 from tiered.catalog.migrate import alembic_config, current, head, migrations_dir, upgrade
-from tiered.catalog.models import Base, Segment
+from tiered.catalog.models import Base, SegmentModel
 
 from .rows import T0, segment
 
@@ -75,7 +75,7 @@ def test_0002_indexes_the_segments_mid_deletion_of_a_catalog_in_use(empty_url):
         topics.create_topic(cat, "t", 1, now=T0)
         for base, state in ((1, "DELETE_FINISHED"), (11, "DELETE_STARTED"), (21, "COPY_FINISHED")):
             with cat.write() as conn:
-                conn.execute(insert(Segment).values(
+                conn.execute(insert(SegmentModel).values(
                     **asdict(segment("t", 0, base, base + 9, 0)), state=state, updated_at=T0))
     assert upgrade(empty_url) == ("0001", head())
     index = segment_indexes(empty_url)["ix_segments_delete_started"]
@@ -108,7 +108,7 @@ def test_0003_gives_a_catalog_in_use_its_history_and_coverage(empty_url):
                           "VALUES ('blk/1', 'committed', 3, 10, CURRENT_TIMESTAMP)"))
         conn.execute(text("INSERT INTO block_runs (block_id, position, topic, partition, first_seq, last_seq, "
                           "length_bytes, messages, min_ts_ms, max_ts_ms) VALUES (1, 0, 't', 0, 31, 40, 10, 10, 0, 0)"))
-        conn.execute(insert(Segment).values(**asdict(segment("t", 0, 1, 30, 7)), state="COPY_FINISHED",
+        conn.execute(insert(SegmentModel).values(**asdict(segment("t", 0, 1, 30, 7)), state="COPY_FINISHED",
                                             updated_at=T0))
     assert upgrade(empty_url) == ("0002", head())
     with Catalog.open(empty_url) as cat, cat.read() as conn:

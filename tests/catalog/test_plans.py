@@ -160,11 +160,11 @@ def test_a_full_scan_is_seen(cat, filled):
     """The check above can fail: a lookup by an unindexed column is reported."""
     from sqlalchemy import select
 
-    from tiered.catalog.models import Block
+    from tiered.catalog.models import BlockModel
 
     def unindexed():
         with cat.read() as conn:
-            conn.execute(select(Block.block_id).where(Block.size_bytes == 300)).all()
+            conn.execute(select(BlockModel.block_id).where(BlockModel.size_bytes == 300)).all()
 
     [(_, plan)] = explain(cat, unindexed)
     assert full_scans(cat.backend, plan) != [], plan

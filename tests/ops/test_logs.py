@@ -57,6 +57,21 @@ def test_an_unreachable_catalog_with_a_password_in_its_url(tmp_path, log_format)
         assert starting["settings"]["catalog_url"] == "postgresql+psycopg://tiered:***@127.0.0.1:1/tiered"
 
 
+@pytest.mark.parametrize("password", ["se#cret-catalog-pw", "se?cret-catalog-pw", "se/cret/catalog-pw",
+                                      "a#b?c/d-e-catalog"])
+def test_a_catalog_password_that_urlsplit_misreads_is_masked_too(tmp_path, password):
+    """`#`, `?` and `/` end a URL's authority for urlsplit, which then finds no password; SQLAlchemy, which connects,
+    reads the whole password: masking must use the same parser, or the start-up line prints it in clear."""
+    url = f"postgresql+psycopg://tiered:{password}@127.0.0.1:1/tiered"
+    proc = _run_failing(tmp_path, "text", "--catalog", url)
+    output = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 1, output
+    for fragment in {password, *password.replace("/", "#").replace("?", "#").split("#")} - {"a", "b", "c"}:
+        if len(fragment) >= 6:
+            assert fragment not in output, f"{fragment!r} printed:\n{output}"
+    assert "tiered:***@127.0.0.1:1/tiered" in output
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_a_refused_store_url_with_credentials_in_it(tmp_path, log_format):
     proc = _run_failing(tmp_path, log_format, "--store", f"ftp://user:{CATALOG_PASSWORD}@files.example/x")

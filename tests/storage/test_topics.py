@@ -10,7 +10,7 @@ from tiered.storage.topics import (
     PartitionConfigError,
     TopicDir,
     TopicDirError,
-    TopicExists,
+    TopicDirExists,
     create_topic_dir,
     is_valid_topic_name,
     read_partition_config,
@@ -43,7 +43,7 @@ def test_create_topic_dir(tmp_path):
     assert not os.path.exists(tmp_path / ".events")
     create_topic_dir(str(tmp_path), "logs", 1)
     assert os.listdir(tmp_path / "logs") == ["0"]  # no config file for an empty config
-    with pytest.raises(TopicExists):
+    with pytest.raises(TopicDirExists):
         create_topic_dir(str(tmp_path), "events", 1)
 
 

@@ -17,7 +17,7 @@ from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.migrate import upgrade
-from tiered.catalog.models import Block, BlockRun, Partition, Segment, Topic
+from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel, TopicModel
 from tiered.cli.main import main as cli_main
 from tiered.client import BoundaryError, Client
 from tiered.protocol.bundle import Message, encode_bundle, encode_record
@@ -54,21 +54,21 @@ def snapshot(url: str) -> dict[str, list[tuple]]:
                 return sorted(tuple(r) for r in conn.execute(query))
 
             return {
-                "topics": rows(select(Topic.name, Topic.partitions)),
-                "partitions": rows(select(Partition.topic, Partition.partition, Partition.first_available_seq,
-                                          Partition.hwmark_seq, Partition.remote_bytes)),
-                "blocks": rows(select(Block.object_key, Block.state, Block.broker_id, Block.size_bytes)),
+                "topics": rows(select(TopicModel.name, TopicModel.partitions)),
+                "partitions": rows(select(PartitionModel.topic, PartitionModel.partition, PartitionModel.first_available_seq,
+                                          PartitionModel.hwmark_seq, PartitionModel.remote_bytes)),
+                "blocks": rows(select(BlockModel.object_key, BlockModel.state, BlockModel.broker_id, BlockModel.size_bytes)),
                 "runs": rows(
-                    select(Block.object_key, BlockRun.topic, BlockRun.partition, BlockRun.first_seq, BlockRun.last_seq,
-                           BlockRun.position, BlockRun.length_bytes, BlockRun.messages, BlockRun.min_ts_ms,
-                           BlockRun.max_ts_ms, BlockRun.from_seq, BlockRun.leader_epoch)
-                    .join(Block, Block.block_id == BlockRun.block_id)
+                    select(BlockModel.object_key, BlockRunModel.topic, BlockRunModel.partition, BlockRunModel.first_seq, BlockRunModel.last_seq,
+                           BlockRunModel.position, BlockRunModel.length_bytes, BlockRunModel.messages, BlockRunModel.min_ts_ms,
+                           BlockRunModel.max_ts_ms, BlockRunModel.from_seq, BlockRunModel.leader_epoch)
+                    .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
                 ),
                 "segments": rows(
-                    select(Segment.topic, Segment.partition, Segment.base_seq, Segment.last_seq, Segment.object_key,
-                           Segment.index_object_key, Segment.size_bytes, Segment.index_size_bytes, Segment.min_ts_ms,
-                           Segment.max_ts_ms, Segment.freeze_ts, Segment.from_seq)
-                    .where(Segment.state == SegmentState.COPY_FINISHED)
+                    select(SegmentModel.topic, SegmentModel.partition, SegmentModel.base_seq, SegmentModel.last_seq, SegmentModel.object_key,
+                           SegmentModel.index_object_key, SegmentModel.size_bytes, SegmentModel.index_size_bytes, SegmentModel.min_ts_ms,
+                           SegmentModel.max_ts_ms, SegmentModel.freeze_ts, SegmentModel.from_seq)
+                    .where(SegmentModel.state == SegmentState.COPY_FINISHED)
                 ),
             }
     finally:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock
-from tiered.catalog.models import Block, BlockRun, Partition, Segment
+from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.states import BLOCK_TRANSITIONS, BlockState
 
@@ -95,26 +95,26 @@ class BlockRow:
 
 
 _BLOCK_COLUMNS = (
-    Block.block_id,
-    Block.object_key,
-    Block.state,
-    Block.broker_id,
-    Block.size_bytes,
-    Block.created_at,
-    Block.committed_at,
-    Block.delete_after,
+    BlockModel.block_id,
+    BlockModel.object_key,
+    BlockModel.state,
+    BlockModel.broker_id,
+    BlockModel.size_bytes,
+    BlockModel.created_at,
+    BlockModel.committed_at,
+    BlockModel.delete_after,
 )
 # Only columns of ix_block_runs_lookup (PostgreSQL answers from the index alone), plus the block's object key.
 _LOCATION_COLUMNS = (
-    BlockRun.from_seq,
-    BlockRun.first_seq,
-    BlockRun.last_seq,
-    BlockRun.position,
-    BlockRun.length_bytes,
-    BlockRun.block_id,
-    Block.object_key,
-    BlockRun.min_ts_ms,
-    BlockRun.max_ts_ms,
+    BlockRunModel.from_seq,
+    BlockRunModel.first_seq,
+    BlockRunModel.last_seq,
+    BlockRunModel.position,
+    BlockRunModel.length_bytes,
+    BlockRunModel.block_id,
+    BlockModel.object_key,
+    BlockRunModel.min_ts_ms,
+    BlockRunModel.max_ts_ms,
 )
 
 
@@ -127,7 +127,7 @@ def insert_pending_block(
     try:
         with cat.write() as conn:
             return conn.execute(
-                insert(Block)
+                insert(BlockModel)
                 .values(
                     object_key=object_key,
                     state=BlockState.PENDING,
@@ -135,12 +135,12 @@ def insert_pending_block(
                     size_bytes=size_bytes,
                     created_at=utcnow(now),
                 )
-                .returning(Block.block_id)
+                .returning(BlockModel.block_id)
             ).scalar_one()
     except IntegrityError:  # the key exists (object keys are unique): a retry of an insert that landed?
         with cat.read() as conn:
             existing = conn.execute(
-                select(Block.block_id, Block.broker_id, Block.state).where(Block.object_key == object_key)
+                select(BlockModel.block_id, BlockModel.broker_id, BlockModel.state).where(BlockModel.object_key == object_key)
             ).first()
         if existing is None or existing.broker_id != broker_id or existing.state != BlockState.PENDING:
             raise ValueError(f"block {object_key} already exists"
@@ -194,16 +194,16 @@ def commit_block(
     with cat.write() as conn:
         partitions = lock_partitions(conn, keys)
         moved = conn.execute(
-            update(Block)
+            update(BlockModel)
             .where(
-                Block.block_id == block_id,
-                Block.broker_id == broker_id,
-                Block.state.in_(BLOCK_TRANSITIONS.sources(BlockState.COMMITTED)),
+                BlockModel.block_id == block_id,
+                BlockModel.broker_id == broker_id,
+                BlockModel.state.in_(BLOCK_TRANSITIONS.sources(BlockState.COMMITTED)),
             )
             .values(state=BlockState.COMMITTED, committed_at=committed_at)
         )
         if moved.rowcount == 0:
-            block = conn.execute(select(Block.state, Block.broker_id).where(Block.block_id == block_id)).first()
+            block = conn.execute(select(BlockModel.state, BlockModel.broker_id).where(BlockModel.block_id == block_id)).first()
             if block is None:
                 raise UnknownBlock(block_id)
             if block.broker_id != broker_id:
@@ -219,7 +219,7 @@ def commit_block(
             first = by_partition[key][0]
             if first.from_seq != state.hwmark_seq + 1 or first.leader_epoch != epochs[key]:
                 raise Discontinuity(key[0], key[1], state.hwmark_seq, first.from_seq)
-        conn.execute(insert(BlockRun), [{"block_id": block_id, **asdict(run)} for run in runs])
+        conn.execute(insert(BlockRunModel), [{"block_id": block_id, **asdict(run)} for run in runs])
         changes = [
             {
                 "k_topic": key[0],
@@ -230,8 +230,8 @@ def commit_block(
             for key in keys
         ]
         conn.execute(
-            update(Partition)
-            .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
+            update(PartitionModel)
+            .where(PartitionModel.topic == bindparam("k_topic"), PartitionModel.partition == bindparam("k_partition"))
             .values(hwmark_seq=bindparam("k_hwmark"), first_available_seq=bindparam("k_first")),
             changes,
         )
@@ -246,16 +246,16 @@ def abandon_block(
     Returns True if the block is now `deleting`, False if it must be kept: its commit landed after all and runs
     reference it. Raises UnknownBlock.
     """
-    unreferenced = ~exists().where(BlockRun.block_id == Block.block_id)
+    unreferenced = ~exists().where(BlockRunModel.block_id == BlockModel.block_id)
     with cat.write() as conn:
         moved = conn.execute(
-            update(Block)
-            .where(Block.block_id == block_id, Block.state == BlockState.PENDING, unreferenced)
+            update(BlockModel)
+            .where(BlockModel.block_id == block_id, BlockModel.state == BlockState.PENDING, unreferenced)
             .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
         )
         if moved.rowcount:
             return True
-        state = conn.execute(select(Block.state).where(Block.block_id == block_id)).scalar_one_or_none()
+        state = conn.execute(select(BlockModel.state).where(BlockModel.block_id == block_id)).scalar_one_or_none()
     if state is None:
         raise UnknownBlock(block_id)
     return state == BlockState.DELETING
@@ -263,7 +263,7 @@ def abandon_block(
 
 def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
     with cat.read() as conn:
-        row = conn.execute(select(*_BLOCK_COLUMNS).where(Block.block_id == block_id)).first()
+        row = conn.execute(select(*_BLOCK_COLUMNS).where(BlockModel.block_id == block_id)).first()
     return BlockRow(*row) if row else None
 
 
@@ -272,13 +272,13 @@ def _locations(topic: str, partition: int, from_seq: int, limit: int):
     # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe.
     return (
         select(*_LOCATION_COLUMNS)
-        .join(Block, Block.block_id == BlockRun.block_id)
+        .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
         .where(
-            BlockRun.topic == topic,
-            BlockRun.partition == partition,
-            BlockRun.last_seq >= from_seq,
+            BlockRunModel.topic == topic,
+            BlockRunModel.partition == partition,
+            BlockRunModel.last_seq >= from_seq,
         )
-        .order_by(BlockRun.last_seq)
+        .order_by(BlockRunModel.last_seq)
         .limit(limit)
     )
 
@@ -312,13 +312,13 @@ def prune_runs_in(
     `deleting`. A remote segment that answers for exactly that range calls it: a run is pruned only when a remote
     segment holds every seq it answers for, never because its seqs are merely lower."""
     victims = (
-        select(BlockRun.block_id, BlockRun.position)
+        select(BlockRunModel.block_id, BlockRunModel.position)
         .where(
-            BlockRun.topic == topic,
-            BlockRun.partition == partition,
-            BlockRun.last_seq <= last_seq,
-            BlockRun.last_seq >= from_seq,
-            BlockRun.from_seq >= from_seq,
+            BlockRunModel.topic == topic,
+            BlockRunModel.partition == partition,
+            BlockRunModel.last_seq <= last_seq,
+            BlockRunModel.last_seq >= from_seq,
+            BlockRunModel.from_seq >= from_seq,
         )
     )
     return _delete_runs(conn, victims, grace, now)
@@ -353,9 +353,9 @@ def prune_runs_below(
     them: no reader may ask for their seqs), oldest first, and marks blocks left without runs `deleting`. Call
     again while `runs_deleted == limit`."""
     victims = (
-        select(BlockRun.block_id, BlockRun.position)
-        .where(BlockRun.topic == topic, BlockRun.partition == partition, BlockRun.last_seq < first_available)
-        .order_by(BlockRun.last_seq)
+        select(BlockRunModel.block_id, BlockRunModel.position)
+        .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq < first_available)
+        .order_by(BlockRunModel.last_seq)
         .limit(limit)
     )
     with cat.write() as conn:
@@ -364,9 +364,9 @@ def prune_runs_below(
 
 def _delete_runs(conn: Connection, victims, grace: timedelta, now: datetime | None) -> PruneResult:
     touched = conn.execute(
-        delete(BlockRun)
-        .where(tuple_(BlockRun.block_id, BlockRun.position).in_(victims))
-        .returning(BlockRun.block_id)
+        delete(BlockRunModel)
+        .where(tuple_(BlockRunModel.block_id, BlockRunModel.position).in_(victims))
+        .returning(BlockRunModel.block_id)
     ).scalars().all()
     block_ids = sorted(set(touched))
     if not block_ids:
@@ -375,14 +375,14 @@ def _delete_runs(conn: Connection, victims, grace: timedelta, now: datetime | No
     # sharing a block then check one after the other, and the later one sees the earlier one's deletes. An
     # unlocked NOT EXISTS would let each see the other's runs and neither mark the block: a leaked object.
     conn.execute(
-        select(Block.block_id).where(Block.block_id.in_(block_ids)).order_by(Block.block_id).with_for_update()
+        select(BlockModel.block_id).where(BlockModel.block_id.in_(block_ids)).order_by(BlockModel.block_id).with_for_update()
     )
     marked = conn.execute(
-        update(Block)
+        update(BlockModel)
         .where(
-            Block.block_id.in_(block_ids),
-            Block.state.in_(BLOCK_TRANSITIONS.sources(BlockState.DELETING)),
-            ~exists().where(BlockRun.block_id == Block.block_id),
+            BlockModel.block_id.in_(block_ids),
+            BlockModel.state.in_(BLOCK_TRANSITIONS.sources(BlockState.DELETING)),
+            ~exists().where(BlockRunModel.block_id == BlockModel.block_id),
         )
         .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
     )
@@ -394,8 +394,8 @@ def blocks_to_sweep(cat: Catalog, now: datetime, limit: int) -> list[BlockRow]:
     with cat.read() as conn:
         rows = conn.execute(
             select(*_BLOCK_COLUMNS)
-            .where(Block.state == BlockState.DELETING, Block.delete_after <= now)
-            .order_by(Block.delete_after)
+            .where(BlockModel.state == BlockState.DELETING, BlockModel.delete_after <= now)
+            .order_by(BlockModel.delete_after)
             .limit(limit)
         )
         return [BlockRow(*r) for r in rows]
@@ -407,7 +407,7 @@ def delete_block_rows(cat: Catalog, block_ids: Iterable[int]) -> int:
     if not ids:
         return 0
     with cat.write() as conn:
-        done = conn.execute(delete(Block).where(Block.block_id.in_(ids), Block.state == BlockState.DELETING))
+        done = conn.execute(delete(BlockModel).where(BlockModel.block_id.in_(ids), BlockModel.state == BlockState.DELETING))
     return done.rowcount
 
 
@@ -417,8 +417,8 @@ def pending_blocks_older_than(cat: Catalog, before: datetime, limit: int) -> lis
     with cat.read() as conn:
         rows = conn.execute(
             select(*_BLOCK_COLUMNS)
-            .where(Block.state == BlockState.PENDING, Block.created_at < before)
-            .order_by(Block.created_at)
+            .where(BlockModel.state == BlockState.PENDING, BlockModel.created_at < before)
+            .order_by(BlockModel.created_at)
             .limit(limit)
         )
         return [BlockRow(*r) for r in rows]
@@ -432,9 +432,9 @@ def known_object_keys(cat: Catalog, object_keys: Iterable[str]) -> set[str]:
     with cat.read() as conn:
         for start in range(0, len(keys), 500):
             chunk = keys[start : start + 500]
-            query = select(Block.object_key).where(Block.object_key.in_(chunk)).union_all(
-                select(Segment.object_key).where(Segment.object_key.in_(chunk)),
-                select(Segment.index_object_key).where(Segment.index_object_key.in_(chunk)),
+            query = select(BlockModel.object_key).where(BlockModel.object_key.in_(chunk)).union_all(
+                select(SegmentModel.object_key).where(SegmentModel.object_key.in_(chunk)),
+                select(SegmentModel.index_object_key).where(SegmentModel.index_object_key.in_(chunk)),
             )
             known.update(conn.execute(query).scalars())
     return known

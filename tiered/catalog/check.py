@@ -20,7 +20,7 @@ from typing import Iterator
 from sqlalchemy import select
 
 from tiered.catalog.engine import Catalog
-from tiered.catalog.models import Block, BlockRun, Segment
+from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
 from tiered.catalog.partitions import PartitionState, get_partition_states
 from tiered.catalog.states import SegmentState
 
@@ -110,10 +110,10 @@ def _segments(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
     while True:
         with cat.read() as conn:
             rows = conn.execute(
-                select(Segment.base_seq, Segment.from_seq, Segment.last_seq, Segment.object_key)
-                .where(Segment.topic == topic, Segment.partition == partition, Segment.base_seq > after,
-                       Segment.state == SegmentState.COPY_FINISHED)
-                .order_by(Segment.base_seq)
+                select(SegmentModel.base_seq, SegmentModel.from_seq, SegmentModel.last_seq, SegmentModel.object_key)
+                .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.base_seq > after,
+                       SegmentModel.state == SegmentState.COPY_FINISHED)
+                .order_by(SegmentModel.base_seq)
                 .limit(PAGE)
             ).all()
         for base, from_seq, last, object_key in rows:
@@ -128,11 +128,11 @@ def _runs(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
     while True:
         with cat.read() as conn:
             rows = conn.execute(
-                select(BlockRun.last_seq, BlockRun.position, BlockRun.from_seq, BlockRun.first_seq, Block.object_key)
-                .join(Block, Block.block_id == BlockRun.block_id)
-                .where(BlockRun.topic == topic, BlockRun.partition == partition,
-                       (BlockRun.last_seq > after[0]) | ((BlockRun.last_seq == after[0]) & (BlockRun.position > after[1])))
-                .order_by(BlockRun.last_seq, BlockRun.position)
+                select(BlockRunModel.last_seq, BlockRunModel.position, BlockRunModel.from_seq, BlockRunModel.first_seq, BlockModel.object_key)
+                .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
+                .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition,
+                       (BlockRunModel.last_seq > after[0]) | ((BlockRunModel.last_seq == after[0]) & (BlockRunModel.position > after[1])))
+                .order_by(BlockRunModel.last_seq, BlockRunModel.position)
                 .limit(PAGE)
             ).all()
         for last, position, from_seq, first, object_key in rows:

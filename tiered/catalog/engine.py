@@ -42,8 +42,26 @@ def normalize_url(url: str | URL) -> URL:
 
 
 def mask_url(url: str | URL) -> str:
-    """The URL with its password replaced by ***, fit for logs and messages."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The URL with its password replaced by ***, fit for logs and messages. Parsed by SQLAlchemy, the parser that
+    connects, so a password holding `#`, `?` or `/` (which urlsplit misreads) is found whole. A text that is not a
+    URL is returned with everything between `://` and the last `@` masked."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    text = str(url)
+    try:
+        parsed = make_url(text)
+    except exc.ArgumentError:
+        scheme, sep, rest = text.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}" if sep and "@" in rest else text
+    return parsed.render_as_string(hide_password=True) if parsed.password is not None else text
+
+
+def url_password(url: str) -> str | None:
+    """The password in `url` as the driver will use it (None when there is none, or `url` is not a URL)."""
+    try:
+        return make_url(url).password
+    except exc.ArgumentError:
+        return None
 
 
 def make_engine(

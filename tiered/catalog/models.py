@@ -80,7 +80,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class Topic(Base):
+class TopicModel(Base):
     __tablename__ = "topics"
     __table_args__ = (CheckConstraint("partitions >= 1", name="partitions_positive"),)
 
@@ -90,7 +90,7 @@ class Topic(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
-class Partition(Base):
+class PartitionModel(Base):
     """One row per partition: who leads it, and what the catalog holds of it."""
 
     __tablename__ = "partitions"
@@ -107,7 +107,7 @@ class Partition(Base):
     remote_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
-class PartitionEpoch(Base):
+class PartitionEpochModel(Base):
     """The leadership history of a partition: one row per claim, written by the claim's own transaction.
 
     `start_seq` is the catalog's high-water mark + 1 when the epoch began, so epoch e holds the seqs
@@ -130,7 +130,7 @@ class PartitionEpoch(Base):
     claimed_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
-class Broker(Base):
+class BrokerModel(Base):
     __tablename__ = "brokers"
 
     broker_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
@@ -139,7 +139,7 @@ class Broker(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
-class Block(Base):
+class BlockModel(Base):
     """One multi-partition object in the bucket. The row exists before the object does (the intent row)."""
 
     __tablename__ = "blocks"
@@ -162,7 +162,7 @@ class Block(Base):
     delete_after: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
-class BlockRun(Base):
+class BlockRunModel(Base):
     """One partition's records inside a block: a byte range that is a valid consume chunk."""
 
     __tablename__ = "block_runs"
@@ -200,7 +200,7 @@ class BlockRun(Base):
     leader_epoch: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
-class Segment(Base):
+class SegmentModel(Base):
     """One sealed segment copied to the bucket: a TANK .ilog and its .index, unchanged."""
 
     __tablename__ = "segments"

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, and_, insert, or_, select, update
 
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
-from tiered.catalog.models import Partition, PartitionEpoch
+from tiered.catalog.models import PartitionEpochModel, PartitionModel
 
 # Statements that name many partitions are sent in batches of this many: well under PostgreSQL's 65,535 bind
 # parameters and SQLite's 32,766, with room for the other parameters of a statement.
@@ -34,13 +34,13 @@ class PartitionState:
 
 
 _COLUMNS = (
-    Partition.topic,
-    Partition.partition,
-    Partition.leader_broker,
-    Partition.leader_epoch,
-    Partition.first_available_seq,
-    Partition.hwmark_seq,
-    Partition.remote_bytes,
+    PartitionModel.topic,
+    PartitionModel.partition,
+    PartitionModel.leader_broker,
+    PartitionModel.leader_epoch,
+    PartitionModel.first_available_seq,
+    PartitionModel.hwmark_seq,
+    PartitionModel.remote_bytes,
 )
 
 
@@ -77,8 +77,8 @@ def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[t
         # does not for a row-value IN list). Batches go in key order, so the lock order holds across them.
         rows = conn.execute(
             select(*_COLUMNS)
-            .where(or_(*(and_(Partition.topic == t, Partition.partition.in_(ps)) for t, ps in by_topic.items())))
-            .order_by(Partition.topic, Partition.partition)
+            .where(or_(*(and_(PartitionModel.topic == t, PartitionModel.partition.in_(ps)) for t, ps in by_topic.items())))
+            .order_by(PartitionModel.topic, PartitionModel.partition)
             .with_for_update()
         )
         states.update({(r.topic, r.partition): PartitionState(*r) for r in rows})
@@ -115,11 +115,11 @@ def claim_leadership(
         for start in range(0, len(numbers), BATCH):
             chunk = numbers[start : start + BATCH]
             conn.execute(
-                update(Partition)
-                .where(Partition.topic == topic, Partition.partition.in_(chunk))
-                .values(leader_broker=broker_id, leader_epoch=Partition.leader_epoch + 1)
+                update(PartitionModel)
+                .where(PartitionModel.topic == topic, PartitionModel.partition.in_(chunk))
+                .values(leader_broker=broker_id, leader_epoch=PartitionModel.leader_epoch + 1)
             )
-            conn.execute(insert(PartitionEpoch), [
+            conn.execute(insert(PartitionEpochModel), [
                 {"topic": topic, "partition": p, "leader_epoch": states[(topic, p)].leader_epoch + 1,
                  "broker_id": broker_id, "disk_id": disk_id, "start_seq": states[(topic, p)].hwmark_seq + 1,
                  "claimed_at": claimed_at} for p in chunk
@@ -139,11 +139,11 @@ def _history(conn: Connection, topic: str, since: Mapping[int, int]) -> dict[int
         chunk = numbers[start : start + BATCH]
         low = min(since[p] for p in chunk)
         rows = conn.execute(
-            select(PartitionEpoch.partition, PartitionEpoch.leader_epoch, PartitionEpoch.broker_id,
-                   PartitionEpoch.disk_id, PartitionEpoch.start_seq)
-            .where(PartitionEpoch.topic == topic, PartitionEpoch.partition.in_(chunk),
-                   PartitionEpoch.leader_epoch > low)
-            .order_by(PartitionEpoch.partition, PartitionEpoch.leader_epoch)
+            select(PartitionEpochModel.partition, PartitionEpochModel.leader_epoch, PartitionEpochModel.broker_id,
+                   PartitionEpochModel.disk_id, PartitionEpochModel.start_seq)
+            .where(PartitionEpochModel.topic == topic, PartitionEpochModel.partition.in_(chunk),
+                   PartitionEpochModel.leader_epoch > low)
+            .order_by(PartitionEpochModel.partition, PartitionEpochModel.leader_epoch)
         )
         for partition, *row in rows:
             if row[0] > since[partition]:
@@ -160,9 +160,9 @@ def claim_partitions(cat: Catalog, broker_id: int, topic: str, partitions: Itera
 
 def get_partition_states(cat: Catalog, topic: str | None = None) -> list[PartitionState]:
     """Every partition (of `topic`, or of all topics), in (topic, partition) order."""
-    query = select(*_COLUMNS).order_by(Partition.topic, Partition.partition)
+    query = select(*_COLUMNS).order_by(PartitionModel.topic, PartitionModel.partition)
     if topic is not None:
-        query = query.where(Partition.topic == topic)
+        query = query.where(PartitionModel.topic == topic)
     with cat.read() as conn:
         return [PartitionState(*r) for r in conn.execute(query)]
 
@@ -177,8 +177,8 @@ def set_first_available(cat: Catalog, topic: str, partition: int, seq: int) -> i
         if seq <= state.first_available_seq:
             return state.first_available_seq
         conn.execute(
-            update(Partition)
-            .where(Partition.topic == topic, Partition.partition == partition)
+            update(PartitionModel)
+            .where(PartitionModel.topic == topic, PartitionModel.partition == partition)
             .values(first_available_seq=seq)
         )
     return seq

@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, delete, insert, literal, select, update
 
 from tiered.catalog.blocks import RunRow
 from tiered.catalog.engine import Catalog, utcnow
-from tiered.catalog.models import Block, BlockRun, Partition, PartitionEpoch, Segment, Topic
+from tiered.catalog.models import BlockModel, BlockRunModel, PartitionEpochModel, PartitionModel, SegmentModel, TopicModel
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.segments import SegmentMeta
 from tiered.catalog.states import BlockState, SegmentState
@@ -47,7 +47,7 @@ class PartitionBounds:
 def catalog_is_empty(cat: Catalog) -> bool:
     """True when the catalog holds no topic, block or segment (brokers may be registered). Three LIMIT 1 reads."""
     with cat.read() as conn:
-        for model in (Topic, Block, Segment):
+        for model in (TopicModel, BlockModel, SegmentModel):
             if conn.execute(select(literal(1)).select_from(model).limit(1)).first() is not None:
                 return False
     return True
@@ -56,7 +56,7 @@ def catalog_is_empty(cat: Catalog) -> bool:
 def clear_catalog(cat: Catalog) -> None:
     """Deletes every topic, partition, block, run and segment row; brokers stay. What `rebuild --force` replaces."""
     with cat.write() as conn:
-        for model in (BlockRun, Block, Segment, PartitionEpoch, Partition, Topic):  # children before their parents
+        for model in (BlockRunModel, BlockModel, SegmentModel, PartitionEpochModel, PartitionModel, TopicModel):  # children before their parents
             conn.execute(delete(model))
 
 
@@ -78,7 +78,7 @@ def insert_committed_blocks(cat: Catalog, blocks: Iterable[RestoredBlock]) -> li
     with cat.write() as conn:
         for block in blocks:
             block_id = conn.execute(
-                insert(Block)
+                insert(BlockModel)
                 .values(
                     object_key=block.object_key,
                     state=BlockState.COMMITTED,
@@ -87,9 +87,9 @@ def insert_committed_blocks(cat: Catalog, blocks: Iterable[RestoredBlock]) -> li
                     created_at=block.created_at,
                     committed_at=block.committed_at,
                 )
-                .returning(Block.block_id)
+                .returning(BlockModel.block_id)
             ).scalar_one()
-            conn.execute(insert(BlockRun), [{"block_id": block_id, **asdict(run)} for run in block.runs])
+            conn.execute(insert(BlockRunModel), [{"block_id": block_id, **asdict(run)} for run in block.runs])
             ids.append(block_id)
     return ids
 
@@ -111,14 +111,14 @@ def insert_finished_segments(cat: Catalog, segments: Sequence[SegmentMeta], *,
     with cat.write() as conn:
         lock_partitions(conn, added)  # the catalog's lock order: partitions, then segments
         conn.execute(
-            insert(Segment),
+            insert(SegmentModel),
             [{**asdict(s), "state": SegmentState.COPY_FINISHED, "updated_at": updated_at,
               "from_seq": from_seqs.get((s.topic, s.partition, s.base_seq), s.base_seq)} for s in segments],
         )
         conn.execute(
-            update(Partition)
-            .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
-            .values(remote_bytes=Partition.remote_bytes + bindparam("k_bytes")),
+            update(PartitionModel)
+            .where(PartitionModel.topic == bindparam("k_topic"), PartitionModel.partition == bindparam("k_partition"))
+            .values(remote_bytes=PartitionModel.remote_bytes + bindparam("k_bytes")),
             [{"k_topic": t, "k_partition": p, "k_bytes": n} for (t, p), n in sorted(added.items())],
         )
 
@@ -134,8 +134,8 @@ def restore_partition_bounds(cat: Catalog, bounds: Iterable[PartitionBounds]) ->
         return
     with cat.write() as conn:
         conn.execute(
-            update(Partition)
-            .where(Partition.topic == bindparam("k_topic"), Partition.partition == bindparam("k_partition"))
+            update(PartitionModel)
+            .where(PartitionModel.topic == bindparam("k_topic"), PartitionModel.partition == bindparam("k_partition"))
             .values(first_available_seq=bindparam("k_first"), hwmark_seq=bindparam("k_hwmark")),
             changes,
         )

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, and_, func, insert, literal_column, select, u
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import StaleEpoch, UnknownSegment
-from tiered.catalog.models import BlockRun, Partition, Segment
+from tiered.catalog.models import BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import PartitionState, lock_partitions
 from tiered.catalog.states import SEGMENT_TRANSITIONS, SegmentState
 
@@ -53,9 +53,9 @@ class SegmentRow(SegmentMeta):
         return self.from_seq <= seq <= self.last_seq
 
 
-_COLUMNS = tuple(getattr(Segment, f.name) for f in fields(SegmentRow))
+_COLUMNS = tuple(getattr(SegmentModel, f.name) for f in fields(SegmentRow))
 # Spelled as a literal, like ix_segments_lookup's predicate, so that the planners match the partial index.
-_READABLE = Segment.state == literal_column(f"'{SegmentState.COPY_FINISHED}'")
+_READABLE = SegmentModel.state == literal_column(f"'{SegmentState.COPY_FINISHED}'")
 
 
 def _state_in(states: tuple[str, ...]):
@@ -63,11 +63,11 @@ def _state_in(states: tuple[str, ...]):
     index on it: ix_segments_lookup for COPY_FINISHED, ix_segments_delete_started for DELETE_STARTED. Each state
     is checked to be a SegmentState first, so nothing but those names reaches the SQL text."""
     names = [literal_column(f"'{SegmentState(s)}'") for s in states]
-    return Segment.state == names[0] if len(names) == 1 else Segment.state.in_(names)
+    return SegmentModel.state == names[0] if len(names) == 1 else SegmentModel.state.in_(names)
 
 
 def _key(topic: str, partition: int, base_seq: int):
-    return and_(Segment.topic == topic, Segment.partition == partition, Segment.base_seq == base_seq)
+    return and_(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.base_seq == base_seq)
 
 
 def _locked_row(conn: Connection, topic: str, partition: int, base_seq: int) -> SegmentRow | None:
@@ -79,7 +79,7 @@ def _move(conn: Connection, row: SegmentRow, target: SegmentState, now: datetime
     SEGMENT_TRANSITIONS.check(row.state, target, f"{row.topic}/{row.partition} base {row.base_seq}")
     updated_at = utcnow(now)
     conn.execute(
-        update(Segment)
+        update(SegmentModel)
         .where(_key(row.topic, row.partition, row.base_seq))
         .values(state=target, updated_at=updated_at)
     )
@@ -88,9 +88,9 @@ def _move(conn: Connection, row: SegmentRow, target: SegmentState, now: datetime
 
 def _add_remote_bytes(conn: Connection, topic: str, partition: int, delta: int) -> None:
     conn.execute(
-        update(Partition)
-        .where(Partition.topic == topic, Partition.partition == partition)
-        .values(remote_bytes=Partition.remote_bytes + delta)
+        update(PartitionModel)
+        .where(PartitionModel.topic == topic, PartitionModel.partition == partition)
+        .values(remote_bytes=PartitionModel.remote_bytes + delta)
     )
 
 
@@ -115,10 +115,10 @@ def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | Non
         _check_epoch(_lock_partition(conn, meta.topic, meta.partition), meta.leader_epoch)
         existing = _locked_row(conn, meta.topic, meta.partition, meta.base_seq)
         if existing is None:
-            conn.execute(insert(Segment).values(**asdict(row)))
+            conn.execute(insert(SegmentModel).values(**asdict(row)))
         else:
             SEGMENT_TRANSITIONS.check(existing.state, SegmentState.COPY_STARTED, name)
-            conn.execute(update(Segment).where(_key(meta.topic, meta.partition, meta.base_seq)).values(**asdict(row)))
+            conn.execute(update(SegmentModel).where(_key(meta.topic, meta.partition, meta.base_seq)).values(**asdict(row)))
     return row
 
 
@@ -146,14 +146,14 @@ def segment_copy_finished(
             return CopyFinished(row, PruneResult(0, 0))
         _check_epoch(state, leader_epoch)
         first_run = conn.execute(
-            select(BlockRun.from_seq, BlockRun.first_seq)
-            .where(BlockRun.topic == topic, BlockRun.partition == partition, BlockRun.last_seq >= base_seq)
-            .order_by(BlockRun.last_seq)
+            select(BlockRunModel.from_seq, BlockRunModel.first_seq)
+            .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq >= base_seq)
+            .order_by(BlockRunModel.last_seq)
             .limit(1)
         ).first()
         from_seq = first_run.from_seq if first_run is not None and first_run.first_seq == base_seq else base_seq
         row = _move(conn, row, SegmentState.COPY_FINISHED, now)
-        conn.execute(update(Segment).where(_key(topic, partition, base_seq)).values(from_seq=from_seq))
+        conn.execute(update(SegmentModel).where(_key(topic, partition, base_seq)).values(from_seq=from_seq))
         row = replace(row, from_seq=from_seq)
         _add_remote_bytes(conn, topic, partition, row.total_bytes)
         pruned = prune_runs_in(conn, topic, partition, from_seq, row.last_seq, grace=grace, now=now)
@@ -205,9 +205,9 @@ def find_remote_segment(cat: Catalog, topic: str, partition: int, seq: int) -> S
     with cat.read() as conn:
         row = conn.execute(
             select(*_COLUMNS)
-            .where(Segment.topic == topic, Segment.partition == partition, Segment.last_seq >= seq)
+            .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.last_seq >= seq)
             .where(_READABLE)
-            .order_by(Segment.last_seq)
+            .order_by(SegmentModel.last_seq)
             .limit(1)
         ).first()
     return SegmentRow(*row) if row else None
@@ -228,8 +228,8 @@ def list_segments(
     Raises ValueError for a state that is not a SegmentState."""
     query = (
         select(*_COLUMNS)
-        .where(Segment.topic == topic, Segment.partition == partition, Segment.base_seq > after_base_seq)
-        .order_by(Segment.base_seq)
+        .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.base_seq > after_base_seq)
+        .order_by(SegmentModel.base_seq)
         .limit(limit)
     )
     if states is not None:
@@ -259,11 +259,11 @@ def segments_for_remote_retention(
     if max_age is None and max_bytes is None:
         return []
     query = (
-        select(*_COLUMNS, Partition.remote_bytes)
-        .join(Partition, and_(Partition.topic == Segment.topic, Partition.partition == Segment.partition))
-        .where(Segment.topic == topic, Segment.partition == partition)
+        select(*_COLUMNS, PartitionModel.remote_bytes)
+        .join(PartitionModel, and_(PartitionModel.topic == SegmentModel.topic, PartitionModel.partition == SegmentModel.partition))
+        .where(SegmentModel.topic == topic, SegmentModel.partition == partition)
         .where(_READABLE)
-        .order_by(Segment.last_seq)
+        .order_by(SegmentModel.last_seq)
         .limit(limit)
     )
     with cat.read() as conn:
@@ -284,7 +284,7 @@ def highest_copied_seq(cat: Catalog, topic: str, partition: int) -> int:
     """The highest seq held by a readable remote segment; 0 if none. Block runs at or below it may be pruned."""
     with cat.read() as conn:
         return conn.execute(
-            select(func.coalesce(func.max(Segment.last_seq), 0))
-            .where(Segment.topic == topic, Segment.partition == partition)
+            select(func.coalesce(func.max(SegmentModel.last_seq), 0))
+            .where(SegmentModel.topic == topic, SegmentModel.partition == partition)
             .where(_READABLE)
         ).scalar_one()

@@ -9,7 +9,7 @@ from sqlalchemy import exc, insert, select, update
 
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import TopicExists, UnknownTopic
-from tiered.catalog.models import Partition, Topic
+from tiered.catalog.models import PartitionModel, TopicModel
 
 MAX_PARTITIONS = 65535  # partition ids are u16 on TANK's wire
 
@@ -22,7 +22,7 @@ class TopicRow:
     created_at: datetime
 
 
-_COLUMNS = (Topic.name, Topic.partitions, Topic.config_text, Topic.created_at)
+_COLUMNS = (TopicModel.name, TopicModel.partitions, TopicModel.config_text, TopicModel.created_at)
 
 
 def create_topic(
@@ -37,11 +37,11 @@ def create_topic(
     try:
         with cat.write() as conn:
             conn.execute(
-                insert(Topic).values(
+                insert(TopicModel).values(
                     name=name, partitions=partitions, config_text=config_text, created_at=row.created_at
                 )
             )
-            conn.execute(insert(Partition), [{"topic": name, "partition": p} for p in range(partitions)])
+            conn.execute(insert(PartitionModel), [{"topic": name, "partition": p} for p in range(partitions)])
     except exc.IntegrityError as error:
         # The only unique key a new topic can collide on is its name.
         raise TopicExists(name) from error
@@ -50,18 +50,18 @@ def create_topic(
 
 def list_topics(cat: Catalog) -> list[TopicRow]:
     with cat.read() as conn:
-        return [TopicRow(*r) for r in conn.execute(select(*_COLUMNS).order_by(Topic.name))]
+        return [TopicRow(*r) for r in conn.execute(select(*_COLUMNS).order_by(TopicModel.name))]
 
 
 def get_topic(cat: Catalog, name: str) -> TopicRow | None:
     with cat.read() as conn:
-        r = conn.execute(select(*_COLUMNS).where(Topic.name == name)).first()
+        r = conn.execute(select(*_COLUMNS).where(TopicModel.name == name)).first()
     return TopicRow(*r) if r else None
 
 
 def update_topic_config(cat: Catalog, name: str, config_text: str) -> None:
     """Replaces the topic's configuration text. Raises UnknownTopic."""
     with cat.write() as conn:
-        done = conn.execute(update(Topic).where(Topic.name == name).values(config_text=config_text))
+        done = conn.execute(update(TopicModel).where(TopicModel.name == name).values(config_text=config_text))
         if done.rowcount == 0:
             raise UnknownTopic(name)

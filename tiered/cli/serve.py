@@ -10,8 +10,9 @@ import signal
 import sys
 import time
 from typing import Iterable, Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote
 
+from tiered.catalog.engine import url_password
 from tiered.config import Settings, SettingsError, add_arguments, load_settings
 
 # Where credentials live (docs/configuration.md): libpq's and the AWS SDKs' own variables.
@@ -43,12 +44,9 @@ class Redactor:
     def for_settings(cls, settings: Settings, environ: Mapping[str, str]) -> Redactor:
         found = [environ.get(name, "") for name in SECRET_ENVIRONMENT]
         for url in (settings.catalog_url, settings.store_url):
-            try:
-                password = urlsplit(url).password
-            except ValueError:
-                password = None
+            password = url_password(url) if url else None
             if password:
-                found += [password, unquote(password)]  # as given, and as a driver decodes it
+                found += [password, quote(password, safe=""), quote(password)]  # decoded, and as a URL spells it
         return cls(found)
 
     def __call__(self, text: str) -> str:

@@ -31,6 +31,7 @@ from typing import Sequence
 
 import snappy
 
+from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import encode_varint, maybe_varint, read_varint
 
@@ -58,7 +59,6 @@ MAX_MESSAGE_SET_BYTES = 512 * 1024 * 1024
 SNAPPY_MAX_EXPANSION = 32
 
 U64 = struct.Struct("<Q")
-U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def read_bundle_header(bundle) -> BundleHeader:
         else:
             gap, position = read_varint(bundle, position, "sparse bundle last seq")
             last_seq = first_seq + gap + 1
-            if last_seq > U64_MAX:
+            if last_seq > UINT64_MAX:
                 raise ProtocolError("sparse bundle last seq exceeds 64 bits", position)
             if last_seq - first_seq + 1 < count:
                 raise ProtocolError("sparse bundle seq range is smaller than its message count", position)
@@ -305,7 +305,7 @@ def timestamp_bounds(bundle, header: BundleHeader | None = None) -> tuple[int, i
     header = header or read_bundle_header(bundle)
     data = message_set(bundle, header)
     position, end = 0, len(data)
-    low, high, ts = U64_MAX, 0, 0
+    low, high, ts = UINT64_MAX, 0, 0
     for i in range(header.count):
         if position >= end:
             raise ProtocolError(f"message set ends after {i} of {header.count} messages", position)

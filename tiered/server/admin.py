@@ -92,7 +92,7 @@ class AdminHandler:
             return CreateTopicStatus.BAD_CONFIG
         try:
             await broker.create_topic(req.topic, req.partitions, config_text)
-        except (topic_dirs.TopicExists, CatalogTopicExists):
+        except (topic_dirs.TopicDirExists, CatalogTopicExists):
             return CreateTopicStatus.EXISTS
         except OSError as exc:
             log.error("create topic %s failed: %s", req.topic, exc)

@@ -204,7 +204,7 @@ class PartitionLog:
             explicit = header.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
-            if first < 1 or last < first or last >= UINT64_MAX:
+            if first < 1 or last < first or last > UINT64_MAX:
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid")
             record = encode_varint(len(bundle)) + bytes(bundle)
             now = self._now_s()

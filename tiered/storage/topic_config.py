@@ -19,8 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields
 
+from tiered.protocol.codes import UINT64_MAX
+
 MAX_VALUE_CHARS = 128
-U64_MAX = (1 << 64) - 1
 U32_MAX = (1 << 32) - 1
 
 _KIB = 1024
@@ -86,7 +87,7 @@ def _parse_terms(text: str, units: dict[str, int], what: str) -> int:
 def parse_size(text: str) -> int:
     """`1gb`, `512k`, `1g+512mb`, `100` (bytes) -> bytes, 1024-based."""
     size = _parse_terms(text, SIZE_UNITS, "size")
-    if size > U64_MAX:
+    if size > UINT64_MAX:
         raise ValueError(f"size {text!r} does not fit in 64 bits")
     return size
 

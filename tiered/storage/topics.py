@@ -32,14 +32,17 @@ MAX_PARTITIONS = 4096
 # Dot entries of the data directory that belong to us, never to a topic creation (tiered.config's state_dir).
 STATE_DIRS = frozenset({".tiered"})
 RESERVED_TOPIC_NAMES = frozenset(d[1:] for d in STATE_DIRS)
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
+# TANK's rule (is_valid_topic_name() in its cluster code): 1..64 of [A-Za-z0-9_-], not starting or ending with - or _.
+# The one spelling of it: object keys (tiered.tiering.keys) and block footers match topics with it too.
+TOPIC_NAME_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?"
+_TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN, re.ASCII)
 
 
 class InvalidTopicName(ValueError):
     pass
 
 
-class TopicExists(FileExistsError):
+class TopicDirExists(FileExistsError):
     pass
 
 
@@ -89,7 +92,7 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     """Creates `<base>/<name>/` atomically (built as `.<name>`, fsynced, renamed). Returns its path.
 
     Raises InvalidTopicName, ValueError (partition count), ConfigError (the config would not load),
-    TopicExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
+    TopicDirExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
     """
     validate_topic_name(name)
     if not 1 <= partitions <= MAX_PARTITIONS:
@@ -99,7 +102,7 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     final = os.path.join(base, name)
     staging = os.path.join(base, "." + name)
     if os.path.lexists(final):
-        raise TopicExists(f"topic {name!r} already exists")
+        raise TopicDirExists(f"topic {name!r} already exists")
     try:
         os.mkdir(staging, 0o755)
     except FileExistsError:
@@ -112,7 +115,7 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
         fsync_dir(os.path.join(staging, str(p)))
     fsync_dir(staging)
     if os.path.lexists(final):  # created meanwhile by someone else: leave both for an operator to compare
-        raise TopicExists(f"topic {name!r} already exists")
+        raise TopicDirExists(f"topic {name!r} already exists")
     os.rename(staging, final)
     fsync_dir(base)
     return final

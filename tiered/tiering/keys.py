@@ -36,6 +36,9 @@ import re
 import threading
 from dataclasses import dataclass
 
+from tiered.protocol.codes import UINT64_MAX
+from tiered.storage.topics import TOPIC_NAME_PATTERN, is_valid_topic_name
+
 BLOCKS_PREFIX = "blocks/"
 SEGMENTS_PREFIX = "segments/"
 STARTS_PREFIX = "starts/"
@@ -43,15 +46,13 @@ BLOCK_SUFFIX = ".blk"
 SEGMENT_SUFFIX = ".ilog"
 SEGMENT_INDEX_SUFFIX = ".index"
 
-MAX_U64 = (1 << 64) - 1
 MAX_PARTITION = 0xFFFF
 _MAX_ULID_MS = (1 << 48) - 1
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _CROCKFORD_VALUE = {c: i for i, c in enumerate(_CROCKFORD)}
 
-_TOPIC = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?"
+_TOPIC = TOPIC_NAME_PATTERN
 _DECIMAL = r"0|[1-9][0-9]*"
-_TOPIC_RE = re.compile(_TOPIC)
 _ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 _START_KEY_RE = re.compile(rf"starts/(?P<topic>{_TOPIC})/(?P<partition>{_DECIMAL})")
 _BLOCK_KEY_RE = re.compile(rf"blocks/(?P<hash>[0-9a-f]{{4}})/(?P<broker>{_DECIMAL})/(?P<id>[0-9A-Z]{{26}})\.blk")
@@ -189,7 +190,7 @@ def parse_segment_index_key(object_key: str) -> SegmentKey | None:
 
 
 def _segment_stem(topic: str, partition: int, base: int, last: int, freeze_ts: int) -> str:
-    if not 0 <= base <= last <= MAX_U64:
+    if not 0 <= base <= last <= UINT64_MAX:
         raise ValueError(f"bad segment seq range {base}-{last}")
     if freeze_ts < 0:
         raise ValueError(f"negative freeze time: {freeze_ts}")
@@ -201,7 +202,7 @@ def _parse_segment(object_key: str, suffix: str) -> SegmentKey | None:
     if m is None or m["suffix"] != suffix:
         return None
     partition, base, last = int(m["partition"]), int(m["base"]), int(m["last"])
-    if partition > MAX_PARTITION or not base <= last <= MAX_U64:
+    if partition > MAX_PARTITION or not base <= last <= UINT64_MAX:
         return None
     return SegmentKey(m["topic"], partition, base, last, int(m["freeze"]))
 
@@ -225,7 +226,7 @@ def parse_partition_start_key(object_key: str) -> tuple[str, int] | None:
 
 
 def _check_topic(topic: str) -> None:
-    if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic):
+    if not isinstance(topic, str) or not is_valid_topic_name(topic):
         raise ValueError(f"invalid topic name: {topic!r}")
 
 

@@ -134,13 +134,18 @@ class TieringService:
         return {}
 
     async def flush(self, deadline: float) -> None:
-        await self.durable.flush(deadline)
+        if hasattr(self, "durable"):
+            await self.durable.flush(deadline)
 
     async def stop(self, deadline: float) -> None:
+        """Stops what start() got to (it may have failed half-way)."""
         await self.supervisor.stop()
-        await self.durable.stop()
-        await self.store.close()
-        await asyncio.to_thread(self.catalog.close)
+        if hasattr(self, "durable"):
+            await self.durable.stop()
+        if hasattr(self, "store"):
+            await self.store.close()
+        if hasattr(self, "catalog"):
+            await asyncio.to_thread(self.catalog.close)
 
     async def check_ready(self, timeout_s: float = 1.0) -> tuple[bool, str]:
         """Both parts are asked at once, each within `timeout_s`, so a 503 names the part that failed; a background

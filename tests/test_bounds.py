@@ -1,0 +1,91 @@
+"""Where seq N is: tiered.bounds.locate as a table, and the bounds a served partition reports (visibility follows
+durability)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, locate
+from tiered.protocol.codes import UINT64_MAX
+from tiered.server.registry import Partition
+from tiered.storage.partition_log import PartitionLog
+from tiered.storage.topic_config import TopicConfig
+
+from tests.support.storage_helpers import plain_bundle
+
+# first_available, hwmark, local_first, local_last, lower_tier
+EMPTY = PartitionBounds(0, 0, 0, 0, True)
+LOCAL_ONLY = PartitionBounds(1, 10, 1, 10, False)  # a TANK broker: everything local
+TIERED = PartitionBounds(1, 100, 51, 120, True)  # 1..50 in the bucket, 51..120 local, 101..120 not committed yet
+BEHIND = PartitionBounds(1, 100, 1, 30, True)  # the disk ends at 30, the catalog at 100
+RETAINED = PartitionBounds(40, 100, 51, 100, True)  # remote retention moved the start to 40
+NEW_DISK = PartitionBounds(1, 100, 0, 0, True)  # an empty volume: everything from the bucket
+
+TABLE = [
+    # (bounds, seq asked, answer)
+    (EMPTY, 0, Eof(0, 0)),
+    (EMPTY, 1, Eof(0, 0)),
+    (EMPTY, UINT64_MAX, Eof(0, 0)),
+    (EMPTY, 2, Boundary(0, 0)),
+    (LOCAL_ONLY, 0, Local(1)),
+    (LOCAL_ONLY, 1, Local(1)),
+    (LOCAL_ONLY, 10, Local(10)),
+    (LOCAL_ONLY, 11, Eof(1, 10)),
+    (LOCAL_ONLY, UINT64_MAX, Eof(1, 10)),
+    (LOCAL_ONLY, 12, Boundary(1, 10)),
+    (TIERED, 0, Remote(1)),
+    (TIERED, 50, Remote(50)),
+    (TIERED, 51, Local(51)),
+    (TIERED, 100, Local(100)),
+    (TIERED, 101, Eof(1, 100)),  # appended but not committed: the tail of a durable topic
+    (TIERED, 102, Boundary(1, 100)),
+    (BEHIND, 30, Local(30)),
+    (BEHIND, 31, Remote(31)),
+    (BEHIND, 100, Remote(100)),
+    (RETAINED, 39, Boundary(40, 100)),
+    (RETAINED, 0, Remote(40)),
+    (RETAINED, 40, Remote(40)),
+    (NEW_DISK, 0, Remote(1)),
+    (NEW_DISK, 77, Remote(77)),
+    (NEW_DISK, 101, Eof(1, 100)),
+]
+
+
+@pytest.mark.parametrize("bounds, seq, answer", TABLE)
+def test_locate(bounds, seq, answer):
+    assert locate(seq, bounds) == answer
+
+
+def partition(tmp_path, ack: str, lower_tier: bool) -> Partition:
+    log = PartitionLog.open(str(tmp_path / ack / str(lower_tier)), TopicConfig())
+    part = Partition("t", 0, log, TopicConfig(produce_ack=ack), lower_tier)
+    for value in (b"a", b"b", b"c"):
+        log.append(plain_bundle(value))
+    return part
+
+
+def test_a_durable_partition_shows_only_what_is_committed(tmp_path):
+    part = partition(tmp_path, "durable", True)
+    assert part.durable and part.bounds() == PartitionBounds(1, 0, 1, 3, True)
+    part.committed, part.catalog_first = 2, 1
+    assert part.bounds() == PartitionBounds(1, 2, 1, 3, True)
+    assert locate(3, part.bounds()) == Eof(1, 2)
+    part.log.close()
+
+
+def test_local_acks_and_a_broker_without_a_tier_show_every_append(tmp_path):
+    for ack, lower_tier in (("local", True), ("durable", False)):
+        part = partition(tmp_path, ack, lower_tier)
+        assert not part.durable and part.bounds().hwmark == 3
+        part.log.close()
+
+
+def test_the_catalog_lowers_the_first_available_seq_below_the_local_disk(tmp_path):
+    part = partition(tmp_path, "durable", True)
+    part.log.truncate_after(0)
+    part.log.ensure_next_seq(51)
+    part.log.append(plain_bundle(b"z"))
+    part.committed, part.catalog_first = 51, 1
+    assert part.bounds() == PartitionBounds(1, 51, 51, 51, True)
+    assert locate(7, part.bounds()) == Remote(7)
+    part.log.close()

@@ -1,0 +1,167 @@
+"""The durable path alone (tiered.tiering.durable), on the local object store and SQLite, with a clock the test
+moves: blocks close by age, commit in block order whatever order their uploads finish in, and a refused commit
+fences its partition without losing the others' records."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from tiered.catalog import Catalog
+from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import partitions as catalog_partitions
+from tiered.catalog import topics as catalog_topics
+from tiered.catalog.migrate import upgrade
+from tiered import metrics as m
+from tiered.metrics import Metrics
+from tiered.protocol.bundle import Message, encode_bundle, encode_record
+from tiered.storage.partition_log import AppendResult
+from tiered.tier_interface import AckOutcome
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.durable import DurablePath
+from tiered.tiering.local_store import LocalObjectStore
+
+from tests.support.clock import ManualClock
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.commits: list[tuple[str, int, int, int]] = []
+        self.fences: list[tuple[str, int]] = []
+
+    def committed(self, topic, partition, first_seq, last_seq, size_bytes):
+        self.commits.append((topic, partition, first_seq, last_seq))
+
+    def fenced(self, topic, partition, reason):
+        self.fences.append((topic, partition))
+
+    def copied(self, topic, partition, base, last):
+        pass
+
+    def first_available_moved(self, topic, partition, seq):
+        pass
+
+
+class GatedStore(LocalObjectStore):
+    """A local store whose PUTs wait until the test opens their gate, in the order the test chooses."""
+
+    def __init__(self, root):
+        super().__init__(root, fsync=False)
+        self.gates: list[asyncio.Event] = []
+
+    async def _put(self, object_key: str, data: bytes) -> None:
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        await super()._put(object_key, data)
+
+
+def record(seq_count: int = 1) -> bytes:
+    return encode_record(encode_bundle([Message(b"m%d" % i, ts_ms=1000 + i) for i in range(seq_count)]))
+
+
+def appended(first: int, data: bytes, base: int = 1) -> AppendResult:
+    return AppendResult(first, first, base, 0, len(data), data)
+
+
+@pytest.fixture
+async def path(tmp_path):
+    url = f"sqlite:///{tmp_path}/c.db"
+    upgrade(url)
+    catalog = Catalog.open(url)
+    catalog_topics.create_topic(catalog, "t", 2)
+    epochs = catalog_partitions.claim_partitions(catalog, 1, "t", [0, 1])
+    clock = ManualClock()
+    sink = RecordingSink()
+    store = GatedStore(tmp_path / "objects")
+    access = AsyncCatalog(catalog)
+    durable = DurablePath(store, access, 1, sink, metrics=Metrics(), max_bytes=1 << 20, max_age_ms=250,
+                          grace=catalog_blocks.DEFAULT_DELETE_GRACE, clock=clock)
+    for p, epoch in epochs.items():
+        durable.lead("t", p, epoch, 0)
+    timer = asyncio.ensure_future(durable.block_timer())
+    yield SimpleNamespace(durable=durable, clock=clock, sink=sink, store=store, cat=catalog,
+                          pipeline=durable.pipeline, builder=durable.builder, metrics=durable.metrics)
+    timer.cancel()
+    await durable.stop()
+    access.close()
+
+
+async def settle(path, until, what: str, turns: int = 400):
+    for _ in range(turns):
+        if until():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_a_block_closes_when_its_oldest_record_is_due(path):
+    ack = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    await settle(path, lambda: path.clock.sleeping == 1, "the timer waiting for the block's age")
+    path.clock.advance(0.249)
+    await path.clock.settle()
+    assert path.pipeline.in_flight == 0 and path.builder.pending_bytes > 0
+    path.clock.advance(0.002)
+    await settle(path, lambda: path.pipeline.in_flight == 1, "block closed")
+    path.store.gates[0].set()
+    assert await asyncio.wait_for(ack, 5) is AckOutcome.COMMITTED
+    assert path.sink.commits == [("t", 0, 1, 1)]
+
+
+async def test_commits_keep_block_order_whatever_order_uploads_finish_in(path):
+    first = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    path.clock.advance(0.25)
+    await settle(path, lambda: len(path.store.gates) == 1, "first PUT started")
+    second = path.durable.appended("t", 0, appended(2, record()), durable=True)
+    path.clock.advance(0.25)
+    await settle(path, lambda: len(path.store.gates) == 2, "second PUT started")
+    path.store.gates[1].set()  # the second upload finishes first ...
+    await asyncio.sleep(0.05)
+    assert not second.done() and path.sink.commits == []  # ... but its commit waits for the first block's
+    path.store.gates[0].set()
+    assert await asyncio.wait_for(second, 5) is AckOutcome.COMMITTED and first.result() is AckOutcome.COMMITTED
+    assert path.sink.commits == [("t", 0, 1, 1), ("t", 0, 2, 2)]
+    runs = catalog_blocks.runs_for_range(path.cat, "t", 0, 1, 10)
+    assert [(r.from_seq, r.first_seq, r.last_seq) for r in runs] == [(1, 1, 1), (2, 2, 2)]
+
+
+async def test_a_refused_commit_fences_its_partition_and_commits_the_others(path):
+    mine = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    other = path.durable.appended("t", 1, appended(1, record()), durable=True)
+    catalog_partitions.claim_partitions(path.cat, 9, "t", [0])  # another broker takes t/0 over
+    path.clock.advance(0.25)
+    await settle(path, lambda: len(path.store.gates) == 1, "PUT started")
+    path.store.gates[0].set()
+    await settle(path, lambda: len(path.store.gates) == 2, "the block rebuilt without t/0")
+    path.store.gates[1].set()
+    assert await asyncio.wait_for(other, 5) is AckOutcome.COMMITTED
+    assert mine.result() is AckOutcome.REFUSED  # never committed: the producer may send it to the new leader
+    assert path.sink.fences == [("t", 0)] and path.sink.commits == [("t", 1, 1, 1)]
+    assert not path.durable.leads("t", 0) and path.durable.leads("t", 1)
+    assert catalog_partitions.get_partition_states(path.cat, "t")[0].hwmark_seq == 0
+
+
+async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkeypatch):
+    from tiered.tiering.store import StoreError
+
+    failures = [3]
+    original = path.store.put
+
+    async def flaky(object_key, data):
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreError("503 slow down")
+        return await original(object_key, data)
+
+    monkeypatch.setattr(path.store, "put", flaky)
+    ack = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    path.clock.advance(0.25)
+    for _ in range(3):  # each retry waits its backoff on the test's clock
+        await settle(path, lambda: path.clock.sleeping >= 1, "retry waiting")
+        path.clock.advance(2.0)
+    await settle(path, lambda: len(path.store.gates) == 1, "the PUT that succeeds")
+    path.store.gates[0].set()
+    assert await asyncio.wait_for(ack, 5) is AckOutcome.COMMITTED
+    assert path.metrics.count(m.PUT_ERRORS) == 3

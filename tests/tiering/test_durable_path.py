@@ -85,6 +85,8 @@ async def path(tmp_path):
     yield SimpleNamespace(durable=durable, clock=clock, sink=sink, store=store, cat=catalog,
                           pipeline=durable.pipeline, builder=durable.builder, metrics=durable.metrics)
     timer.cancel()
+    for gate in store.gates:
+        gate.set()
     await durable.stop()
     access.close()
 
@@ -104,7 +106,7 @@ async def test_a_block_closes_when_its_oldest_record_is_due(path):
     await path.clock.settle()
     assert path.pipeline.in_flight == 0 and path.builder.pending_bytes > 0
     path.clock.advance(0.002)
-    await settle(path, lambda: path.pipeline.in_flight == 1, "block closed")
+    await settle(path, lambda: len(path.store.gates) == 1, "block closed and uploading")
     path.store.gates[0].set()
     assert await asyncio.wait_for(ack, 5) is AckOutcome.COMMITTED
     assert path.sink.commits == [("t", 0, 1, 1)]

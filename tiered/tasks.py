@@ -1,10 +1,10 @@
 """Background tasks that never die silently.
 
 Every long-running loop of the broker (block timer, segment copier, retention, reconciler, heartbeat) runs under a
-`Supervisor`. A loop that raises is logged with its traceback once, counted (`tiered_task_restarts_total`), shown
-as failing by `/readyz` until it has run cleanly again, and restarted after a backoff that grows to `max_backoff_s`.
-A periodic step that fails (`every`) is the same: logged (one line per failure, the traceback only on the first of a
-series), counted, reported by readiness, retried at its interval; its recovery is logged once.
+`Supervisor`. A loop that raises is logged, counted (`tiered_task_restarts_total`), shown as failing by `/readyz`
+until it has run cleanly again, and restarted after a backoff that grows to `max_backoff_s`. A periodic step that
+fails (`every`) is the same, retried at its interval. An outage (the catalog or the store not answering) is one
+line when it starts and one when it ends; anything else is a bug and its traceback is logged, once per series.
 """
 
 from __future__ import annotations
@@ -13,16 +13,21 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+from tiered.catalog.errors import CatalogUnavailable
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import TASK_FAILURES, TASK_RESTARTS, Metrics
 
 log = logging.getLogger("tiered.tasks")
 
+# Failures of the parts a broker depends on, not of its own code; a Supervisor may be given more (the store's).
+OUTAGES: tuple[type[BaseException], ...] = (CatalogUnavailable, OSError, TimeoutError)
+
 
 class Supervisor:
     def __init__(self, metrics: Metrics, *, clock: Clock = SYSTEM_CLOCK, first_backoff_s: float = 0.1,
-                 max_backoff_s: float = 10.0):
+                 max_backoff_s: float = 10.0, outages: tuple[type[BaseException], ...] = OUTAGES):
         self.metrics = metrics
+        self.outages = outages
         self.clock = clock
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -67,12 +72,13 @@ class Supervisor:
     def _failed(self, name: str, exc: Exception, *, restart: bool) -> None:
         first = name not in self.failing
         self.failing[name] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if restart:
-            self.metrics.inc(TASK_RESTARTS)
-            log.error("background task %s died (%s); restarting it", name, self.failing[name], exc_info=first)
-        else:
-            self.metrics.inc(TASK_FAILURES)
-            log.error("%s failed: %s; retrying", name, self.failing[name], exc_info=first)
+        self.metrics.inc(TASK_RESTARTS if restart else TASK_FAILURES)
+        if not first:
+            return
+        outage = isinstance(exc, self.outages)
+        what = f"background task {name} died" if restart else f"{name} failed"
+        log.log(logging.WARNING if outage else logging.ERROR, "%s: %s; %s", what, self.failing[name],
+                "restarting it" if restart else "retrying", exc_info=not outage)
 
     def _recovered(self, name: str) -> None:
         if self.failing.pop(name, None) is not None:

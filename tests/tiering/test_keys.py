@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tiered.protocol.codes import UINT64_MAX
 from tiered.tiering import keys
 from tiered.tiering.keys import (
     BlockIdClock,
@@ -28,7 +29,7 @@ NOW_MS = 1_767_225_600_123  # 2026-01-01T00:00:00.123Z
 _EDGE = st.text("abcXYZ019", min_size=1, max_size=1)
 _MIDDLE = st.text("abcXYZ019_-", max_size=62)
 topics = _EDGE | st.builds(lambda first, middle, last: first + middle + last, _EDGE, _MIDDLE, _EDGE)
-seqs = st.integers(0, keys.MAX_U64)
+seqs = st.integers(0, UINT64_MAX)
 
 
 def test_segment_keys_are_readable_and_tank_named():
@@ -41,7 +42,7 @@ def test_segment_keys_are_readable_and_tank_named():
     assert partition_segments_prefix("orders", 3) == "segments/orders/3/"
     assert keys.topic_segments_prefix("orders") == "segments/orders/"
     assert keys.segments_prefix() == "segments/"
-    assert segment_key("t", 0, 0, keys.MAX_U64, 0).endswith("/00000000000000000000-18446744073709551615_0.ilog")
+    assert segment_key("t", 0, 0, UINT64_MAX, 0).endswith("/00000000000000000000-18446744073709551615_0.ilog")
 
 
 @settings(max_examples=100, deadline=None)

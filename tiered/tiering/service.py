@@ -32,7 +32,7 @@ from tiered.metrics import Metrics
 from tiered.storage.partition_log import AppendResult, StoredRecord
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
-from tiered.tasks import Supervisor
+from tiered.tasks import OUTAGES, Supervisor
 from tiered.tier_interface import (
     LocalTopic,
     NewLocalTopic,
@@ -46,7 +46,7 @@ from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.durable import DurablePath
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.startup import plan_partition
-from tiered.tiering.store import ObjectStore, open_store
+from tiered.tiering.store import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("tiered.tiering")
 
@@ -78,7 +78,7 @@ class TieringService:
         self._store_given = store
         self._catalog_given = catalog
         self._migrate = migrate
-        self.supervisor = Supervisor(metrics, clock=clock)
+        self.supervisor = Supervisor(metrics, clock=clock, outages=(*OUTAGES, StoreError))
         self.led: dict[tuple[str, int], Led] = {}
         # Set by start():
         self.store: ObjectStore

@@ -2,7 +2,8 @@
 
 Fixtures:
     s3_server     (session) the moto server and the proxy in front of it.
-    s3_faults     the FaultProxy: fail_next(n, status), stall_next(n, seconds), drop_next(n), go_away()/come_back().
+    s3_faults     the FaultProxy: fail_next(n, status), stall_next(n, seconds), drop_next(n), go_away()/come_back(),
+                  black_hole()/come_back() (connections accepted, nothing ever answered, not even "100 Continue").
                   Faults are cleared after each test, and botocore's retry backoff is capped at 50 ms during it.
     s3_endpoint   the proxy's URL, with dummy AWS credentials and region us-east-1 in the environment (and the AWS
                   config files pointed away) for the test.
@@ -60,6 +61,8 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._queue: deque[_Fault] = deque()
         self._away = False
+        self._black_hole = threading.Event()  # set while every request is held unanswered
+        self._released = threading.Event()
         self._wake = threading.Event()  # set to cut stalls short (reset)
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request received
         self.faults_served = 0
@@ -95,11 +98,31 @@ class FaultProxy:
         with self._lock:
             self._away = True
 
+    def black_hole(self) -> None:
+        """Accept every connection and answer nothing, until come_back(): the store that hangs."""
+        self._released.clear()
+        self._black_hole.set()
+
     def come_back(self) -> None:
         with self._lock:
             self._away = False
+        self._black_hole.clear()
+        self._released.set()
+
+    def held(self) -> bool:
+        """Inside the black hole: holds the calling request until come_back() (at most two minutes). True if it
+        was held: its connection is then closed unanswered."""
+        if not self._black_hole.is_set():
+            return False
+        with self._lock:
+            self.requests.append(("HELD", ""))
+            self.faults_served += 1
+        self._released.wait(120)
+        return True
 
     def reset(self) -> None:
+        self._black_hole.clear()
+        self._released.set()
         with self._lock:
             self._queue.clear()
             self._away = False
@@ -139,6 +162,17 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # quiet
         return None
 
+    def handle_expect_100(self) -> bool:
+        if self.server.proxy.held():  # type: ignore[attr-defined]
+            self._hang_up()
+            return False
+        return super().handle_expect_100()
+
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
     def do_GET(self) -> None:
         self._proxy()
 
@@ -146,6 +180,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         proxy: FaultProxy = self.server.proxy  # type: ignore[attr-defined]
+        if proxy.held():
+            self._hang_up()
+            return
         body = self._read_body()
         fault, wake = proxy._next_fault(self.command, self.path)
         if fault is not None and fault.kind == "stall":

@@ -15,6 +15,7 @@ Store URLs (open_store):
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -65,20 +66,34 @@ class StoreCounters:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class ObjectStore(abc.ABC):
-    """Counting, argument checks and error accounting live here; backends implement the underscored methods.
+# Every request has a deadline: a store that accepts connections and never answers must not hold a block, a copy or
+# a read for minutes. A request's deadline is a base plus its bytes at a floor rate, so a big upload may take long
+# and a stalled small one is abandoned (and retried by the caller) within seconds.
+DEADLINE_BASE_S = 5.0
+DEADLINE_FLOOR_BYTES_PER_S = 4 << 20
 
-    A backend raises ObjectNotFound for a missing object and StoreError (cause chained) for any other failure.
+
+def deadline_for(size_bytes: int) -> float:
+    return DEADLINE_BASE_S + size_bytes / DEADLINE_FLOOR_BYTES_PER_S
+
+
+class ObjectStore(abc.ABC):
+    """Counting, argument checks, deadlines and error accounting live here; backends implement the underscored
+    methods.
+
+    A backend raises ObjectNotFound for a missing object and StoreError (cause chained) for any other failure; a
+    request past its deadline (deadline_for) is abandoned and raises StoreError too.
     """
 
     def __init__(self) -> None:
         self.counters = StoreCounters()
+        self.deadline_base_s = DEADLINE_BASE_S
 
     # --- public API -----------------------------------------------------------------------------------------------
 
     async def put(self, object_key: str, data: bytes) -> None:
         """Stores `data` under `object_key`, replacing any object there. Readers see the old object or the new one."""
-        await self._counted(self._put(object_key, bytes(data)))
+        await self._counted(self._put(object_key, bytes(data)), len(data))
         self.counters.puts += 1
         self.counters.put_bytes += len(data)
 
@@ -93,12 +108,17 @@ class ObjectStore(abc.ABC):
         """Uploads a file; S3 uses a multipart upload above the threshold (S3 wants parts of at least 5 MiB)."""
         if multipart_threshold_bytes < 1 or part_bytes < 1:
             raise ValueError("multipart threshold and part size must be positive")
-        size = await self._counted(self._put_file(object_key, Path(path), multipart_threshold_bytes, part_bytes))
+        path = Path(path)
+        try:
+            expected = path.stat().st_size
+        except OSError as e:
+            raise StoreError(f"cannot upload {path}: {e}") from e
+        size = await self._counted(self._put_file(object_key, path, multipart_threshold_bytes, part_bytes), expected)
         self.counters.puts += 1
         self.counters.put_bytes += size
 
     async def get(self, object_key: str) -> bytes:
-        data = await self._counted(self._get_range(object_key, 0, None))
+        data = await self._counted(self._get_range(object_key, 0, None), 1 << 30)
         self.counters.gets += 1
         self.counters.get_bytes += len(data)
         return data
@@ -107,7 +127,7 @@ class ObjectStore(abc.ABC):
         """Bytes [start, end) of the object. Past the end it returns what exists (b"" from the end on), as S3 does."""
         if not 0 <= start < end:
             raise ValueError(f"bad byte range [{start}, {end})")
-        data = await self._counted(self._get_range(object_key, start, end))
+        data = await self._counted(self._get_range(object_key, start, end), end - start)
         self.counters.gets += 1
         self.counters.get_bytes += len(data)
         return data
@@ -178,9 +198,13 @@ class ObjectStore(abc.ABC):
     async def _close(self) -> None:
         return None
 
-    async def _counted(self, awaitable):
+    async def _counted(self, awaitable, size_bytes: int = 0):
+        deadline = self.deadline_base_s + size_bytes / DEADLINE_FLOOR_BYTES_PER_S
         try:
-            return await awaitable
+            return await asyncio.wait_for(awaitable, deadline)
+        except asyncio.TimeoutError:
+            self.counters.errors += 1
+            raise StoreError(f"{self!r}: no answer within {deadline:.1f} s") from None
         except StoreError:
             self.counters.errors += 1
             raise

@@ -271,11 +271,20 @@ class Client:
     async def tail(self, topic: str, partition: int, seq: int = UINT64_MAX, *, fetch_bytes: int = DEFAULT_FETCH_BYTES,
                    max_wait_ms: int = 5000, min_bytes: int = 0) -> AsyncIterator[Message]:
         """Every message from `seq` on (UINT64_MAX: only new ones), waiting for more at the tail."""
+        async for batch in self.tail_batches(topic, partition, seq, fetch_bytes=fetch_bytes, max_wait_ms=max_wait_ms,
+                                             min_bytes=min_bytes):
+            for m in batch:
+                yield m
+
+    async def tail_batches(self, topic: str, partition: int, seq: int = UINT64_MAX, *,
+                           fetch_bytes: int = DEFAULT_FETCH_BYTES, max_wait_ms: int = 5000, min_bytes: int = 0,
+                           ) -> AsyncIterator[list[Message]]:
+        """As `tail`, one list per consume response that carried messages (a writer flushes between them)."""
         while True:
             got = await self.consume(topic, partition, seq, fetch_bytes=fetch_bytes, max_wait_ms=max_wait_ms,
                                      min_bytes=min_bytes)
-            for m in got.messages:
-                yield m
+            if got.messages:
+                yield got.messages
             seq = got.next_seq
             if got.need_bytes > fetch_bytes:
                 fetch_bytes = got.need_bytes
@@ -339,7 +348,8 @@ class Client:
         payload = await self._call(MsgType.CREATE_TOPIC, request_id, rq.encode_create_topic_request(req))
         status = rs.read_create_topic_response(payload).status
         if status not in (CreateTopicStatus.OK, CreateTopicStatus.EXISTS):
-            raise TankError(f"create topic {topic!r}: {CreateTopicStatus(status).name.lower()}", status)
+            why = _CREATE_REFUSALS.get(status) or f"status 0x{status:02x}"
+            raise TankError(f"create topic {topic!r}: {why}", status)
         return status
 
     async def reload_conf(self, topic: str, partition: int) -> int:
@@ -353,6 +363,15 @@ class Client:
         req = rq.StatusRequest(request_id)
         payload = await self._call(MsgType.STATUS, request_id, rq.encode_status_request(req))
         return rs.read_status_response(payload)
+
+
+_CREATE_REFUSALS = {
+    CreateTopicStatus.SYSTEM: "the broker could not create it (its log says why)",
+    CreateTopicStatus.BAD_CONFIG: "the broker refused its config (its log says why)",
+    CreateTopicStatus.READ_ONLY: "the broker is read-only (started with -r)",
+    CreateTopicStatus.INVALID: "the broker refused the name or partition count",
+    CreateTopicStatus.UNSUPPORTED: "the broker does not create topics (cluster mode)",
+}
 
 
 def _consume_result(topic: str, p, seq: int, chunks) -> ConsumeResult:

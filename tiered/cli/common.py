@@ -47,14 +47,14 @@ class BrokerEndpoint:
         return f"{self.host}:{self.port}"
 
 
-def broker_endpoint(text: str | None, environ=os.environ) -> BrokerEndpoint:
-    """The endpoint `-b` names, else $TIERED_BROKER, else the default; an any-address means this host."""
+def broker_endpoint(text: str | None, flag: str = "-b/--broker", environ=os.environ) -> BrokerEndpoint:
+    """The endpoint the flag names, else $TIERED_BROKER, else the default; an any-address means this host."""
     if text is not None:
-        source = "-b/--broker"
+        source = flag
     elif environ.get(BROKER_ENV):
         text, source = environ[BROKER_ENV], BROKER_ENV
     else:
-        text, source = DEFAULT_BROKER, f"the default; set -b/--broker or {BROKER_ENV}"
+        text, source = DEFAULT_BROKER, f"the default; set {flag} or {BROKER_ENV}"
     try:
         host, port = parse_endpoint(text, DEFAULT_PORT)
     except SettingsError as exc:

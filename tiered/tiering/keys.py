@@ -19,6 +19,11 @@ store adds it, so nothing outside `tiering/` ever sees or builds a full key.
         freeze time in seconds, as in its `.ilog` file name. A partition's objects are listable under
         partition_segments_prefix(); TANK's tools can read the objects as they are.
 
+    topics/<topic>.json
+        What the catalog records of a topic (partition count, config text, creation time), written when the topic
+        is created or its config changes (tiered.tiering.topic_objects), so that a catalog rebuild restores
+        topics whole, not only what their data implies.
+
 Parsers are strict (they accept exactly what the builders produce) and return None for any other key: the orphan
 reconciler lists the whole bucket, which may hold objects that are not ours.
 """
@@ -36,6 +41,8 @@ SEGMENTS_PREFIX = "segments/"
 BLOCK_SUFFIX = ".blk"
 SEGMENT_SUFFIX = ".ilog"
 SEGMENT_INDEX_SUFFIX = ".index"
+TOPICS_PREFIX = "topics/"
+TOPIC_SUFFIX = ".json"
 
 MAX_U64 = (1 << 64) - 1
 MAX_PARTITION = 0xFFFF
@@ -47,6 +54,7 @@ _TOPIC = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?"
 _DECIMAL = r"0|[1-9][0-9]*"
 _TOPIC_RE = re.compile(_TOPIC)
 _ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+_TOPIC_KEY_RE = re.compile(rf"topics/(?P<topic>{_TOPIC})\.json")
 _BLOCK_KEY_RE = re.compile(rf"blocks/(?P<hash>[0-9a-f]{{4}})/(?P<broker>{_DECIMAL})/(?P<id>[0-9A-Z]{{26}})\.blk")
 _SEGMENT_KEY_RE = re.compile(
     rf"segments/(?P<topic>{_TOPIC})/(?P<partition>{_DECIMAL})/"
@@ -197,6 +205,24 @@ def _parse_segment(object_key: str, suffix: str) -> SegmentKey | None:
     if partition > MAX_PARTITION or not base <= last <= MAX_U64:
         return None
     return SegmentKey(m["topic"], partition, base, last, int(m["freeze"]))
+
+
+# --- topics ---------------------------------------------------------------------------------------------------------
+
+
+def topics_prefix() -> str:
+    return TOPICS_PREFIX
+
+
+def topic_key(topic: str) -> str:
+    _check_topic(topic)
+    return f"{TOPICS_PREFIX}{topic}{TOPIC_SUFFIX}"
+
+
+def parse_topic_key(object_key: str) -> str | None:
+    """The topic a topic object's key names, or None."""
+    m = _TOPIC_KEY_RE.fullmatch(object_key)
+    return m["topic"] if m else None
 
 
 def _check_topic(topic: str) -> None:

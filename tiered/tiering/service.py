@@ -34,6 +34,7 @@ from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.remote_fetch import RemoteReader
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore, open_store
+from tiered.tiering.topic_objects import put_topic_config
 
 log = logging.getLogger("tiered.tiering")
 
@@ -172,6 +173,7 @@ class TieringService:
     async def create_topic(self, name: str, partitions: int, config_text: str) -> None:
         """Records a new topic in the catalog before its directories exist. Raises TopicExists."""
         await self.catalog.call(catalog_topics.create_topic, name, partitions, config_text)
+        await put_topic_config(self.store, name, partitions, config_text)
 
     async def topic_opened(self, topic) -> None:
         """Claims leadership of a topic's partitions; the broker serves them from now on."""

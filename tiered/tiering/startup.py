@@ -15,6 +15,7 @@ import logging
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.errors import TopicExists
+from tiered.tiering.topic_objects import put_missing_topic_objects
 
 log = logging.getLogger("tiered.tiering")
 
@@ -41,6 +42,7 @@ async def reconcile_with_catalog(service) -> None:
             continue
         log.info("recreating topic %s locally from the catalog (%d partitions)", name, row.partitions)
         registry.create_topic(name, row.partitions, row.config_text)
+    await put_missing_topic_objects(service.store, await service.catalog.call(catalog_topics.list_topics))
     for topic in list(registry.topics.values()):
         await service.topic_opened(topic)
         for part in topic.partitions:

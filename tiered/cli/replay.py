@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import sys
 
-from tiered.catalog import CatalogError
 from tiered.cli.common import (
     BROKER_ENV,
     DEFAULT_BROKER,
@@ -86,6 +85,7 @@ def read_options(args: argparse.Namespace):
 
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
+        from tiered.catalog import CatalogError
         from tiered.spark import replay
         from tiered.spark.listing import UnknownTopicError
         from tiered.spark.options import OptionError

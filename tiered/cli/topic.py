@@ -44,8 +44,9 @@ def parse_options(options: list[str]) -> str:
 
 
 async def create(args) -> int:
+    config_text = parse_options(args.option)
     async with await connect(args) as client:
-        status = await client.create_topic(args.name, args.partitions, parse_options(args.option))
+        status = await client.create_topic(args.name, args.partitions, config_text)
     if status == CreateTopicStatus.EXISTS:
         print(f"tiered topic create: topic {args.name} already exists", file=sys.stderr)
         return 1

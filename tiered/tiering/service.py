@@ -21,7 +21,7 @@ from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.engine import Catalog
-from tiered.catalog.errors import StaleEpoch
+from tiered.catalog.errors import CatalogUnavailable, StaleEpoch
 from tiered.catalog.migrate import upgrade
 from tiered.config import Settings, mask_url
 from tiered.storage.partition_log import AppendResult
@@ -33,7 +33,7 @@ from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_de
 from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.remote_fetch import RemoteReader
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
-from tiered.tiering.store import ObjectStore, open_store
+from tiered.tiering.store import ObjectStore, StoreError, open_store
 from tiered.tiering.topic_objects import put_topic_config
 
 log = logging.getLogger("tiered.tiering")
@@ -79,7 +79,7 @@ class TieringService:
             if self._migrate:
                 before, after = await asyncio.to_thread(upgrade, url)
                 if before != after:
-                    log.info("catalog migrated from %s to %s", before, after)
+                    log.info("catalog migrated from %s to %s", before or "empty", after)
             self._catalog = await asyncio.to_thread(Catalog.open, url)
         self.catalog = CatalogThread(self._catalog)
         if self._store is None:
@@ -329,12 +329,24 @@ class TieringService:
         return len(swept) + len(report.deleted)
 
     async def _every(self, interval_s: float, what: str, step) -> None:
+        """Runs `step` every `interval_s`. An outage (catalog or store unavailable) is logged in one line when it
+        starts and one when it ends, not once per pass with a traceback; anything else is a bug, logged whole."""
+        failing = False
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await step()
+            except (CatalogUnavailable, StoreError, OSError) as exc:
+                if not failing:
+                    log.warning("%s failed: %s; retrying every %.0f s", what, exc or type(exc).__name__, interval_s)
+                failing = True
+                continue
             except Exception:
                 log.exception("%s failed; retrying in %.0f s", what, interval_s)
+                continue
+            if failing:
+                log.info("%s works again", what)
+                failing = False
 
     async def _heartbeat(self) -> None:
         while True:

@@ -26,7 +26,8 @@ from tiered.tiering.topic_objects import (
     read_topic_objects,
 )
 
-from tests.support.broker import local_settings
+from tests.support.broker import BrokerProcess, local_settings
+from tests.support.cli import one_line_error, tiered
 
 KEY = "topics/events.json"
 GOOD = TopicObject("events", 4, "produce.ack=local\nlog.retention.secs=1h\n", 1_700_000_000_000)
@@ -137,3 +138,27 @@ async def test_a_topic_without_an_object_gets_one_at_the_next_start(tmp_path):
         await store.close()
     assert problems == []
     assert (found["old"].partitions, found["old"].config_text) == (2, "produce.ack=local\n")
+
+
+def test_the_rebuild_command_restores_configs_and_names_force_for_a_full_catalog(tmp_path):
+    data = tmp_path / "data"
+    broker = BrokerProcess(data).start()
+    try:
+        b = ("-b", f"127.0.0.1:{broker.port}")
+        tiered("topic", "create", *b, "keep", "3", "-o", "produce.ack=local,log.retention.secs=1d")
+        tiered("produce", *b, "-t", "keep/2", "x")
+    finally:
+        assert broker.terminate() == 0
+    store = f"file://{data.resolve() / '.tiered' / 'objects'}"
+    rebuilt = f"sqlite:///{tmp_path / 'rebuilt.db'}"
+    argv = ("catalog", "rebuild", "--catalog", rebuilt, "--store", store)
+    out = tiered(*argv).stdout.decode()
+    assert "topics 1, partitions 3, 1 restored with their config" in out
+    cat = Catalog.open(rebuilt)
+    try:
+        assert catalog_topics.get_topic(cat, "keep").config_text == "produce.ack=local\nlog.retention.secs=1d\n"
+    finally:
+        cat.close()
+    err = one_line_error(tiered(*argv, check=False), "catalog rebuild")
+    assert "is not empty" in err and "--force deletes them first" in err
+    assert "topics 1, partitions 3" in tiered(*argv, "--force").stdout.decode()

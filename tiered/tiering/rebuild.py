@@ -124,7 +124,7 @@ class RebuildReport:
     def summary(self) -> str:
         lines = [
             f"topics {self.topics}, partitions {self.partitions}, "
-            f"{self.topics - len(self.topics_without_object)} topics restored with their config",
+            f"{self.topics - len(self.topics_without_object)} restored with their config",
             f"blocks {self.blocks} committed with {self.runs} runs, {self.blocks_abandoned} abandoned "
             f"({self.runs_superseded} runs superseded by newer blocks)",
             f"remote segments {self.segments} ({len(self.segments_superseded)} superseded, "

@@ -25,6 +25,10 @@ WITHOUT_A_BROKER = [
     (["serve", "-l", "abc"], "serve", 2, "flag --listen: listen: 'abc' does not name an address here"),
     (["serve", "-P", "99999"], "serve", 2, "flag --http-listen: http_listen: bad endpoint '99999': port out of range"),
     (["topic", "create", "x", "1", "-o", "novalue"], "topic create", 2, "bad option 'novalue': want KEY=VALUE"),
+    (["replay", "nope", "-p", "fresh", "--parquet", "out"], "replay", 1,
+     "the catalog cannot be read: no such table: topics"),
+    (["replay", "nope", "--keep-seqs", "--parquet", "out"], "replay", 2, "--keep-seqs goes with --to-topic"),
+    (["db", "current", "--catalog", "nosuch://x"], "db current", 1, "nosuch://x"),
 ]
 
 
@@ -77,3 +81,10 @@ def test_refusals_reach_the_user_with_their_reason(broker_process):
         assert says in one_line_error(tiered(*argv, check=False), command), argv
     # Nothing refused reached the broker's disk; the unknown key in particular was not silently accepted.
     assert tiered("topic", "list", *b).stdout.decode().splitlines() == ["events\t2"]
+
+
+def test_a_failed_replay_prints_only_its_error(tmp_path):
+    tiered("db", "upgrade", "-p", "data", cwd=tmp_path)
+    err = one_line_error(tiered("replay", "nope", "-p", "data", "--parquet", "out", check=False, cwd=tmp_path),
+                         "replay")
+    assert "topic 'nope' is not in the catalog" in err  # and no "replayed ... 0 messages" line before it

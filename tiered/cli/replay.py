@@ -85,6 +85,8 @@ def read_options(args: argparse.Namespace):
 
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
+        from sqlalchemy.exc import SQLAlchemyError
+
         from tiered.catalog import CatalogError
         from tiered.spark import replay
         from tiered.spark.listing import UnknownTopicError
@@ -108,6 +110,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             stats = asyncio.run(_produce(args, options, progress, replay))
             kept = " (seqs kept)" if args.keep_seqs else ""
             where = f"{args.to_topic} at {broker_endpoint(args.to_broker, '--to-broker')}{kept}"
+    except SQLAlchemyError as exc:  # e.g. a catalog that was never migrated: "no such table: topics"
+        return fail("replay", f"the catalog cannot be read: {getattr(exc, 'orig', None) or exc} (is it the "
+                              "brokers' catalog? --catalog, TIERED_CATALOG_URL or -p name it)")
     except failures as exc:
         return fail("replay", exc)
     finally:

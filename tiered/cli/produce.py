@@ -32,6 +32,7 @@ MAX_BUNDLE_BYTES = 1 << 20
 DEFAULT_IN_FLIGHT = 64
 DEFAULT_TIMEOUT_S = 30.0
 READ_AHEAD_LINES = 4 * DEFAULT_BUNDLE_MESSAGES * DEFAULT_IN_FLIGHT
+MESSAGE_OVERHEAD_BYTES = 16  # a message's flags, timestamp and length in a bundle, counted against MAX_BUNDLE_BYTES
 
 
 def register(sub) -> None:
@@ -71,9 +72,10 @@ def topic_partition(args: argparse.Namespace) -> tuple[str, int]:
     return topic, partition
 
 
-def check_partition(client_ranges: list, topic: str, partition: int) -> None:
-    if partition >= len(client_ranges):
-        raise CommandError(f"unknown partition {topic}/{partition}: {topic} has partitions 0..{len(client_ranges) - 1}")
+def check_partition(ranges: list, topic: str, partition: int) -> None:
+    """`ranges`: the topic's DiscoverPartitions answer, one per partition."""
+    if partition >= len(ranges):
+        raise CommandError(f"unknown partition {topic}/{partition}: {topic} has partitions 0..{len(ranges) - 1}")
 
 
 class LineReader:
@@ -112,7 +114,7 @@ class LineReader:
                 self.room.release()
                 line = item.rstrip(b"\r\n")
                 out.append(line)
-                size += len(line) + 16
+                size += len(line) + MESSAGE_OVERHEAD_BYTES
         return out
 
 
@@ -127,14 +129,18 @@ class Outcome:
 
 class Sender:
     """Produce requests on one connection, up to `in_flight` outstanding, their answers taken in order (one
-    partition's appends and acknowledgements are in request order)."""
+    partition's appends and acknowledgements are in request order). Progress counts confirmed input bytes when
+    `by_bytes` (a file of known size: the bar has an ETA), else confirmed messages."""
 
-    def __init__(self, client: Client, topic: str, partition: int, args: argparse.Namespace, progress: Progress):
+    def __init__(self, client: Client, topic: str, partition: int, args: argparse.Namespace, progress: Progress,
+                 by_bytes: bool = False):
         self.client, self.topic, self.partition = client, topic, partition
         self.in_flight, self.timeout_s, self.seq = args.in_flight, args.timeout, args.seq
         self.key = args.key.encode() if args.key else None
         self.progress = progress
-        self.pending: deque[tuple[asyncio.Task, int, int]] = deque()  # (request, messages, messages before it)
+        self.by_bytes = by_bytes
+        # (request, its messages, the messages sent before it, its input bytes)
+        self.pending: deque[tuple[asyncio.Task, int, int, int]] = deque()
         self.sent = 0
         self.bundles = 0
         self.outcome = Outcome()
@@ -153,7 +159,8 @@ class Sender:
             first = self.seq + self.sent
             messages = [Message(v, self.key, now_ms, first + i) for i, v in enumerate(values)]
             call = self.client.produce_with_seqnum(self.topic, self.partition, messages, timeout_s=self.timeout_s)
-        self.pending.append((asyncio.ensure_future(call), len(values), self.sent))
+        input_bytes = sum(len(v) + 1 for v in values)  # each line and its newline
+        self.pending.append((asyncio.ensure_future(call), len(values), self.sent, input_bytes))
         self.sent += len(values)
         self.bundles += 1
         return True
@@ -164,21 +171,28 @@ class Sender:
         return self.outcome
 
     async def _settle_oldest(self) -> None:
-        task, count, before = self.pending.popleft()
+        task, count, before, input_bytes = self.pending.popleft()
         outcome = self.outcome
         try:
             await task
+        except (ConnectionError, OSError) as exc:  # sent, then the connection went: as ambiguous as a timeout
+            why = f"the connection to the broker was lost ({exc or type(exc).__name__})"
+            self._unconfirmed(NotConfirmed(str(exc), why), count, before)
         except NotConfirmed as exc:
-            outcome.unconfirmed += count
-            if outcome.first_unconfirmed is None:
-                outcome.first_unconfirmed = before
-            outcome.error = outcome.error or exc
+            self._unconfirmed(exc, count, before)
         except TankError as exc:
             outcome.refused += count
             outcome.error = outcome.error or exc
         else:
             outcome.confirmed += count
-            self.progress.add(count)
+            self.progress.add(input_bytes if self.by_bytes else count)
+
+    def _unconfirmed(self, error: NotConfirmed, count: int, before: int) -> None:
+        outcome = self.outcome
+        outcome.unconfirmed += count
+        if outcome.first_unconfirmed is None:
+            outcome.first_unconfirmed = before
+        outcome.error = outcome.error or error
 
 
 def _source(args: argparse.Namespace) -> tuple[BinaryIO | None, int | None]:
@@ -219,8 +233,9 @@ async def produce(args: argparse.Namespace) -> int:
             raise CommandError(f"unknown topic {topic!r} (`tiered topic create {topic} <partitions>` creates it)")
         check_partition(ranges, topic, partition)
         hwmark = ranges[partition].hwmark
-        progress = Progress(f"{topic}/{partition}", unit="msg")
-        sender = Sender(client, topic, partition, args, progress)
+        by_bytes = size is not None and not args.messages
+        progress = Progress(f"{topic}/{partition}", size if by_bytes else None, unit="B" if by_bytes else "msg")
+        sender = Sender(client, topic, partition, args, progress, by_bytes)
         try:
             for start in range(0, len(args.messages), args.bundle_size):
                 await sender.send([m.encode() for m in args.messages[start : start + args.bundle_size]])

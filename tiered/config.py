@@ -7,6 +7,7 @@ Credentials are never settings: libpq and the AWS SDKs read them from their own 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import socket
@@ -143,10 +144,27 @@ def _endpoint(default_port: int, may_be_off: bool = False):
     def convert(value: str) -> str:
         text = str(value)
         if not (may_be_off and text.strip().lower() in _OFF):
-            parse_endpoint(text, default_port)
+            host, _ = parse_endpoint(text, default_port)
+            _check_host(text, host, default_port)
         return text
 
     return convert
+
+
+def _check_host(text: str, host: str, default_port: int) -> None:
+    """A listen address must be an IP address or a name this machine resolves (a typo such as `-l abc` is named
+    here, with its flag, rather than failing the bind later)."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise SettingsError(f"{text!r} does not name an address here: {host!r} is neither an IP address nor a "
+                            f"host name this machine resolves (want [addr:]port, e.g. :{default_port} or "
+                            f"127.0.0.1:{default_port})") from None
 
 
 def _at_least(convert, minimum: float, what: str):

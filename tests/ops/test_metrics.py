@@ -26,11 +26,11 @@ def log_bytes(data_dir: Path, topic: str) -> int:
     return sum(f.stat().st_size for f in (data_dir / topic).glob("*/*") if f.name.endswith("log"))
 
 
-async def bucket_blocks(bucket: str) -> list[int]:
-    """The sizes of the block objects in the bucket."""
+async def bucket_blocks(bucket: str, prefix: str = "blocks/") -> list[int]:
+    """The sizes of the block objects (or of the objects under `prefix`) in the bucket."""
     store = open_store(f"s3://{bucket}/tiered", path_style=True)
     try:
-        return [info.size_bytes async for info in store.list("blocks/")]
+        return [info.size_bytes async for info in store.list(prefix)]
     finally:
         await store.close()
 
@@ -81,8 +81,11 @@ async def test_block_upload_metrics_agree_with_the_bucket(ops_broker, s3_faults)
     m = await scrape(port)
     assert m.value("tiered_blocks_uploaded_total") == len(sizes) >= 1
     assert m.value("tiered_block_bytes_uploaded_total") == sum(sizes)
-    assert m.value("tiered_store_puts_total") == len(sizes)  # no segment was sealed, so blocks are all the PUTs
-    assert m.value("tiered_store_put_bytes_total") == sum(sizes)
+    topic_objects = await bucket_blocks(ops_broker.bucket, "topics/")  # the topic's own object (topics/audit.json)
+    assert len(topic_objects) == 1
+    # No segment was sealed, so the blocks and the topic object are all the PUTs.
+    assert m.value("tiered_store_puts_total") == len(sizes) + 1
+    assert m.value("tiered_store_put_bytes_total") == sum(sizes) + sum(topic_objects)
     assert m.value("tiered_put_errors_total") == 1
     assert m.value("tiered_store_errors_total") == 1
     assert m.value("tiered_store_gets_total") == 0  # every read was local

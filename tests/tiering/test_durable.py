@@ -214,7 +214,7 @@ async def test_an_idle_broker_makes_no_puts(durable, tmp_path):
         await c.produce("quiet", 0, [b"one"])
         puts = app.tier.store.counters.puts
         await asyncio.sleep(1.0)
-        assert app.tier.store.counters.puts == puts == 1
+        assert app.tier.store.counters.puts == puts == 2  # the topic object, then the one block
     await _stop(app)
 
 
@@ -266,7 +266,7 @@ async def test_local_ack_topics_answer_at_append_and_are_still_uploaded(durable,
         await c.produce("fast", 0, [b"a", b"b"])
         assert [m.value for m in (await c.consume("fast", 0, 1)).messages] == [b"a", b"b"]
     for _ in range(50):
-        if app.tier.store.counters.puts:
+        if app.tier.store.counters.puts >= 2:  # the topic object, then the block
             break
         await asyncio.sleep(0.05)
     await _assert_durable(catalog_url, durable.bucket, "fast", 0, [b"a", b"b"])

@@ -15,16 +15,8 @@ import argparse
 import asyncio
 import sys
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from tiered.catalog import Catalog, CatalogError, mask_url
-from tiered.catalog.migrate import upgrade
 from tiered.cli.common import Progress
-from tiered.config import SettingsError, load_settings
-from tiered.tiering.rebuild import CatalogNotEmpty, rebuild_catalog
-from tiered.tiering.store import StoreError, open_store
-
-_FAILURES = (SettingsError, CatalogError, CatalogNotEmpty, SQLAlchemyError, StoreError, ValueError, OSError)
+from tiered.config import SettingsError, load_settings, mask_url
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,13 +42,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: every `tiered` command builds this parser.
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tiered.catalog import CatalogError
+    from tiered.catalog.migrate import upgrade
+    from tiered.tiering.rebuild import CatalogNotEmpty
+    from tiered.tiering.store import StoreError
+
+    failures = (SettingsError, CatalogError, CatalogNotEmpty, SQLAlchemyError, StoreError, ValueError, OSError)
     catalog_url = None
     try:
         settings = load_settings(args)
         catalog_url = settings.effective_catalog_url
         upgrade(catalog_url)
         report = asyncio.run(_rebuild(settings, args))
-    except _FAILURES as error:
+    except failures as error:
         where = f" {mask_url(catalog_url)}" if catalog_url else ""
         print(f"tiered catalog rebuild:{where}: {error}", file=sys.stderr)
         return 1
@@ -66,10 +67,14 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 async def _rebuild(settings, args: argparse.Namespace):
+    from tiered.catalog import Catalog
+    from tiered.tiering.rebuild import rebuild_catalog
+    from tiered.tiering.store import open_store
+
     options = {"path_style": settings.s3_path_style} if settings.effective_store_url.startswith("s3://") else {}
     store = open_store(settings.effective_store_url, **options)
     catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)
-    progress = Progress("objects read")
+    progress = Progress("objects read", unit="obj")
     try:
         return await rebuild_catalog(store, catalog, progress=progress, force=args.force,
                                      read_timestamps=args.read_timestamps, concurrency=args.concurrency)

@@ -1,65 +1,143 @@
-"""What the client-side commands share: the broker endpoint flag, running a coroutine, progress lines."""
+"""What the client-side commands share: the broker endpoint, running a command, one-line errors, progress bars.
+
+Every error a command expects (a bad argument, an unreachable broker, a refused request) is printed as one line on
+stderr, `tiered <command>: <what was wrong and what is allowed>`, with exit status 1 (2 for a bad argument, as
+argparse does); a traceback means a bug. Data goes to stdout as clean lines; progress, summaries and errors go to
+stderr, and progress bars only when stderr is a terminal that is not also where the data goes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
-import time
+from dataclasses import dataclass
+from typing import IO
+
+from tqdm import tqdm
 
 from tiered.client import Client, TankError
 from tiered.config import DEFAULT_PORT, SettingsError, parse_endpoint
 
+BROKER_ENV = "TIERED_BROKER"
+DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
+
+
+class CommandError(Exception):
+    """What a command prints as its one-line error (exit status 1)."""
+
+
+class UsageError(CommandError):
+    """A bad argument (exit status 2)."""
+
 
 def add_broker_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-b", "--broker", default=f"127.0.0.1:{DEFAULT_PORT}",
-                        help="broker endpoint [addr:]port (default 127.0.0.1:11011)")
+    parser.add_argument("-b", "--broker", default=None, metavar="[ADDR:]PORT",
+                        help=f"broker endpoint (default: ${BROKER_ENV}, else {DEFAULT_BROKER})")
 
 
-async def connect(args) -> Client:
-    host, port = parse_endpoint(args.broker, DEFAULT_PORT)
-    if host == "0.0.0.0":
-        host = "127.0.0.1"
-    return await Client.connect(host, port)
+@dataclass(frozen=True)
+class BrokerEndpoint:
+    host: str
+    port: int
+    source: str  # what named it: the flag, the environment variable or the default
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
 
 
-def run(coro) -> int:
-    """Runs a command coroutine; known failures print one line on stderr and exit 1."""
+def broker_endpoint(text: str | None, flag: str = "-b/--broker", environ=os.environ) -> BrokerEndpoint:
+    """The endpoint the flag names, else $TIERED_BROKER, else the default; an any-address means this host."""
+    if text is not None:
+        source = flag
+    elif environ.get(BROKER_ENV):
+        text, source = environ[BROKER_ENV], BROKER_ENV
+    else:
+        text, source = DEFAULT_BROKER, f"the default; set {flag} or {BROKER_ENV}"
+    try:
+        host, port = parse_endpoint(text, DEFAULT_PORT)
+    except SettingsError as exc:
+        raise UsageError(f"{exc} (from {source}; want [addr:]port, e.g. 127.0.0.1:11011)") from None
+    return BrokerEndpoint("127.0.0.1" if host == "0.0.0.0" else host, port, source)
+
+
+async def connect_to(endpoint: BrokerEndpoint) -> Client:
+    try:
+        return await Client.connect(endpoint.host, endpoint.port)
+    except (OSError, asyncio.TimeoutError) as exc:
+        why = _os_reason(exc) if isinstance(exc, OSError) else "no answer within 10 s"
+        raise CommandError(f"cannot reach a broker at {endpoint} (from {endpoint.source}): {why}; "
+                           "is `tiered serve` running there?") from None
+
+
+async def connect(args: argparse.Namespace) -> Client:
+    return await connect_to(broker_endpoint(args.broker))
+
+
+def _os_reason(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def run(coro, command: str) -> int:
+    """Runs a command coroutine; known failures print one line on stderr and exit 1 (2 for a usage error)."""
     try:
         return asyncio.run(coro) or 0
-    except (TankError, SettingsError, ConnectionError, OSError, asyncio.TimeoutError) as exc:
-        print(f"tiered: {exc or type(exc).__name__}", file=sys.stderr)
-        return 1
+    except UsageError as exc:
+        return fail(command, exc, status=2)
+    except (CommandError, TankError, SettingsError) as exc:
+        return fail(command, exc)
+    except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+        reason = _os_reason(exc) if isinstance(exc, OSError) else "no answer in time"
+        return fail(command, f"lost the broker: {reason}")
+
+
+def fail(command: str, error: object, status: int = 1) -> int:
+    print(f"tiered {command}: {error}", file=sys.stderr)
+    return status
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _same_terminal(a: IO, b: IO) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def progress_wanted(stream: IO | None = None, data: IO | None = None) -> bool:
+    """A progress bar is drawn on `stream` (stderr) only when it is a terminal, and not the terminal that `data`
+    (stdout, when the command writes data there) goes to: a bar must never land between data lines."""
+    stream = stream if stream is not None else sys.stderr
+    try:
+        if not stream.isatty():
+            return False
+    except (ValueError, AttributeError):
+        return False
+    return data is None or not _same_terminal(stream, data)
 
 
 class Progress:
-    """A progress line on stderr, redrawn at most every `interval_s`, only when stderr is a terminal."""
+    """A live bar (tqdm: count, rate, ETA when the total is known) on stderr, when progress_wanted() says so.
 
-    def __init__(self, what: str, total: int | None = None, interval_s: float = 0.5, stream=None):
-        self.what = what
-        self.total = total
+    `done` counts whether or not a bar is drawn; `finish()` removes the bar, so what follows starts on a clean line.
+    """
+
+    def __init__(self, what: str, total: int | None = None, *, unit: str = "msg", data: IO | None = None,
+                 stream: IO | None = None):
         self.done = 0
-        self.interval_s = interval_s
-        self.stream = stream if stream is not None else sys.stderr
-        self.started = time.monotonic()
-        self._last = 0.0
-        self.enabled = self.stream.isatty()
+        stream = stream if stream is not None else sys.stderr
+        self.bar = tqdm(desc=what, total=total, unit=unit, unit_scale=True, file=stream, leave=False,
+                        dynamic_ncols=True, mininterval=0.25, disable=not progress_wanted(stream, data))
 
     def add(self, n: int = 1) -> None:
         self.done += n
-        now = time.monotonic()
-        if self.enabled and now - self._last >= self.interval_s:
-            self._last = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        rate = self.done / max(now - self.started, 1e-9)
-        total = f"/{self.total}" if self.total else ""
-        self.stream.write(f"\r{self.what}: {self.done}{total} ({rate:,.0f}/s)   ")
-        self.stream.flush()
+        self.bar.update(n)
 
     def finish(self) -> None:
-        if self.enabled:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
+        self.bar.close()

@@ -1,14 +1,15 @@
 """`tiered consume`: read a partition from a seq, the beginning or the tail (as tank-cli consume).
 
-`-d` drains up to the high-water mark and exits; without it the command follows the tail until interrupted or until
-`-l` messages were read. Fields are chosen with `-F seq,key,content,ts` (tab separated, one message per line).
+`-d` drains up to the high-water mark and exits; without it the command follows the tail until interrupted (Ctrl-C,
+exit status 130) or until `-l` messages were read, writing each response's messages as they come. Fields are chosen
+with `-F seq,key,content,ts` (tab separated, one message per line). Only data goes to stdout.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tiered.cli.common import Progress, add_broker_argument, connect, run
+from tiered.cli.common import Progress, UsageError, add_broker_argument, connect, run
 from tiered.cli.produce import topic_partition
 from tiered.protocol.codes import UINT64_MAX
 
@@ -16,17 +17,17 @@ FIELDS = ("seq", "key", "content", "ts")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("consume", help="consume messages from a partition")
+    p = sub.add_parser("consume", help="consume messages from a partition", description=__doc__.split("\n\n")[0])
     add_broker_argument(p)
-    p.add_argument("-t", "--topic", required=True, help="topic[/partition]")
-    p.add_argument("-p", "--partition", type=int, default=None)
+    p.add_argument("-t", "--topic", required=True, metavar="TOPIC[/PARTITION]", help="topic, and partition (default 0)")
+    p.add_argument("-p", "--partition", type=int, default=None, help="partition (instead of TOPIC/PARTITION)")
     p.add_argument("-d", "--drain", action="store_true", help="stop at the high-water mark")
     p.add_argument("-l", "--limit", type=int, help="stop after this many messages")
     p.add_argument("-E", "--end", type=int, help="stop after this seq")
     p.add_argument("-F", "--fields", default="seq,content", help=f"comma separated, of {', '.join(FIELDS)}")
     p.add_argument("-s", "--fetch-size", type=int, default=1 << 20, help="fetch size in bytes")
     p.add_argument("start", nargs="?", default="beginning", help="beginning|first|end|eof|<seq> (default beginning)")
-    p.set_defaults(func=lambda a: run(consume(a)))
+    p.set_defaults(func=lambda a: run(consume(a), "consume"))
 
 
 def start_seq(text: str) -> int:
@@ -34,9 +35,18 @@ def start_seq(text: str) -> int:
         return 0
     if text in ("end", "eof"):
         return UINT64_MAX
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
-    raise SystemExit(f"tiered consume: bad start {text!r} (beginning, end or a seq)")
+    raise UsageError(f"bad start {text!r}: want beginning, first, end, eof or a seq")
+
+
+def parse_fields(text: str) -> list[str]:
+    fields = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown or not fields:
+        raise UsageError(f"unknown fields {', '.join(unknown) or repr(text)}: -F takes a comma-separated list of "
+                         f"{', '.join(FIELDS)}")
+    return fields
 
 
 def render(message, fields: list[str]) -> bytes:
@@ -55,25 +65,38 @@ def render(message, fields: list[str]) -> bytes:
 
 async def consume(args) -> int:
     topic, partition = topic_partition(args)
-    fields = [f.strip() for f in args.fields.split(",") if f.strip()]
-    unknown = [f for f in fields if f not in FIELDS]
-    if unknown:
-        raise SystemExit(f"tiered consume: unknown fields {', '.join(unknown)}")
-    out = sys.stdout.buffer
-    progress = Progress(f"consumed from {topic}/{partition}")
+    fields = parse_fields(args.fields)
     seq = start_seq(args.start)
-    async with await connect(args) as client:
-        if args.drain:
-            messages = client.drain(topic, partition, seq, args.end, fetch_bytes=args.fetch_size)
-        else:
-            messages = client.tail(topic, partition, seq, fetch_bytes=args.fetch_size)
-        async for m in messages:
+    for flag, value in (("-l/--limit", args.limit), ("-E/--end", args.end), ("-s/--fetch-size", args.fetch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, not {value}")
+    out = sys.stdout.buffer
+    progress = Progress(f"{topic}/{partition}", data=sys.stdout)
+
+    def write(batch) -> bool:
+        """Writes one batch of messages; False once -E or -l says to stop."""
+        for m in batch:
             if args.end is not None and m.seq > args.end:
-                break
+                return False
             out.write(render(m, fields))
             progress.add()
             if args.limit is not None and progress.done >= args.limit:
-                break
-    out.flush()
-    progress.finish()
+                return False
+        return True
+
+    try:
+        async with await connect(args) as client:
+            if args.drain:
+                async for m in client.drain(topic, partition, seq, args.end, fetch_bytes=args.fetch_size):
+                    if not write((m,)):
+                        break
+            else:
+                async for batch in client.tail_batches(topic, partition, seq, fetch_bytes=args.fetch_size):
+                    going = write(batch)
+                    out.flush()  # each response's messages are visible at once when following
+                    if not going:
+                        break
+    finally:
+        progress.finish()
+        out.flush()
     return 0

@@ -12,16 +12,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from alembic.util import CommandError
-from sqlalchemy.exc import SQLAlchemyError
-
-from tiered.catalog import CatalogError, mask_url
-from tiered.catalog.migrate import current, head, upgrade
-from tiered.config import SettingsError, load_settings
+from tiered.config import SettingsError, load_settings, mask_url
 
 
-# What a bad URL, an unreachable database or an unknown revision raise: reported in one line, exit 1.
-_FAILURES = (SettingsError, CatalogError, SQLAlchemyError, CommandError, ValueError)
+def _failures() -> tuple[type[Exception], ...]:
+    """What a bad URL, an unreachable database or an unknown revision raise: reported in one line, exit 1.
+    (Imported here, not at the top: every `tiered` command builds this parser, and alembic takes a while.)"""
+    from alembic.util import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tiered.catalog import CatalogError
+
+    return SettingsError, CatalogError, SQLAlchemyError, CommandError, ValueError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,11 +56,13 @@ def _fail(command: str, url: str | None, error: Exception) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
+    from tiered.catalog.migrate import upgrade
+
     url = None
     try:
         url = _catalog_url(args)
         before, after = upgrade(url)
-    except _FAILURES as error:
+    except _failures() as error:
         return _fail("upgrade", url, error)
     if before == after:
         print(f"catalog {mask_url(url)} is already at revision {after} (head)")
@@ -68,11 +72,13 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_current(args: argparse.Namespace) -> int:
+    from tiered.catalog.migrate import current, head
+
     url = None
     try:
         url = _catalog_url(args)
         revision, newest = current(url), head()
-    except _FAILURES as error:
+    except _failures() as error:
         return _fail("current", url, error)
     if revision == newest:
         print(f"catalog {mask_url(url)} is at revision {revision} (head)")

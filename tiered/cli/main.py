@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "replay")
@@ -22,7 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # a group not present in this build
             raise
         module.register(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each command's parser stores itself in its defaults, so an unknown flag is reported with that command's
+    usage instead of the top-level one."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(_parser=child)
+                _remember_parsers(child)
 
 
 def _version() -> str:
@@ -32,13 +44,18 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also while still importing: no traceback, the shell's status for SIGINT
+        sys.stderr.write("\n")
         return 130
     except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly; stdout points at /dev/null so the exit flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

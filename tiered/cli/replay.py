@@ -9,7 +9,8 @@ The catalog and store URLs come from the settings, as for `tiered serve` (--cata
 else the data dir's defaults); S3 credentials and endpoint from the AWS environment. One process reads the splits
 in (partition, seq) order with pyarrow (tiered.spark.replay): no Spark or Java needed; for cluster-scale replays use
 the `tiered` Spark data source, which reads the same splits in parallel. Needs pyarrow (`pip install tiered[spark]`).
-Progress (messages and rate) is shown on stderr when it is a terminal; a summary line is always printed.
+A progress bar (messages, rate) is drawn on stderr when it is a terminal; the summary line is printed on success,
+one error line otherwise.
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ import argparse
 import asyncio
 import sys
 
-from tiered.catalog import CatalogError
-from tiered.cli.common import Progress
-from tiered.client import Client, TankError
-from tiered.config import DEFAULT_PORT, SettingsError, load_settings, parse_endpoint
+from tiered.cli.common import (
+    BROKER_ENV,
+    DEFAULT_BROKER,
+    CommandError,
+    Progress,
+    broker_endpoint,
+    connect_to,
+    fail,
+    plural,
+)
+from tiered.client import TankError
+from tiered.config import SettingsError, load_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--parquet", metavar="DEST",
                         help="write Parquet files to a local directory or s3://bucket/prefix")
     target.add_argument("--to-topic", help="produce into this topic (same partition numbers)")
-    p.add_argument("--to-broker", default=f"127.0.0.1:{DEFAULT_PORT}", help="broker [addr:]port for --to-topic")
+    p.add_argument("--to-broker", metavar="[ADDR:]PORT",
+                   help=f"broker for --to-topic (default: ${BROKER_ENV}, else {DEFAULT_BROKER})")
     p.add_argument("--keep-seqs", action="store_true", help="keep each message's seq (ProduceWithSeqnum)")
     p.add_argument("--bundle-size", type=int, default=500, help="messages per produced bundle (default 500)")
     p.add_argument("--catalog", dest="catalog_url", metavar="URL", help="catalog URL (default: from the settings)")
@@ -75,39 +85,45 @@ def read_options(args: argparse.Namespace):
 
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from tiered.catalog import CatalogError
         from tiered.spark import replay
         from tiered.spark.listing import UnknownTopicError
         from tiered.spark.options import OptionError
         from tiered.tiering.store import ObjectNotFound, StoreError
     except ModuleNotFoundError as exc:
-        print(f"tiered replay: {exc.name} is missing (pip install 'tiered[spark]')", file=sys.stderr)
-        return 1
+        return fail("replay", f"the Python package {exc.name} is missing: replay needs the spark extra of tiered "
+                              "(pip install 'tiered[spark]')")
     if args.keep_seqs and not args.to_topic:
-        print("tiered replay: --keep-seqs goes with --to-topic", file=sys.stderr)
-        return 2
+        return fail("replay", "--keep-seqs goes with --to-topic", status=2)
     failures = (OptionError, SettingsError, UnknownTopicError, CatalogError, StoreError, ObjectNotFound,
-                replay.ReplayError, TankError, ConnectionError, OSError, asyncio.TimeoutError, ValueError)
-    progress = Progress(f"replayed {args.topic}")
+                replay.ReplayError, TankError, CommandError, ConnectionError, OSError, asyncio.TimeoutError,
+                ValueError)
+    progress = Progress(args.topic)
     try:
         options = read_options(args)
         if args.parquet:
             stats = replay.export_parquet(options, args.parquet, on_messages=progress.add)
-            where = f"{stats.files} Parquet files in {args.parquet}"
+            where = f"{plural(stats.files, 'Parquet file')} in {args.parquet}"
         else:
             stats = asyncio.run(_produce(args, options, progress, replay))
-            where = f"{args.to_topic} at {args.to_broker}" + (" (seqs kept)" if args.keep_seqs else "")
+            kept = " (seqs kept)" if args.keep_seqs else ""
+            where = f"{args.to_topic} at {broker_endpoint(args.to_broker, '--to-broker')}{kept}"
+    except SQLAlchemyError as exc:  # e.g. a catalog that was never migrated: "no such table: topics"
+        return fail("replay", f"the catalog cannot be read: {getattr(exc, 'orig', None) or exc} (is it the "
+                              "brokers' catalog? --catalog, TIERED_CATALOG_URL or -p name it)")
     except failures as exc:
+        return fail("replay", exc)
+    finally:
         progress.finish()
-        print(f"tiered replay: {exc}", file=sys.stderr)
-        return 1
-    progress.finish()
-    print(f"replayed {stats.messages} messages of {args.topic} ({stats.splits} splits) to {where}", file=sys.stderr)
+    print(f"replayed {plural(stats.messages, 'message')} of {args.topic} ({plural(stats.splits, 'split')}) to {where}",
+          file=sys.stderr)
     return 0
 
 
 async def _produce(args, options, progress: Progress, replay):
-    host, port = parse_endpoint(args.to_broker, DEFAULT_PORT)
-    client = await Client.connect("127.0.0.1" if host == "0.0.0.0" else host, port)
+    client = await connect_to(broker_endpoint(args.to_broker, "--to-broker"))
     async with client:
         return await replay.produce_replay(
             options, client, args.to_topic, keep_seqs=args.keep_seqs, bundle_messages=args.bundle_size,

@@ -10,7 +10,7 @@ from tiered.cli.common import add_broker_argument, connect, run
 def register(sub) -> None:
     p = sub.add_parser("status", help="the broker's status")
     add_broker_argument(p)
-    p.set_defaults(func=lambda a: run(status(a)))
+    p.set_defaults(func=lambda a: run(status(a), "status"))
 
 
 async def status(args) -> int:

@@ -1,9 +1,14 @@
-"""`tiered verify <files>`: check TANK segment files (.log, .ilog) and sparse indexes (.index), as `tank verify`.
+"""`tiered verify <files or partition directories>`: check TANK segment files (.log, .ilog) and sparse indexes
+(.index), as `tank verify`. A directory stands for the segment and index files in it (`tiered verify data/events/0`).
 
-A log is walked record by record; every bundle is decoded whole (snappy included), so a bad byte anywhere is found
-and named with its position. An index is checked entry by entry against the log beside it: entries strictly
-increase and each one points at the start of the bundle whose first seq it names. Exit status 1 when any file has
-a problem. Unlike `tank verify`, message counts are exact (PROTOCOL.md §16.8).
+A log is walked record by record and every bundle is decoded whole: its header, every snappy-compressed message set
+decompressed (the claimed length, each element's bounds and copy offsets checked), and every message's flags,
+timestamp, key and content framing, with the count the header claims and nothing left over. A bad byte is named
+with its file position whenever it breaks any of that. TANK's format carries no checksum, so a byte changed inside
+a message's content or timestamp (in a compressed set too: a snappy literal) yields another valid message; only a
+copy elsewhere (the bucket's) could tell. An index is checked entry by entry against the log beside it: entries
+strictly increase and each one points at the start of the bundle whose first seq it names. Exit status 1 when any
+file has a problem. Unlike `tank verify`, message counts are exact (PROTOCOL.md §16.8).
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiered.cli.common import Progress
-from tiered.protocol.bundle import decode_bundle, maybe_record
+from tiered.cli.common import Progress, plural
+from tiered.protocol.bundle import CODEC_SNAPPY, decode_message_set, maybe_record, message_set, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.index import SparseIndex
 from tiered.storage.names import IlogName, IndexName, LogName, parse_name
@@ -22,14 +27,16 @@ from tiered.storage.records import iter_records, pread_exact
 
 
 def register(sub) -> None:
-    p = sub.add_parser("verify", help="check segment and index files")
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help=".log, .ilog or .index files")
+    p = sub.add_parser("verify", help="check segment and index files", description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path, metavar="PATH",
+                   help=".log, .ilog or .index files, or partition directories (every such file in them)")
     p.set_defaults(func=main)
 
 
 @dataclass
 class LogReport:
     bundles: int = 0
+    compressed: int = 0  # snappy bundles, each decompressed and decoded
     messages: int = 0
     first_seq: int = 0
     last_seq: int = 0
@@ -45,7 +52,7 @@ def verify_log(path: Path, base: int, expected_last: int | None = None, progress
             for info in iter_records(fd, 0, size, base):
                 record = pread_exact(fd, info.end - info.position, info.position)
                 start, end = maybe_record(record)
-                messages = decode_bundle(record[start:end], info.first_seq)
+                messages = _decode(record[start:end], info.first_seq, info.position + start, report)
                 report.bundles += 1
                 report.messages += len(messages)
                 report.first_seq = report.first_seq or info.first_seq
@@ -61,6 +68,18 @@ def verify_log(path: Path, base: int, expected_last: int | None = None, progress
     if expected_last is not None and report.last_seq != expected_last:
         report.problems.append(f"last seq is {report.last_seq}, the file name says {expected_last}")
     return report
+
+
+def _decode(bundle: bytes, first_seq: int, position: int, report: LogReport) -> list:
+    """Decodes one bundle; a failure names the file position of the bundle (and of the byte, when known)."""
+    header = read_bundle_header(bundle)
+    try:
+        messages = decode_message_set(message_set(bundle, header), header, first_seq)
+        report.compressed += header.codec == CODEC_SNAPPY
+        return messages
+    except ProtocolError as exc:
+        where = "its decompressed message set" if header.codec == CODEC_SNAPPY else "its message set"
+        raise ProtocolError(f"bundle at file position {position} (seq {first_seq}), {where}: {exc}") from None
 
 
 def verify_index(path: Path, base: int) -> list[str]:
@@ -102,27 +121,38 @@ def _log_beside(index_path: Path, base: int) -> Path | None:
     return None
 
 
+def expand(paths: list[Path]) -> list[Path]:
+    """Directories stand for the segment and index files directly in them, in name order."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            out += sorted(p for p in path.iterdir() if isinstance(parse_name(p.name), (LogName, IlogName, IndexName)))
+        else:
+            out.append(path)
+    return out
+
+
 def main(args) -> int:
     failed = 0
-    for path in args.files:
+    for path in expand(args.files):
         name = parse_name(path.name)
         if not path.is_file():
             print(f"{path}: no such file")
             failed += 1
             continue
         if isinstance(name, (LogName, IlogName)):
-            progress = Progress(f"verifying {path.name} (bytes)", path.stat().st_size)
+            progress = Progress(f"verifying {path.name}", path.stat().st_size, unit="B")
             expected_last = name.last if isinstance(name, IlogName) else None
             report = verify_log(path, name.base, expected_last, progress)
             progress.finish()
             status = "ok" if not report.problems else "BAD"
-            print(f"{path}: {status}: {report.bundles} bundles, {report.messages} messages, "
-                  f"seqs {report.first_seq}..{report.last_seq}")
+            print(f"{path}: {status}: {plural(report.bundles, 'bundle')} ({report.compressed} snappy), "
+                  f"{plural(report.messages, 'message')}, seqs {report.first_seq}..{report.last_seq}")
             problems = report.problems
         elif isinstance(name, IndexName):
             problems = verify_index(path, name.base)
             entries = path.stat().st_size // 8
-            print(f"{path}: {'ok' if not problems else 'BAD'}: {entries} entries")
+            print(f"{path}: {'ok' if not problems else 'BAD'}: {entries} {'entry' if entries == 1 else 'entries'}")
         else:
             print(f"{path}: not a segment or index file name")
             failed += 1

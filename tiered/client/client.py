@@ -1,7 +1,10 @@
 """A small asyncio TANK client on tiered.protocol, used by the CLI, the tests, the benchmarks and replay.
 
 One connection, requests pipelined and matched to responses by request id (a long-poll consume may be answered
-after later requests). It chooses snappy as TANK's client does (more than 512 messages or more than 1 KiB of keys
+after later requests). A request the broker would refuse (a bad topic name, partition or config: tiered.topic_rules,
+the broker's own checks) raises InvalidRequest with the reason before anything is sent; CreateTopic's answer is one
+byte, so this is where a user learns why. A produce that may or may not be committed (the broker answered 0x02 or
+0x03, or nothing came within the caller's `timeout_s`) raises NotConfirmed. It chooses snappy as TANK's client does (more than 512 messages or more than 1 KiB of keys
 and content), handles partial last bundles and sparse bundles, and turns TANK's status codes into exceptions.
 """
 
@@ -18,6 +21,14 @@ from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.chunk import read_chunk
 from tiered.protocol.codes import UINT64_MAX, ConsumeStatus, CreateTopicStatus, ProduceStatus
 from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
+from tiered.storage.topic_config import ConfigError
+from tiered.topic_rules import (
+    check_config_text,
+    validate_new_topic_name,
+    validate_partition,
+    validate_partition_count,
+    validate_topic_name,
+)
 
 DEFAULT_FETCH_BYTES = 1 << 20
 READ_BYTES = 256 * 1024
@@ -29,6 +40,20 @@ class TankError(Exception):
     def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
         self.code = code
+
+
+class InvalidRequest(TankError):
+    """Not sent: the broker would refuse it. The message says what is wrong and what is allowed."""
+
+
+class NotConfirmed(TankError):
+    """A produce neither acknowledged nor refused: its messages may still be committed (or not). `reason` says what
+    happened: the broker's answer (its ack timeout passed, or the block could not be committed) or the client's
+    deadline."""
+
+    def __init__(self, message: str, reason: str, code: int | None = None):
+        super().__init__(message, code)
+        self.reason = reason
 
 
 class UnknownTopic(TankError):
@@ -56,6 +81,16 @@ class ConsumeResult:
     first_available: int = 0
     need_bytes: int = 0  # a larger fetch size is needed to read the next bundle whole
     drained: bool = False  # the response carried no data
+
+
+def check_target(topic: str, partition: int | None = None) -> None:
+    """Raises InvalidRequest for a topic name or partition no broker can have."""
+    try:
+        validate_topic_name(topic)
+        if partition is not None:
+            validate_partition(partition)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def as_messages(items: Iterable[Message | bytes | str]) -> list[Message]:
@@ -147,26 +182,28 @@ class Client:
     # -- produce ----------------------------------------------------------------------------------------------
 
     async def produce(self, topic: str, partition: int, messages: Iterable[Message | bytes | str], *,
-                      codec: int | None = None) -> None:
-        """Produces one bundle; raises TankError unless the broker acknowledged it."""
-        statuses = await self.produce_many({(topic, partition): as_messages(messages)}, codec=codec)
+                      codec: int | None = None, timeout_s: float | None = None) -> None:
+        """Produces one bundle; raises TankError unless the broker acknowledged it (NotConfirmed when the outcome is
+        unknown, including no answer within `timeout_s`)."""
+        statuses = await self.produce_many({(topic, partition): as_messages(messages)}, codec=codec,
+                                           timeout_s=timeout_s)
         _raise_for_produce(topic, partition, statuses[(topic, partition)])
 
     async def produce_many(self, bundles: Mapping[tuple[str, int], Sequence[Message]], *, codec: int | None = None,
-                           ) -> dict[tuple[str, int], int]:
+                           timeout_s: float | None = None) -> dict[tuple[str, int], int]:
         """One request with one bundle per partition; returns each partition's ProduceStatus."""
         by_topic: dict[str, list[rq.ProducePartition]] = {}
         for (topic, partition), messages in bundles.items():
             bundle = encode_bundle(list(messages), codec=codec)
             by_topic.setdefault(topic, []).append(rq.ProducePartition(partition, bundle))
-        return await self._produce(by_topic, with_seqnum=False)
+        return await self._produce(by_topic, with_seqnum=False, timeout_s=timeout_s)
 
     async def produce_with_seqnum(self, topic: str, partition: int, messages: Sequence[Message], *,
-                                  codec: int | None = None) -> None:
+                                  codec: int | None = None, timeout_s: float | None = None) -> None:
         """ProduceWithSeqnum (0x05): keeps each message's `seq`, as TANK's client does, in a sparse bundle."""
         bundle = encode_bundle(list(messages), codec=codec, sparse=True)
         part = rq.ProducePartition(partition, bundle, messages[0].seq)
-        statuses = await self._produce({topic: [part]}, with_seqnum=True)
+        statuses = await self._produce({topic: [part]}, with_seqnum=True, timeout_s=timeout_s)
         _raise_for_produce(topic, partition, statuses[(topic, partition)])
 
     async def produce_raw(self, topic: str, partition: int, bundle: bytes, base_seq: int | None = None) -> int:
@@ -174,12 +211,21 @@ class Client:
                                        with_seqnum=base_seq is not None)
         return statuses[(topic, partition)]
 
-    async def _produce(self, by_topic, *, with_seqnum: bool) -> dict[tuple[str, int], int]:
+    async def _produce(self, by_topic, *, with_seqnum: bool, timeout_s: float | None = None,
+                       ) -> dict[tuple[str, int], int]:
+        for name, parts in by_topic.items():
+            for part in parts:
+                check_target(name, part.partition)
         request_id = next(self._ids)
         topics = tuple(rq.ProduceTopic(name, tuple(parts)) for name, parts in by_topic.items())
         req = rq.ProduceRequest(request_id, topics, with_seqnum=with_seqnum)
         msg_id = MsgType.PRODUCE_WITH_SEQNUM if with_seqnum else MsgType.PRODUCE
-        payload = await self._call(msg_id, request_id, rq.encode_produce_request(req))
+        try:
+            payload = await self._call(msg_id, request_id, rq.encode_produce_request(req), timeout_s)
+        except asyncio.TimeoutError:
+            where = ", ".join(f"{t.name}/{p.partition}" for t in topics for p in t.partitions)
+            raise NotConfirmed(f"produce to {where} not confirmed within {timeout_s:g} s",
+                               f"no answer within {timeout_s:g} s") from None
         resp = rs.read_produce_response(payload, req)
         out: dict[tuple[str, int], int] = {}
         for topic, result in zip(topics, resp.topics):
@@ -198,6 +244,8 @@ class Client:
 
     async def consume_many(self, wanted: Sequence[tuple[str, int, int, int]], *, max_wait_ms: int = 0,
                            min_bytes: int = 0, timeout_s: float | None = None) -> dict[tuple[str, int], ConsumeResult]:
+        for topic, partition, _, _ in wanted:
+            check_target(topic, partition)
         request_id = next(self._ids)
         by_topic: dict[str, list[rq.ConsumePartition]] = {}
         for topic, partition, seq, fetch_bytes in wanted:
@@ -223,11 +271,20 @@ class Client:
     async def tail(self, topic: str, partition: int, seq: int = UINT64_MAX, *, fetch_bytes: int = DEFAULT_FETCH_BYTES,
                    max_wait_ms: int = 5000, min_bytes: int = 0) -> AsyncIterator[Message]:
         """Every message from `seq` on (UINT64_MAX: only new ones), waiting for more at the tail."""
+        async for batch in self.tail_batches(topic, partition, seq, fetch_bytes=fetch_bytes, max_wait_ms=max_wait_ms,
+                                             min_bytes=min_bytes):
+            for m in batch:
+                yield m
+
+    async def tail_batches(self, topic: str, partition: int, seq: int = UINT64_MAX, *,
+                           fetch_bytes: int = DEFAULT_FETCH_BYTES, max_wait_ms: int = 5000, min_bytes: int = 0,
+                           ) -> AsyncIterator[list[Message]]:
+        """As `tail`, one list per consume response that carried messages (a writer flushes between them)."""
         while True:
             got = await self.consume(topic, partition, seq, fetch_bytes=fetch_bytes, max_wait_ms=max_wait_ms,
                                      min_bytes=min_bytes)
-            for m in got.messages:
-                yield m
+            if got.messages:
+                yield got.messages
             seq = got.next_seq
             if got.need_bytes > fetch_bytes:
                 fetch_bytes = got.need_bytes
@@ -252,6 +309,7 @@ class Client:
     # -- administration ---------------------------------------------------------------------------------------
 
     async def discover_partitions(self, topic: str, partitions: Sequence[int] | None = None) -> list[rs.PartitionRange]:
+        check_target(topic)
         request_id = next(self._ids)
         req = rq.DiscoverPartitionsRequest(request_id, topic, tuple(partitions) if partitions is not None else None)
         payload = await self._call(MsgType.DISCOVER_PARTITIONS, request_id, rq.encode_discover_partitions_request(req))
@@ -273,15 +331,25 @@ class Client:
         return rs.read_discover_topology_response(payload)
 
     async def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | str = "") -> int:
-        """Returns the CreateTopicStatus; raises TankError for every status but OK and EXISTS."""
+        """Returns the CreateTopicStatus; raises InvalidRequest (unsent) for a name, partition count or config the
+        broker would refuse, with the reason, and TankError for every other status but OK and EXISTS."""
         if isinstance(config, Mapping):
             config = "".join(f"{k}={v}\n" for k, v in config.items())
+        try:
+            validate_new_topic_name(topic)
+            validate_partition_count(partitions)
+            check_config_text(config)
+        except ConfigError as exc:
+            raise InvalidRequest(f"topic {topic!r}: {exc}") from None
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         request_id = next(self._ids)
         req = rq.CreateTopicRequest(request_id, topic, partitions, config.encode())
         payload = await self._call(MsgType.CREATE_TOPIC, request_id, rq.encode_create_topic_request(req))
         status = rs.read_create_topic_response(payload).status
         if status not in (CreateTopicStatus.OK, CreateTopicStatus.EXISTS):
-            raise TankError(f"create topic {topic!r}: {CreateTopicStatus(status).name.lower()}", status)
+            why = _CREATE_REFUSALS.get(status) or f"status 0x{status:02x}"
+            raise TankError(f"create topic {topic!r}: {why}", status)
         return status
 
     async def reload_conf(self, topic: str, partition: int) -> int:
@@ -295,6 +363,15 @@ class Client:
         req = rq.StatusRequest(request_id)
         payload = await self._call(MsgType.STATUS, request_id, rq.encode_status_request(req))
         return rs.read_status_response(payload)
+
+
+_CREATE_REFUSALS = {
+    CreateTopicStatus.SYSTEM: "the broker could not create it (its log says why)",
+    CreateTopicStatus.BAD_CONFIG: "the broker refused its config (its log says why)",
+    CreateTopicStatus.READ_ONLY: "the broker is read-only (started with -r)",
+    CreateTopicStatus.INVALID: "the broker refused the name or partition count",
+    CreateTopicStatus.UNSUPPORTED: "the broker does not create topics (cluster mode)",
+}
 
 
 def _consume_result(topic: str, p, seq: int, chunks) -> ConsumeResult:
@@ -327,4 +404,8 @@ def _raise_for_produce(topic: str, partition: int, status: int) -> None:
     if status == ProduceStatus.UNKNOWN_PARTITION:
         raise UnknownPartition(f"unknown partition {topic}/{partition}", status)
     name = ProduceStatus(status).name.lower() if status in ProduceStatus._value2member_map_ else f"0x{status:02x}"
+    if status in (ProduceStatus.SYSTEM, ProduceStatus.ACK_TIMEOUT):
+        raise NotConfirmed(f"produce to {topic}/{partition} not confirmed: the broker answered {name}",
+                           f"the broker answered {name.replace('_', ' ')} (its ack timeout passed, or the block "
+                           "could not be stored)", status)
     raise TankError(f"produce to {topic}/{partition} failed: {name}", status)

@@ -78,7 +78,7 @@ class AdminHandler:
                      topic_dirs.MAX_PARTITIONS)
             return CreateTopicStatus.INVALID
         try:
-            topic_dirs.validate_topic_name(req.topic)
+            topic_dirs.validate_new_topic_name(req.topic)
         except ValueError as exc:
             log.info("create topic refused: %s", exc)
             return CreateTopicStatus.INVALID

@@ -81,6 +81,7 @@ class App:
         endpoint = self.settings.http_endpoint()
         if endpoint is not None:
             await self.http.start(*endpoint)
+            log.info("HTTP endpoint (/metrics, /healthz, /readyz, /v1/tier) on %s:%d", endpoint[0], self.http.port)
         await self.broker.start()
 
     async def stop(self) -> None:

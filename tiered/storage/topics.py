@@ -5,41 +5,36 @@
     <base>/<topic>/<p>/config      partition-level overrides (read at open and by ReloadConf)
     <base>/.<topic>/               a topic being created; renamed into place when complete
 
-Topic names follow TANK's `is_valid_topic_name()`: 1..64 characters of [A-Za-z0-9_-], not starting or ending
-with '-' or '_'. That also keeps every topic path inside the data directory ('/', '.', '..' are impossible).
-Other entries starting with '.' (our `.tiered` state directory, TANK's `.cleanup.log`, ...) are ignored. Because
-`.tiered` is ours, a topic cannot be named `tiered`: its staging directory would be that directory.
+Topic names follow TANK's rule (tiered.topic_rules, shared with the client), which keeps every topic path inside
+the data directory. Other entries starting with '.' (our `.tiered` state directory, TANK's `.cleanup.log`, ...)
+are ignored. Because `.tiered` is ours, a topic cannot be named `tiered`: its staging directory would be that one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 
 from tiered.storage.names import PARTITION_CONFIG
 from tiered.storage.segment import fsync_dir
 from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
+from tiered.topic_rules import (  # noqa: F401 (re-exported: the broker names them through this module)
+    MAX_PARTITIONS,
+    MAX_TOPIC_NAME,
+    RESERVED_TOPIC_NAMES,
+    STATE_DIRS,
+    TOPIC_NAME_PATTERN,
+    InvalidTopicName,
+    is_valid_topic_name,
+    validate_new_topic_name,
+    validate_partition_count,
+    validate_topic_name,
+)
 
 log = logging.getLogger("tiered.storage")
 
 TOPIC_CONFIG = "config"
-MAX_TOPIC_NAME = 64
-# Partition ids are u16 on the wire, but every partition is a directory with open files and a row in every scan:
-# a topic of more than this many partitions is refused (docs/operations.md, "Limits").
-MAX_PARTITIONS = 4096
-# Dot entries of the data directory that belong to us, never to a topic creation (tiered.config's state_dir).
-STATE_DIRS = frozenset({".tiered"})
-RESERVED_TOPIC_NAMES = frozenset(d[1:] for d in STATE_DIRS)
-# TANK's rule (is_valid_topic_name() in its cluster code): 1..64 of [A-Za-z0-9_-], not starting or ending with - or _.
-# The one spelling of it: object keys (tiered.tiering.keys) and block footers match topics with it too.
-TOPIC_NAME_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?"
-_TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN, re.ASCII)
-
-
-class InvalidTopicName(ValueError):
-    pass
 
 
 class TopicDirExists(FileExistsError):
@@ -48,22 +43,6 @@ class TopicDirExists(FileExistsError):
 
 class TopicDirError(OSError):
     """The data directory is not in a state where the operation can proceed safely."""
-
-
-def is_valid_topic_name(name: str) -> bool:
-    return _TOPIC_NAME.fullmatch(name) is not None
-
-
-def validate_topic_name(name: str) -> str:
-    """TANK's rule, and not a name of the broker's own state directory. Raises InvalidTopicName."""
-    if not is_valid_topic_name(name):
-        raise InvalidTopicName(
-            f"invalid topic name {name!r}: 1..{MAX_TOPIC_NAME} characters of A-Z a-z 0-9 _ -, "
-            "not starting or ending with - or _"
-        )
-    if name in RESERVED_TOPIC_NAMES:
-        raise InvalidTopicName(f"topic name {name!r} is reserved: .{name} is the broker's own directory")
-    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +73,8 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     Raises InvalidTopicName, ValueError (partition count), ConfigError (the config would not load),
     TopicDirExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
     """
-    validate_topic_name(name)
-    if not 1 <= partitions <= MAX_PARTITIONS:
-        raise ValueError(f"a topic needs 1..{MAX_PARTITIONS} partitions, not {partitions}")
+    validate_new_topic_name(name)
+    validate_partition_count(partitions)
     values, _warnings = parse_config_text(config_text)
     TopicConfig.from_layers(values)
     final = os.path.join(base, name)

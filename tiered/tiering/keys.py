@@ -24,6 +24,11 @@ store adds it, so nothing outside `tiering/` ever sees or builds a full key.
         (before anything below it is deleted). A catalog rebuilt from the bucket starts each partition there, so
         history that retention expired does not come back from block objects still waiting for their sweep.
 
+    topics/<topic>.json
+        What the catalog records of a topic (partition count, config text, creation time), written when the topic
+        is created or its config changes (tiered.tiering.topic_objects), so that a catalog rebuild restores
+        topics whole, not only what their data implies.
+
 Parsers are strict (they accept exactly what the builders produce) and return None for any other key: the orphan
 reconciler lists the whole bucket, which may hold objects that are not ours.
 """
@@ -37,7 +42,7 @@ import threading
 from dataclasses import dataclass
 
 from tiered.protocol.codes import UINT64_MAX
-from tiered.storage.topics import TOPIC_NAME_PATTERN, is_valid_topic_name
+from tiered.topic_rules import TOPIC_NAME_PATTERN, is_valid_topic_name
 
 BLOCKS_PREFIX = "blocks/"
 SEGMENTS_PREFIX = "segments/"
@@ -45,6 +50,8 @@ STARTS_PREFIX = "starts/"
 BLOCK_SUFFIX = ".blk"
 SEGMENT_SUFFIX = ".ilog"
 SEGMENT_INDEX_SUFFIX = ".index"
+TOPICS_PREFIX = "topics/"
+TOPIC_SUFFIX = ".json"
 
 MAX_PARTITION = 0xFFFF
 _MAX_ULID_MS = (1 << 48) - 1
@@ -55,6 +62,7 @@ _TOPIC = TOPIC_NAME_PATTERN
 _DECIMAL = r"0|[1-9][0-9]*"
 _ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 _START_KEY_RE = re.compile(rf"starts/(?P<topic>{_TOPIC})/(?P<partition>{_DECIMAL})")
+_TOPIC_KEY_RE = re.compile(rf"topics/(?P<topic>{_TOPIC})\.json")
 _BLOCK_KEY_RE = re.compile(rf"blocks/(?P<hash>[0-9a-f]{{4}})/(?P<broker>{_DECIMAL})/(?P<id>[0-9A-Z]{{26}})\.blk")
 _SEGMENT_KEY_RE = re.compile(
     rf"segments/(?P<topic>{_TOPIC})/(?P<partition>{_DECIMAL})/"
@@ -223,6 +231,24 @@ def parse_partition_start_key(object_key: str) -> tuple[str, int] | None:
     if m is None or int(m["partition"]) > MAX_PARTITION:
         return None
     return m["topic"], int(m["partition"])
+
+
+# --- topics ---------------------------------------------------------------------------------------------------------
+
+
+def topics_prefix() -> str:
+    return TOPICS_PREFIX
+
+
+def topic_key(topic: str) -> str:
+    _check_topic(topic)
+    return f"{TOPICS_PREFIX}{topic}{TOPIC_SUFFIX}"
+
+
+def parse_topic_key(object_key: str) -> str | None:
+    """The topic a topic object's key names, or None."""
+    m = _TOPIC_KEY_RE.fullmatch(object_key)
+    return m["topic"] if m else None
 
 
 def _check_topic(topic: str) -> None:

@@ -8,10 +8,12 @@ and freeze time, so the bucket holds everything the catalog indexes except what 
                                                               committed_at from the object's time) + block_runs
     segments/<t>/<p>/<base>-<last>_<ts>.ilog + .index  ──>   segments COPY_FINISHED (sizes from the listing,
                                                               leader epoch 0), partitions.remote_bytes
-    both  ──>  topics (partition count = highest partition seen + 1: no object records a topic's partition count
-               or configuration, so a partition that never stored a message is lost, and config_text is empty),
-               partitions (no leader, epoch 0; hwmark = highest seq of any run or segment; first available = lowest
-               seq still held after the prune below)
+    topics/<topic>.json  ──GET──>  topics: partition count, config_text and creation time as created
+                                    (tiered.tiering.topic_objects)
+    all  ──>  topics without a topic object (written by brokers before these objects existed and not started
+              since): partition count = highest partition seen + 1, config_text empty, both reported;
+              partitions (no leader, epoch 0; hwmark = highest seq of any run or segment; first available = lowest
+              seq still held after the prune below)
 
 Then, as the live broker does when a copy finishes, the block runs that lie inside what a remote segment answers for
 are pruned, and blocks left without runs become `deleting` (the sweeper deletes them after the grace).
@@ -60,6 +62,7 @@ from tiered.protocol.errors import ProtocolError
 from tiered.tiering import keys
 from tiered.tiering.block_format import FOOTER_TRAILER_BYTES, block_tail_bytes, read_block_footer
 from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore
+from tiered.tiering.topic_objects import TopicObject, read_topic_objects
 
 TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
 UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
@@ -71,7 +74,7 @@ R = TypeVar("R")
 
 
 class CatalogNotEmpty(Exception):
-    """The target catalog already holds topics, blocks or segments."""
+    """The target catalog already holds topics, blocks or segments (`force` deletes them first)."""
 
 
 class ProgressSink(Protocol):
@@ -104,6 +107,7 @@ class FoundSegment:
 class RebuildReport:
     topics: int = 0
     partitions: int = 0
+    topics_without_object: list[str] = field(default_factory=list)  # partition count from data, config unknown
     blocks: int = 0  # committed, runs included
     blocks_abandoned: int = 0  # every run superseded by a newer block: recorded `deleting`
     runs: int = 0
@@ -120,14 +124,16 @@ class RebuildReport:
 
     def summary(self) -> str:
         lines = [
-            f"topics {self.topics}, partitions {self.partitions}",
+            f"topics {self.topics}, partitions {self.partitions}, "
+            f"{self.topics - len(self.topics_without_object)} restored with their config",
             f"blocks {self.blocks} committed with {self.runs} runs, {self.blocks_abandoned} abandoned "
             f"({self.runs_superseded} runs superseded by newer blocks)",
             f"remote segments {self.segments} ({len(self.segments_superseded)} superseded, "
             f"{len(self.incomplete_segments)} incomplete)",
             f"runs pruned below remote segments {self.runs_pruned}, blocks emptied {self.blocks_emptied}",
         ]
-        for what, items in (("damaged", self.damaged), ("incomplete segment", self.incomplete_segments),
+        for what, items in (("topic without a config object (config lost)", self.topics_without_object),
+                            ("damaged", self.damaged), ("incomplete segment", self.incomplete_segments),
                             ("superseded segment", self.segments_superseded), ("not ours", self.foreign)):
             lines += [f"{what}: {key}" for key in items[:20]]
             if len(items) > 20:
@@ -153,9 +159,12 @@ async def rebuild_catalog(
     now = utcnow(now)
     if not await asyncio.to_thread(catalog_restore.catalog_is_empty, catalog):
         if not force:
-            raise CatalogNotEmpty(f"catalog {catalog.url} is not empty: rebuild refuses to merge into it")
+            raise CatalogNotEmpty("the catalog is not empty (it holds topics, blocks or segments): a rebuild does "
+                                  "not merge into them; --force deletes them first")
         await asyncio.to_thread(catalog_restore.clear_catalog, catalog)
     report = RebuildReport()
+    topics, problems = await read_topic_objects(store, concurrency)
+    report.damaged += problems
     found_blocks = await _read_blocks(store, report, progress, concurrency)
     found_segments = await _read_segments(store, report, progress, concurrency, read_timestamps)
     starts = await _read_starts(store, report)
@@ -163,7 +172,7 @@ async def rebuild_catalog(
 
     kept, abandoned = _resolve_runs(found_blocks, report)
     segments = _resolve_segments(found_segments, report)
-    await _write(catalog, report, kept, abandoned, segments, starts, grace, now)
+    await _write(catalog, report, topics, kept, abandoned, segments, starts, grace, now)
     return report
 
 
@@ -384,6 +393,7 @@ def _resolve_segments(found: list[FoundSegment], report: RebuildReport) -> list[
 async def _write(
     catalog: Catalog,
     report: RebuildReport,
+    topics: dict[str, TopicObject],
     kept: list[RestoredBlock],
     abandoned: list[FoundBlock],
     segments: list[FoundSegment],
@@ -391,8 +401,8 @@ async def _write(
     grace: timedelta,
     now: datetime,
 ) -> None:
-    partitions: dict[str, int] = {}
-    created: dict[str, datetime] = {}
+    partitions: dict[str, int] = {name: topic.partitions for name, topic in topics.items()}
+    created: dict[str, datetime] = {name: topic.created_at for name, topic in topics.items()}
 
     def saw(topic: str, partition: int, when: datetime) -> None:
         partitions[topic] = max(partitions.get(topic, 0), partition + 1)
@@ -404,7 +414,10 @@ async def _write(
     for segment in segments:
         saw(segment.key.topic, segment.key.partition, datetime.fromtimestamp(segment.key.freeze_ts, timezone.utc))
     for topic in sorted(partitions):
-        await asyncio.to_thread(catalog_topics.create_topic, catalog, topic, partitions[topic], now=created[topic])
+        config_text = topics[topic].config_text if topic in topics else ""
+        await asyncio.to_thread(catalog_topics.create_topic, catalog, topic, partitions[topic], config_text,
+                                now=created[topic])
+    report.topics_without_object = sorted(set(partitions) - set(topics))
     report.topics = len(partitions)
     report.partitions = sum(partitions.values())
 

@@ -47,6 +47,7 @@ from tiered.tiering.durable import DurablePath
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.startup import plan_partition
 from tiered.tiering.store import ObjectStore, StoreError, open_store
+from tiered.tiering.topic_objects import put_missing_topic_objects, put_topic_config
 
 log = logging.getLogger("tiered.tiering")
 
@@ -97,7 +98,7 @@ class TieringService:
             if self._migrate:
                 before, after = await asyncio.to_thread(upgrade, url)
                 if before != after:
-                    log.info("catalog migrated from %s to %s", before or "an empty database", after)
+                    log.info("catalog migrated from %s to %s", before or "empty", after)
             catalog = await asyncio.to_thread(Catalog.open, url)
         self.catalog = AsyncCatalog(catalog)
         self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
@@ -198,6 +199,7 @@ class TieringService:
                 continue
             plan.create.append(NewLocalTopic(name, row.partitions, row.config_text))
             served[name] = LocalTopic(name, row.config_text, ())
+        await put_missing_topic_objects(self.store, await self.catalog.read(catalog_topics.list_topics))
         for name, topic in served.items():
             count = in_catalog[name].partitions if name in in_catalog else len(topic.partitions)
             plan.partitions.extend(await self._claim(name, count, {p.partition: p for p in topic.partitions}))
@@ -215,8 +217,10 @@ class TieringService:
         return plans
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
-        """Records a new topic in the catalog and claims its partitions. Raises TopicExists."""
+        """Records a new topic in the catalog (and its copy in the bucket, for a rebuild) and claims its partitions.
+        Raises TopicExists."""
         await self.catalog.write(catalog_topics.create_topic, name, partitions, config_text)
+        await put_topic_config(self.store, name, partitions, config_text)
         return await self._claim(name, partitions, {})
 
     async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:

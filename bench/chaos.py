@@ -1,0 +1,250 @@
+"""The durability promise under attack: a seeded, bounded loop of kill -9, disk wipes and takeovers by another volume,
+with every acknowledged message read back byte for byte after each round.
+
+One broker process at a time (broker id 0) serves a durable topic, on PostgreSQL and moto's S3. Each round, producers
+(two per partition, each sending numbered values in order and remembering what was acknowledged) run while the
+round's action hits the broker:
+    kill      kill -9, restart on the same disk
+    wipe      kill -9, the disk is lost: restart on an empty data directory
+    takeover  kill -9, another volume (a new one, or one that served before: a fail-back) takes the partitions over
+    stop      SIGTERM: a graceful stop, restart on the same disk
+Then every partition is read from its first seq to its end and checked:
+    - every acknowledged value is there exactly once;
+    - a value's seq never changes once read (nothing is overwritten or moved);
+    - each producer's acknowledged values appear in the order it sent them;
+    - the catalog's consistency check passes (every seq has exactly one location).
+Values the broker answered with an error may or may not be there (the outcome of such a produce is unknown); none
+may be there twice.
+
+`python -m bench.chaos [--rounds N] [--seed S]` prints the table; tests/durability/test_chaos.py runs a few rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+
+TOPIC = "chaos"
+PARTITIONS = 3
+PRODUCERS_PER_PARTITION = 2
+TOPIC_CONFIG = {"log.segment.bytes": "16k", "log.index.interval.bytes": "512", "retention.segments.count": "2",
+                "produce.ack": "durable"}
+ACTIONS = ("kill", "wipe", "takeover", "stop")
+
+
+@dataclass
+class ChaosReport:
+    rounds: int = 0
+    acks: int = 0
+    unconfirmed: int = 0  # produces answered with an error or cut off: their outcome is unknown
+    losses: list[str] = field(default_factory=list)  # acknowledged values missing, moved, doubled or out of order
+    catalog_problems: list[str] = field(default_factory=list)
+    actions: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.losses and not self.catalog_problems
+
+    def table(self) -> str:
+        actions = ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items()))
+        rows = [("rounds", str(self.rounds)), ("actions", actions), ("acknowledged messages", str(self.acks)),
+                ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
+                ("catalog problems", str(len(self.catalog_problems))), ("seconds", f"{self.seconds:.0f}")]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {value}" for name, value in rows]
+        lines += [f"  lost: {loss}" for loss in self.losses[:20]]
+        lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
+        return "\n".join(lines)
+
+
+@dataclass
+class Producer:
+    partition: int
+    name: str
+    next_number: int = 0
+    acked: list[bytes] = field(default_factory=list)  # in the order they were sent
+
+    def value(self) -> bytes:
+        self.next_number += 1
+        return b"%s-%06d-" % (self.name.encode(), self.next_number) + b"x" * 40
+
+
+class Chaos:
+    def __init__(self, root: Path, catalog_url: str, env: dict[str, str], store_url: str, seed: int, log=print):
+        self.root = root
+        self.catalog_url = catalog_url
+        self.env = env
+        self.store_url = store_url
+        self.rng = random.Random(seed)
+        self.log = log
+        self.report = ChaosReport()
+        self.producers = [Producer(p, f"p{p}w{w}") for p in range(PARTITIONS) for w in range(PRODUCERS_PER_PARTITION)]
+        self.seen_at: dict[bytes, tuple[int, int]] = {}  # value -> (partition, seq) where first read
+        self.disks: list[Path] = []
+        self.broker: BrokerProcess | None = None
+
+    def _start(self, disk: Path) -> BrokerProcess:
+        self.broker = BrokerProcess(disk, "--catalog", self.catalog_url, "--store", self.store_url, "--s3-path-style",
+                                    "--broker-id", "0", "--block-max-age-ms", "50", env=self.env).start()
+        return self.broker
+
+    def _new_disk(self) -> Path:
+        disk = self.root / f"disk{len(self.disks)}"
+        self.disks.append(disk)
+        return disk
+
+    async def run(self, rounds: int) -> ChaosReport:
+        from tiered.client import Client
+
+        started = time.monotonic()
+        disk = self._new_disk()
+        broker = self._start(disk)
+        async with await Client.connect("127.0.0.1", broker.port) as client:
+            await client.create_topic(TOPIC, PARTITIONS, TOPIC_CONFIG)
+        for number in range(1, rounds + 1):
+            action = self.rng.choice(ACTIONS)
+            self.report.actions[action] += 1
+            disk = await self._round(number, action, disk)
+            await self.verify(f"round {number} ({action})")
+            self.report.rounds += 1
+        self.broker.stop()
+        self.report.seconds = time.monotonic() - started
+        return self.report
+
+    async def _round(self, number: int, action: str, disk: Path) -> Path:
+        broker = self.broker
+        stop_producing = asyncio.Event()
+        tasks = [asyncio.ensure_future(self._produce(broker.port, p, stop_producing)) for p in self.producers]
+        await asyncio.sleep(self.rng.uniform(0.5, 2.0))
+        if action == "stop":
+            broker.proc.send_signal(signal.SIGTERM)
+            broker.proc.wait(60)
+        else:
+            broker.proc.send_signal(signal.SIGKILL)
+            broker.proc.wait(30)
+        stop_producing.set()
+        await asyncio.gather(*tasks)
+        if action == "wipe":
+            shutil.rmtree(disk, ignore_errors=True)
+        elif action == "takeover":
+            others = [d for d in self.disks if d != disk and d.exists()]
+            disk = self.rng.choice(others) if others and self.rng.random() < 0.5 else self._new_disk()
+        self.log(f"round {number}: {action}, restarting on {disk.name}")
+        self._start(disk)
+        return disk
+
+    async def _produce(self, port: int, producer: Producer, stop: asyncio.Event) -> None:
+        from tiered.client import Client, TankError
+
+        try:
+            client = await Client.connect("127.0.0.1", port)
+        except OSError:
+            return
+        try:
+            while not stop.is_set():
+                values = [producer.value() for _ in range(self.rng.randint(1, 4))]
+                try:
+                    await asyncio.wait_for(client.produce(TOPIC, producer.partition, values), 15)
+                except TankError:
+                    self.report.unconfirmed += len(values)
+                    continue
+                except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, EOFError):
+                    self.report.unconfirmed += len(values)
+                    return
+                producer.acked.extend(values)
+                self.report.acks += len(values)
+        finally:
+            try:
+                await client.close()
+            except Exception:  # the broker was killed under it
+                pass
+
+    async def verify(self, when: str) -> None:
+        from tiered.catalog import Catalog
+        from tiered.catalog.check import check_catalog
+        from tiered.client import Client
+
+        async with await Client.connect("127.0.0.1", self.broker.port) as client:
+            found: dict[int, dict[bytes, int]] = {}
+            for partition in range(PARTITIONS):
+                values: dict[bytes, int] = {}
+                async for message in client.drain(TOPIC, partition, 0, fetch_bytes=256 << 10):
+                    if message.value in values:
+                        self.report.losses.append(f"{when}: {message.value[:16]!r} twice in partition {partition}")
+                    values[message.value] = message.seq
+                found[partition] = values
+        for producer in self.producers:
+            values = found[producer.partition]
+            previous = 0
+            for value in producer.acked:
+                seq = values.get(value)
+                if seq is None:
+                    self.report.losses.append(f"{when}: {value[:16]!r} acknowledged, missing")
+                    continue
+                if seq <= previous:
+                    self.report.losses.append(f"{when}: {value[:16]!r} out of order (seq {seq} after {previous})")
+                previous = seq
+                where = (producer.partition, seq)
+                if self.seen_at.setdefault(value, where) != where:
+                    self.report.losses.append(f"{when}: {value[:16]!r} moved from {self.seen_at[value]} to {where}")
+        catalog = Catalog.open(self.catalog_url)
+        try:
+            report = await asyncio.to_thread(check_catalog, catalog, TOPIC)
+        finally:
+            catalog.close()
+        self.report.catalog_problems += [f"{when}: {problem}" for problem in report.problems]
+
+
+async def run_chaos(root: Path, catalog_url: str, env: dict[str, str], store_url: str, *, rounds: int, seed: int,
+                    log=print) -> ChaosReport:
+    chaos = Chaos(root, catalog_url, env, store_url, seed, log)
+    try:
+        return await chaos.run(rounds)
+    finally:
+        if chaos.broker is not None:
+            chaos.broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=20261123)
+    parser.add_argument("--quick", action="store_true", help="5 rounds")
+    args = parser.parse_args(argv)
+    rounds = 5 if args.quick else args.rounds
+    bindir = find_pg_bindir()
+    if bindir is None:
+        print("PostgreSQL server binaries are missing (Debian package postgresql)", file=sys.stderr)
+        return 1
+    root = Path(tempfile.mkdtemp(prefix="tiered-chaos-"))
+    pg = PgCluster(bindir).start()
+    moto = MotoProcess(root).start()
+    try:
+        from tiered.catalog.migrate import upgrade
+
+        upgrade(pg.url())
+        report = asyncio.run(run_chaos(root, pg.url(), moto.env, f"s3://{moto.bucket}/chaos", rounds=rounds,
+                                       seed=args.seed, log=lambda text: print(text, file=sys.stderr, flush=True)))
+    finally:
+        moto.stop()
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"chaos: seed {args.seed}")
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

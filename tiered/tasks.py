@@ -57,6 +57,8 @@ class Supervisor:
         backoff = self.first_backoff_s
         while True:
             started = self.clock.monotonic()
+            # A restarted loop that runs for a while without failing again is healthy again.
+            healthy = asyncio.ensure_future(self._healthy_after(name, self.max_backoff_s))
             try:
                 await loop_fn()
                 return
@@ -64,6 +66,8 @@ class Supervisor:
                 raise
             except Exception as exc:
                 self._failed(name, exc, restart=True)
+            finally:
+                healthy.cancel()
             if self.clock.monotonic() - started > self.max_backoff_s:
                 backoff = self.first_backoff_s  # it ran a while: a fresh failure, not a crash loop
             await self.clock.sleep(backoff)
@@ -83,6 +87,10 @@ class Supervisor:
     def _recovered(self, name: str) -> None:
         if self.failing.pop(name, None) is not None:
             log.info("%s works again", name)
+
+    async def _healthy_after(self, name: str, seconds: float) -> None:
+        await self.clock.sleep(seconds)
+        self._recovered(name)
 
     def mark_healthy(self, name: str) -> None:
         """Called by a supervised loop once it has done useful work after a restart."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tiered.catalog import Catalog
 from tiered.catalog.blocks import commit_block, insert_pending_block, prune_runs_below
 from tiered.catalog.check import check_catalog
 from tiered.catalog.partitions import EpochRow, claim_leadership, claim_partitions
@@ -89,3 +90,28 @@ def test_retention_leftovers_below_the_start_are_not_problems(cat):
     assert check_catalog(cat).ok
     prune_runs_below(cat, "t", 0, 11, now=T0)
     assert check_catalog(cat).ok
+
+
+def test_the_check_command_reports_problems_and_exits_1(tmp_path):
+    import subprocess
+    import sys
+
+    from tiered.catalog.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    upgrade(url)
+    command = [sys.executable, "-m", "tiered.cli.main", "catalog", "check", "--catalog", url]
+    with Catalog.open(url) as cat:
+        create_topic(cat, "t", 1)
+        claim_partitions(cat, 1, "t", [0])
+        committed(cat, "blk/1", run("t", 0, 1, 10))
+    ok = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout == "" and "1 partitions, 1 locations checked: ok" in ok.stderr
+    with Catalog.open(url) as cat, cat.write() as conn:
+        from sqlalchemy import update
+
+        from tiered.catalog.models import PartitionModel
+
+        conn.execute(update(PartitionModel).values(hwmark_seq=15))  # seqs the catalog says it has and does not
+    bad = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stdout.splitlines() == ["t/0: seqs 11..15 have no location"]

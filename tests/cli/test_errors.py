@@ -58,7 +58,7 @@ def test_refusals_reach_the_user_with_their_reason(broker_process):
     b = ("-b", f"127.0.0.1:{bp.port}")
     tiered("topic", "create", *b, "events", "2")
     cases = [
-        (["topic", "create", *b, "x", "70000"], "a topic has 1..65535 partitions, not 70000"),
+        (["topic", "create", *b, "x", "70000"], "a topic has 1..4096 partitions, not 70000"),
         (["topic", "create", *b, LONG, "1"], "invalid topic name 'aaaaaaaaaa"),
         (["topic", "create", *b, "héllo", "1"], "1..64 characters of A-Z a-z 0-9 _ -"),
         (["topic", "create", *b, "ok€", "1"], "invalid topic name 'ok€'"),

@@ -59,9 +59,9 @@ def test_an_unconfirmed_produce_says_it_may_still_be_committed_and_where_to_chec
     err = one_line_error(tiered("produce", *b, "-t", "t1", "--timeout", "1.5", "maybe", check=False), "produce")
     assert "t1/0: 1 message not confirmed: no answer within 1.5 s; they may still be committed: check from seq 2" in err
     assert "`tiered consume -t t1/0 -d 2` before retrying (0 messages confirmed" in err
-    # The broker's ack timeout passes first: it answers 0x02, which is just as ambiguous.
+    # The broker's ack deadline passes first: it answers 0x03 (appended, not committed in time), just as ambiguous.
     err = one_line_error(tiered("produce", *b, "-t", "t1", "--timeout", "60", "again", check=False), "produce")
-    assert "1 message not confirmed: the broker answered system (its ack timeout passed" in err
+    assert "1 message not confirmed: the broker answered ack timeout (appended, but its block was not committed" in err
     assert "check from seq 2 " in err
 
     _restore_store(objects)

@@ -48,7 +48,7 @@ async def test_a_broker_back_on_its_old_disk_serves_the_new_leader_s_history(bro
         assert got == expected + [(111, b"after")]
         part = a.broker.registry.get("t", 0)
         held = [r.first_seq for r in part.log.iter_records(1, 200)]
-        assert held == list(range(1, 101)) + [111]  # the divergent 101..105 are gone from disk A
+        assert held == list(range(1, 101, 10)) + [111]  # the divergent 101..105 are gone from disk A
     brokers.check(catalog_url)
 
 

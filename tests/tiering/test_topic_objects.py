@@ -56,7 +56,7 @@ def test_truncated_oversized_and_random_objects_are_refused_by_name():
 
 @pytest.mark.parametrize("change, why", [
     ({"format": 2}, "format 2"), ({"topic": "other"}, "not the one the key names"), ({"topic": "a/b"}, "not the one"),
-    ({"partitions": 0}, "1..65535"), ({"partitions": 70000}, "1..65535"), ({"partitions": True}, "not a number"),
+    ({"partitions": 0}, "1..4096"), ({"partitions": 70000}, "1..4096"), ({"partitions": True}, "not a number"),
     ({"config_text": None}, "not a string"), ({"created_ms": -1}, "not a time"), ({"created_ms": 1.5}, "not a time"),
 ])
 def test_each_field_is_checked(change, why):

@@ -5,6 +5,10 @@
         brokers stopped. The catalog is migrated to head first and must hold no topics, blocks or segments;
         --force deletes those rows first. See tiered.tiering.rebuild for what the bucket cannot tell.
 
+    tiered catalog check [--catalog URL] [-t TOPIC]
+        check that every seq from each partition's first available seq to its high-water mark has exactly one
+        location (a remote segment or a block run); one line per problem, exit 1 if there is any.
+
 Like `tiered db`, URLs may also come from TIERED_CATALOG_URL / TIERED_STORE_URL or the config file. S3 credentials
 and the endpoint come from the AWS environment (AWS_ENDPOINT_URL, ...), as for the broker.
 """
@@ -39,6 +43,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="read every remote segment whole for its min/max timestamps (else recorded as unknown)")
     rebuild.add_argument("--concurrency", type=int, default=16, help="object GETs in flight (default 16)")
     rebuild.set_defaults(func=cmd_rebuild)
+    text = "check that every acknowledged seq has exactly one location in the catalog"
+    check = commands.add_parser("check", help=text, description=text)
+    check.add_argument("--catalog", dest="catalog_url", metavar="URL",
+                       help="catalog to check: sqlite:///path or postgresql://user@host/db")
+    check.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
+    check.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog)")
+    check.add_argument("-t", "--topic", help="only this topic")
+    check.set_defaults(func=cmd_check)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
@@ -82,3 +94,27 @@ async def _rebuild(settings, args: argparse.Namespace):
         progress.finish()
         await store.close()
         await asyncio.to_thread(catalog.close)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tiered.catalog import Catalog, CatalogError
+    from tiered.catalog.check import check_catalog
+
+    catalog_url = None
+    try:
+        settings = load_settings(args)
+        catalog_url = settings.effective_catalog_url
+        with Catalog.open(catalog_url) as catalog:
+            report = check_catalog(catalog, args.topic)
+    except (SettingsError, CatalogError, SQLAlchemyError, ValueError, OSError) as error:
+        where = f" {mask_url(catalog_url)}" if catalog_url else ""
+        print(f"tiered catalog check:{where}: {error}", file=sys.stderr)
+        return 1
+    for problem in report.problems:
+        print(problem)
+    locations = sum(p.locations for p in report.partitions)
+    verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"{len(report.partitions)} partitions, {locations} locations checked: {verdict}", file=sys.stderr)
+    return 0 if report.ok else 1

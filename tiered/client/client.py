@@ -404,8 +404,9 @@ def _raise_for_produce(topic: str, partition: int, status: int) -> None:
     if status == ProduceStatus.UNKNOWN_PARTITION:
         raise UnknownPartition(f"unknown partition {topic}/{partition}", status)
     name = ProduceStatus(status).name.lower() if status in ProduceStatus._value2member_map_ else f"0x{status:02x}"
-    if status in (ProduceStatus.SYSTEM, ProduceStatus.ACK_TIMEOUT):
+    if status == ProduceStatus.ACK_TIMEOUT:
         raise NotConfirmed(f"produce to {topic}/{partition} not confirmed: the broker answered {name}",
-                           f"the broker answered {name.replace('_', ' ')} (its ack timeout passed, or the block "
-                           "could not be stored)", status)
+                           "the broker answered ack timeout (appended, but its block was not committed in time; the "
+                           "block keeps retrying)", status)
+    # 0x02 (nothing was appended) and 0xfd (not led here, or fenced before the commit): not stored, safe to resend.
     raise TankError(f"produce to {topic}/{partition} failed: {name}", status)

@@ -7,7 +7,7 @@ config (retention, `produce.ack`, ...). So the broker writes each topic's catalo
         UTF-8 JSON, one object, at most MAX_TOPIC_OBJECT_BYTES:
         {"format": 1,                   always 1; a reader refuses any other
          "topic": "events",             the topic (TANK's name rule); must match the key
-         "partitions": 4,               1..65535
+         "partitions": 4,               1..4096 (tiered.topic_rules)
          "config_text": "produce.ack=durable\\n",   the topic's config file as created (may be "")
          "created_ms": 1700000000000}   when the topic was created, ms since the epoch
 

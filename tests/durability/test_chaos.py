@@ -11,6 +11,7 @@ from bench.chaos import run_chaos
 @pytest.mark.parametrize("seed", [11, 29])
 async def test_no_acknowledged_message_is_lost_to_kills_wipes_and_takeovers(tmp_path, pg_url, s3_endpoint,
                                                                             s3_bucket, seed):
-    report = await run_chaos(tmp_path, pg_url, {}, f"s3://{s3_bucket}/chaos", rounds=4, seed=seed)
+    report = await run_chaos(tmp_path, pg_url, {"AWS_ENDPOINT_URL": s3_endpoint}, f"s3://{s3_bucket}/chaos",
+                             rounds=4, seed=seed)
     assert report.ok, report.table()
     assert report.rounds == 4 and report.acks > 100

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 
 from tiered.catalog.engine import Catalog
-from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
-from tiered.catalog.partitions import PartitionState, get_partition_states
+from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
+from tiered.catalog.partitions import get_partition_states
 from tiered.catalog.states import SegmentState
 
 PAGE = 5000
@@ -60,18 +60,27 @@ class CheckReport:
 
 
 def check_catalog(cat: Catalog, topic: str | None = None) -> CheckReport:
-    """Checks every partition (of `topic`, or of all topics)."""
+    """Checks every partition (of `topic`, or of all topics), each in one snapshot of the catalog: brokers may go on
+    committing meanwhile."""
     report = CheckReport()
     for state in get_partition_states(cat, topic):
-        report.partitions.append(check_partition(cat, state))
+        report.partitions.append(check_partition(cat, state.topic, state.partition))
     return report
 
 
-def check_partition(cat: Catalog, state: PartitionState) -> PartitionCheck:
-    result = PartitionCheck(state.topic, state.partition, state.first_available_seq, state.hwmark_seq)
-    locations = sorted(_locations(cat, state.topic, state.partition), key=lambda loc: (loc.from_seq, loc.last_seq))
+def check_partition(cat: Catalog, topic: str, partition: int) -> PartitionCheck:
+    with cat.snapshot() as conn:
+        state = conn.execute(
+            select(PartitionModel.first_available_seq, PartitionModel.hwmark_seq)
+            .where(PartitionModel.topic == topic, PartitionModel.partition == partition)
+        ).one()
+        locations = sorted(_locations(conn, topic, partition), key=lambda loc: (loc.from_seq, loc.last_seq))
+    return _check(PartitionCheck(topic, partition, state.first_available_seq, state.hwmark_seq), locations)
+
+
+def _check(result: PartitionCheck, locations: list[Location]) -> PartitionCheck:
     result.locations = len(locations)
-    low, high = state.first_available_seq, state.hwmark_seq
+    low, high = result.first_available, result.hwmark
     covered_to = low - 1 if low else 0  # the highest seq answered for so far, from `low` up
     previous: Location | None = None
     for loc in locations:
@@ -100,22 +109,21 @@ def check_partition(cat: Catalog, state: PartitionState) -> PartitionCheck:
     return result
 
 
-def _locations(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
-    yield from _segments(cat, topic, partition)
-    yield from _runs(cat, topic, partition)
+def _locations(conn: Connection, topic: str, partition: int) -> Iterator[Location]:
+    yield from _segments(conn, topic, partition)
+    yield from _runs(conn, topic, partition)
 
 
-def _segments(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
+def _segments(conn: Connection, topic: str, partition: int) -> Iterator[Location]:
     after = -1
     while True:
-        with cat.read() as conn:
-            rows = conn.execute(
-                select(SegmentModel.base_seq, SegmentModel.from_seq, SegmentModel.last_seq, SegmentModel.object_key)
-                .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.base_seq > after,
-                       SegmentModel.state == SegmentState.COPY_FINISHED)
-                .order_by(SegmentModel.base_seq)
-                .limit(PAGE)
-            ).all()
+        rows = conn.execute(
+            select(SegmentModel.base_seq, SegmentModel.from_seq, SegmentModel.last_seq, SegmentModel.object_key)
+            .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.base_seq > after,
+                   SegmentModel.state == SegmentState.COPY_FINISHED)
+            .order_by(SegmentModel.base_seq)
+            .limit(PAGE)
+        ).all()
         for base, from_seq, last, object_key in rows:
             yield Location("segment", object_key, from_seq, base, last)
         if len(rows) < PAGE:
@@ -123,18 +131,18 @@ def _segments(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
         after = rows[-1].base_seq
 
 
-def _runs(cat: Catalog, topic: str, partition: int) -> Iterator[Location]:
+def _runs(conn: Connection, topic: str, partition: int) -> Iterator[Location]:
+    runs = BlockRunModel
     after = (-1, -1)
     while True:
-        with cat.read() as conn:
-            rows = conn.execute(
-                select(BlockRunModel.last_seq, BlockRunModel.position, BlockRunModel.from_seq, BlockRunModel.first_seq, BlockModel.object_key)
-                .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
-                .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition,
-                       (BlockRunModel.last_seq > after[0]) | ((BlockRunModel.last_seq == after[0]) & (BlockRunModel.position > after[1])))
-                .order_by(BlockRunModel.last_seq, BlockRunModel.position)
-                .limit(PAGE)
-            ).all()
+        later = (runs.last_seq > after[0]) | ((runs.last_seq == after[0]) & (runs.position > after[1]))
+        rows = conn.execute(
+            select(runs.last_seq, runs.position, runs.from_seq, runs.first_seq, BlockModel.object_key)
+            .join(BlockModel, BlockModel.block_id == runs.block_id)
+            .where(runs.topic == topic, runs.partition == partition, later)
+            .order_by(runs.last_seq, runs.position)
+            .limit(PAGE)
+        ).all()
         for last, position, from_seq, first, object_key in rows:
             yield Location("run", f"{object_key}@{position}", from_seq, first, last)
         if len(rows) < PAGE:

@@ -216,6 +216,17 @@ class Catalog:
                 yield conn
 
     @contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """One read-only transaction that sees a single snapshot across all its statements (REPEATABLE READ on
+        PostgreSQL; SQLite's deferred transaction keeps the snapshot of its first read): for a reader that must
+        compare rows read by several statements while commits go on."""
+        with translate_errors(), self.engine.connect() as conn:
+            if self.backend == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only connection. On PostgreSQL in autocommit mode (each statement is its own snapshot, and there
         is no BEGIN/ROLLBACK round trip); on SQLite one deferred transaction (a snapshot of the WAL)."""

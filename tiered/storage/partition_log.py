@@ -26,7 +26,7 @@ import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from tiered.protocol.bundle import BundleHeader, read_bundle_header
 from tiered.protocol.errors import ProtocolError
@@ -330,6 +330,29 @@ class PartitionLog:
             del self._bases[: len(victims)]
             return victims
 
+    def replace_sealed(
+        self, old: Sequence[SealedSegment], install: Callable[[], list[SealedSegment]]
+    ) -> list[SealedSegment] | None:
+        """Swaps a run of sealed segments for their compacted replacements (tiered.storage.compaction).
+
+        `install` changes the directory and returns the new segments, oldest first, covering the same seqs. It runs
+        under the log's lock, so no reader is handed a segment whose files are being swapped. Returns the new
+        segments, or None (and `install` is not called) when `old` is no longer a run of this log's sealed segments.
+        """
+        with self._lock:
+            if self._closed or not old:
+                return None
+            start = next((i for i, s in enumerate(self._sealed) if s is old[0]), None)
+            end = None if start is None else start + len(old)
+            if start is None or len(self._sealed[start:end]) != len(old):
+                return None
+            if any(a is not b for a, b in zip(self._sealed[start:end], old)):
+                return None
+            new = install()
+            self._sealed[start:end] = new
+            self._bases[start:end] = [s.base for s in new]
+            return new
+
     # -------------------------------------------------------------------------------------------- reads
 
     def locate(self, seq: int, fetch_size: int) -> ReadRange | Boundary | Eof:
@@ -348,10 +371,17 @@ class PartitionLog:
                 return Boundary(first_available, hwmark)
             segment, start = self._find(seq)
             if segment is None or start.last_seq > hwmark:
+                if self._inside_sealed(seq):
+                    return Eof(first_available, hwmark)  # compacted away, and no later message is visible yet
                 return Boundary(first_available, hwmark)  # not held locally (e.g. below an ensure_next_seq jump)
             reader = segment.reader()
             end = range_end(segment, reader.fileno(), start, segment.size, segment.last, max(fetch_size, 0), hwmark)
             return ReadRange(segment, reader, start.position, end, start.first_seq, start.sparse, hwmark)
+
+    def _inside_sealed(self, seq: int) -> bool:
+        """Whether `seq` is inside a sealed segment's [base, last], held or compacted away."""
+        i = bisect_right(self._bases, seq) - 1
+        return i >= 0 and self._sealed[i].last >= seq
 
     def _segments_with_data(self) -> list:
         segments = list(self._sealed)

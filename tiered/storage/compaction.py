@@ -207,6 +207,8 @@ def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: C
     inputs = group.segments
     input_bytes = group.input_bytes
     freeze_ts = max(s.freeze_ts for s in inputs)
+    step = on_step or (lambda _step: None)
+    step(f"write {group.base}-{group.last}")
     writer = GroupWriter(
         log.directory, group.base, group.last, freeze_ts, log.config, int(input_bytes * OUTPUT_ALLOWANCE)
     )
@@ -228,10 +230,11 @@ def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: C
             else:
                 writer.add_kept(header, kept)
         outputs = writer.finish()
-        new = log.replace_sealed(inputs, lambda: swap_in(log.directory, inputs, outputs, on_step))
-    except BaseException:
+    except Exception:
         writer.abort()
         raise
+    step(f"written {group.base}-{group.last}")
+    new = log.replace_sealed(inputs, lambda: swap_in(log.directory, inputs, outputs, on_step))
     if new is None:
         writer.abort()
         return False

@@ -51,13 +51,24 @@ def swap_in(
     outputs: Sequence[OutputSegment],
     on_step: StepHook | None = None,
 ) -> list[SealedSegment]:
-    """Steps 2-4 for one group whose outputs are written; returns the output segments, ready to read."""
+    """Steps 2-4 for one group whose outputs are written; returns the output segments, ready to read.
+
+    An error before the commit point removes the outputs (the inputs stay); an error after it leaves the directory
+    for recovery to roll forward when the partition reopens (its segment list here no longer matches the disk).
+    """
     step = on_step or _no_hook
-    for output in outputs:
-        step(f"commit {output.filename}")
-        os.rename(output.cleaned_path, os.path.join(directory, f"{output.filename}.{SWAP}"))
-        step(f"commit {output.index_filename}")
-        os.rename(output.cleaned_index_path, os.path.join(directory, f"{output.index_filename}.{SWAP}"))
+    try:
+        for output in outputs:
+            step(f"commit {output.filename}")
+            os.rename(output.cleaned_path, _swap_path(directory, output.filename))
+            step(f"commit {output.index_filename}")
+            os.rename(output.cleaned_index_path, _swap_path(directory, output.index_filename))
+    except Exception:
+        for output in outputs:
+            for path in (output.cleaned_path, output.cleaned_index_path, _swap_path(directory, output.filename),
+                         _swap_path(directory, output.index_filename)):
+                _unlink(path)
+        raise
     step("commit fsync")
     fsync_dir(directory)
     for segment in inputs:
@@ -150,8 +161,12 @@ def _leftovers(directory: str) -> dict[str, list[SwapLeftover]]:
     return found
 
 
+def _swap_path(directory: str, final_name: str) -> str:
+    return os.path.join(directory, f"{final_name}.{SWAP}")
+
+
 def _install(directory: str, final_name: str) -> None:
-    os.rename(os.path.join(directory, f"{final_name}.{SWAP}"), os.path.join(directory, final_name))
+    os.rename(_swap_path(directory, final_name), os.path.join(directory, final_name))
 
 
 def _unlink(path: str) -> bool:

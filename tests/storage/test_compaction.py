@@ -25,6 +25,8 @@ from tiered.protocol.bundle import Message, decode_bundle, encode_bundle, maybe_
 from tiered.storage import Eof, PartitionLog, ReadRange
 from tiered.storage.compaction import OUTPUT_ALLOWANCE, compact_partition, compaction_due
 from tiered.storage.compaction_checkpoint import read_checkpoint
+from tiered.storage.compaction_plan import SegmentTally, plan_groups
+from tiered.storage.segment import SealedSegment
 
 RETENTION_S = 100
 CONFIG = storage_config(
@@ -297,4 +299,42 @@ def test_one_compaction_at_a_time_per_partition(tmp_path):
     report = compact_partition(log, NOW, force=True,
                                on_step=lambda step: inner.append(compact_partition(log, NOW, force=True)))
     assert report.groups == 1 and inner and all("running" in r.skipped for r in inner)
+    log.close()
+
+
+def tallies(*specs):
+    """SegmentTally per (base, last, size, messages, kept)."""
+    out = []
+    for base, last, size, messages, kept in specs:
+        tally = SegmentTally(SealedSegment("/nonexistent", base, last, 1, size), messages)
+        tally.kept = kept
+        out.append(tally)
+    return out
+
+
+def test_plan_groups_by_size_with_segments_that_keep_nothing_riding_along():
+    plan = plan_groups(tallies((1, 10, 400, 10, 0), (11, 20, 400, 10, 5), (21, 30, 400, 10, 10),
+                               (31, 40, 900, 10, 10), (41, 50, 400, 10, 0)), limit_bytes=1000)
+    assert [[s.base for s in g.segments] for g in plan] == [[1, 11, 21], [31, 41]]
+    assert [(g.messages, g.kept, g.changes_something) for g in plan] == [(30, 15, True), (20, 10, True)]
+    # One segment larger than the limit is a group of its own; alone and losing nothing, it is left as it is.
+    plan = plan_groups(tallies((1, 10, 5000, 10, 10), (11, 20, 100, 10, 10)), limit_bytes=1000)
+    assert [(g.base, g.last, g.changes_something) for g in plan] == [(1, 10, False), (11, 20, False)]
+
+
+def test_a_compacted_segment_whose_index_is_lost_keeps_its_name(tmp_path):
+    config = storage_config(log_index_interval_bytes=128, log_cleanup_policy="cleanup", log_cleaner_delete_retention_secs=0)
+    log = open_log(tmp_path / "p", config)
+    log.append(encode_bundle([Message(b"a", b"k", 1), Message(b"b", None, 1), Message(b"c", b"k", 1)]))
+    log.append(encode_bundle([Message(b"d", b"j", 1), Message(b"", b"j", 1)]))  # j deleted, its tombstone expired
+    log.seal_active()
+    compact_partition(log, NOW, force=True)
+    [segment] = log.segments
+    assert (segment.base, segment.last) == (1, 5) and [m.seq for m in log_messages(log)] == [2, 3]
+    log.close()
+    os.unlink(tmp_path / "p" / "1.index")
+    log = open_log(tmp_path / "p", config)
+    assert log.recovery.rebuilt_indexes == ["1.index"] and not log.recovery.renamed
+    assert [(s.base, s.last) for s in log.segments] == [(1, 5)] and log.last_assigned == 5
+    assert check_partition_files(log.directory, 128) == [(1, 5)]
     log.close()

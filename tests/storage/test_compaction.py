@@ -128,11 +128,12 @@ def test_compaction_equals_the_model_over_passes_and_reopens(workload, seal_last
             log.seal_active()
             run_and_check(log, model, NOW + RETENTION_S / 2)
             report, expected = run_and_check(log, model, NOW + 2 * RETENTION_S)
+            last_assigned = log.last_assigned
             log.close()
             log = open_log(tmp)
             assert log.recovery.clean, log.recovery
             assert rows(log_messages(log)) == rows(expected)
-            assert log.last_assigned == max(m.seq for m in log_messages(log, 1, 1 << 63)) or log.segments
+            assert log.last_assigned == last_assigned  # even when compaction removed the last messages
         finally:
             log.close()
 

@@ -226,13 +226,15 @@ def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int
     _write_index(index_path, scan.index)
     report.rebuilt_indexes.append(f"{name.base}.index")
     log.warning("rebuilt index %s of sealed segment %s", index_path, filename)
+    last = name.last
     if scan.last_seq > name.last or (scan.torn is not None and scan.last_seq != name.last):
-        new_name = format_ilog_name(name.base, scan.last_seq, freeze_ts)
+        last = scan.last_seq
+        new_name = format_ilog_name(name.base, last, freeze_ts)
         os.rename(path, os.path.join(directory, new_name))
         report.renamed.append((filename, new_name))
-        log.warning("sealed segment %s actually ends at seq %d: renamed to %s", filename, scan.last_seq, new_name)
+        log.warning("sealed segment %s actually ends at seq %d: renamed to %s", filename, last, new_name)
         filename = new_name
-    return SealedSegment(directory, name.base, scan.last_seq, freeze_ts, size, filename=filename, index=scan.index)
+    return SealedSegment(directory, name.base, last, freeze_ts, size, filename=filename, index=scan.index)
 
 
 def _sealed_index_is_sane(index_path: str, size: int, name: IlogName) -> bool:

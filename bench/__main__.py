@@ -7,8 +7,9 @@
     python -m bench --profile DIR        cProfile the throughput benchmark's broker, one file per workload
     python -m bench --json PATH          also write every figure as JSON
 
-`--only spark` and `--only remote` run `python -m bench.bench_spark` / `python -m bench.bench_remote` (modules of
-their own, owned by the Spark replay and remote fetch work; `--quick` is passed on) when they exist.
+`--only spark`, `--only remote` and `--only compaction` run `python -m bench.bench_spark` / `bench.bench_remote` /
+`bench.bench_compaction` (modules of their own, owned by the Spark replay, remote fetch and compaction work;
+`--quick` is passed on) when they exist.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from bench import bench_broker, bench_durable
 from bench.harness import REPO
 
 # Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
-DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote"}
+DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "compaction": "bench.bench_compaction"}
 NAMES = ("broker", "durable", *DELEGATED)
 
 

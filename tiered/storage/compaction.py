@@ -69,8 +69,8 @@ class CompactionReport:
     messages_before: int = 0
     messages_after: int = 0
     keys: int = 0  # distinct keys in the compacted range
-    tombstones_kept: int = 0
-    tombstones_dropped: int = 0  # superseded ones and those past their retention
+    tombstones_kept: int = 0  # latest messages of their keys in the range that are tombstones, still retained
+    tombstones_dropped: int = 0  # removed from the groups swapped in: superseded ones and those past retention
     largest_group_bytes: int = 0
     cleaned_upto: int = 0
     seconds: float = 0.0
@@ -148,10 +148,16 @@ def _run(log, now_s, force, on_step, on_progress, report: CompactionReport) -> N
     checkpoint = read_checkpoint(log.directory)
     now_ms = int(now_s * 1000)
     retention_ms = config.log_cleaner_delete_retention_secs * 1000
-    keys, tallies = _read_keys(log, segments)
+    try:
+        keys, tallies = _read_keys(log, segments)
+    except (OSError, ValueError) as exc:
+        report.skipped = f"the sealed segments could not be read: {exc}"
+        logger.error("compaction of %s: %s", log.directory, report.skipped)
+        return
     rule = kept_per_segment(tallies, KeepRule(keys, checkpoint, now_ms, retention_ms))
     report.passes = 1
     report.keys = len(keys)
+    report.tombstones_kept = rule.live_tombstones()
     cleaned_upto = checkpoint.cleaned_upto
     for group in plan_groups(tallies, config.log_segment_bytes):
         if group.changes_something:
@@ -212,7 +218,7 @@ def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: C
     writer = GroupWriter(
         log.directory, group.base, group.last, freeze_ts, log.config, int(input_bytes * OUTPUT_ALLOWANCE)
     )
-    kept_tombstones = dropped_tombstones = kept_messages = 0
+    dropped_tombstones = kept_messages = 0
     try:
         for record in log.iter_records(group.base, group.last):
             header, messages = _messages(record)
@@ -221,9 +227,8 @@ def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: C
                 keep = rule.keeps(m)
                 if keep:
                     kept.append(m)
-                if is_tombstone(m):
-                    kept_tombstones += keep
-                    dropped_tombstones += not keep
+                if not keep and is_tombstone(m):
+                    dropped_tombstones += 1
             kept_messages += len(kept)
             if len(kept) == len(messages):
                 writer.add_whole(record.record, header, messages)
@@ -246,7 +251,6 @@ def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: C
     report.bytes_after += output_bytes
     report.messages_before += group.messages
     report.messages_after += kept_messages
-    report.tombstones_kept += kept_tombstones
     report.tombstones_dropped += dropped_tombstones
     report.largest_group_bytes = max(report.largest_group_bytes, input_bytes)
     report.swapped.append(([s.filename for s in inputs], [s.filename for s in new]))

@@ -28,10 +28,6 @@ from tiered.storage.compaction_checkpoint import Checkpoint
 from tiered.storage.segment import MAX_REL_SEQ, SealedSegment
 
 
-def is_keyed(message: Message) -> bool:
-    return bool(message.key)
-
-
 def is_tombstone(message: Message) -> bool:
     return bool(message.key) and not message.value
 
@@ -68,9 +64,6 @@ class KeyIndex:
         if message.key:
             self.latest[message.key] = -message.seq if not message.value else message.seq
 
-    def latest_tombstones(self) -> list[int]:
-        return [-seq for seq in self.latest.values() if seq < 0]
-
 
 @dataclass
 class KeepRule:
@@ -80,7 +73,8 @@ class KeepRule:
     checkpoint: Checkpoint
     now_ms: int
     delete_retention_ms: int
-    forced: frozenset[int] = frozenset()  # seqs kept whatever the rule says (the range's last message, see above)
+    # The range's last message, kept whatever the rule says when nothing else would be (an expired tombstone); 0: none
+    forced: int = 0
 
     def tombstone_expired(self, seq: int) -> bool:
         compacted_ms = self.checkpoint.first_compacted_ms(seq)
@@ -88,8 +82,13 @@ class KeepRule:
             compacted_ms = self.now_ms  # this pass is the first to compact it
         return compacted_ms + self.delete_retention_ms <= self.now_ms
 
+    def live_tombstones(self) -> int:
+        """Tombstones the range keeps after the pass."""
+        live = sum(1 for seq in self.keys.latest.values() if seq < 0 and not self.tombstone_expired(-seq))
+        return live + bool(self.forced)
+
     def keeps(self, message: Message) -> bool:
-        if not message.key or message.seq in self.forced:
+        if not message.key or message.seq == self.forced:
             return True
         latest = self.keys.latest[message.key]
         if latest == message.seq:
@@ -110,7 +109,7 @@ def kept_per_segment(tallies: Sequence[SegmentTally], rule: KeepRule) -> KeepRul
     if tallies and not any(t.kept for t in tallies):
         last = _last_keyed_seq(rule.keys)
         _tally_for(tallies, bases, last).kept = 1
-        return KeepRule(rule.keys, rule.checkpoint, rule.now_ms, rule.delete_retention_ms, frozenset({last}))
+        return KeepRule(rule.keys, rule.checkpoint, rule.now_ms, rule.delete_retention_ms, last)
     return rule
 
 

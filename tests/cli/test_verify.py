@@ -50,3 +50,19 @@ def test_unknown_file_names_fail(tmp_path, capsys):
     assert main(["verify", str(other), str(tmp_path / "missing.ilog")]) == 1
     out = capsys.readouterr().out
     assert "not a segment or index file name" in out and "no such file" in out
+
+
+def test_a_compacted_segment_whose_last_messages_are_gone_passes(tmp_path, capsys):
+    from tiered.storage.compaction import compact_partition
+
+    config = TopicConfig.from_layers({"log.cleanup.policy": "cleanup", "log.cleaner.delete.retention.secs": "0",
+                                      "produce.ack": "local"})
+    plog = PartitionLog.open(str(tmp_path / "p"), config)
+    plog.append(encode_bundle([Message(b"v", b"a", 1), Message(b"v", b"b", 1), Message(b"", b"b", 1)]))
+    plog.seal_active()
+    compact_partition(plog, 1_800_000_000, force=True)
+    plog.close()
+    [ilog] = (tmp_path / "p").glob("*.ilog")
+    assert ilog.name.startswith("1-3_")
+    assert main(["verify", str(ilog), str(tmp_path / "p" / "1.index")]) == 0
+    assert "1 bundles, 1 messages, seqs 1..1" in capsys.readouterr().out

@@ -15,9 +15,10 @@ worker thread). Workloads:
 - 1 KiB values, random bytes;
 - a second pass over the first workload after 10% more messages (same keys): the compacted part is read again,
   and 10% of it is superseded by the new messages.
-MB/s is input bytes (sealed segments and their indexes) per second of wall time. "peak extra" is the largest
-growth of the directory during the pass, sampled before every step of the swaps (the moment a group's output is
-complete and its input still there is one of them), over the largest group's input.
+MB/s is input bytes (sealed segments and their indexes) per second of wall time. The directory's size is sampled
+before every step of the pass (one of them is the moment a group's output is complete and its input still there):
+"peak growth" is its largest growth over its size before the pass; "group extra" the largest growth during one
+group over that group's input bytes (the bound is 1.2).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class Result:
     bytes_out: int
     seconds: float
     cpu_seconds: float
-    peak_extra_bytes: int
-    largest_group_bytes: int
+    peak_growth_bytes: int  # the directory's largest growth over its size before the pass
+    group_extra: float  # the largest (directory growth during one group) / (that group's input bytes)
 
     @property
     def mb_per_s(self) -> float:
@@ -71,9 +72,6 @@ class Result:
     def reclaimed(self) -> float:
         return 1 - self.bytes_out / self.bytes_in
 
-    @property
-    def peak_ratio(self) -> float:
-        return self.peak_extra_bytes / self.largest_group_bytes if self.largest_group_bytes else 0.0
 
 
 def text_value(rng: random.Random, size: int) -> bytes:
@@ -104,9 +102,16 @@ def directory_bytes(directory: str) -> int:
 def one_pass(name: str, partition: PartitionLog) -> Result:
     start = directory_bytes(partition.directory)
     peak = [0]
+    group = {"start": 0, "input": 1, "extra": 0.0}
 
-    def sample(_step: str) -> None:
-        peak[0] = max(peak[0], directory_bytes(partition.directory) - start)
+    def sample(step: str) -> None:
+        size = directory_bytes(partition.directory)
+        peak[0] = max(peak[0], size - start)
+        if step.startswith("write "):
+            base, last = map(int, step.split()[1].split("-"))
+            group["start"] = size
+            group["input"] = sum(s.size + s.index.size_bytes for s in partition.segments if base <= s.base <= last)
+        group["extra"] = max(group["extra"], (size - group["start"]) / group["input"])
 
     messages_in = sum(1 for _ in _messages(partition))
     segments_in = len(partition.segments)
@@ -117,7 +122,7 @@ def one_pass(name: str, partition: PartitionLog) -> Result:
     if report.stopped or report.skipped:
         raise RuntimeError(f"{name}: the pass did not complete: {report.stopped or report.skipped}")
     return Result(name, messages_in, sum(1 for _ in _messages(partition)), segments_in, len(partition.segments),
-                  bytes_in, _sealed_bytes(partition), seconds, cpu_seconds, peak[0], report.largest_group_bytes)
+                  bytes_in, _sealed_bytes(partition), seconds, cpu_seconds, peak[0], group["extra"])
 
 
 def _sealed_bytes(partition: PartitionLog) -> int:
@@ -161,9 +166,10 @@ def report(results: list[Result], total_bytes: int) -> str:
              f"{SEGMENT_BYTES >> 20} MiB segments; {os.cpu_count()} cores")
     return format_table(
         ("workload", "MB in", "MB out", "reclaimed", "messages in", "messages out", "segments", "seconds",
-         "MB/s in", "CPU s", "peak extra / group"),
+         "MB/s in", "CPU s", "peak growth MB", "group extra"),
         [(r.workload, r.bytes_in / 1e6, r.bytes_out / 1e6, f"{r.reclaimed:.1%}", r.messages_in, r.messages_out,
-          f"{r.segments_in} -> {r.segments_out}", r.seconds, r.mb_per_s, r.cpu_seconds, f"{r.peak_ratio:.2f}")
+          f"{r.segments_in} -> {r.segments_out}", r.seconds, r.mb_per_s, r.cpu_seconds, r.peak_growth_bytes / 1e6,
+          f"{r.group_extra:.3f}")
          for r in results],
         title,
     )

@@ -339,3 +339,25 @@ def test_a_compacted_segment_whose_index_is_lost_keeps_its_name(tmp_path):
     assert [(s.base, s.last) for s in log.segments] == [(1, 5)] and log.last_assigned == 5
     assert check_partition_files(log.directory, 128) == [(1, 5)]
     log.close()
+
+
+def test_a_swap_failing_after_its_commit_asks_for_a_reopen_which_finishes_it(tmp_path, monkeypatch):
+    import tiered.storage.compaction_swap as swap
+
+    log = open_log(tmp_path / "p")
+    log.append(encode_bundle([Message(b"v", b"k", 1)] * 4))
+    log.seal_active()
+    real_install = swap._install
+
+    def failing_install(directory, final_name):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(swap, "_install", failing_install)
+    report = compact_partition(log, NOW, force=True)
+    assert report.needs_reopen and "committed" in report.stopped
+    assert "reopen" in compact_partition(log, NOW, force=True).skipped
+    log.close()
+    monkeypatch.setattr(swap, "_install", real_install)
+    log = open_log(tmp_path / "p")
+    assert [m.seq for m in log_messages(log)] == [4] and log.recovery.compaction
+    log.close()

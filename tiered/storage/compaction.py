@@ -42,7 +42,7 @@ from tiered.storage.compaction_plan import (
     kept_per_segment,
     plan_groups,
 )
-from tiered.storage.compaction_swap import StepHook, SwapError, discard_uncommitted, swap_in
+from tiered.storage.compaction_swap import StepHook, SwapError, SwapIncomplete, discard_uncommitted, swap_in
 from tiered.storage.compaction_writer import GroupWriter, OutputTooLarge
 from tiered.storage.partition_log import PartitionLog, StoredRecord
 from tiered.storage.segment import SealedSegment
@@ -76,6 +76,7 @@ class CompactionReport:
     seconds: float = 0.0
     skipped: str | None = None
     stopped: str | None = None
+    needs_reopen: bool = False  # a swap failed after its commit: reopen the partition (recovery finishes it)
     swapped: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (input files, output files)
 
     @property
@@ -165,6 +166,11 @@ def _run(log, now_s, force, on_step, on_progress, report: CompactionReport) -> N
                 if not _rewrite(log, group, rule, on_step, report):
                     report.stopped = "the segments changed during the pass (retention or a reopen)"
                     break
+            except SwapIncomplete as exc:
+                report.stopped = str(exc)
+                report.needs_reopen = True
+                logger.error("compaction of %s: %s; reopen the partition to finish the swap", log.directory, exc)
+                break
             except (OutputTooLarge, OSError, ValueError) as exc:
                 report.stopped = f"group {group.base}-{group.last}: {exc}"
                 logger.error("compaction of %s stopped at group %d-%d: %s", log.directory, group.base, group.last, exc)

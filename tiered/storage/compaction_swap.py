@@ -41,6 +41,11 @@ class SwapError(Exception):
     """The directory holds compaction files that no crash of either protocol leaves: an operator must look."""
 
 
+class SwapIncomplete(Exception):
+    """A group's swap failed after its commit point. The directory is on its way to the output, the log's segment
+    list still names the input: reopening the partition finishes the swap (until then no pass runs)."""
+
+
 def _no_hook(_step: str) -> None:
     pass
 
@@ -53,8 +58,8 @@ def swap_in(
 ) -> list[SealedSegment]:
     """Steps 2-4 for one group whose outputs are written; returns the output segments, ready to read.
 
-    An error before the commit point removes the outputs (the inputs stay); an error after it leaves the directory
-    for recovery to roll forward when the partition reopens (its segment list here no longer matches the disk).
+    An error before the commit point removes the outputs (the inputs stay); an error after it raises SwapIncomplete
+    and leaves the directory for recovery to roll forward when the partition reopens.
     """
     step = on_step or _no_hook
     try:
@@ -69,21 +74,24 @@ def swap_in(
                          _swap_path(directory, output.index_filename)):
                 _unlink(path)
         raise
-    step("commit fsync")
-    fsync_dir(directory)
-    for segment in inputs:
-        step(f"drop {segment.filename}")
-        _unlink(segment.index_path)
-        _unlink(segment.path)
-        segment.forget()
-    step("drop fsync")
-    fsync_dir(directory)
-    for output in outputs:
-        step(f"install {output.filename}")
-        _install(directory, output.filename)
-        _install(directory, output.index_filename)
-    step("install fsync")
-    fsync_dir(directory)
+    try:
+        step("commit fsync")
+        fsync_dir(directory)
+        for segment in inputs:
+            step(f"drop {segment.filename}")
+            _unlink(segment.index_path)
+            _unlink(segment.path)
+            segment.forget()
+        step("drop fsync")
+        fsync_dir(directory)
+        for output in outputs:
+            step(f"install {output.filename}")
+            _install(directory, output.filename)
+            _install(directory, output.index_filename)
+        step("install fsync")
+        fsync_dir(directory)
+    except Exception as exc:
+        raise SwapIncomplete(f"{directory}: swap of {outputs[0].base}-{outputs[-1].last} committed, then: {exc}") from exc
     return [
         SealedSegment(directory, o.base, o.last, o.freeze_ts, o.size, filename=o.filename, index=o.index)
         for o in outputs

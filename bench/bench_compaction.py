@@ -8,8 +8,9 @@ reclaims, on workloads with 10% distinct keys.
 Each workload writes a partition directly with tiered.storage.PartitionLog (no broker: the pass is what is
 measured), `log.segment.bytes=32mb`, bundles of 100 messages produced as TANK's client would (snappy when it
 chooses so), as many messages as `--mib` holds uncompressed, keys drawn uniformly from a pool of one tenth of
-the message count: every key has ten versions on average, and a pass keeps about 10% of the messages. Then one `compact_partition` pass runs, timed, in this process (the server runs it the same way, in a
-worker thread). Workloads:
+the message count: every key has ten versions on average, and a pass keeps about 10% of the messages. Then one
+`compact_partition` pass runs, timed, in this process (the server runs it the same way, in a worker thread).
+Workloads:
 - 100 B values, random bytes (incompressible: bundles stay uncompressed);
 - 100 B values of text (TANK's client compresses bundles over 1 KiB: every bundle is snappy);
 - 1 KiB values, random bytes;

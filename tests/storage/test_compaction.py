@@ -83,7 +83,8 @@ def check_reads(log: PartitionLog, expected: list) -> None:
 
 def run_and_check(log: PartitionLog, model: Model, now_s: float, **kwargs):
     expected = expect_after_pass(log, model, now_s)
-    first_available, last_assigned, spans = log.first_available, log.last_assigned, [(s.base, s.last) for s in log.segments]
+    first_available, last_assigned = log.first_available, log.last_assigned
+    spans = [(s.base, s.last) for s in log.segments]
     active = segment_bytes(log.directory).get(log.active.filename) if log.active else None
     report = compact_partition(log, now_s, force=True, **kwargs)
     assert report.skipped is None and report.stopped is None, report
@@ -109,8 +110,8 @@ bundles = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workload=st.lists(bundles, min_size=1, max_size=40), seal_last=st.booleans(), later=st.lists(bundles, max_size=15))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(bundles, min_size=1, max_size=40), st.booleans(), st.lists(bundles, max_size=15))
 def test_compaction_equals_the_model_over_passes_and_reopens(workload, seal_last, later):
     with tempfile.TemporaryDirectory() as tmp:
         log = open_log(tmp)
@@ -324,7 +325,8 @@ def test_plan_groups_by_size_with_segments_that_keep_nothing_riding_along():
 
 
 def test_a_compacted_segment_whose_index_is_lost_keeps_its_name(tmp_path):
-    config = storage_config(log_index_interval_bytes=128, log_cleanup_policy="cleanup", log_cleaner_delete_retention_secs=0)
+    config = storage_config(log_index_interval_bytes=128, log_cleanup_policy="cleanup",
+                            log_cleaner_delete_retention_secs=0)
     log = open_log(tmp_path / "p", config)
     log.append(encode_bundle([Message(b"a", b"k", 1), Message(b"b", None, 1), Message(b"c", b"k", 1)]))
     log.append(encode_bundle([Message(b"d", b"j", 1), Message(b"", b"j", 1)]))  # j deleted, its tombstone expired

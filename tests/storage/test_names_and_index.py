@@ -57,7 +57,7 @@ def test_other_names_are_ignored_with_a_reason(name, reason_word):
     "name, leftover",
     [
         ("1-10_5.ilog.cleaned", SwapLeftover("1-10_5.ilog.cleaned", "cleaned", IlogName(1, 10, 5))),
-        ("7.ilog.cleaned", SwapLeftover("7.ilog.cleaned", "cleaned", Ignored("7.ilog", "not a segment, index or config file"))),
+        ("7.ilog.cleaned", SwapLeftover("7.ilog.cleaned", "cleaned", parse_name("7.ilog"))),
         ("1.index.swap", SwapLeftover("1.index.swap", "swap", IndexName(1))),
         ("1-10.ilog.old", SwapLeftover("1-10.ilog.old", "old", IlogName(1, 10, None))),
     ],

@@ -91,7 +91,8 @@ def swap_in(
         step("install fsync")
         fsync_dir(directory)
     except Exception as exc:
-        raise SwapIncomplete(f"{directory}: swap of {outputs[0].base}-{outputs[-1].last} committed, then: {exc}") from exc
+        span = f"{outputs[0].base}-{outputs[-1].last}"
+        raise SwapIncomplete(f"{directory}: the swap of {span} committed, then failed: {exc}") from exc
     return [
         SealedSegment(directory, o.base, o.last, o.freeze_ts, o.size, filename=o.filename, index=o.index)
         for o in outputs

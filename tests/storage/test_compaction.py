@@ -363,3 +363,22 @@ def test_a_swap_failing_after_its_commit_asks_for_a_reopen_which_finishes_it(tmp
     log = open_log(tmp_path / "p")
     assert [m.seq for m in log_messages(log)] == [4] and log.recovery.compaction
     log.close()
+
+
+def test_segments_that_change_during_a_pass_stop_it_and_nothing_is_swapped(tmp_path):
+    log = open_log(tmp_path / "p")
+    for _ in range(3):
+        log.append(encode_bundle([Message(b"v", b"k", 1)] * 3))
+        log.seal_active()
+
+    def retention_meanwhile(step: str) -> None:
+        if step.startswith("written"):  # the output is complete; retention deletes an input before the swap
+            log.reconfigure(storage_config(retention_segments_count=2))
+            log.enforce_retention(NOW)
+
+    report = compact_partition(log, NOW, force=True, on_step=retention_meanwhile)
+    assert report.groups == 0 and "changed" in report.stopped
+    assert [(s.base, s.last) for s in log.segments] == [(4, 6), (7, 9)]
+    assert sorted(n for n in os.listdir(log.directory) if "ilog" in n) == [s.filename for s in log.segments]
+    assert [m.seq for m in log_messages(log)] == list(range(4, 10))
+    log.close()

@@ -342,11 +342,9 @@ class PartitionLog:
         with self._lock:
             if self._closed or not old:
                 return None
-            start = next((i for i, s in enumerate(self._sealed) if s is old[0]), None)
-            end = None if start is None else start + len(old)
-            if start is None or len(self._sealed[start:end]) != len(old):
-                return None
-            if any(a is not b for a, b in zip(self._sealed[start:end], old)):
+            start = next((i for i, s in enumerate(self._sealed) if s is old[0]), -1)
+            end = start + len(old)
+            if start < 0 or list(map(id, self._sealed[start:end])) != list(map(id, old)):
                 return None
             new = install()
             self._sealed[start:end] = new

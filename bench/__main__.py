@@ -7,8 +7,9 @@
     python -m bench --profile DIR        cProfile the throughput benchmark's broker, one file per workload
     python -m bench --json PATH          also write every figure as JSON
 
-`--only spark`, `--only remote` and `--only cli` run `python -m bench.bench_spark` / `bench.bench_remote` /
-`bench.bench_cli` (modules of their own; `--quick` is passed on) when they exist.
+`--only spark`, `--only remote`, `--only cli`, `--only compaction` and `--only chaos` run `python -m bench.bench_spark`
+/ `bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` / `bench.chaos` (modules of their own;
+`--quick` is passed on) when they exist.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from bench import bench_broker, bench_durable
 from bench.harness import REPO
 
 # Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
-DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli": "bench.bench_cli"}
+DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli": "bench.bench_cli",
+             "compaction": "bench.bench_compaction", "chaos": "bench.chaos"}
 NAMES = ("broker", "durable", *DELEGATED)
 
 

@@ -6,8 +6,9 @@ out, reading from the local log or asking the tier below. TANK's answers (PROTOC
 - UINT64_MAX, or the seq right after the high-water mark, is the tail: EOF, a long-poll may wait there;
 - past the tail, or below the first available seq, is a boundary fault carrying the first available seq;
 - anything else is served: from the local log when it lies within the local records, else from the tier below.
-The local log may still turn a Local choice down (the seq falls between two local segments, where another tier's
-seqs can be); the resolver then asks the tier below.
+The local log may still turn a Local choice down (nothing visible at or after the seq in its segment: the seq falls
+between two local segments, where another tier's seqs can be, or compaction removed it and nothing later is visible
+yet); `local_miss` says what that means.
 """
 
 from __future__ import annotations
@@ -78,3 +79,11 @@ def locate(seq: int, b: PartitionBounds) -> Source:
     if b.lower_tier:
         return Remote(seq)
     return Boundary(b.first_available, b.hwmark)
+
+
+def local_miss(seq: int, b: PartitionBounds) -> Source:
+    """What a Local choice the local log turned down means: the tier below may hold the seq; without one, the seq is
+    inside the local records with nothing visible at or after it (compaction removed it): the tail, as TANK says."""
+    if b.lower_tier:
+        return Remote(seq)
+    return Eof(b.first_available, b.hwmark)

@@ -111,3 +111,17 @@ def test_a_compressed_message_set_is_checked_after_decompression(tmp_path, capsy
     assert main(["verify", str(log)]) == 1
     out = capsys.readouterr().out
     assert "its decompressed message set: 1 bytes after the last message" in out
+def test_a_compacted_segment_whose_last_messages_are_gone_passes(tmp_path, capsys):
+    from tiered.storage.compaction import compact_partition
+
+    config = TopicConfig.from_layers({"log.cleanup.policy": "cleanup", "log.cleaner.delete.retention.secs": "0",
+                                      "produce.ack": "local"})
+    plog = PartitionLog.open(str(tmp_path / "p"), config)
+    plog.append(encode_bundle([Message(b"v", b"a", 1), Message(b"v", b"b", 1), Message(b"", b"b", 1)]))
+    plog.seal_active()
+    compact_partition(plog, 1_800_000_000, force=True)
+    plog.close()
+    [ilog] = (tmp_path / "p").glob("*.ilog")
+    assert ilog.name.startswith("1-3_")
+    assert main(["verify", str(ilog), str(tmp_path / "p" / "1.index")]) == 0
+    assert "1 bundle (0 snappy), 1 message, seqs 1..1" in capsys.readouterr().out

@@ -4,11 +4,13 @@ import pytest
 
 from tiered.storage.index import NEVER_INDEXED, IndexBuilder, SparseIndex
 from tiered.storage.names import (
+    CheckpointName,
     ConfigName,
     Ignored,
     IlogName,
     IndexName,
     LogName,
+    SwapLeftover,
     format_ilog_name,
     format_index_name,
     format_log_name,
@@ -38,9 +40,6 @@ def test_parse_and_format_names(name, parsed):
     "name, reason_word",
     [
         ("1_64.index", "wide"),
-        ("1-10_5.ilog.cleaned", "compaction"),
-        ("1.index.swap", "compaction"),
-        ("1-10.ilog.old", "compaction"),
         ("10-9_1.ilog", "below"),
         ("notes.txt", "not a segment"),
         ("1_abc.log", "not a segment"),
@@ -52,6 +51,24 @@ def test_other_names_are_ignored_with_a_reason(name, reason_word):
     parsed = parse_name(name)
     assert isinstance(parsed, Ignored) and parsed.name == name
     assert reason_word in parsed.reason
+
+
+@pytest.mark.parametrize(
+    "name, leftover",
+    [
+        ("1-10_5.ilog.cleaned", SwapLeftover("1-10_5.ilog.cleaned", "cleaned", IlogName(1, 10, 5))),
+        ("7.ilog.cleaned", SwapLeftover("7.ilog.cleaned", "cleaned", parse_name("7.ilog"))),
+        ("1.index.swap", SwapLeftover("1.index.swap", "swap", IndexName(1))),
+        ("1-10.ilog.old", SwapLeftover("1-10.ilog.old", "old", IlogName(1, 10, None))),
+    ],
+)
+def test_compaction_files_are_named_with_what_they_become(name, leftover):
+    assert parse_name(name) == leftover
+    assert leftover.final_name == name.rsplit(".", 1)[0]
+
+
+def test_checkpoint_names():
+    assert parse_name(".cleanup.checkpoint") == parse_name(".cleanup.checkpoint.tmp") == CheckpointName()
 
 
 def test_formatters():

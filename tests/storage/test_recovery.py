@@ -270,14 +270,14 @@ def test_overlapping_segments_refuse_to_open(tmp_path):
 def test_unknown_files_are_reported_and_left_alone(tmp_path):
     directory = tmp_path / "p"
     os.makedirs(directory)
-    for name in ("notes.txt", "1_64.index", "5-9_1.ilog.cleaned"):
+    for name in ("notes.txt", "1_64.index", "5-9_1.ilog.tmp"):
         (directory / name).write_bytes(b"x")
     (directory / "config").write_text("log.segment.bytes=1mb\n")
     log = PartitionLog.open(str(directory), CONFIG)
     try:
-        assert sorted(i.name for i in log.recovery.ignored) == ["1_64.index", "5-9_1.ilog.cleaned", "notes.txt"]
+        assert sorted(i.name for i in log.recovery.ignored) == ["1_64.index", "5-9_1.ilog.tmp", "notes.txt"]
         assert all(i.reason for i in log.recovery.ignored)
         assert log.recovery.clean and log.last_assigned == 0
-        assert sorted(os.listdir(directory)) == ["1_64.index", "5-9_1.ilog.cleaned", "config", "notes.txt"]
+        assert sorted(os.listdir(directory)) == ["1_64.index", "5-9_1.ilog.tmp", "config", "notes.txt"]
     finally:
         log.close()

@@ -95,6 +95,7 @@ def test_defaults_are_tanks():
     assert config.log_roll_secs == 604800
     assert config.log_cleanup_policy == "delete"
     assert config.log_cleaner_min_cleanable_ratio == 0.5
+    assert config.log_cleaner_delete_retention_secs == 86400
     assert config.flush_messages == 0 and config.flush_secs == 0
     assert config.produce_ack == "durable"
     assert config.remote_retention_secs == 0 and config.remote_retention_bytes == 0
@@ -122,6 +123,7 @@ def test_every_key_parses():
         log.roll.secs=1d
         log.cleanup.policy=CLEANUP
         log.cleaner.min.cleanable.ratio=0.25
+        log.cleaner.delete.retention.secs=12h
         flush.messages=100
         flush.secs=5s
         produce.ack=Local
@@ -143,6 +145,7 @@ def test_every_key_parses():
         log_roll_secs=86400,
         log_cleanup_policy="cleanup",
         log_cleaner_min_cleanable_ratio=0.25,
+        log_cleaner_delete_retention_secs=12 * 3600,
         flush_messages=100,
         flush_secs=5,
         produce_ack="local",
@@ -168,6 +171,7 @@ def test_every_key_parses():
         ("log.cleanup.policy", "compact"),
         ("log.cleaner.min.cleanable.ratio", "1.5"),
         ("log.cleaner.min.cleanable.ratio", "half"),
+        ("log.cleaner.delete.retention.secs", "5m"),
         ("flush.messages", "-1"),
         ("produce.ack", "all"),
         ("remote.copy", "maybe"),

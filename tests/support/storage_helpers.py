@@ -83,7 +83,7 @@ def open_storage_log(tmp_path, storage_clock):
 def locate(log: PartitionLog, seq: int, fetch_size: int, hwmark: int | None = None):
     """What a local-only broker answers for `seq`: tiered.bounds.locate over the log's own bounds (the hwmark is
     the last assigned seq unless given), carried out by PartitionLog.read. A ReadRange, Boundary or Eof."""
-    from tiered.bounds import Boundary, Local, PartitionBounds
+    from tiered.bounds import Local, PartitionBounds, local_miss
     from tiered.bounds import locate as decide
 
     hw = log.last_assigned if hwmark is None else hwmark
@@ -91,5 +91,5 @@ def locate(log: PartitionLog, seq: int, fetch_size: int, hwmark: int | None = No
     where = decide(seq, bounds)
     if isinstance(where, Local):
         got = log.read(where.seq, fetch_size, hw)
-        return got if got is not None else Boundary(bounds.first_available, hw)
+        return got if got is not None else local_miss(where.seq, bounds)
     return where

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, locate
+from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, local_miss, locate
 from tiered.server.registry import Partition
 from tiered.storage.segment import SegmentReader
 from tiered.tier_interface import RemoteChunk, Tier, Unreadable
@@ -61,9 +61,7 @@ class FetchResolver:
             if got is not None:
                 return Found(FileChunk(got.file, got.start_position, got.end_position), got.first_bundle_seq,
                              got.first_bundle_sparse, bounds.hwmark)
-            if not bounds.lower_tier:
-                return Boundary(bounds.first_available, bounds.hwmark)
-            where = Remote(where.seq)
+            where = local_miss(where.seq, bounds)
         if isinstance(where, Remote):
             return await self._remote(part, where.seq, fetch_size, bounds)
         return where

@@ -4,6 +4,10 @@
     <base>-<last>_<freezeTS>.ilog       a sealed segment; older form <base>-<last>.ilog still accepted
     <base>.index                        the sparse index of the segment with that base (active or sealed)
     config                              partition-level config overrides
+    .cleanup.checkpoint                 the compaction checkpoint (compaction_checkpoint.py; ours, not TANK's)
+    <segment or index name>.cleaned     compaction output being written          } compaction_swap.py: finished
+    <segment or index name>.swap        compaction output whose group committed   } or rolled back when the
+    <segment or index name>.old         TANK's: an input its own swap renamed     } partition opens
 
 `createdTS` is when the segment was created and `freezeTS` the .log's mtime when it rolled, both in unix
 seconds. Anything else found in a partition directory is ignored and reported with a reason, never deleted.
@@ -15,12 +19,15 @@ import re
 from dataclasses import dataclass
 
 PARTITION_CONFIG = "config"
+CHECKPOINT = ".cleanup.checkpoint"
+CHECKPOINT_TMP = CHECKPOINT + ".tmp"
+CLEANED, SWAP, OLD = "cleaned", "swap", "old"
 
 _LOG = re.compile(r"(\d+)(?:_(\d+))?\.log")
 _ILOG = re.compile(r"(\d+)-(\d+)(?:_(\d+))?\.ilog")
 _INDEX = re.compile(r"(\d+)\.index")
 _WIDE_INDEX = re.compile(r"\d+_64\.index")
-_COMPACTION = re.compile(r".+\.(cleaned|swap|old)")
+_COMPACTION = re.compile(r"(.+)\.(cleaned|swap|old)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +63,31 @@ class ConfigName:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointName:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SwapLeftover:
+    """A compaction file not in place yet: `stage` is cleaned, swap or old; `target` is its name without the
+    suffix, parsed (a `.cleaned` file may be named anyhow: TANK writes `<base>-0_0.ilog.cleaned` first)."""
+
+    name: str
+    stage: str
+    target: PartitionFile
+
+    @property
+    def final_name(self) -> str:
+        return self.name[: -len(self.stage) - 1]
+
+
+@dataclass(frozen=True, slots=True)
 class Ignored:
     name: str
     reason: str
 
 
-PartitionFile = LogName | IlogName | IndexName | ConfigName | Ignored
+PartitionFile = LogName | IlogName | IndexName | ConfigName | CheckpointName | SwapLeftover | Ignored
 
 
 def format_log_name(base: int, created_ts: int | None) -> str:
@@ -80,6 +106,8 @@ def parse_name(name: str) -> PartitionFile:
     """Classifies one directory entry name of a partition directory."""
     if name == PARTITION_CONFIG:
         return ConfigName()
+    if name in (CHECKPOINT, CHECKPOINT_TMP):
+        return CheckpointName()
     if m := _LOG.fullmatch(name):
         return LogName(int(m[1]), None if m[2] is None else int(m[2]))
     if m := _ILOG.fullmatch(name):
@@ -91,6 +119,6 @@ def parse_name(name: str) -> PartitionFile:
         return IndexName(int(m[1]))
     if _WIDE_INDEX.fullmatch(name):
         return Ignored(name, "wide (64-bit) index: recognised by TANK but never produced, not supported")
-    if _COMPACTION.fullmatch(name):
-        return Ignored(name, "TANK compaction leftover: compaction is not supported, file left alone")
+    if m := _COMPACTION.fullmatch(name):
+        return SwapLeftover(name, m[2], parse_name(m[1]))
     return Ignored(name, "not a segment, index or config file")

@@ -27,7 +27,7 @@ import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from tiered.protocol.bundle import BundleHeader, read_bundle_header
 from tiered.protocol.errors import ProtocolError
@@ -312,6 +312,27 @@ class PartitionLog:
             del self._bases[: len(victims)]
             return victims
 
+    def replace_sealed(
+        self, old: Sequence[SealedSegment], install: Callable[[], list[SealedSegment]]
+    ) -> list[SealedSegment] | None:
+        """Swaps a run of sealed segments for their compacted replacements (tiered.storage.compaction).
+
+        `install` changes the directory and returns the new segments, oldest first, covering the same seqs. It runs
+        under the log's lock, so no reader is handed a segment whose files are being swapped. Returns the new
+        segments, or None (and `install` is not called) when `old` is no longer a run of this log's sealed segments.
+        """
+        with self._lock:
+            if self._closed or not old:
+                return None
+            start = next((i for i, s in enumerate(self._sealed) if s is old[0]), -1)
+            end = start + len(old)
+            if start < 0 or list(map(id, self._sealed[start:end])) != list(map(id, old)):
+                return None
+            new = install()
+            self._sealed[start:end] = new
+            self._bases[start:end] = [s.base for s in new]
+            return new
+
     # -------------------------------------------------------------------------------------------- reads
 
     def read(self, seq: int, fetch_size: int, hwmark: int, *, across_gaps: bool = True) -> ReadRange | None:
@@ -330,6 +351,11 @@ class PartitionLog:
             reader = segment.reader()
             end = range_end(segment, reader.fileno(), start, segment.size, segment.last, max(fetch_size, 0), hwmark)
             return ReadRange(segment, reader, start.position, end, start.first_seq, start.sparse, hwmark)
+
+    def _inside_sealed(self, seq: int) -> bool:
+        """Whether `seq` is inside a sealed segment's [base, last], held or compacted away."""
+        i = bisect_right(self._bases, seq) - 1
+        return i >= 0 and self._sealed[i].last >= seq
 
     def _segments_with_data(self) -> list:
         segments = list(self._sealed)

@@ -1,11 +1,14 @@
 """Opening a partition directory after a clean stop or a crash (PROTOCOL.md §7 "Startup recovery").
 
 What is checked and repaired, in order:
+0. A compaction swap that a crash interrupted is rolled back or forward (compaction_swap.py), so that the
+   directory holds either a group's input segments or its output, never both and never neither.
 1. Every entry is classified by name (names.py); anything unknown is reported and left alone.
 2. A zero-size `.log` (or `.ilog`) holds nothing: it is deleted with its index, as in TANK.
 3. Sealed segments are validated cheaply: a name with base <= last, a non-empty file, and an index whose size is
    whole entries and whose last entry points inside the file. A missing or insane index is rebuilt by walking the
-   file (which also finds and cuts a damaged tail, renaming the segment if its last seq changed).
+   file (which also finds and cuts a damaged tail, renaming the segment if the cut changed its last seq, or if
+   it holds seqs above its name). A compacted segment may end below its name's last seq: that is not a damage.
 4. The active segment (the `.log` with the highest base; older `.log` files are recovered the same way and then
    sealed) is walked from its last index entry to EOF. That recovers its last seq (and so last_assigned), re-adds
    index entries a crash left out, and finds the last whole bundle. A torn tail (a truncated varint, a truncated
@@ -24,7 +27,18 @@ import random
 from dataclasses import dataclass, field
 
 from tiered.storage.index import ENTRY, ENTRY_BYTES, IndexBuilder, SparseIndex
-from tiered.storage.names import ConfigName, Ignored, IlogName, IndexName, LogName, format_ilog_name, parse_name
+from tiered.storage.compaction_swap import SwapError, resolve_interrupted_swap
+from tiered.storage.names import (
+    CheckpointName,
+    ConfigName,
+    Ignored,
+    IlogName,
+    IndexName,
+    LogName,
+    SwapLeftover,
+    format_ilog_name,
+    parse_name,
+)
 from tiered.storage.records import TornRecord, iter_records
 from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
 from tiered.storage.topic_config import TopicConfig
@@ -54,6 +68,7 @@ class RecoveryReport:
     ignored: list[Ignored] = field(default_factory=list)
     sealed_at_open: list[str] = field(default_factory=list)
     renamed: list[tuple[str, str]] = field(default_factory=list)
+    compaction: list[tuple[str, str]] = field(default_factory=list)  # (what was done, filename): see step 0
 
     @property
     def bytes_cut(self) -> int:
@@ -61,7 +76,8 @@ class RecoveryReport:
 
     @property
     def clean(self) -> bool:
-        return not (self.cut or self.rebuilt_indexes or self.repaired_indexes or self.deleted or self.sealed_at_open)
+        repairs = (self.cut, self.rebuilt_indexes, self.repaired_indexes, self.deleted, self.sealed_at_open)
+        return not (any(repairs) or self.compaction)
 
 
 @dataclass
@@ -210,13 +226,15 @@ def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int
     _write_index(index_path, scan.index)
     report.rebuilt_indexes.append(f"{name.base}.index")
     log.warning("rebuilt index %s of sealed segment %s", index_path, filename)
-    if scan.last_seq != name.last:
-        new_name = format_ilog_name(name.base, scan.last_seq, freeze_ts)
+    last = name.last
+    if scan.last_seq > name.last or (scan.torn is not None and scan.last_seq != name.last):
+        last = scan.last_seq
+        new_name = format_ilog_name(name.base, last, freeze_ts)
         os.rename(path, os.path.join(directory, new_name))
         report.renamed.append((filename, new_name))
-        log.warning("sealed segment %s actually ends at seq %d: renamed to %s", filename, scan.last_seq, new_name)
+        log.warning("sealed segment %s actually ends at seq %d: renamed to %s", filename, last, new_name)
         filename = new_name
-    return SealedSegment(directory, name.base, scan.last_seq, freeze_ts, size, filename=filename, index=scan.index)
+    return SealedSegment(directory, name.base, last, freeze_ts, size, filename=filename, index=scan.index)
 
 
 def _sealed_index_is_sane(index_path: str, size: int, name: IlogName) -> bool:
@@ -245,6 +263,12 @@ def _seal_recovered(directory: str, filename: str, base: int, last: int, size: i
 
 def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -> RecoveredLog:
     report = RecoveryReport(directory)
+    try:
+        report.compaction = resolve_interrupted_swap(directory)
+    except SwapError as exc:
+        raise RecoveryError(str(exc)) from None
+    for action, filename in report.compaction:
+        log.warning("compaction swap interrupted in %s: %s %s", directory, filename, action)
     logs: list[tuple[LogName, str]] = []
     ilogs: list[tuple[IlogName, str]] = []
     for filename in sorted(os.listdir(directory)):
@@ -259,7 +283,7 @@ def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -
             report.ignored.append(kind)
             log.warning("ignoring %s: %s", os.path.join(directory, filename), kind.reason)
         else:
-            assert isinstance(kind, (IndexName, ConfigName))
+            assert isinstance(kind, (IndexName, ConfigName, CheckpointName, SwapLeftover))
 
     _check_no_overlap(directory, [(n.base, n.last, f) for n, f in ilogs], [(n.base, f) for n, f in logs])
 

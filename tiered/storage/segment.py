@@ -126,10 +126,14 @@ class SealedSegment(SegmentFiles):
             self._reader.close()
             self._reader = None
 
-    def delete(self) -> None:
-        """Removes the segment and its index. A reader still streaming it keeps its (unlinked) file open."""
+    def forget(self) -> None:
+        """Marks the segment gone without touching its files (compaction removed or replaced them by name)."""
         self.deleted = True
         self._reader = None
+
+    def delete(self) -> None:
+        """Removes the segment and its index. A reader still streaming it keeps its (unlinked) file open."""
+        self.forget()
         for path in (self.path, self.index_path):
             try:
                 os.unlink(path)

@@ -161,6 +161,7 @@ class TopicConfig:
     log_roll_secs: int = 604800  # parsed and kept, never used: TANK's roll age is 1 week without jitter
     log_cleanup_policy: str = "delete"  # delete | cleanup
     log_cleaner_min_cleanable_ratio: float = 0.5
+    log_cleaner_delete_retention_secs: int = 86400  # a tombstone outlives its first compaction by this long
     flush_messages: int = 0  # fdatasync after this many messages; 0 = never
     flush_secs: int = 0  # fdatasync when this many seconds passed since the last one; 0 = never
     produce_ack: str = "durable"  # durable: ack after the block commit; local: ack after the local append
@@ -259,6 +260,7 @@ KEYS = {
     "log.roll.secs": parse_duration,
     "log.cleanup.policy": _one_of(CLEANUP_POLICIES),
     "log.cleaner.min.cleanable.ratio": _ratio,
+    "log.cleaner.delete.retention.secs": parse_duration,
     "flush.messages": _parse_uint,
     "flush.secs": parse_duration,
     "produce.ack": _one_of(PRODUCE_ACKS),

@@ -1,0 +1,265 @@
+"""Key compaction of a partition's sealed local segments: TANK's `log.cleanup.policy=cleanup` (PROTOCOL.md §10).
+
+Entry points, both synchronous and meant for a worker thread (they read and write files for seconds; the log's lock
+is only taken for snapshots and for each group's swap, a handful of renames):
+
+    compaction_due(log)                       TANK's trigger: the dirty share of sealed bytes reached
+                                              `log.cleaner.min.cleanable.ratio`
+    compact_partition(log, now_s)             one pass if due; `force=True` runs it regardless of the ratio (a
+                                              compaction asked for by hand); returns a CompactionReport
+
+A pass (one at a time per log):
+1. The range: the oldest sealed segments that the log's `may_delete` allows to go (the tiering layer keeps a
+   segment until it is in the bucket). The active segment is never part of it.
+2. Read the range once to learn the latest seq of every key (compaction_plan.KeyIndex) and how many messages of
+   each segment stay; plan groups of segments (compaction_plan.plan_groups).
+3. For each group that changes something, oldest first: write its output (compaction_writer), then swap it in
+   under the log's lock (PartitionLog.replace_sealed, compaction_swap.swap_in). Messages keep their seqs. A group
+   whose output would exceed OUTPUT_ALLOWANCE times its input stops the pass (so peak extra disk space is at
+   most that much of one group), as does any error: later groups are left for the next pass. Stopping in seq
+   order matters: a tombstone is only dropped after the older values of its key are gone.
+4. The checkpoint (compaction_checkpoint) records how far the pass got and when it ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tiered.protocol.bundle import decode_bundle, maybe_record, read_bundle_header
+from tiered.storage.compaction_checkpoint import read_checkpoint, write_checkpoint
+from tiered.storage.compaction_plan import (
+    Group,
+    KeepRule,
+    KeyIndex,
+    SegmentTally,
+    dirty_ratio,
+    is_tombstone,
+    kept_per_segment,
+    plan_groups,
+)
+from tiered.storage.compaction_swap import StepHook, SwapError, SwapIncomplete, discard_uncommitted, swap_in
+from tiered.storage.compaction_writer import GroupWriter, OutputTooLarge
+from tiered.storage.partition_log import PartitionLog, StoredRecord
+from tiered.storage.segment import SealedSegment
+
+logger = logging.getLogger("tiered.storage")
+
+OUTPUT_ALLOWANCE = 1.2  # a group's output may take at most this many times the group's input bytes
+
+_guards: weakref.WeakKeyDictionary[PartitionLog, threading.Lock] = weakref.WeakKeyDictionary()
+_guards_lock = threading.Lock()
+
+
+@dataclass
+class CompactionReport:
+    """What one call did. `skipped` says why no pass ran; `stopped` why a pass ended before its last group."""
+
+    directory: str
+    passes: int = 0
+    groups: int = 0  # groups swapped in
+    segments_before: int = 0  # of the groups swapped in
+    segments_after: int = 0
+    bytes_before: int = 0  # segment and index bytes of the groups swapped in
+    bytes_after: int = 0
+    messages_before: int = 0
+    messages_after: int = 0
+    keys: int = 0  # distinct keys in the compacted range
+    tombstones_kept: int = 0  # latest messages of their keys in the range that are tombstones, still retained
+    tombstones_dropped: int = 0  # removed from the groups swapped in: superseded ones and those past retention
+    largest_group_bytes: int = 0
+    cleaned_upto: int = 0
+    seconds: float = 0.0
+    skipped: str | None = None
+    stopped: str | None = None
+    needs_reopen: bool = False  # a swap failed after its commit: reopen the partition (recovery finishes it)
+    swapped: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (input files, output files)
+
+    @property
+    def bytes_reclaimed(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+
+def compaction_due(log: PartitionLog) -> bool:
+    """TANK's trigger: cleanup policy, and dirty sealed bytes / all sealed bytes >= min.cleanable.ratio (> 0)."""
+    config = log.config
+    if config.log_cleanup_policy != "cleanup":
+        return False
+    segments = log.segments
+    ratio = dirty_ratio(segments, read_checkpoint(log.directory).cleaned_upto)
+    return ratio > 0 and ratio >= config.log_cleaner_min_cleanable_ratio
+
+
+def compact_partition(
+    log: PartitionLog,
+    now_s: float,
+    *,
+    force: bool = False,
+    on_step: StepHook | None = None,
+    on_progress: Callable[[CompactionReport], None] | None = None,
+) -> CompactionReport:
+    """One compaction pass over `log` if it is due (or `force`). `on_step` is called before each change to the
+    directory (tests crash there); `on_progress` after each group swapped in, with the report so far."""
+    report = CompactionReport(log.directory)
+    guard = _guard(log)
+    if not guard.acquire(blocking=False):
+        report.skipped = "a compaction of this partition is running"
+        return report
+    started = time.monotonic()
+    try:
+        _run(log, now_s, force, on_step, on_progress, report)
+    finally:
+        guard.release()
+        report.seconds = time.monotonic() - started
+    return report
+
+
+def _guard(log: PartitionLog) -> threading.Lock:
+    with _guards_lock:
+        guard = _guards.get(log)
+        if guard is None:
+            guard = _guards[log] = threading.Lock()
+        return guard
+
+
+def _run(log, now_s, force, on_step, on_progress, report: CompactionReport) -> None:
+    config = log.config
+    if config.log_cleanup_policy != "cleanup":
+        report.skipped = f"log.cleanup.policy is {config.log_cleanup_policy}, not cleanup"
+        return
+    if not force and not compaction_due(log):
+        report.skipped = "the dirty share of sealed bytes is below log.cleaner.min.cleanable.ratio"
+        return
+    segments = _range(log)
+    if not segments:
+        report.skipped = "no sealed segment may be rewritten yet"
+        return
+    try:
+        leftovers = discard_uncommitted(log.directory)
+    except SwapError as exc:
+        report.skipped = str(exc)
+        logger.error("%s", exc)
+        return
+    if leftovers:
+        logger.warning("%s: removed uncommitted compaction files %s", log.directory, leftovers)
+    checkpoint = read_checkpoint(log.directory)
+    now_ms = int(now_s * 1000)
+    retention_ms = config.log_cleaner_delete_retention_secs * 1000
+    try:
+        keys, tallies = _read_keys(log, segments)
+    except (OSError, ValueError) as exc:
+        report.skipped = f"the sealed segments could not be read: {exc}"
+        logger.error("compaction of %s: %s", log.directory, report.skipped)
+        return
+    rule = kept_per_segment(tallies, KeepRule(keys, checkpoint, now_ms, retention_ms))
+    report.passes = 1
+    report.keys = len(keys)
+    report.tombstones_kept = rule.live_tombstones()
+    cleaned_upto = checkpoint.cleaned_upto
+    for group in plan_groups(tallies, config.log_segment_bytes):
+        if group.changes_something:
+            try:
+                if not _rewrite(log, group, rule, on_step, report):
+                    report.stopped = "the segments changed during the pass (retention or a reopen)"
+                    break
+            except SwapIncomplete as exc:
+                report.stopped = str(exc)
+                report.needs_reopen = True
+                logger.error("compaction of %s: %s; reopen the partition to finish the swap", log.directory, exc)
+                break
+            except (OutputTooLarge, OSError, ValueError) as exc:
+                report.stopped = f"group {group.base}-{group.last}: {exc}"
+                logger.error("compaction of %s stopped at group %d-%d: %s", log.directory, group.base, group.last, exc)
+                break
+            if on_progress is not None:
+                on_progress(report)
+        cleaned_upto = max(cleaned_upto, group.last)
+    if cleaned_upto > checkpoint.cleaned_upto:
+        write_checkpoint(log.directory, checkpoint.after_pass(cleaned_upto, now_ms, retention_ms))
+    report.cleaned_upto = cleaned_upto
+
+
+def _range(log: PartitionLog) -> list[SealedSegment]:
+    chosen = []
+    for segment in log.segments:
+        if not log.may_delete(segment):
+            break
+        chosen.append(segment)
+    return chosen
+
+
+def _messages(record: StoredRecord):
+    start, end = maybe_record(record.record)
+    bundle = record.record[start:end]
+    header = read_bundle_header(bundle)
+    return header, decode_bundle(bundle, record.first_seq)
+
+
+def _read_keys(log: PartitionLog, segments: list[SealedSegment]) -> tuple[KeyIndex, list[SegmentTally]]:
+    keys = KeyIndex()
+    tallies = [SegmentTally(s) for s in segments]
+    by_base = {t.segment.base: t for t in tallies}
+    for record in log.iter_records(segments[0].base, segments[-1].last):
+        tally = by_base[record.segment_base]
+        _, messages = _messages(record)
+        tally.messages += len(messages)
+        for message in messages:
+            if message.key:
+                keys.add(message)
+            else:
+                tally.keyless += 1
+    return keys, tallies
+
+
+def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: CompactionReport) -> bool:
+    inputs = group.segments
+    input_bytes = group.input_bytes
+    freeze_ts = max(s.freeze_ts for s in inputs)
+    step = on_step or (lambda _step: None)
+    step(f"write {group.base}-{group.last}")
+    writer = GroupWriter(
+        log.directory, group.base, group.last, freeze_ts, log.config, int(input_bytes * OUTPUT_ALLOWANCE)
+    )
+    dropped_tombstones = kept_messages = 0
+    try:
+        for record in log.iter_records(group.base, group.last):
+            header, messages = _messages(record)
+            kept = []
+            for m in messages:
+                keep = rule.keeps(m)
+                if keep:
+                    kept.append(m)
+                if not keep and is_tombstone(m):
+                    dropped_tombstones += 1
+            kept_messages += len(kept)
+            if len(kept) == len(messages):
+                writer.add_whole(record.record, header, messages)
+            else:
+                writer.add_kept(header, kept)
+        outputs = writer.finish()
+    except Exception:
+        writer.abort()
+        raise
+    step(f"written {group.base}-{group.last}")
+    new = log.replace_sealed(inputs, lambda: swap_in(log.directory, inputs, outputs, on_step))
+    if new is None:
+        writer.abort()
+        return False
+    output_bytes = sum(s.size + s.index.size_bytes for s in new)
+    report.groups += 1
+    report.segments_before += len(inputs)
+    report.segments_after += len(new)
+    report.bytes_before += input_bytes
+    report.bytes_after += output_bytes
+    report.messages_before += group.messages
+    report.messages_after += kept_messages
+    report.tombstones_dropped += dropped_tombstones
+    report.largest_group_bytes = max(report.largest_group_bytes, input_bytes)
+    report.swapped.append(([s.filename for s in inputs], [s.filename for s in new]))
+    logger.info("compacted %s %d-%d: %d segments, %d bytes -> %d segments, %d bytes", log.directory, group.base,
+                group.last, len(inputs), input_bytes, len(new), output_bytes)
+    return True

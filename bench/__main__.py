@@ -1,10 +1,12 @@
 """`python -m bench` (also `make bench`): runs the benchmarks and prints their tables.
 
-    python -m bench                      broker throughput, then durable acks on both backends (~10 minutes)
+    python -m bench                      broker throughput, the append path's budgets, then durable acks on both
+                                         backends (~12 minutes)
     python -m bench --quick              shorter runs, durable acks on file+sqlite only (~2 minutes)
-    python -m bench --only broker        one benchmark: broker, durable or spark (repeatable)
+    python -m bench --only broker        one benchmark: broker, append, durable or spark (repeatable)
     python -m bench --only durable --backend s3+postgresql
-    python -m bench --profile DIR        cProfile the throughput benchmark's broker, one file per workload
+    python -m bench --profile DIR        cProfile the broker of the throughput (one file per workload) and append
+                                         benchmarks
     python -m bench --json PATH          also write every figure as JSON
 
 `--only spark` and `--only remote` run `python -m bench.bench_spark` / `python -m bench.bench_remote` (modules of
@@ -25,12 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import bench_broker, bench_durable
+from bench import bench_append, bench_broker, bench_durable
 from bench.harness import REPO
 
 # Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
 DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote"}
-NAMES = ("broker", "durable", *DELEGATED)
+NAMES = ("broker", "append", "durable", *DELEGATED)
 
 
 def machine() -> str:
@@ -71,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=NAMES, help="run only this benchmark (repeatable)")
     parser.add_argument("--backend", action="append", choices=("file+sqlite", "s3+postgresql"),
                         help="durable benchmark backend (repeatable; default: both, file+sqlite only with --quick)")
-    parser.add_argument("--profile", type=Path, help="cProfile the throughput benchmark's broker into this directory")
+    parser.add_argument("--profile", type=Path, help="cProfile the broker of the throughput and append benchmarks into "
+                        "this directory")
     parser.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
-    only = args.only or ["broker", "durable"]
+    only = args.only or ["broker", "append", "durable"]
     started = time.monotonic()
     print(f"tiered benchmarks, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
     print(f"machine: {machine()}")
@@ -88,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         figures["broker"] = results
         print()
         print(bench_broker.report(results))
+    if "append" in only:
+        log("append path budgets (issue 13) ...")
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        results = asyncio.run(bench_append.run(args.quick, args.profile, log))
+        figures["append"] = results
+        print()
+        print(bench_append.report(results))
     if "durable" in only:
         log("durable acks (issue 4) ...")
         results = asyncio.run(bench_durable.run(args.quick, args.backend, log))

@@ -1,7 +1,9 @@
 """Produce (0x01) and ProduceWithSeqnum (0x05), both answered with message id 0x01 (PROTOCOL.md §3.1, §3.2).
 
-Every bundle header in the request is validated before anything is appended, so a malformed request changes
-nothing (the connection is then closed by the caller). Appends happen in request order. A partition on a durable
+Every bundle of the request is validated completely (validate_bundle: header, snappy block, every message, count,
+no trailing bytes) before anything of the request is appended, so a malformed request changes nothing: the
+ProtocolError closes that connection only (connection.py), and no bad bundle ever reaches a log, a block or a
+consumer. Appends happen in request order. A partition on a durable
 topic is answered only once the block holding its bundle is committed to the catalog; a failed upload or commit
 answers 0x02 and nothing is reported as written that the catalog does not hold (DESIGN.md, data path step 4).
 """
@@ -12,7 +14,7 @@ import asyncio
 import logging
 import time
 
-from tiered.protocol.bundle import read_bundle_header
+from tiered.protocol.bundle import validate_bundle
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.frame import MsgType
 from tiered.protocol.requests import ProduceRequest
@@ -29,7 +31,7 @@ class ProduceHandler:
     async def handle(self, conn, req: ProduceRequest) -> None:
         broker = self.broker
         started = time.monotonic()
-        headers = [[read_bundle_header(p.bundle) for p in t.partitions] for t in req.topics]
+        facts = [[validate_bundle(p.bundle) for p in t.partitions] for t in req.topics]
         if broker.stopping:
             # Shutting down: the open block is being committed and this broker leads nothing any more. "No leader"
             # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
@@ -58,8 +60,8 @@ class ProduceHandler:
                     statuses.append(PartitionStatus(ProduceStatus.NO_LEADER))
                     continue
                 try:
-                    header = headers[t_index][p_index]
-                    appended = part.log.append(p.bundle, p.base_seq if req.with_seqnum else None, header)
+                    bundle_facts = facts[t_index][p_index]
+                    appended = part.log.append(p.bundle, p.base_seq if req.with_seqnum else None, bundle_facts)
                 except InvalidSeqnums as exc:
                     log.info("produce %s/%d refused: %s", topic.name, p.partition, exc)
                     statuses.append(PartitionStatus(ProduceStatus.INVALID_SEQNUMS))
@@ -68,7 +70,7 @@ class ProduceHandler:
                     log.error("produce %s/%d: append failed: %s", topic.name, p.partition, exc)
                     statuses.append(PartitionStatus(ProduceStatus.SYSTEM))
                     continue
-                broker.metrics.produced(topic.name, len(appended.record), header.count)
+                broker.metrics.produced(topic.name, len(appended.record), bundle_facts.count)
                 ack = broker.after_append(part, appended)
                 if ack is not None:
                     pending.append((len(results), len(statuses), ack))

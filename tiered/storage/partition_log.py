@@ -28,7 +28,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from tiered.protocol.bundle import BundleHeader, read_bundle_header
+from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
 from tiered.storage.reads import Boundary, Eof, ReadRange, find_start, range_end
@@ -55,7 +55,7 @@ class AppendResult:
     position: int
     end_position: int
     record: bytes  # exactly the bytes written: {varint length, bundle}
-    header: BundleHeader | None = None  # the bundle's parsed header, so later stages need not parse it again
+    header: BundleFacts  # the bundle's header and timestamp bounds, so later stages need not read it again
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,34 +212,36 @@ class PartitionLog:
     # ------------------------------------------------------------------------------------------- writes
 
     def append(self, bundle: bytes | memoryview, base_seq: int | None = None,
-               header: BundleHeader | None = None) -> AppendResult:
-        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq; `header`,
-        when the caller already parsed it with read_bundle_header, saves parsing it again."""
-        header = header or read_bundle_header(bundle)
+               facts: BundleFacts | None = None) -> AppendResult:
+        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq.
+
+        The log holds only whole, valid bundles: the bundle is validated completely (ProtocolError, nothing written)
+        unless the caller passes the `facts` validate_bundle already returned for it."""
+        facts = facts or validate_bundle(bundle)
         if len(bundle) > MAX_VARINT:
             raise ProtocolError(f"bundle of {len(bundle)} bytes does not fit a segment record")
         with self._lock:
             self._check_open()
-            if header.sparse:
-                first, last = header.first_seq, header.last_seq
+            if facts.sparse:
+                first, last = facts.first_seq, facts.last_seq
             elif base_seq is not None:
-                first, last = base_seq, base_seq + header.count - 1
+                first, last = base_seq, base_seq + facts.count - 1
             else:
-                first, last = self._last_assigned + 1, self._last_assigned + header.count
-            explicit = header.sparse or base_seq is not None
+                first, last = self._last_assigned + 1, self._last_assigned + facts.count
+            explicit = facts.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
             if first < 1 or last < first or last > U64_MAX:
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid")
             record = encode_varint(len(bundle)) + bytes(bundle)
             now = self._now_s()
-            segment = self._segment_for(first, last, header.sparse, len(record), now)
+            segment = self._segment_for(first, last, facts.sparse, len(record), now)
             position = segment.append(record, first, last, self.config.log_index_interval_bytes)
             self._last_assigned = last
             if self._visible_on_append:
                 self._visible = last
-            self._count_for_flush(header.count, now)
-            return AppendResult(first, last, segment.base, position, position + len(record), record, header)
+            self._count_for_flush(facts.count, now)
+            return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from tiered.protocol.bundle import BundleHeader, maybe_record, read_bundle_header, timestamp_bounds
+from tiered.protocol.bundle import BundleFacts, maybe_record, validate_bundle
 from tiered.tiering.block_format import RunMeta
 
 PartitionKey = tuple[str, int]
@@ -50,13 +50,13 @@ class ClosedBlock:
         return [(r.topic, r.partition) for r in self.runs]
 
 
-def record_stats(record: bytes, header: BundleHeader | None = None) -> tuple[int, int, int]:
-    """(messages, min ts, max ts) of one `{varint len, bundle}` record; `header` if the caller has it parsed."""
-    start, end = maybe_record(record)
-    bundle = memoryview(record)[start:end]
-    header = header or read_bundle_header(bundle)
-    low, high = timestamp_bounds(bundle, header)
-    return header.count, low, high
+def record_stats(record: bytes, facts: BundleFacts | None = None) -> tuple[int, int, int]:
+    """(messages, min ts, max ts) of one `{varint len, bundle}` record: from the `facts` the append path validated
+    it with, else from one native validating pass over the bundle (records re-read from disk at start-up)."""
+    if facts is None:
+        start, end = maybe_record(record)
+        facts = validate_bundle(memoryview(record)[start:end])
+    return facts.count, facts.min_ts_ms, facts.max_ts_ms
 
 
 class BlockBuilder:
@@ -82,9 +82,10 @@ class BlockBuilder:
         return not self._runs
 
     def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: bytes, now_ms: float,
-            ack: asyncio.Future | None = None, header: BundleHeader | None = None) -> None:
-        """Adds one record. Records of a partition must arrive in seq order (the partition log's append order)."""
-        messages, low, high = record_stats(record, header)
+            ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
+        """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
+        `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""
+        messages, low, high = record_stats(record, facts)
         run = self._runs.get((topic, partition))
         if run is None:
             run = PendingRun(topic, partition, first_seq, last_seq, min_ts_ms=low, max_ts_ms=high)

@@ -10,15 +10,7 @@ from hypothesis import strategies as st
 
 from tests.protocol.hexbytes import h
 from tests.protocol.strategies import CODECS, budget, bundles, mutations, produce_requests
-from tiered.protocol.bundle import (
-    CODEC_NONE,
-    CODEC_SNAPPY,
-    Message,
-    decode_bundle,
-    encode_bundle,
-    maybe_record,
-    read_bundle_header,
-)
+from tiered.protocol.bundle import decode_bundle, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import maybe_frame
 from tiered.protocol.requests import (

@@ -3,7 +3,7 @@
 Seqs (PROTOCOL.md §3.1, §3.3, §10):
 - `last_assigned`: the highest seq ever given out (0 when nothing ever was). A plain produce gets last_assigned+1;
   a 0x05 produce names its first seq; a sparse bundle names first and last in its header. Explicit seqs must be
-  above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap.
+  above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap. No seq exceeds MAX_SEQ (2**63 - 1).
 - `visible_seq`: the hwmark consumers are served up to. With `visible_on_append` (TANK, `produce.ack=local`) it
   follows every append; otherwise (durable acks) it only moves through `mark_visible()`, which the server calls
   once the block holding the records is committed.
@@ -41,6 +41,9 @@ from tiered.storage.topic_config import TopicConfig
 log = logging.getLogger("tiered.storage")
 
 U64_MAX = (1 << 64) - 1
+# The highest seq a log takes: the catalog (and every store of seqs beside the wire) holds them as signed 64-bit
+# integers, so a seq above this would be appended here and then never committed. TANK's wire allows up to U64_MAX.
+MAX_SEQ = (1 << 63) - 1
 
 
 class InvalidSeqnums(ValueError):
@@ -231,8 +234,8 @@ class PartitionLog:
             explicit = facts.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
-            if first < 1 or last < first or last > U64_MAX:
-                raise InvalidSeqnums(f"seq range {first}..{last} is invalid")
+            if first < 1 or last < first or last > MAX_SEQ:
+                raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
             record = encode_varint(len(bundle)) + bytes(bundle)
             now = self._now_s()
             segment = self._segment_for(first, last, facts.sparse, len(record), now)

@@ -50,13 +50,23 @@ class ClosedBlock:
         return [(r.topic, r.partition) for r in self.runs]
 
 
+# Timestamp bounds are recorded in signed 64-bit integers (the catalog's columns, and the block footers the catalog is
+# rebuilt from), while a message's stamp is a u64. A stamp above this is recorded as this: the bounds stay safe for
+# time pruning, since no time range the catalog can express tells the two apart.
+MAX_RECORDED_TS_MS = (1 << 63) - 1
+
+
+def recorded_ts_bounds(low: int, high: int) -> tuple[int, int]:
+    return min(low, MAX_RECORDED_TS_MS), min(high, MAX_RECORDED_TS_MS)
+
+
 def record_stats(record: bytes, facts: BundleFacts | None = None) -> tuple[int, int, int]:
-    """(messages, min ts, max ts) of one `{varint len, bundle}` record: from the `facts` the append path validated
-    it with, else from one native validating pass over the bundle (records re-read from disk at start-up)."""
+    """(messages, min ts, max ts as recorded) of one `{varint len, bundle}` record: from the `facts` the append path
+    validated it with, else from one native validating pass over the bundle (records re-read from disk at start)."""
     if facts is None:
         start, end = maybe_record(record)
         facts = validate_bundle(memoryview(record)[start:end])
-    return facts.count, facts.min_ts_ms, facts.max_ts_ms
+    return (facts.count, *recorded_ts_bounds(facts.min_ts_ms, facts.max_ts_ms))
 
 
 class BlockBuilder:

@@ -25,6 +25,7 @@ from tiered.catalog.states import SegmentState
 from tiered.protocol.bundle import maybe_record, timestamp_bounds
 from tiered.storage.records import iter_records, pread_exact
 from tiered.tiering import keys
+from tiered.tiering.block_builder import recorded_ts_bounds
 from tiered.tiering.block_pipeline import Retrying
 from tiered.tiering.catalog_thread import CatalogThread
 from tiered.tiering.store import ObjectStore
@@ -43,7 +44,8 @@ class CopyJob:
 
 
 def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]:
-    """(min, max) message timestamp of a sealed segment file, by walking its bundles (runs in a worker thread)."""
+    """(min, max) message timestamp of a sealed segment file as recorded (recorded_ts_bounds), by one native pass
+    over each of its bundles (runs in a worker thread)."""
     low, high = None, 0
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -55,7 +57,7 @@ def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]
             high = max(high, b_high)
     finally:
         os.close(fd)
-    return low or 0, high
+    return recorded_ts_bounds(low or 0, high)
 
 
 class SegmentCopier:

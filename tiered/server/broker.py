@@ -17,7 +17,7 @@ from tiered.config import Settings
 from tiered.storage.partition_log import AppendResult
 
 from tiered.server.admin import AdminHandler
-from tiered.server.connection import IDLE_TIMEOUT_S, Connection
+from tiered.server.connection import IDLE_TIMEOUT_S, Connection, serve
 from tiered.server.consume import ConsumeHandler
 from tiered.server.fetch import FetchResolver
 from tiered.server.metrics import Metrics
@@ -68,7 +68,7 @@ class Broker:
         if self.tiering is not None:
             await self.tiering.start(self)
         host, port = self.settings.listen_endpoint()
-        self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True, limit=1 << 20)
+        self.server = await serve(self, host, port)
         self._timers.append(asyncio.get_running_loop().create_task(self._retention_timer()))
         self.ready = True
         log.info(
@@ -106,17 +106,6 @@ class Broker:
             await self.tiering.stop(deadline)
         self.registry.close()
         log.info("stopped")
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.stopping:
-            writer.close()
-            return
-        conn = Connection(self, reader, writer)
-        self.connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self.connections.discard(conn)
 
     # -- the data path ----------------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
-"""validate_bundle: the complete check every produced bundle passes before anything of its request is appended.
+"""validate_bundle: the complete check every produced bundle passes before anything of its request is appended,
+and read_checked_produce, which reads a whole produce request that way.
 
-The native pass (`_bundlescan.c`) is held to its pure-Python reference (`_validate_bundle_py`): the same facts for
-every valid bundle and the same ProtocolError (text and position) for every bad one, on hand-broken, mutated,
-truncated, padded and random bytes.
+The native passes (`_bundlescan.c`) are held to their pure-Python references (`_validate_bundle_py`;
+read_produce_request then each bundle validated): the same facts and requests for valid input and the same
+ProtocolError (text and position) for bad input, on hand-broken, mutated, truncated, padded and random bytes.
 """
 
 import random
@@ -27,7 +28,9 @@ from tiered.protocol.bundle import (
     timestamp_bounds,
     validate_bundle,
 )
+from tiered.protocol import requests as rq
 from tiered.protocol.errors import ProtocolError
+from tiered.protocol.requests import read_checked_produce, read_produce_request
 
 
 def native_scan(raw):
@@ -164,3 +167,82 @@ def test_native_scan_survives_a_storm_of_mutations():
                 del data[position:]
         kinds += assert_same(bytes(data))[0] == "facts"
     assert 0 < kinds < 20_000  # both outcomes were exercised
+
+
+# --- whole produce requests -----------------------------------------------------------------------------------------
+
+
+def reference_checked(payload, with_seqnum: bool):
+    req = read_produce_request(payload, with_seqnum)
+    return req, [_validate_bundle_py(p.bundle) for t in req.topics for p in t.partitions]
+
+
+def request_outcome(read, payload, with_seqnum: bool) -> tuple:
+    try:
+        req, facts = read(payload, with_seqnum)
+    except ProtocolError as exc:
+        return ("error", exc.what, exc.position)
+    topics = [(t.name, [(p.partition, bytes(p.bundle), p.base_seq) for p in t.partitions]) for t in req.topics]
+    return ("request", req.request_id, topics, req.with_seqnum, req.client_version, req.client_id,
+            req.required_acks, req.ack_timeout_ms, [tuple(f) for f in facts])
+
+
+def assert_same_request(payload, with_seqnum: bool) -> tuple:
+    native = request_outcome(read_checked_produce, payload, with_seqnum)
+    assert native == request_outcome(reference_checked, payload, with_seqnum), bytes(payload).hex()
+    from tiered.protocol._bundlescan import scan_produce
+
+    try:  # the native scan leaves exactly the framing faults to the reference reader
+        left_to_the_reference = scan_produce(payload, with_seqnum) is None
+    except ProtocolError:
+        left_to_the_reference = False
+    try:
+        read_produce_request(payload, with_seqnum)
+        framing_fault = False
+    except ProtocolError:
+        framing_fault = True
+    assert left_to_the_reference == framing_fault
+    return native
+
+
+@st.composite
+def checked_requests(draw) -> tuple[bytes, bool]:
+    """Produce payloads whose bundles are valid, broken, or random, sometimes mutated as a whole."""
+    with_seqnum = draw(st.booleans())
+    bundle = st.one_of(bundles(), bundles().flatmap(mutations), st.sampled_from([b[1] for b in BAD_BUNDLES]))
+    partition = st.builds(rq.ProducePartition, st.integers(0, 0xFFFF), bundle,
+                          st.integers(0, 2**64 - 1) if with_seqnum else st.none())
+    topic = st.builds(rq.ProduceTopic, st.text(st.characters(max_codepoint=0xFF), max_size=8),
+                      st.lists(partition, max_size=3).map(tuple))
+    req = rq.ProduceRequest(draw(st.integers(0, 2**32 - 1)), tuple(draw(st.lists(topic, max_size=3))), with_seqnum,
+                            draw(st.integers(0, 0xFFFF)), draw(st.text(st.characters(max_codepoint=0xFF), max_size=5)),
+                            draw(st.integers(0, 0xFF)), draw(st.integers(0, 2**32 - 1)))
+    payload = rq.encode_produce_request(req)
+    if draw(st.booleans()):
+        payload = draw(mutations(payload))
+    return payload, with_seqnum
+
+
+@budget(400)
+@given(checked_requests())
+def test_checked_produce_requests_alike(case):
+    payload, with_seqnum = case
+    assert_same_request(payload, with_seqnum)
+    assert_same_request(bytearray(payload), with_seqnum)  # the broker hands over bytearray payloads
+
+
+@budget(300)
+@given(st.binary(max_size=100), st.booleans())
+def test_random_produce_payloads_alike(raw, with_seqnum):
+    assert_same_request(raw, with_seqnum)
+
+
+def test_a_framing_fault_is_named_before_any_bad_bundle():
+    bad = BAD_BUNDLES[0][1]
+    req = rq.ProduceRequest(1, (rq.ProduceTopic("t", (rq.ProducePartition(0, bad),)),))
+    payload = rq.encode_produce_request(req)
+    with pytest.raises(ProtocolError, match="ends after 1 of 5"):
+        read_checked_produce(payload, False)
+    with pytest.raises(ProtocolError, match="1 trailing bytes"):
+        read_checked_produce(payload + b"\x00", False)
+    assert assert_same_request(payload + b"\x00", False)[0] == "error"

@@ -11,7 +11,7 @@ import pytest
 from tiered.client import Client
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import CODEC_NONE, Message, encode_bundle
-from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, FrameBuffer, MsgType, encode_frame
+from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 from tiered.server.app import App
 from tiered.server.connection import BIG_FRAME_BYTES, MAX_QUEUED_BYTES, READ_BYTES
 from tiered.tiering.service import TieringService

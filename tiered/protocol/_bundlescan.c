@@ -2,7 +2,9 @@
  *
  * The native twin of tiered/protocol/bundle.py's `_validate_bundle_py` (read_bundle_header, message_set and the strict
  * walk of `_walk_messages`), which stays the reference: tests compare the two on arbitrary bytes, result for result
- * and error for error (same ProtocolError text and position).
+ * and error for error (same ProtocolError text and position). `scan_produce` reads a whole produce payload as
+ * tiered/protocol/requests.py's read_produce_request does and validates each of its bundles, so the broker reads a
+ * produce request in one native call; on a framing fault it answers None and the reference reader names the fault.
  *
  * Bundle layout (PROTOCOL.md section 4; bundle.py has the same table):
  *
@@ -89,9 +91,11 @@ typedef struct {
 
 enum { VARINT_OK = 0, VARINT_TRUNCATED = 1, VARINT_ERROR = -1 };
 
-/* varint.py's maybe_varint: VARINT_TRUNCATED when the buffer ends first, VARINT_ERROR (raised) when it is too long
- * or too large. */
-static int maybe_varint(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
+enum { VARINT_TOO_LARGE = 2, VARINT_TOO_LONG = 3 };
+
+/* The varint at `position` without raising: VARINT_OK, VARINT_TRUNCATED (the buffer ends first), VARINT_TOO_LARGE
+ * (above 32 bits) or VARINT_TOO_LONG (no last byte within 5). */
+static int varint_at(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
 {
     uint64_t v = 0;
     int shift = 0;
@@ -101,16 +105,30 @@ static int maybe_varint(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t
         v |= (uint64_t)(b & 0x7F) << shift;
         if (b < 0x80) {
             if (v > MAX_VARINT)
-                return raise_protocol(position, "varint exceeds 32 bits");
+                return VARINT_TOO_LARGE;
             *value = (uint32_t)v;
             *after = i + 1;
             return VARINT_OK;
         }
         shift += 7;
     }
-    if (s.end - position >= MAX_VARINT_BYTES)
+    return s.end - position >= MAX_VARINT_BYTES ? VARINT_TOO_LONG : VARINT_TRUNCATED;
+}
+
+/* varint.py's maybe_varint: VARINT_TRUNCATED when the buffer ends first, VARINT_ERROR (raised) when it is too long
+ * or too large. */
+static int maybe_varint(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
+{
+    switch (varint_at(s, position, value, after)) {
+    case VARINT_OK:
+        return VARINT_OK;
+    case VARINT_TOO_LARGE:
+        return raise_protocol(position, "varint exceeds 32 bits");
+    case VARINT_TOO_LONG:
         return raise_protocol(position, "varint longer than 5 bytes");
-    return VARINT_TRUNCATED;
+    default:
+        return VARINT_TRUNCATED;
+    }
 }
 
 /* varint.py's read_varint: a truncated varint is an error naming `what`. 0 on success, -1 raised. */
@@ -320,28 +338,51 @@ static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t header
     return data;
 }
 
-/* -- the module -------------------------------------------------------------------------------------------------- */
+/* -- facts ----------------------------------------------------------------------------------------------------- */
 
-PyDoc_STRVAR(scan_bundle_doc,
-"scan_bundle(bundle) -> (codec, count, sparse, first_seq, last_seq, header_len, min_ts_ms, max_ts_ms)\n\n"
-"Validates one bundle completely (header, snappy block, every message, count, no trailing\n"
-"bytes) and returns its facts; first_seq and last_seq are None unless the bundle is sparse. Raises ProtocolError.");
+/* The result types, registered once from Python (tiered.protocol.bundle and .requests): NamedTuple classes, built
+ * here as tuple.__new__ builds them. */
+static PyTypeObject *FactsType, *RequestType, *TopicType, *PartitionType;
 
-static PyObject *scan_bundle(PyObject *module, PyObject *bundle)
+/* A new instance of a tuple subclass holding `n` new references (stolen; NULL ones make it fail). */
+static PyObject *new_named(PyTypeObject *type, Py_ssize_t n, ...)
 {
-    Py_buffer buf;
-    if (PyObject_GetBuffer(bundle, &buf, PyBUF_SIMPLE) < 0)
-        return NULL;
-    span b = {buf.buf, buf.len};
+    va_list args;
+    va_start(args, n);
+    PyObject *items[16];
+    int missing = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        items[i] = va_arg(args, PyObject *);
+        missing |= items[i] == NULL;
+    }
+    va_end(args);
+    PyObject *t = missing ? NULL : type->tp_alloc(type, n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (t != NULL)
+            PyTuple_SET_ITEM(t, i, items[i]);
+        else
+            Py_XDECREF(items[i]);
+    }
+    return t;
+}
+
+static PyObject *py_bool(int v)
+{
+    return Py_NewRef(v ? Py_True : Py_False);
+}
+
+/* The BundleFacts of the bundle `b` (whose Python object is `bundle_obj`), or NULL with ProtocolError raised. */
+static PyObject *facts_of(PyObject *bundle_obj, span b)
+{
     header_t h;
     PyObject *result = NULL, *decompressed = NULL;
     Py_buffer dbuf = {0};
     uint64_t low, high;
     if (read_header(b, &h) < 0)
-        goto done;
+        return NULL;
     span d = {b.data + h.header_len, b.end - h.header_len};
     if (h.codec == CODEC_SNAPPY) {
-        decompressed = uncompress_body(bundle, b, h.header_len);
+        decompressed = uncompress_body(bundle_obj, b, h.header_len);
         if (decompressed == NULL || PyObject_GetBuffer(decompressed, &dbuf, PyBUF_SIMPLE) < 0)
             goto done;
         d.data = dbuf.buf;
@@ -349,27 +390,277 @@ static PyObject *scan_bundle(PyObject *module, PyObject *bundle)
     }
     if (walk_messages(d, &h, &low, &high) < 0)
         goto done;
-    if (h.sparse)
-        result = Py_BuildValue("(iIOKKnKK)", h.codec, h.count, Py_True, h.first_seq, h.last_seq, h.header_len,
-                               low, high);
-    else
-        result = Py_BuildValue("(iIOOOnKK)", h.codec, h.count, Py_False, Py_None, Py_None, h.header_len, low, high);
+    result = new_named(FactsType, 8, PyLong_FromLong(h.codec), PyLong_FromUnsignedLong(h.count), py_bool(h.sparse),
+                       h.sparse ? PyLong_FromUnsignedLongLong(h.first_seq) : Py_NewRef(Py_None),
+                       h.sparse ? PyLong_FromUnsignedLongLong(h.last_seq) : Py_NewRef(Py_None),
+                       PyLong_FromSsize_t(h.header_len), PyLong_FromUnsignedLongLong(low),
+                       PyLong_FromUnsignedLongLong(high));
 done:
     if (dbuf.obj != NULL)
         PyBuffer_Release(&dbuf);
     Py_XDECREF(decompressed);
+    return result;
+}
+
+/* -- produce requests ------------------------------------------------------------------------------------------ */
+
+/* The framing of a produce payload (tiered/protocol/requests.py has the table):
+ *
+ *     client_version u16, request_id u32, client_id str8, required_acks u8, ack_timeout_ms u32
+ *     topics u8 x { name str8, partitions u8 x { partition u16, bundle_len varint, [base_seq u64], bundle } }
+ *
+ * A framing fault makes the scan answer None: requests.py then reads the payload with its reference reader, which
+ * raises the ProtocolError that names it. */
+
+typedef struct {
+    span p;
+    Py_ssize_t position;
+} cursor;
+
+static int take(cursor *c, Py_ssize_t size, const uint8_t **out)
+{
+    if (size < 0 || c->p.end - c->position < size)
+        return -1;
+    *out = c->p.data + c->position;
+    c->position += size;
+    return 0;
+}
+
+static int take_u8(cursor *c, unsigned *v)
+{
+    const uint8_t *at;
+    if (take(c, 1, &at) < 0)
+        return -1;
+    *v = at[0];
+    return 0;
+}
+
+static int take_le(cursor *c, int size, uint64_t *v)
+{
+    const uint8_t *at;
+    if (take(c, size, &at) < 0)
+        return -1;
+    *v = 0;
+    for (int i = size - 1; i >= 0; i--)
+        *v = (*v << 8) | at[i];
+    return 0;
+}
+
+/* A str8 as latin-1 text: a new reference, or NULL (with an exception set only if the decoding itself failed). */
+static PyObject *take_str8(cursor *c)
+{
+    unsigned size;
+    const uint8_t *at;
+    if (take_u8(c, &size) < 0 || take(c, size, &at) < 0)
+        return NULL;
+    return PyUnicode_DecodeLatin1((const char *)at, size, NULL);
+}
+
+typedef struct {
+    PyObject *view; /* borrowed: its ProducePartition holds it */
+    Py_ssize_t start, end;
+} bundle_ref;
+
+typedef struct {
+    bundle_ref *items;
+    Py_ssize_t count, capacity;
+} bundle_refs;
+
+static int refs_push(bundle_refs *refs, bundle_ref ref)
+{
+    if (refs->count == refs->capacity) {
+        Py_ssize_t capacity = refs->capacity ? 2 * refs->capacity : 8;
+        bundle_ref *grown = PyMem_Realloc(refs->items, capacity * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        refs->items = grown;
+        refs->capacity = capacity;
+    }
+    refs->items[refs->count++] = ref;
+    return 0;
+}
+
+/* The topics of the payload as ProduceTopic tuples, their bundles collected in `refs`; NULL without an exception on a
+ * framing fault, NULL with one on a failure of Python itself. */
+static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_refs *refs)
+{
+    unsigned topic_count;
+    if (take_u8(c, &topic_count) < 0)
+        return NULL;
+    PyObject *topics = PyTuple_New(topic_count);
+    if (topics == NULL)
+        return NULL;
+    for (unsigned t = 0; t < topic_count; t++) {
+        unsigned partition_count;
+        PyObject *name = take_str8(c);
+        if (name == NULL || take_u8(c, &partition_count) < 0)
+            goto fail_name;
+        PyObject *partitions = PyTuple_New(partition_count);
+        if (partitions == NULL)
+            goto fail_name;
+        for (unsigned i = 0; i < partition_count; i++) {
+            uint64_t partition, base_seq = 0;
+            uint32_t size;
+            Py_ssize_t after;
+            const uint8_t *at;
+            if (take_le(c, 2, &partition) < 0 || varint_at(c->p, c->position, &size, &after) != VARINT_OK)
+                goto fail_partitions;
+            c->position = after;
+            if (with_seqnum && take_le(c, 8, &base_seq) < 0)
+                goto fail_partitions;
+            Py_ssize_t start = c->position;
+            if (take(c, size, &at) < 0)
+                goto fail_partitions;
+            PyObject *bundle = PySequence_GetSlice(view, start, c->position);
+            PyObject *p = new_named(PartitionType, 3, PyLong_FromUnsignedLong((unsigned long)partition), bundle,
+                                    with_seqnum ? PyLong_FromUnsignedLongLong(base_seq) : Py_NewRef(Py_None));
+            if (p == NULL)
+                goto fail_partitions;
+            PyTuple_SET_ITEM(partitions, i, p);
+            if (refs_push(refs, (bundle_ref){bundle, start, c->position}) < 0)
+                goto fail_partitions;
+        }
+        PyObject *topic = new_named(TopicType, 2, name, partitions);
+        if (topic == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(topics, t, topic);
+        continue;
+    fail_partitions:
+        Py_DECREF(partitions);
+    fail_name:
+        Py_XDECREF(name);
+        goto fail;
+    }
+    return topics;
+fail:
+    Py_DECREF(topics);
+    return NULL;
+}
+
+PyDoc_STRVAR(scan_produce_doc,
+"scan_produce(payload, with_seqnum) -> (ProduceRequest, [BundleFacts, ...]) or None\n\n"
+"Reads a produce payload and validates every bundle completely, in request order; None when the framing does not\n"
+"parse (the reference reader then names the fault). Raises ProtocolError for a bad bundle.");
+
+static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_produce takes (payload, with_seqnum)");
+        return NULL;
+    }
+    if (RequestType == NULL || FactsType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the produce request types are not registered");
+        return NULL;
+    }
+    int with_seqnum = PyObject_IsTrue(args[1]);
+    if (with_seqnum < 0)
+        return NULL;
+    PyObject *view = PyMemoryView_FromObject(args[0]);
+    if (view == NULL)
+        return NULL;
+    Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
+    if (!PyBuffer_IsContiguous(buf, 'C') || buf->itemsize != 1 || buf->ndim != 1) {
+        Py_DECREF(view);
+        Py_RETURN_NONE; /* not a plain byte buffer: the reference copes */
+    }
+    cursor c = {{buf->buf, buf->len}, 0};
+    bundle_refs refs = {NULL, 0, 0};
+    PyObject *result = NULL, *request = NULL, *facts = NULL, *topics = NULL;
+    uint64_t client_version, request_id, required_acks, ack_timeout_ms;
+    PyObject *client_id = NULL;
+    if (take_le(&c, 2, &client_version) < 0 || take_le(&c, 4, &request_id) < 0 || (client_id = take_str8(&c)) == NULL
+        || take_le(&c, 1, &required_acks) < 0 || take_le(&c, 4, &ack_timeout_ms) < 0
+        || (topics = read_topics(&c, view, with_seqnum, &refs)) == NULL || c.position != c.p.end)
+        goto framing;
+    request = new_named(RequestType, 7, PyLong_FromUnsignedLongLong(request_id), topics, py_bool(with_seqnum),
+                        PyLong_FromUnsignedLongLong(client_version), client_id,
+                        PyLong_FromUnsignedLongLong(required_acks), PyLong_FromUnsignedLongLong(ack_timeout_ms));
+    topics = client_id = NULL; /* stolen */
+    if (request == NULL || (facts = PyList_New(refs.count)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < refs.count; i++) {
+        bundle_ref ref = refs.items[i];
+        PyObject *f = facts_of(ref.view, (span){c.p.data + ref.start, ref.end - ref.start});
+        if (f == NULL)
+            goto done;
+        PyList_SET_ITEM(facts, i, f);
+    }
+    result = PyTuple_Pack(2, request, facts);
+    goto done;
+framing:
+    if (!PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(client_id);
+    Py_XDECREF(topics);
+    Py_XDECREF(request);
+    Py_XDECREF(facts);
+    PyMem_Free(refs.items);
+    Py_DECREF(view);
+    return result;
+}
+
+/* -- the module -------------------------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(scan_bundle_doc,
+"scan_bundle(bundle) -> BundleFacts\n\n"
+"Validates one bundle completely (header, snappy block, every message, count, no trailing bytes) and returns its\n"
+"facts; first_seq and last_seq are None unless the bundle is sparse. Raises ProtocolError.");
+
+static PyObject *scan_bundle(PyObject *module, PyObject *bundle)
+{
+    if (FactsType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BundleFacts is not registered");
+        return NULL;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(bundle, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = facts_of(bundle, (span){buf.buf, buf.len});
     PyBuffer_Release(&buf);
     return result;
 }
 
+static int set_type(PyObject *obj, PyTypeObject **slot)
+{
+    if (!PyType_Check(obj) || !PyType_IsSubtype((PyTypeObject *)obj, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the result types must be tuple subclasses");
+        return -1;
+    }
+    Py_XSETREF(*slot, (PyTypeObject *)Py_NewRef(obj));
+    return 0;
+}
+
+PyDoc_STRVAR(register_doc,
+"register(facts) or register(facts, request, topic, partition): the NamedTuple classes the scans return.");
+
+static PyObject *register_types(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "register takes (facts) or (facts, request, topic, partition)");
+        return NULL;
+    }
+    if (set_type(args[0], &FactsType) < 0)
+        return NULL;
+    if (nargs == 4 && (set_type(args[1], &RequestType) < 0 || set_type(args[2], &TopicType) < 0
+                       || set_type(args[3], &PartitionType) < 0))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"scan_bundle", scan_bundle, METH_O, scan_bundle_doc},
+    {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
+    {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "tiered.protocol._bundlescan",
-    "The native pass of tiered.protocol.bundle.validate_bundle (see _bundlescan.c).", -1, methods,
+    "The native passes of tiered.protocol.bundle.validate_bundle and tiered.protocol.requests.read_checked_produce "
+    "(see _bundlescan.c).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__bundlescan(void)

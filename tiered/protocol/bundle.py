@@ -125,8 +125,8 @@ def read_bundle_header(bundle) -> BundleHeader:
 
 class BundleFacts(NamedTuple):
     """A bundle's header fields and what the complete walk of its message set found (min and max over every
-    message's timestamp). A tuple, not a frozen dataclass: one is built per produced bundle, and a tuple is built
-    ten times faster."""
+    message's timestamp). A NamedTuple, not a frozen dataclass: one is built per produced bundle (natively, when
+    the extension is built), and a tuple is built ten times faster."""
 
     codec: int
     count: int
@@ -182,14 +182,15 @@ def validate_bundle(bundle) -> BundleFacts:
     first..last and increasing, timestamp, key, content) within the message set; exactly `count` messages and no
     byte after the last. A bundle that passes decodes whole, with the same seqs for every reader.
     """
-    return _new_facts(BundleFacts, _scan_bundle(bundle))
+    return _scan_bundle(bundle)
 
 
-def _validate_bundle_py(bundle) -> tuple:
+def _validate_bundle_py(bundle) -> BundleFacts:
     """validate_bundle's reference (and fallback when the extension is not built): the same checks, in Python."""
     header = read_bundle_header(bundle)
     low, high = _walk_messages(message_set(bundle, header), header, 0, None, strict=True)
-    return (header.codec, header.count, header.sparse, header.first_seq, header.last_seq, header.header_len, low, high)
+    return BundleFacts(header.codec, header.count, header.sparse, header.first_seq, header.last_seq,
+                       header.header_len, low, high)
 
 
 def timestamp_bounds(bundle) -> tuple[int, int]:
@@ -199,7 +200,7 @@ def timestamp_bounds(bundle) -> tuple[int, int]:
     objects before reading them.
     """
     facts = _scan_bundle(bundle)
-    return facts[6], facts[7]
+    return facts.min_ts_ms, facts.max_ts_ms
 
 
 def _walk_messages(data, header: BundleHeader, base_seq: int, messages: list[Message] | None, *,
@@ -360,8 +361,10 @@ def bundle_seq_range(header: BundleHeader, next_seq: int) -> tuple[int, int]:
     return next_seq, next_seq + header.count - 1
 
 
-_new_facts = tuple.__new__
 try:
-    from tiered.protocol._bundlescan import scan_bundle as _scan_bundle
+    from tiered.protocol import _bundlescan
 except ImportError:  # the extension is not built (no C compiler at install time): the reference does the work
     _scan_bundle = _validate_bundle_py
+else:
+    _bundlescan.register(BundleFacts)
+    _scan_bundle = _bundlescan.scan_bundle

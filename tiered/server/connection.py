@@ -268,9 +268,9 @@ class Connection(asyncio.BufferedProtocol):
     async def dispatch(self, msg_id: int, payload) -> None:
         h = self.broker.handlers
         if msg_id == MsgType.PRODUCE:
-            await h.produce.handle(self, rq.read_produce_request(payload, with_seqnum=False))
+            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
         elif msg_id == MsgType.PRODUCE_WITH_SEQNUM:
-            await h.produce.handle(self, rq.read_produce_request(payload, with_seqnum=True))
+            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
         elif msg_id == MsgType.CONSUME:
             await h.consume.handle(self, rq.read_consume_request(payload))
         elif msg_id == MsgType.PING:
@@ -297,14 +297,14 @@ class Connection(asyncio.BufferedProtocol):
         one write, so a burst of small responses costs one send() syscall rather than one each."""
         if self.write_lock.locked():  # a consume response is going out: this one follows it
             async with self.write_lock:
-                self.queue_response(msg_id, payload)
+                self._queue_response(msg_id, payload)
         else:
-            self.queue_response(msg_id, payload)
+            self._queue_response(msg_id, payload)
         if self._writing_paused:
             await self._drain()
 
-    def queue_response(self, msg_id: int, payload: bytes) -> None:
-        """`send` for a caller that knows no consume response is being written (the write lock is free)."""
+    def _queue_response(self, msg_id: int, payload: bytes) -> None:
+        """Only while the write lock is free: a consume response going out must not be cut into."""
         if self.closed:
             return
         self._pending.append(encode_frame(msg_id, payload))

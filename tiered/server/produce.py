@@ -1,11 +1,14 @@
 """Produce (0x01) and ProduceWithSeqnum (0x05), both answered with message id 0x01 (PROTOCOL.md §3.1, §3.2).
 
-Every bundle of the request is validated completely (validate_bundle: header, snappy block, every message, count,
-no trailing bytes) before anything of the request is appended, so a malformed request changes nothing: the
+Every bundle of the request is validated completely (read_checked_produce: header, snappy block, every message,
+count, no trailing bytes) before the request reaches this handler, so a malformed request changes nothing: its
 ProtocolError closes that connection only (connection.py), and no bad bundle ever reaches a log, a block or a
-consumer. Appends happen in request order. A partition on a durable
-topic is answered only once the block holding its bundle is committed to the catalog; a failed upload or commit
-answers 0x02 and nothing is reported as written that the catalog does not hold (DESIGN.md, data path step 4).
+consumer. Appends happen in request order. A partition on a durable topic is answered only once the block holding
+its bundle is committed to the catalog; a failed upload or commit answers 0x02 and nothing is reported as written
+that the catalog does not hold (DESIGN.md, data path step 4).
+
+The answer is kept as plain status bytes per request topic and encoded with encode_produce_codes: a produce request
+costs no result objects.
 """
 
 from __future__ import annotations
@@ -14,24 +17,28 @@ import asyncio
 import logging
 import time
 
-from tiered.protocol.bundle import validate_bundle
+from tiered.protocol.bundle import BundleFacts
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.frame import MsgType
 from tiered.protocol.requests import ProduceRequest
-from tiered.protocol.responses import PartitionStatus, ProduceResponse, ProduceTopicResult, encode_produce_response
+from tiered.protocol.responses import encode_produce_codes
 from tiered.storage.partition_log import InvalidSeqnums
 
 log = logging.getLogger("tiered.server")
+
+OK = ProduceStatus.OK
+# One request topic's answer: (name, topic-level status or None, one partition-level status byte per partition).
+TopicAnswer = tuple[str, "int | None", bytearray]
 
 
 class ProduceHandler:
     def __init__(self, broker):
         self.broker = broker
 
-    async def handle(self, conn, req: ProduceRequest) -> None:
+    async def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts]) -> None:
+        """`facts`: each bundle's, in request order (read_checked_produce validated them all)."""
         broker = self.broker
         started = time.monotonic()
-        facts = [[validate_bundle(p.bundle) for p in t.partitions] for t in req.topics]
         if broker.stopping:
             # Shutting down: the open block is being committed and this broker leads nothing any more. "No leader"
             # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
@@ -41,72 +48,72 @@ class ProduceHandler:
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)
             return
-        results: list[ProduceTopicResult] = []
-        pending: list[tuple[int, int, asyncio.Future]] = []  # (result index, partition index, durable ack)
-        for t_index, topic in enumerate(req.topics):
-            if broker.settings.read_only:
-                results.append(ProduceTopicResult(topic.name, ProduceStatus.READ_ONLY, ()))
+        registry = broker.registry
+        read_only = broker.settings.read_only
+        base_seqs = req.with_seqnum
+        answers: list[TopicAnswer] = []
+        pending: list[tuple[int, int, asyncio.Future]] = []  # (answer index, partition index, durable ack)
+        i = 0  # the next bundle's index in `facts`
+        for topic in req.topics:
+            name = topic.name
+            if read_only or name not in registry.topics:
+                answers.append((name, ProduceStatus.READ_ONLY if read_only else ProduceStatus.UNKNOWN_TOPIC, None))
+                i += len(topic.partitions)
                 continue
-            if topic.name not in broker.registry.topics:
-                results.append(ProduceTopicResult(topic.name, ProduceStatus.UNKNOWN_TOPIC, ()))
-                continue
-            statuses: list[PartitionStatus] = []
-            for p_index, p in enumerate(topic.partitions):
-                part = broker.registry.get(topic.name, p.partition)
+            codes = bytearray()
+            for p in topic.partitions:
+                bundle_facts = facts[i]
+                i += 1
+                part = registry.get(name, p.partition)
                 if part is None:
-                    statuses.append(PartitionStatus(ProduceStatus.UNKNOWN_PARTITION))
+                    codes.append(ProduceStatus.UNKNOWN_PARTITION)
                     continue
                 if part.fenced:
-                    statuses.append(PartitionStatus(ProduceStatus.NO_LEADER))
+                    codes.append(ProduceStatus.NO_LEADER)
                     continue
                 try:
-                    bundle_facts = facts[t_index][p_index]
-                    appended = part.log.append(p.bundle, p.base_seq if req.with_seqnum else None, bundle_facts)
+                    appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts)
                 except InvalidSeqnums as exc:
-                    log.info("produce %s/%d refused: %s", topic.name, p.partition, exc)
-                    statuses.append(PartitionStatus(ProduceStatus.INVALID_SEQNUMS))
+                    log.info("produce %s/%d refused: %s", name, p.partition, exc)
+                    codes.append(ProduceStatus.INVALID_SEQNUMS)
                     continue
                 except OSError as exc:
-                    log.error("produce %s/%d: append failed: %s", topic.name, p.partition, exc)
-                    statuses.append(PartitionStatus(ProduceStatus.SYSTEM))
+                    log.error("produce %s/%d: append failed: %s", name, p.partition, exc)
+                    codes.append(ProduceStatus.SYSTEM)
                     continue
-                broker.metrics.produced(topic.name, len(appended.record), bundle_facts.count)
+                broker.metrics.produced(name, len(appended.record), bundle_facts.count)
                 ack = broker.after_append(part, appended)
                 if ack is not None:
-                    pending.append((len(results), len(statuses), ack))
-                statuses.append(PartitionStatus(ProduceStatus.OK))
-            results.append(ProduceTopicResult(topic.name, None, tuple(statuses)))
+                    pending.append((len(answers), len(codes), ack))
+                codes.append(OK)
+            answers.append((name, None, codes))
         if pending:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
-            conn.spawn(self._answer_when_durable(conn, req, results, pending, started))
+            conn.spawn(self._answer_when_durable(conn, req, answers, pending, started))
             return
-        await self._send(conn, req, results, started)
+        await self._send(conn, req, answers, started)
 
-    async def _send(self, conn, req: ProduceRequest, results, started: float) -> None:
+    async def _send(self, conn, req: ProduceRequest, answers: list[TopicAnswer], started: float) -> None:
         elapsed = time.monotonic() - started
-        for name in {t.name for t in req.topics if t.name in self.broker.registry.topics}:
-            self.broker.metrics.ack_latency(name, elapsed)
-        await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
+        metrics = self.broker.metrics
+        names = {name for name, status, _ in answers if status != ProduceStatus.UNKNOWN_TOPIC}
+        for name in names:
+            metrics.ack_latency(name, elapsed)
+        await conn.send(MsgType.PRODUCE, encode_produce_codes(req.request_id, answers))
 
     async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
-        results = []
-        for topic in req.topics:
-            if topic.name not in self.broker.registry.topics:
-                results.append(ProduceTopicResult(topic.name, ProduceStatus.UNKNOWN_TOPIC, ()))
-            else:
-                results.append(ProduceTopicResult(topic.name, None, tuple(PartitionStatus(status) for _ in topic.partitions)))
-        await conn.send(MsgType.PRODUCE, encode_produce_response(ProduceResponse(req.request_id, tuple(results))))
+        topics = self.broker.registry.topics
+        answers = [(t.name, None, bytearray([status]) * len(t.partitions)) if t.name in topics
+                   else (t.name, ProduceStatus.UNKNOWN_TOPIC, None) for t in req.topics]
+        await conn.send(MsgType.PRODUCE, encode_produce_codes(req.request_id, answers))
 
-    async def _answer_when_durable(self, conn, req, results, pending, started: float) -> None:
-        for r_index, s_index, ack in pending:
+    async def _answer_when_durable(self, conn, req, answers: list[TopicAnswer], pending, started: float) -> None:
+        for a_index, p_index, ack in pending:
             try:
                 ok = await ack
             except Exception as exc:  # every failure of the durable path is answered, never lost
                 log.error("durable ack failed for request %d: %s", req.request_id, exc)
                 ok = False
             if not ok:
-                topic = results[r_index]
-                statuses = list(topic.partitions)
-                statuses[s_index] = PartitionStatus(ProduceStatus.SYSTEM)
-                results[r_index] = ProduceTopicResult(topic.name, topic.status, tuple(statuses))
-        await self._send(conn, req, results, started)
+                answers[a_index][2][p_index] = ProduceStatus.SYSTEM
+        await self._send(conn, req, answers, started)

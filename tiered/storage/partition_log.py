@@ -26,7 +26,7 @@ import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.errors import ProtocolError
@@ -50,8 +50,9 @@ class InvalidSeqnums(ValueError):
     """Produce error 0x0a: an explicit first seq not above last_assigned, or a last seq below the first."""
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
+    """One append; a NamedTuple rather than a frozen dataclass, as the produce path builds one per bundle."""
+
     first_seq: int
     last_seq: int
     segment_base: int
@@ -221,10 +222,12 @@ class PartitionLog:
         The log holds only whole, valid bundles: the bundle is validated completely (ProtocolError, nothing written)
         unless the caller passes the `facts` validate_bundle already returned for it."""
         facts = facts or validate_bundle(bundle)
-        if len(bundle) > MAX_VARINT:
-            raise ProtocolError(f"bundle of {len(bundle)} bytes does not fit a segment record")
+        size = len(bundle)
+        if size > MAX_VARINT:
+            raise ProtocolError(f"bundle of {size} bytes does not fit a segment record")
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             if facts.sparse:
                 first, last = facts.first_seq, facts.last_seq
             elif base_seq is not None:
@@ -236,14 +239,16 @@ class PartitionLog:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
             if first < 1 or last < first or last > MAX_SEQ:
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
-            record = encode_varint(len(bundle)) + bytes(bundle)
+            record = b"".join((encode_varint(size), bundle))  # the bundle is copied once, from the request
             now = self._now_s()
             segment = self._segment_for(first, last, facts.sparse, len(record), now)
-            position = segment.append(record, first, last, self.config.log_index_interval_bytes)
+            config = self.config
+            position = segment.append(record, first, last, config.log_index_interval_bytes)
             self._last_assigned = last
             if self._visible_on_append:
                 self._visible = last
-            self._count_for_flush(facts.count, now)
+            if config.flush_messages or self._next_flush_s is not None:
+                self._count_for_flush(facts.count, now)
             return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:

@@ -1,7 +1,7 @@
 /* tiered.protocol._bundlescan: one native pass over a bundle that validates it completely and returns its facts.
  *
- * The native twin of tiered/protocol/bundle.py's `_validate_bundle_py` (read_bundle_header, message_set and the strict
- * walk of `_walk_messages`), which stays the reference: tests compare the two on arbitrary bytes, result for result
+ * The native twin of tiered/protocol/bundle.py's `_validate_bundle_py` (read_bundle_header, message_set and the
+ * walk of `_walk_messages`, strict or not), which stays the reference: tests compare the two on arbitrary bytes, result for result
  * and error for error (same ProtocolError text and position). `scan_produce` reads a whole produce payload as
  * tiered/protocol/requests.py's read_produce_request does and validates each of its bundles, so the broker reads a
  * produce request in one native call; on a framing fault it answers None and the reference reader names the fault.
@@ -224,8 +224,8 @@ static int raise_seq_not_below_last(uint32_t i, uint64_t prev, uint64_t step, Py
     return -1;
 }
 
-/* bundle.py's _walk_messages in strict mode, without keeping messages: min and max timestamp. */
-static int walk_messages(span d, const header_t *h, uint64_t *low, uint64_t *high)
+/* bundle.py's _walk_messages, without keeping messages: min and max timestamp. `strict` as there. */
+static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, uint64_t *high)
 {
     Py_ssize_t position = 0, end = d.end;
     uint64_t seq = h->first_seq, ts = 0, lo = UINT64_MAX, hi = 0;
@@ -238,7 +238,7 @@ static int walk_messages(span d, const header_t *h, uint64_t *low, uint64_t *hig
             return raise_protocol(position - 1, "unknown message flags 0x%02x", flags);
         if (h->sparse) {
             int edge = i == 0 || i == count - 1;
-            if (edge && (flags & SEQ_PREV_PLUS_ONE))
+            if (strict && edge && (flags & SEQ_PREV_PLUS_ONE))
                 return raise_protocol(position - 1, "sparse bundle message %u sets SEQ_PREV_PLUS_ONE, which TANK's "
                                                     "readers disagree on for a first or last message", i);
             if (i == 0) {
@@ -372,7 +372,7 @@ static PyObject *py_bool(int v)
 }
 
 /* The BundleFacts of the bundle `b` (whose Python object is `bundle_obj`), or NULL with ProtocolError raised. */
-static PyObject *facts_of(PyObject *bundle_obj, span b)
+static PyObject *facts_of(PyObject *bundle_obj, span b, int strict)
 {
     header_t h;
     PyObject *result = NULL, *decompressed = NULL;
@@ -388,7 +388,7 @@ static PyObject *facts_of(PyObject *bundle_obj, span b)
         d.data = dbuf.buf;
         d.end = dbuf.len;
     }
-    if (walk_messages(d, &h, &low, &high) < 0)
+    if (walk_messages(d, &h, strict, &low, &high) < 0)
         goto done;
     result = new_named(FactsType, 8, PyLong_FromLong(h.codec), PyLong_FromUnsignedLong(h.count), py_bool(h.sparse),
                        h.sparse ? PyLong_FromUnsignedLongLong(h.first_seq) : Py_NewRef(Py_None),
@@ -582,7 +582,7 @@ static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_
         goto done;
     for (Py_ssize_t i = 0; i < refs.count; i++) {
         bundle_ref ref = refs.items[i];
-        PyObject *f = facts_of(ref.view, (span){c.p.data + ref.start, ref.end - ref.start});
+        PyObject *f = facts_of(ref.view, (span){c.p.data + ref.start, ref.end - ref.start}, 1);
         if (f == NULL)
             goto done;
         PyList_SET_ITEM(facts, i, f);
@@ -605,20 +605,29 @@ done:
 /* -- the module -------------------------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(scan_bundle_doc,
-"scan_bundle(bundle) -> BundleFacts\n\n"
+"scan_bundle(bundle, strict=True) -> BundleFacts\n\n"
 "Validates one bundle completely (header, snappy block, every message, count, no trailing bytes) and returns its\n"
-"facts; first_seq and last_seq are None unless the bundle is sparse. Raises ProtocolError.");
+"facts; first_seq and last_seq are None unless the bundle is sparse. `strict` also refuses SEQ_PREV_PLUS_ONE on a\n"
+"sparse bundle's first or last message. Raises ProtocolError.");
 
-static PyObject *scan_bundle(PyObject *module, PyObject *bundle)
+static PyObject *scan_bundle(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_bundle takes (bundle, strict=True)");
+        return NULL;
+    }
     if (FactsType == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "BundleFacts is not registered");
         return NULL;
     }
+    int strict = nargs < 2 ? 1 : PyObject_IsTrue(args[1]);
+    if (strict < 0)
+        return NULL;
+    PyObject *bundle = args[0];
     Py_buffer buf;
     if (PyObject_GetBuffer(bundle, &buf, PyBUF_SIMPLE) < 0)
         return NULL;
-    PyObject *result = facts_of(bundle, (span){buf.buf, buf.len});
+    PyObject *result = facts_of(bundle, (span){buf.buf, buf.len}, strict);
     PyBuffer_Release(&buf);
     return result;
 }
@@ -651,7 +660,7 @@ static PyObject *register_types(PyObject *module, PyObject *const *args, Py_ssiz
 }
 
 static PyMethodDef methods[] = {
-    {"scan_bundle", scan_bundle, METH_O, scan_bundle_doc},
+    {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
     {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
     {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},
     {NULL, NULL, 0, NULL},

@@ -22,12 +22,13 @@ A non-sparse bundle's messages take consecutive seqs from the seq the reader alr
 the previous bundle's end). Sparse bundles carry their own first and last seq. Encoders never set
 SEQ_PREV_PLUS_ONE on the first or last message, because TANK's client and broker disagree on its precedence there.
 
-Readers of stored bundles (`decode_bundle`, `decode_message_set`) follow TANK's broker where TANK is lenient.
-`validate_bundle` is the gate a produced bundle passes before anything of its request is appended: it reads the whole
-bundle as the decoders do and also refuses what TANK's readers would read differently (SEQ_PREV_PLUS_ONE on a
-sparse bundle's first or last message), so that every bundle in a log decodes, with one meaning, for every reader.
-It runs natively (`_bundlescan.c`, built by `pip install`) when the extension is there; `_validate_bundle_py` is its
-pure-Python reference and fallback, and the tests hold the two to the same results and the same errors.
+Readers of stored bundles (`decode_bundle`, `decode_message_set`, `bundle_facts`, `timestamp_bounds`) follow TANK's
+broker where TANK is lenient. `validate_bundle` is the gate a produced bundle passes before anything of its request
+is appended: it reads the whole bundle as the decoders do and also refuses what TANK's readers would read
+differently (SEQ_PREV_PLUS_ONE on a sparse bundle's first or last message), so that every bundle in a log decodes,
+with one meaning, for every reader. Both run natively (`_bundlescan.c`, built by `pip install`) when the extension
+is there; `_validate_bundle_py` is their pure-Python reference and fallback, and the tests hold the two to the same
+results and the same errors.
 """
 
 from __future__ import annotations
@@ -185,21 +186,29 @@ def validate_bundle(bundle) -> BundleFacts:
     return _scan_bundle(bundle)
 
 
-def _validate_bundle_py(bundle) -> BundleFacts:
-    """validate_bundle's reference (and fallback when the extension is not built): the same checks, in Python."""
+def bundle_facts(bundle) -> BundleFacts:
+    """The facts of a bundle already stored (in a log, a block or a remote segment), read as the decoders read it:
+    validate_bundle without the refusal that is the produce gate's alone (older bundles may hold what the gate now
+    refuses and must still be copied and indexed). ProtocolError if it does not decode whole."""
+    return _scan_bundle(bundle, False)
+
+
+def _validate_bundle_py(bundle, strict: bool = True) -> BundleFacts:
+    """The reference of validate_bundle (`strict`) and bundle_facts, and their fallback when the extension is not
+    built: the same checks, in Python."""
     header = read_bundle_header(bundle)
-    low, high = _walk_messages(message_set(bundle, header), header, 0, None, strict=True)
+    low, high = _walk_messages(message_set(bundle, header), header, 0, None, strict=strict)
     return BundleFacts(header.codec, header.count, header.sparse, header.first_seq, header.last_seq,
                        header.header_len, low, high)
 
 
 def timestamp_bounds(bundle) -> tuple[int, int]:
-    """(min, max) message timestamp of one bundle, validated whole on the way (ProtocolError otherwise).
+    """(min, max) message timestamp of one stored bundle (bundle_facts: ProtocolError if it does not decode whole).
 
     The segment copier and the catalog rebuild record these per segment, so that time-range replays can skip
     objects before reading them.
     """
-    facts = _scan_bundle(bundle)
+    facts = _scan_bundle(bundle, False)
     return facts.min_ts_ms, facts.max_ts_ms
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from tiered.protocol.bundle import BundleFacts, maybe_record, validate_bundle
+from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
 from tiered.tiering.block_format import RunMeta
 
 PartitionKey = tuple[str, int]
@@ -62,10 +62,10 @@ def recorded_ts_bounds(low: int, high: int) -> tuple[int, int]:
 
 def record_stats(record: bytes, facts: BundleFacts | None = None) -> tuple[int, int, int]:
     """(messages, min ts, max ts as recorded) of one `{varint len, bundle}` record: from the `facts` the append path
-    validated it with, else from one native validating pass over the bundle (records re-read from disk at start)."""
+    validated it with, else from one native pass over the bundle (records re-read from disk at start-up)."""
     if facts is None:
         start, end = maybe_record(record)
-        facts = validate_bundle(memoryview(record)[start:end])
+        facts = bundle_facts(memoryview(record)[start:end])
     return (facts.count, *recorded_ts_bounds(facts.min_ts_ms, facts.max_ts_ms))
 
 

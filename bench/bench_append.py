@@ -4,11 +4,12 @@ Goals (local ack, bundles uncompressed, random content):
 - at most 25 µs of broker CPU per produce request of one 100-byte message;
 - at most 5 CPU s/GB at 100-byte messages and 1.5 CPU s/GB at 1 KiB messages, bundles of 100.
 
-One broker (`tiered serve` on its embedded defaults: blocks are still uploaded to the local-directory store and
-committed to SQLite in the background, and that CPU counts) with one `produce.ack=local` topic per workload. Each
+One broker per workload (`tiered serve` on its embedded defaults: blocks are still uploaded to the local-directory
+store and committed to SQLite in the background, and that CPU counts), with one `produce.ack=local` topic. Each
 workload is one connection to partition 0, closed loop, `window` requests pipelined. The workloads take turns for
 `rounds` rounds (so a burst of other load on this shared machine hits every workload alike) and each figure is the
 median of its rounds; the spread (min..max) is printed beside it. Broker CPU is user + system of every thread.
+With `--profile DIR`, each broker runs under cProfile into DIR/broker-append-<workload>.prof.
 """
 
 from __future__ import annotations
@@ -60,17 +61,20 @@ class Result:
 
 
 async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: int | None = None) -> list[Result]:
+    """One broker per workload (so that a profile, one file per workload, holds that workload only), all started
+    first; then the rounds, each running every workload in turn against its broker."""
     rounds = rounds or (3 if quick else 5)
     seconds, warmup_s = (1.0, 0.3) if quick else (2.0, 0.5)
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-append-"))
-    profile = profile_dir / "broker-append.prof" if profile_dir else None
-    broker = BrokerProcess(root / "data", profile_path=profile).start()
     results = [Result(w) for w in WORKLOADS]
+    brokers: list[BrokerProcess] = []
     try:
         for w in WORKLOADS:
-            await create_topic(broker.port, w.topic, 1, {"produce.ack": "local"})
+            profile = profile_dir / f"broker-append-{w.topic}.prof" if profile_dir else None
+            brokers.append(BrokerProcess(root / w.topic / "data", profile_path=profile).start())
+            await create_topic(brokers[-1].port, w.topic, 1, {"produce.ack": "local"})
         for r in range(rounds):
-            for result in results:
+            for result, broker in zip(results, brokers):
                 w = result.workload
                 log(f"  round {r + 1}/{rounds}: {w.shape.label}, window {w.window} ...")
                 m = await produce(broker.port, w.topic, w.shape, 1, seconds, broker.cpu_s, window=w.window,
@@ -79,7 +83,8 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: i
                     raise RuntimeError(f"{w.shape.label}: {m.errors} failed requests ({m.first_error})")
                 result.runs.append(m)
     finally:
-        broker.stop()
+        for broker in brokers:
+            broker.stop()
         shutil.rmtree(root, ignore_errors=True)
     return results
 

@@ -4,6 +4,9 @@ Goals (local ack, bundles uncompressed, random content):
 - at most 25 µs of broker CPU per produce request of one 100-byte message;
 - at most 5 CPU s/GB at 100-byte messages and 1.5 CPU s/GB at 1 KiB messages, bundles of 100.
 
+Beside them, for comparison, the same workloads against the broker without its tiering layer (bench/local_broker.py):
+what the append path alone costs, and so how much of each figure is the background upload of blocks.
+
 One broker per workload (`tiered serve` on its embedded defaults: blocks are still uploaded to the local-directory
 store and committed to SQLite in the background, and that CPU counts), with one `produce.ack=local` topic. Each
 workload is one connection to partition 0, closed loop, `window` requests pipelined. The workloads take turns for
@@ -30,12 +33,13 @@ from bench.loadgen import Shape
 class Workload:
     shape: Shape
     window: int
-    goal: float  # µs per request for 1-message bundles, else CPU s/GB
+    goal: float | None  # µs per request for 1-message bundles, else CPU s/GB; None: a figure for comparison
     per_request: bool
+    local_only: bool = False  # the broker without its tiering layer: what the append path alone costs
 
     @property
     def topic(self) -> str:
-        return f"a{self.shape.msg_bytes}b{self.shape.bundle_msgs}w{self.window}"
+        return f"a{self.shape.msg_bytes}b{self.shape.bundle_msgs}w{self.window}{'l' if self.local_only else ''}"
 
     def figure(self, m: Measurement) -> float:
         if self.per_request:
@@ -48,6 +52,9 @@ WORKLOADS = (
     Workload(Shape(100, 1), 256, 25.0, True),
     Workload(Shape(100, 100), 64, 5.0, False),
     Workload(Shape(1024, 100), 64, 1.5, False),
+    Workload(Shape(100, 1), 256, None, True, local_only=True),
+    Workload(Shape(100, 100), 64, None, False, local_only=True),
+    Workload(Shape(1024, 100), 64, None, False, local_only=True),
 )
 
 
@@ -71,7 +78,7 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: i
     try:
         for w in WORKLOADS:
             profile = profile_dir / f"broker-append-{w.topic}.prof" if profile_dir else None
-            brokers.append(BrokerProcess(root / w.topic / "data", profile_path=profile).start())
+            brokers.append(BrokerProcess(root / w.topic / "data", profile_path=profile, local_only=w.local_only).start())
             await create_topic(brokers[-1].port, w.topic, 1, {"produce.ack": "local"})
         for r in range(rounds):
             for result, broker in zip(results, brokers):
@@ -89,7 +96,7 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: i
     return results
 
 
-HEADERS = ("workload", "window", "figure", "median", "min", "max", "goal", "met", "msgs/s", "broker cores",
+HEADERS = ("workload", "window", "broker", "figure", "median", "min", "max", "goal", "met", "msgs/s", "broker cores",
            "other cores")
 
 
@@ -101,12 +108,14 @@ def report(results: list[Result]) -> str:
         median = statistics.median(figures)
         runs = result.runs
         rows.append([
-            w.shape.label, w.window, "CPU µs/request" if w.per_request else "CPU s/GB", median, min(figures),
-            max(figures), w.goal, "yes" if median <= w.goal else "no",
+            w.shape.label, w.window, "no tiering" if w.local_only else "whole",
+            "CPU µs/request" if w.per_request else "CPU s/GB", median, min(figures), max(figures),
+            "-" if w.goal is None else w.goal, "-" if w.goal is None else "yes" if median <= w.goal else "no",
             statistics.median(m.msgs_per_s for m in runs),
             statistics.median(m.cores(m.server_cpu_s) for m in runs),
             statistics.median(m.cores(m.other_cpu_s) for m in runs),
         ])  # fmt: skip
     rounds = len(results[0].runs) if results else 0
     return format_table(HEADERS, rows, f"Append path budgets (issue 13), produce.ack=local, 1 connection, medians of "
-                                       f"{rounds} rounds")
+                                       f"{rounds} rounds; broker \"no tiering\": the same broker without its tiering "
+                                       "layer (no block upload, no catalog), for comparison")

@@ -13,7 +13,7 @@ from tiered.protocol import requests as rq
 from tiered.protocol.bundle import CODEC_NONE, Message, encode_bundle
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 from tiered.server.app import App
-from tiered.server.connection import BIG_FRAME_BYTES, MAX_QUEUED_BYTES, READ_BYTES
+from tiered.server.connection import BIG_FRAME_BYTES, MAX_QUEUED_BYTES, MIN_READ_BYTES, READ_BYTES
 from tiered.tiering.service import TieringService
 
 from tests.server.rawwire import RawConnection
@@ -139,3 +139,21 @@ async def test_a_frame_as_large_as_the_read_buffer_and_larger(port):
     assert await answers(raw, 3) == [(MsgType.PRODUCE, i) for i in range(3)]
     await raw.close()
     assert [len(v) for v in await drained(port, "c")] == sizes
+
+
+async def test_memory_follows_the_bytes_received_not_the_length_announced(broker, port):
+    raw = await RawConnection.open(port)
+    await raw.send_bytes(FRAME_HEADER.pack(MsgType.PRODUCE, MAX_FRAME_BYTES) + b"x" * 1000)
+    for _ in range(500):  # bounded: 5 s
+        conns = [c for c in broker.broker.connections if c.receive_buffer_bytes > MIN_READ_BYTES]
+        if conns:
+            break
+        await asyncio.sleep(0.01)
+    assert [c.receive_buffer_bytes for c in conns] == [MIN_READ_BYTES + READ_BYTES]  # not 256 MiB
+    await raw.send_bytes(b"y" * (2 * READ_BYTES))
+    for _ in range(500):
+        if conns[0].receive_buffer_bytes > MIN_READ_BYTES + READ_BYTES:
+            break
+        await asyncio.sleep(0.01)
+    assert MIN_READ_BYTES + 2 * READ_BYTES < conns[0].receive_buffer_bytes <= MIN_READ_BYTES + 4 * READ_BYTES
+    await raw.close()

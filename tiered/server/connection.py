@@ -12,8 +12,9 @@ Invariants:
 
 The connection is an asyncio.BufferedProtocol rather than a stream pair: bytes are received straight into its
 buffer (a frame of BIG_FRAME_BYTES or more straight into a buffer of its own, which becomes the request payload
-without a copy), and frames are cut there, so a request costs no StreamReader buffering, no intermediate copies and
-no future per read. While more than MAX_QUEUED_BYTES of whole frames wait for the request task, reading pauses.
+without another copy), and frames are cut there, so a request costs no StreamReader buffering, no intermediate
+copies and no future per read. Buffers grow with the bytes received, never ahead of them. While more than
+MAX_QUEUED_BYTES of whole frames wait for the request task, reading pauses.
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ from tiered.server.fetch import FileChunk
 log = logging.getLogger("tiered.server")
 
 IDLE_TIMEOUT_S = 16.0
-READ_BYTES = 256 * 1024
-BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own
+MIN_READ_BYTES = 16 * 1024  # the receive buffer starts this large, and doubles while reads fill it ...
+READ_BYTES = 256 * 1024  # ... up to this
+BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own, grown as its bytes arrive
 MAX_QUEUED_BYTES = 4 << 20  # whole frames waiting for the request task; past this, reading pauses
 WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for the client to read
 
 
 class CloseConnection(Exception):
     """Raised by a handler to close the connection after a request that must not be answered."""
+
+
+def _grown(data: bytearray, filled: int, capacity: int) -> bytearray:
+    """A new buffer of `capacity` bytes holding data[:filled]."""
+    grown = bytearray(capacity)
+    grown[:filled] = data[:filled]
+    return grown
 
 
 async def serve(broker, host: str, port: int) -> asyncio.AbstractServer:
@@ -59,11 +68,13 @@ class Connection(asyncio.BufferedProtocol):
         self.idle_timeout_s = broker.idle_timeout_s
         self._pending: list[bytes] = []  # responses queued for the next flush
         self._flush_scheduled = False
-        # Receiving: frames are cut from _buf[_start:_end]; a big frame fills _big, _big_filled bytes so far.
-        self._buf = bytearray(READ_BYTES)
+        # Receiving: frames are cut from _buf[_start:_end]; a big frame of _big_length bytes fills _big, _big_filled
+        # bytes so far. Memory follows what was received: no buffer is sized from a length the client announced.
+        self._buf = bytearray(MIN_READ_BYTES)
         self._start = self._end = 0
         self._big: bytearray | None = None
         self._big_msg_id = 0
+        self._big_length = 0
         self._big_filled = 0
         self._frames: deque[tuple[int, bytes | bytearray] | ProtocolError] = deque()
         self._queued_bytes = 0
@@ -78,6 +89,11 @@ class Connection(asyncio.BufferedProtocol):
         self._last_activity = self.loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._runner: asyncio.Task | None = None
+
+    @property
+    def receive_buffer_bytes(self) -> int:
+        """Memory held for bytes received and not yet cut into whole frames (capacity, not content)."""
+        return len(self._buf) + (len(self._big) if self._big is not None else 0)
 
     @property
     def reading_paused(self) -> bool:
@@ -99,8 +115,13 @@ class Connection(asyncio.BufferedProtocol):
         self._runner = self.loop.create_task(self.run())
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._big is not None:
-            return memoryview(self._big)[self._big_filled :]  # exactly the rest of the big frame
+        # No view of a buffer is alive here (asyncio drops the previous one after buffer_updated), but buffers are
+        # replaced rather than resized all the same: a BufferError would kill the transport.
+        big = self._big
+        if big is not None:
+            if self._big_filled == len(big):
+                self._big = big = _grown(big, self._big_filled, min(2 * len(big), self._big_length))
+            return memoryview(big)[self._big_filled :]  # never past the end of the big frame
         if self._end == len(self._buf):
             self._make_room()
         return memoryview(self._buf)[self._end :]
@@ -109,7 +130,7 @@ class Connection(asyncio.BufferedProtocol):
         self._last_activity = self.loop.time()
         if self._big is not None:
             self._big_filled += nbytes
-            if self._big_filled == len(self._big):
+            if self._big_filled == self._big_length:
                 self._queue_frame(self._big_msg_id, self._big)
                 self._big = None
                 self._wake()
@@ -164,10 +185,9 @@ class Connection(asyncio.BufferedProtocol):
                 start = stop
                 continue
             if length >= BIG_FRAME_BYTES:
-                big = bytearray(length)
                 have = end - start - FRAME_HEADER.size
-                big[:have] = buf[start + FRAME_HEADER.size : end]
-                self._big, self._big_msg_id, self._big_filled = big, msg_id, have
+                self._big = _grown(buf[start + FRAME_HEADER.size : end], have, min(max(READ_BYTES, have), length))
+                self._big_msg_id, self._big_length, self._big_filled = msg_id, length, have
                 start = end
             break
         if start == end:
@@ -175,10 +195,13 @@ class Connection(asyncio.BufferedProtocol):
         self._start, self._end = start, end
 
     def _make_room(self) -> None:
-        """_buf is full up to its end: move the partial frame at _start to the front (it is shorter than a big frame,
-        so it fits). The buffer is never resized: asyncio may still hold the view get_buffer returned."""
+        """_buf is full up to its end: reads are filling it, so it doubles up to READ_BYTES; once there, the partial
+        frame at _start moves to the front (it is shorter than a big frame, so it fits)."""
         size = self._end - self._start
-        self._buf[:size] = self._buf[self._start : self._end]
+        if len(self._buf) < READ_BYTES:
+            self._buf = _grown(self._buf[self._start : self._end], size, 2 * len(self._buf))
+        else:
+            self._buf[:size] = self._buf[self._start : self._end]
         self._start, self._end = 0, size
 
     def _queue_frame(self, msg_id: int, payload: bytes | bytearray) -> None:

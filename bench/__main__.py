@@ -30,6 +30,9 @@ from pathlib import Path
 from bench import bench_append, bench_broker, bench_durable
 from bench.harness import REPO
 
+# Benchmarks run in this process whose broker --profile profiles: name -> (module, what it measures).
+PROFILED = {"broker": (bench_broker, "broker throughput (issue 3)"),
+            "append": (bench_append, "append path budgets (issue 13)")}
 # Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
 DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
@@ -83,22 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"command: python -m bench {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
     figures: dict = {}
-    if "broker" in only:
-        log("broker throughput (issue 3) ...")
+    for name, (module, what) in PROFILED.items():
+        if name not in only:
+            continue
+        log(f"{what} ...")
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(bench_broker.run(args.quick, args.profile, log))
-        figures["broker"] = results
+        results = asyncio.run(module.run(args.quick, args.profile, log))
+        figures[name] = results
         print()
-        print(bench_broker.report(results))
-    if "append" in only:
-        log("append path budgets (issue 13) ...")
-        if args.profile:
-            args.profile.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(bench_append.run(args.quick, args.profile, log))
-        figures["append"] = results
-        print()
-        print(bench_append.report(results))
+        print(module.report(results))
     if "durable" in only:
         log("durable acks (issue 4) ...")
         results = asyncio.run(bench_durable.run(args.quick, args.backend, log))

@@ -672,21 +672,21 @@ static struct PyModuleDef module_def = {
     "(see _bundlescan.c).", -1, methods,
 };
 
+/* A new reference to `module`.`name`, or NULL. */
+static PyObject *import_attr(const char *module, const char *name)
+{
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL)
+        return NULL;
+    PyObject *attr = PyObject_GetAttrString(m, name);
+    Py_DECREF(m);
+    return attr;
+}
+
 PyMODINIT_FUNC PyInit__bundlescan(void)
 {
-    PyObject *errors = PyImport_ImportModule("tiered.protocol.errors");
-    if (errors == NULL)
-        return NULL;
-    ProtocolError = PyObject_GetAttrString(errors, "ProtocolError");
-    Py_DECREF(errors);
-    if (ProtocolError == NULL)
-        return NULL;
-    PyObject *snappy = PyImport_ImportModule("snappy");
-    if (snappy == NULL)
-        return NULL;
-    uncompress = PyObject_GetAttrString(snappy, "uncompress");
-    Py_DECREF(snappy);
-    if (uncompress == NULL)
+    if ((ProtocolError = import_attr("tiered.protocol.errors", "ProtocolError")) == NULL
+        || (uncompress = import_attr("snappy", "uncompress")) == NULL)
         return NULL;
     return PyModule_Create(&module_def);
 }

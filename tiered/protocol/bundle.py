@@ -374,6 +374,8 @@ try:
     from tiered.protocol import _bundlescan
 except ImportError:  # the extension is not built (no C compiler at install time): the reference does the work
     _scan_bundle = _validate_bundle_py
+    NATIVE_SCAN = False
 else:
     _bundlescan.register(BundleFacts)
     _scan_bundle = _bundlescan.scan_bundle
+    NATIVE_SCAN = True  # reported as the tiered_native_bundle_scan gauge

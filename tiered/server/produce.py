@@ -96,8 +96,8 @@ class ProduceHandler:
     async def _send(self, conn, req: ProduceRequest, answers: list[TopicAnswer], started: float) -> None:
         elapsed = time.monotonic() - started
         metrics = self.broker.metrics
-        names = {name for name, status, _ in answers if status != ProduceStatus.UNKNOWN_TOPIC}
-        for name in names:
+        topics = self.broker.registry.topics
+        for name in {name for name, _, _ in answers if name in topics}:  # never a label per unknown name
             metrics.ack_latency(name, elapsed)
         await conn.send(MsgType.PRODUCE, encode_produce_codes(req.request_id, answers))
 

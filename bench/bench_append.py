@@ -78,7 +78,8 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: i
     try:
         for w in WORKLOADS:
             profile = profile_dir / f"broker-append-{w.topic}.prof" if profile_dir else None
-            brokers.append(BrokerProcess(root / w.topic / "data", profile_path=profile, local_only=w.local_only).start())
+            broker = BrokerProcess(root / w.topic / "data", profile_path=profile, local_only=w.local_only)
+            brokers.append(broker.start())
             await create_topic(brokers[-1].port, w.topic, 1, {"produce.ack": "local"})
         for r in range(rounds):
             for result, broker in zip(results, brokers):

@@ -107,7 +107,8 @@ class Wire:
         self.sock.close()
 
 
-def produce_payload(topic: str, bundles_: list[bytes], request_id: int = 7, base_seqs: list[int] | None = None) -> bytes:
+def produce_payload(topic: str, bundles_: list[bytes], request_id: int = 7,
+                    base_seqs: list[int] | None = None) -> bytes:
     partitions = tuple(rq.ProducePartition(0, b, None if base_seqs is None else base_seqs[i])
                        for i, b in enumerate(bundles_))
     return rq.encode_produce_request(rq.ProduceRequest(request_id, (rq.ProduceTopic(topic, partitions),),

@@ -1,10 +1,11 @@
 /* tiered.protocol._bundlescan: one native pass over a bundle that validates it completely and returns its facts.
  *
  * The native twin of tiered/protocol/bundle.py's `_validate_bundle_py` (read_bundle_header, message_set and the
- * walk of `_walk_messages`, strict or not), which stays the reference: tests compare the two on arbitrary bytes, result for result
- * and error for error (same ProtocolError text and position). `scan_produce` reads a whole produce payload as
- * tiered/protocol/requests.py's read_produce_request does and validates each of its bundles, so the broker reads a
- * produce request in one native call; on a framing fault it answers None and the reference reader names the fault.
+ * walk of `_walk_messages`, strict or not), which stays the reference: tests compare the two on arbitrary bytes,
+ * result for result and error for error (same ProtocolError text and position). `scan_produce` reads a whole
+ * produce payload as tiered/protocol/requests.py's read_produce_request does and validates each of its bundles, so
+ * the broker reads a produce request in one native call; on a framing fault it answers None and the reference
+ * reader names the fault.
  *
  * Bundle layout (PROTOCOL.md section 4; bundle.py has the same table):
  *

@@ -208,7 +208,7 @@ def timestamp_bounds(bundle) -> tuple[int, int]:
     The segment copier and the catalog rebuild record these per segment, so that time-range replays can skip
     objects before reading them.
     """
-    facts = _scan_bundle(bundle, False)
+    facts = bundle_facts(bundle)
     return facts.min_ts_ms, facts.max_ts_ms
 
 

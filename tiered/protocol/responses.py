@@ -186,8 +186,8 @@ def encode_produce_codes(request_id: int, topics) -> bytes:
         run_name, run_status = name, status
         if status is None:
             if codes.translate(None, _PLAIN_PARTITION_STATUSES):
-                raise ValueError(f"topic {name!r}: {bytes(codes).hex()} holds a code that is not a plain partition-level "
-                                 "produce status")
+                raise ValueError(f"topic {name!r}: {bytes(codes).hex()} holds a code that is not a plain "
+                                 "partition-level produce status")
             out += codes
         elif status not in PRODUCE_TOPIC_STATUSES:
             raise ValueError(f"topic {name!r}: {status} is not one topic-level produce status for the run")

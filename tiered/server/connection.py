@@ -167,7 +167,7 @@ class Connection(asyncio.BufferedProtocol):
                 waiter.set_result(None)
         self._drained.clear()
 
-    # -- frames ---------------------------------------------------------------------------------------------------------
+    # -- frames ----------------------------------------------------------------------------------------------------
 
     def _cut_frames(self) -> None:
         buf, start, end = self._buf, self._start, self._end
@@ -243,7 +243,7 @@ class Connection(asyncio.BufferedProtocol):
         log.info("closing idle connection from %s", self.peer)
         self.abort()
 
-    # -- requests -------------------------------------------------------------------------------------------------------
+    # -- requests --------------------------------------------------------------------------------------------------
 
     def spawn(self, coro) -> None:
         task = self.loop.create_task(coro)
@@ -313,7 +313,7 @@ class Connection(asyncio.BufferedProtocol):
         else:
             raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
 
-    # -- responses ------------------------------------------------------------------------------------------------------
+    # -- responses -------------------------------------------------------------------------------------------------
 
     async def send(self, msg_id: int, payload: bytes) -> None:
         """Queues one response. Responses queued in the same turn of the event loop (pipelined requests) go out in

@@ -1,10 +1,12 @@
 """`python -m bench` (also `make bench`): runs the benchmarks and prints their tables.
 
-    python -m bench                      broker throughput, then durable acks on both backends (~10 minutes)
+    python -m bench                      broker throughput, the append path's budgets, then durable acks on both
+                                         backends (~12 minutes)
     python -m bench --quick              shorter runs, durable acks on file+sqlite only (~2 minutes)
-    python -m bench --only broker        one benchmark: broker, durable or spark (repeatable)
+    python -m bench --only broker        one benchmark: broker, append, durable or spark (repeatable)
     python -m bench --only durable --backend s3+postgresql
-    python -m bench --profile DIR        cProfile the throughput benchmark's broker, one file per workload
+    python -m bench --profile DIR        cProfile the broker of the throughput (one file per workload) and append
+                                         benchmarks
     python -m bench --json PATH          also write every figure as JSON
 
 `--only spark`, `--only remote`, `--only cli`, `--only compaction` and `--only chaos` run `python -m bench.bench_spark`
@@ -26,13 +28,16 @@ import sys
 import time
 from pathlib import Path
 
-from bench import bench_broker, bench_durable
+from bench import bench_append, bench_broker, bench_durable
 from bench.harness import REPO
 
+# Benchmarks run in this process whose broker --profile profiles: name -> (module, what it measures).
+PROFILED = {"broker": (bench_broker, "broker throughput (issue 3)"),
+            "append": (bench_append, "append path budgets (issue 13)")}
 # Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
 DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli": "bench.bench_cli",
              "compaction": "bench.bench_compaction", "chaos": "bench.chaos"}
-NAMES = ("broker", "durable", *DELEGATED)
+NAMES = ("broker", "append", "durable", *DELEGATED)
 
 
 def machine() -> str:
@@ -73,23 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=NAMES, help="run only this benchmark (repeatable)")
     parser.add_argument("--backend", action="append", choices=("file+sqlite", "s3+postgresql"),
                         help="durable benchmark backend (repeatable; default: both, file+sqlite only with --quick)")
-    parser.add_argument("--profile", type=Path, help="cProfile the throughput benchmark's broker into this directory")
+    parser.add_argument("--profile", type=Path, help="cProfile the broker of the throughput and append benchmarks into "
+                        "this directory")
     parser.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
-    only = args.only or ["broker", "durable"]
+    only = args.only or ["broker", "append", "durable"]
     started = time.monotonic()
     print(f"tiered benchmarks, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
     print(f"machine: {machine()}")
     print(f"command: python -m bench {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
     figures: dict = {}
-    if "broker" in only:
-        log("broker throughput (issue 3) ...")
+    for name, (module, what) in PROFILED.items():
+        if name not in only:
+            continue
+        log(f"{what} ...")
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(bench_broker.run(args.quick, args.profile, log))
-        figures["broker"] = results
+        results = asyncio.run(module.run(args.quick, args.profile, log))
+        figures[name] = results
         print()
-        print(bench_broker.report(results))
+        print(module.report(results))
     if "durable" in only:
         log("durable acks (issue 4) ...")
         results = asyncio.run(bench_durable.run(args.quick, args.backend, log))

@@ -215,24 +215,27 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print) -> dict:
     return {"produce": produce_rows, "consume": consume_rows}
 
 
-HEADERS = ("workload", "conns", "window", "msgs/s", "MB/s", "broker cores", "CPU s/GB", "loadgen cores",
-           "other cores", "loadgen alone msgs/s", "alone MB/s")
+HEADERS = ("workload", "conns", "window", "msgs/s", "MB/s", "broker cores", "CPU s/GB", "CPU µs/req",
+           "loadgen cores", "other cores", "loadgen alone msgs/s", "alone MB/s")
 
 
-def table_rows(rows: list[Row]) -> list[list]:
+def table_rows(rows: list[Row], per_request: bool) -> list[list]:
+    """`per_request`: broker CPU per request (one bundle each), for produce; consume rows show "-" there."""
     out = []
     for r in rows:
         b, a = r.broker, r.alone
+        us_per_request = b.server_cpu_s / (b.messages / r.shape.bundle_msgs) * 1e6 if per_request else "-"
         out.append([r.shape.label, r.conns, r.window, b.msgs_per_s, b.mb_per_s, b.cores(b.server_cpu_s),
-                    b.cpu_s_per_gb, b.cores(b.loadgen_cpu_s), b.cores(b.other_cpu_s), a.msgs_per_s, a.mb_per_s])
+                    b.cpu_s_per_gb, us_per_request, b.cores(b.loadgen_cpu_s), b.cores(b.other_cpu_s), a.msgs_per_s,
+                    a.mb_per_s])
     return out
 
 
 def report(results: dict) -> str:
     return "\n\n".join((
-        format_table(HEADERS, table_rows(results["produce"]),
+        format_table(HEADERS, table_rows(results["produce"], True),
                      "Produce, produce.ack=local (MB = 10^6 bytes of message content; window = requests in flight "
                      "per connection)"),
-        format_table(HEADERS, table_rows(results["consume"]),
+        format_table(HEADERS, table_rows(results["consume"], False),
                      "Consume, 4 MiB fetches, one request in flight per connection"),
     ))

@@ -95,16 +95,18 @@ def stop_process(proc: subprocess.Popen | None, timeout_s: float = 30.0) -> None
 
 
 class BrokerProcess:
-    """`tiered serve` as an operator runs it, on loopback ports of its own."""
+    """`tiered serve` as an operator runs it, on loopback ports of its own; with `local_only`, the same broker without
+    its tiering layer (bench/local_broker.py)."""
 
     def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None,
-                 profile_path: Path | None = None):
+                 profile_path: Path | None = None, local_only: bool = False):
         self.data_dir = data_dir
         self.port = free_port()
         self.http_port = free_port()
         self.extra = extra
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.profile_path = profile_path
+        self.program = ["bench.local_broker"] if local_only else ["tiered.cli.main", "serve"]
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -113,7 +115,7 @@ class BrokerProcess:
         runner = [sys.executable]
         if self.profile_path is not None:
             runner += ["-m", "cProfile", "-o", str(self.profile_path)]
-        cmd = [*runner, "-m", "tiered.cli.main", "serve", "-p", str(self.data_dir), "-l", f"127.0.0.1:{self.port}",
+        cmd = [*runner, "-m", *self.program, "-p", str(self.data_dir), "-l", f"127.0.0.1:{self.port}",
                "-P", f"127.0.0.1:{self.http_port}", "--log-level", "warning", *self.extra]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,

@@ -12,6 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from tiered.protocol.bundle import NATIVE_SCAN
+
 # Latency buckets in seconds, for produce acknowledgement latency per topic.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -137,6 +139,8 @@ BLOCKS_IN_FLIGHT = Gauge("tiered_blocks_in_flight", "blocks uploading or committ
 SEGMENTS_PENDING_UPLOAD = Gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied")
 UPLOAD_LAG_BYTES = Gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket")
 UPLOAD_LAG_SECONDS = Gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket")
+NATIVE_BUNDLE_SCAN = Gauge("tiered_native_bundle_scan", "1 when produce requests are read by the native extension, "
+                           "0 when by the pure-Python fallback")
 
 
 
@@ -158,6 +162,9 @@ class Metrics:
         for timing in DECLARED_TIMINGS:
             self.histograms[timing.name] = Histogram()
             self.help[timing.name] = timing.help
+        # An install without a C compiler runs the pure-Python reading of produce requests: correct, several times
+        # slower per request. Exported so that such a deployment is seen, not guessed from its CPU.
+        self.gauge(NATIVE_BUNDLE_SCAN, lambda: 1.0 if NATIVE_SCAN else 0.0)
 
     def produced(self, topic: str, size_bytes: int, messages: int) -> None:
         self.produced_bytes[topic] += size_bytes

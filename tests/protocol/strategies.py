@@ -9,7 +9,7 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from tiered.protocol.bundle import Message
+from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, Message, encode_bundle
 from tiered.protocol.codes import (
     PRODUCE_PARTITION_STATUSES,
     PRODUCE_TOPIC_STATUSES,
@@ -369,3 +369,33 @@ def sparse_seqs(draw, count: int) -> list[int]:
         seq += gap + 1
         seqs.append(seq)
     return seqs
+
+
+@st.composite
+def bundles(draw) -> bytes:
+    """A valid bundle: plain or sparse, uncompressed or snappy."""
+    messages = draw(message_lists(max_size=20))
+    codec = draw(st.sampled_from([CODEC_NONE, CODEC_SNAPPY]))
+    if draw(st.booleans()):
+        seqs = draw(sparse_seqs(len(messages)))
+        messages = [Message(m.value, m.key, m.ts_ms, s) for m, s in zip(messages, seqs)]
+        return encode_bundle(messages, codec=codec, sparse=True)
+    return encode_bundle(messages, codec=codec)
+
+
+@st.composite
+def mutations(draw, payload: bytes) -> bytes:
+    """`payload` with a few bytes overwritten, inserted or deleted; overwrites favour 0x00 and 0xff."""
+    data = bytearray(payload)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["set", "insert", "delete"]))
+        position = draw(st.integers(0, len(data)))
+        byte = draw(st.one_of(st.sampled_from([0x00, 0xFF, 0x80, 0x7F]), st.integers(0, 0xFF)))
+        if kind == "insert":
+            data.insert(position, byte)
+        elif position < len(data):
+            if kind == "set":
+                data[position] = byte
+            else:
+                del data[position]
+    return bytes(data)

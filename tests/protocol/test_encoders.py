@@ -1,6 +1,9 @@
 """Encoders refuse values that cannot go on the wire, with a ValueError, instead of writing bytes TANK would misread."""
 
 import pytest
+from hypothesis import assume, given
+
+from tests.protocol.strategies import budget, produce_responses
 
 from tiered.protocol.codes import (
     UINT64_MAX,
@@ -51,6 +54,7 @@ from tiered.protocol.responses import (
     encode_discover_partitions_response,
     encode_discover_topics_response,
     encode_discover_topology_response,
+    encode_produce_codes,
     encode_produce_response,
     encode_reload_conf_response,
     encode_status_response,
@@ -185,6 +189,35 @@ def test_produce_response_run_with_mixed_statuses(run):
     # Consecutive results with one name are one run on the wire: it is all topic-level (one status) or all partitions.
     with pytest.raises(ValueError, match="one topic-level"):
         encode_produce_response(ProduceResponse(1, run))
+
+
+def as_codes(topics) -> list:
+    """encode_produce_codes' form of ProduceTopicResults (None for an OTHER_LEADER, which it does not take)."""
+    out = []
+    for t in topics:
+        if any(p.leader is not None or p.code == ProduceStatus.OTHER_LEADER for p in t.partitions):
+            return None
+        out.append((t.name, t.status, bytearray(p.code for p in t.partitions) if t.status is None else None))
+    return out
+
+
+@budget(300)
+@given(produce_responses())
+def test_produce_codes_encode_as_the_response_encoder(case):
+    resp, _ = case
+    codes = as_codes(resp.topics)
+    assume(codes is not None)
+    assert encode_produce_codes(resp.request_id, codes) == encode_produce_response(resp)
+
+
+@pytest.mark.parametrize("topics", [[t] for t in PRODUCE_RESPONSE_REFUSALS if as_codes([t]) is not None]
+                         + [list(run) for run in [(UNKNOWN_T, ProduceTopicResult("t", None, (PartitionStatus(0),))),
+                                                  (UNKNOWN_T, ProduceTopicResult("t", ProduceStatus.READ_ONLY, ()))]])
+def test_produce_codes_refuse_what_the_response_encoder_refuses(topics):
+    with pytest.raises(ValueError):
+        encode_produce_response(ProduceResponse(1, tuple(topics)))
+    with pytest.raises(ValueError):
+        encode_produce_codes(1, [(t.name, t.status, bytearray(p.code for p in t.partitions)) for t in topics])
 
 
 CONSUME_REFUSALS = [

@@ -9,16 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.protocol.hexbytes import h
-from tests.protocol.strategies import CODECS, budget, message_lists, produce_requests, sparse_seqs
-from tiered.protocol.bundle import (
-    CODEC_NONE,
-    CODEC_SNAPPY,
-    Message,
-    decode_bundle,
-    encode_bundle,
-    maybe_record,
-    read_bundle_header,
-)
+from tests.protocol.strategies import CODECS, budget, bundles, mutations, produce_requests
+from tiered.protocol.bundle import decode_bundle, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import maybe_frame
 from tiered.protocol.requests import (
@@ -47,24 +39,6 @@ def survives(decode, *args):
         return decode(*args)
     except ProtocolError:
         return ProtocolError
-
-
-@st.composite
-def mutations(draw, payload: bytes) -> bytes:
-    """`payload` with a few bytes overwritten, inserted or deleted; overwrites favour 0x00 and 0xff."""
-    data = bytearray(payload)
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["set", "insert", "delete"]))
-        position = draw(st.integers(0, len(data)))
-        byte = draw(st.one_of(st.sampled_from([0x00, 0xFF, 0x80, 0x7F]), st.integers(0, 0xFF)))
-        if kind == "insert":
-            data.insert(position, byte)
-        elif position < len(data):
-            if kind == "set":
-                data[position] = byte
-            else:
-                del data[position]
-    return bytes(data)
 
 
 # --- requests and responses -----------------------------------------------------------------------------------------
@@ -155,17 +129,6 @@ def test_maybe_varint_and_maybe_record_random(raw, position):
     if got not in (None, ProtocolError):
         start, end = got
         assert position < start < end <= len(raw)
-
-
-@st.composite
-def bundles(draw) -> bytes:
-    messages = draw(message_lists(max_size=20))
-    codec = draw(st.sampled_from([CODEC_NONE, CODEC_SNAPPY]))
-    if draw(st.booleans()):
-        seqs = draw(sparse_seqs(len(messages)))
-        messages = [Message(m.value, m.key, m.ts_ms, s) for m, s in zip(messages, seqs)]
-        return encode_bundle(messages, codec=codec, sparse=True)
-    return encode_bundle(messages, codec=codec)
 
 
 @budget(300)

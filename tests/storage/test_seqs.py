@@ -14,6 +14,7 @@ from tiered.protocol.bundle import decode_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.bounds import Boundary, Eof
 from tiered.storage import InvalidSeqnums, ReadRange
+from tiered.storage.partition_log import MAX_SEQ
 
 
 def test_plain_bundles_take_consecutive_seqs(open_storage_log):
@@ -85,10 +86,24 @@ def test_observed_invalid_seqnums_case(open_storage_log):
         log.append(plain_bundle(b"y"), base_seq=10)
 
 
+def test_seqs_stop_at_max_seq(open_storage_log):
+    # The catalog holds seqs as signed 64-bit integers: a log never takes one it could not commit.
+    log = open_storage_log()
+    with pytest.raises(InvalidSeqnums, match="seqs are 1.."):
+        log.append(sparse_bundle(MAX_SEQ, MAX_SEQ + 1))
+    with pytest.raises(InvalidSeqnums):
+        log.append(plain_bundle(b"a", b"b"), base_seq=MAX_SEQ)
+    assert log.last_assigned == 0 and log.active is None
+    assert log.append(sparse_bundle(MAX_SEQ - 1, MAX_SEQ)).last_seq == MAX_SEQ
+    with pytest.raises(InvalidSeqnums):
+        log.append(plain_bundle(b"c"))
+
+
 @pytest.mark.parametrize(
     "bundle",
-    [b"", b"\x80\x00\x00", b"\x06\x00", b"\x00\x00", b"\x44" + b"\x00" * 4],
-    ids=["empty", "reserved-bit", "codec-2", "zero-count", "truncated-sparse"],
+    [b"", b"\x80\x00\x00", b"\x06\x00", b"\x00\x00", b"\x44" + b"\x00" * 4, b"\x14\x00" + b"\x00" * 8 + b"\x01a",
+     b"\x04\x00" + b"\x00" * 8 + b"\x01a\x00"],
+    ids=["empty", "reserved-bit", "codec-2", "zero-count", "truncated-sparse", "count-5-holds-1", "trailing-byte"],
 )
 def test_bad_bundles_raise_protocol_error(open_storage_log, bundle):
     log = open_storage_log()

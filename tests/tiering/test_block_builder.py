@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
-from tiered.protocol.bundle import Message, encode_bundle, encode_record
+from tiered.protocol.bundle import Message, encode_bundle, encode_record, validate_bundle
+from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import AckOutcome
-from tiered.tiering.block_builder import BlockBuilder, NotLeading
+from tiered.tiering.block_builder import BlockBuilder, NotLeading, record_stats
 from tiered.tiering.block_format import decode_block, encode_block
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.remote_fetch import trim_chunk
@@ -46,6 +47,25 @@ def test_a_block_closes_by_size():
     assert not builder.should_close(1)
     builder.add("t", 0, 2, 2, record([b"y" * 60]), 1, now_ms=1)
     assert builder.should_close(1)
+
+
+def test_stamps_beyond_the_signed_64_bit_range_are_recorded_at_its_top():
+    builder = leading(("t", 0), ("u", 0))
+    top = (1 << 63) - 1
+    builder.add("t", 0, 1, 2, record([b"a", b"b"], ts=(1 << 64) - 2), 1, now_ms=0)
+    builder.add("u", 0, 1, 1, record([b"c"], ts=5), 1, now_ms=0)
+    builder.add("u", 0, 2, 2, record([b"d"], ts=1 << 63), 1, now_ms=0)
+    t, u = builder.close().runs
+    assert (t.min_ts_ms, t.max_ts_ms) == (top, top) and (u.min_ts_ms, u.max_ts_ms) == (5, top)
+    encode_block([(t.meta(), b"".join(t.records))])  # the footer takes them
+
+
+def test_facts_spare_the_builder_a_walk_and_bad_records_are_refused():
+    r = record([b"a", b"b"], ts=40)
+    facts = validate_bundle(r[1:])
+    assert record_stats(r, facts) == record_stats(r) == (2, 40, 41)
+    with pytest.raises(ProtocolError, match="ends after 1 of 2"):
+        record_stats(encode_record(b"\x08\x00" + bytes(8) + b"\x01a"))
 
 
 def test_runs_are_grouped_by_partition_byte_for_byte_with_stats():

@@ -26,15 +26,21 @@ DiscoverTopics (0x0b):      request_id u32, flags u8
 DiscoverTopology (0x0c):    request_id u32, flags u8
 
 Readers take a frame payload (bytes or memoryview) and raise ProtocolError on anything that does not parse exactly
-to its end. Bundles are returned as views of the payload: the produce reader checks framing only, the broker
-validates each bundle header itself.
+to its end. Bundles are returned as views of the payload: `read_produce_request` checks framing only;
+`read_checked_produce` (what the broker reads) also validates every bundle completely, in one native pass when the
+extension (_bundlescan.c) is built.
+
+The produce request types are NamedTuples rather than frozen dataclasses: the broker builds them for every request,
+and a tuple is built ten times faster.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.frame import MsgType
 from tiered.protocol.wire import U8, U16, U32, U64, Reader, pack, pack_count8, pack_str8, pack_varint
@@ -67,6 +73,7 @@ __all__ = [
     "read_discover_partitions_request",
     "read_discover_topics_request",
     "read_discover_topology_request",
+    "read_checked_produce",
     "read_produce_request",
     "read_reload_conf_request",
     "read_status_request",
@@ -88,21 +95,18 @@ CONSUME_FLAGS_VERSION = 3
 # --- produce ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ProducePartition:
+class ProducePartition(NamedTuple):
     partition: int
     bundle: bytes | memoryview
     base_seq: int | None = None  # ProduceWithSeqnum (0x05) only
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceTopic:
+class ProduceTopic(NamedTuple):
     name: str
     partitions: tuple[ProducePartition, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceRequest:
+class ProduceRequest(NamedTuple):
     request_id: int
     topics: tuple[ProduceTopic, ...]
     with_seqnum: bool = False  # sent as MsgType.PRODUCE_WITH_SEQNUM
@@ -133,6 +137,18 @@ def read_produce_request(payload, with_seqnum: bool) -> ProduceRequest:
     return ProduceRequest(
         request_id, tuple(topics), with_seqnum, client_version, client_id, required_acks, ack_timeout_ms
     )
+
+
+def read_checked_produce(payload, with_seqnum: bool) -> tuple[ProduceRequest, list[BundleFacts]]:
+    """The request, as read_produce_request reads it, and the facts of each of its bundles in request order, every
+    bundle validated completely (validate_bundle). Raises the ProtocolError that reading the request, then validating
+    its bundles one by one, would raise first."""
+    if _bundlescan is not None:
+        got = _bundlescan.scan_produce(payload, with_seqnum)
+        if got is not None:
+            return got
+    req = read_produce_request(payload, with_seqnum)  # raises for the framing fault the native scan found
+    return req, [validate_bundle(p.bundle) for t in req.topics for p in t.partitions]
 
 
 def encode_produce_request(req: ProduceRequest) -> bytes:
@@ -380,3 +396,11 @@ def peek_request_id(msg_id: int, payload) -> int | None:
     if position is None or len(payload) < position + REQUEST_ID.size:
         return None
     return U32.unpack_from(payload, position)[0]
+
+
+try:
+    from tiered.protocol import _bundlescan
+except ImportError:  # the extension is not built: read_checked_produce reads and validates in Python
+    _bundlescan = None
+else:
+    _bundlescan.register(BundleFacts, ProduceRequest, ProduceTopic, ProducePartition)

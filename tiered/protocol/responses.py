@@ -23,6 +23,7 @@ Status (0x0a):
     version u32 (400)                                                                 (older brokers: absent)
 
 Readers validate every status byte against TANK's codes: TANK's own client aborts on codes it does not know.
+The broker encodes its produce answers with `encode_produce_codes` (the same bytes, from plain status bytes).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ __all__ = [
     "encode_discover_partitions_response",
     "encode_discover_topics_response",
     "encode_discover_topology_response",
+    "encode_produce_codes",
     "encode_produce_response",
     "encode_reload_conf_response",
     "encode_status_response",
@@ -164,6 +166,36 @@ def encode_produce_response(resp: ProduceResponse) -> bytes:
             elif p.leader is not None:
                 raise ValueError(f"{where}: a leader is only sent with OTHER_LEADER")
     return b"".join(out)
+
+
+# Partition-level statuses a broker answers with that carry nothing more (OTHER_LEADER carries an endpoint).
+_PLAIN_PARTITION_STATUSES = bytes(sorted(PRODUCE_PARTITION_STATUSES - {ProduceStatus.OTHER_LEADER}))
+
+
+def encode_produce_codes(request_id: int, topics) -> bytes:
+    """encode_produce_response for a broker's answer, without building the dataclasses: `topics` holds each request
+    topic, in request order, as (name, topic-level status or None, a bytes-like of one partition status per
+    partition); OTHER_LEADER is not among them. The same bytes as encode_produce_response, and the same refusals."""
+    out = bytearray(pack(REQUEST_ID, "request id", request_id))
+    run_name = run_status = None
+    for i, (name, status, codes) in enumerate(topics):
+        in_run = i > 0 and name == run_name
+        if in_run and status != run_status:
+            raise ValueError(f"topic {name!r}: {{{run_status}, {status}}} is not one topic-level produce status for "
+                             "the run")
+        run_name, run_status = name, status
+        if status is None:
+            if codes.translate(None, _PLAIN_PARTITION_STATUSES):
+                raise ValueError(f"topic {name!r}: {bytes(codes).hex()} holds a code that is not a plain "
+                                 "partition-level produce status")
+            out += codes
+        elif status not in PRODUCE_TOPIC_STATUSES:
+            raise ValueError(f"topic {name!r}: {status} is not one topic-level produce status for the run")
+        elif codes:
+            raise ValueError(f"topic {name!r}: a topic-level status stands for all its partitions")
+        elif not in_run:
+            out.append(status)
+    return bytes(out)
 
 
 def read_produce_response(payload, request: ProduceRequest) -> ProduceResponse:

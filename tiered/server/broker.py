@@ -23,7 +23,7 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.server.admin import AdminHandler
-from tiered.server.connection import IDLE_TIMEOUT_S, Connection
+from tiered.server.connection import IDLE_TIMEOUT_S, Connection, serve
 from tiered.server.consume import ConsumeHandler
 from tiered.server.fetch import FetchResolver
 from tiered.server.produce import ProduceHandler
@@ -76,7 +76,7 @@ class Broker:
         await self.tier.start()
         await self._open_partitions()
         host, port = self.settings.listen_endpoint()
-        self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True, limit=1 << 20)
+        self.server = await serve(self, host, port)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.ready = True
         log.info(
@@ -160,17 +160,6 @@ class Broker:
         await self.tier.stop(deadline)
         self.registry.close()
         log.info("stopped")
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.stopping:
-            writer.close()
-            return
-        conn = Connection(self, reader, writer)
-        self.connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self.connections.discard(conn)
 
     # -- the data path ----------------------------------------------------------------------------------------
 

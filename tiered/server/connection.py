@@ -2,29 +2,40 @@
 
 Invariants:
 - A malformed frame, an oversized frame (> 256 MiB), an unknown message id or a payload that does not decode closes
-  this connection only; nothing has been applied for that request (produce validates before appending).
-- Requests are processed in the order they arrive. A long-poll consume or a produce waiting for its durable ack
-  runs as a task of its own, so later requests on the connection are not held up by it.
+  this connection only; nothing has been applied for that request (produce validates before appending). Requests
+  before it on the connection are processed and answered first.
+- Requests are processed in the order they arrive, by one task per connection. A long-poll consume or a produce
+  waiting for its durable ack runs as a task of its own, so later requests on the connection are not held up by it.
 - A response is written whole under the write lock (frame head, then chunks with sendfile), so concurrent
-  responses never interleave.
+  responses never interleave. Responses queued in one turn of the event loop go out in one write.
 - A connection with nothing in flight that sends nothing for 16 s is closed, as TANK's idle_connection_ttl.
+
+The connection is an asyncio.BufferedProtocol rather than a stream pair: bytes are received straight into its
+buffer (a frame of BIG_FRAME_BYTES or more straight into a buffer of its own, which becomes the request payload
+without another copy), and frames are cut there, so a request costs no StreamReader buffering, no intermediate
+copies and no future per read. Buffers grow with the bytes received, never ahead of them. While more than
+MAX_QUEUED_BYTES of whole frames wait for the request task, reading pauses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
-from tiered.protocol.errors import ProtocolError
-from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
 from tiered.protocol import requests as rq
+from tiered.protocol.errors import ProtocolError
+from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 
 from tiered.server.fetch import FileChunk
 
 log = logging.getLogger("tiered.server")
 
 IDLE_TIMEOUT_S = 16.0
-READ_BYTES = 256 * 1024
+MIN_READ_BYTES = 16 * 1024  # the receive buffer starts this large, and doubles while reads fill it ...
+READ_BYTES = 256 * 1024  # ... up to this
+BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own, grown as its bytes arrive
+MAX_QUEUED_BYTES = 4 << 20  # whole frames waiting for the request task; past this, reading pauses
 WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for the client to read
 
 
@@ -32,65 +43,257 @@ class CloseConnection(Exception):
     """Raised by a handler to close the connection after a request that must not be answered."""
 
 
-class Connection:
-    def __init__(self, broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+def _grown(data: bytearray, filled: int, capacity: int) -> bytearray:
+    """A new buffer of `capacity` bytes holding data[:filled]."""
+    grown = bytearray(capacity)
+    grown[:filled] = data[:filled]
+    return grown
+
+
+async def serve(broker, host: str, port: int) -> asyncio.AbstractServer:
+    """The TANK listener: one Connection per accepted socket."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: Connection(broker), host, port, reuse_address=True)
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, broker):
         self.broker = broker
-        self.reader = reader
-        self.writer = writer
-        self.peer = writer.get_extra_info("peername")
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.peer = None
         self.write_lock = asyncio.Lock()
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
         self.idle_timeout_s = broker.idle_timeout_s
         self._pending: list[bytes] = []  # responses queued for the next flush
         self._flush_scheduled = False
+        # Receiving: frames are cut from _buf[_start:_end]; a big frame of _big_length bytes fills _big, _big_filled
+        # bytes so far. Memory follows what was received: no buffer is sized from a length the client announced.
+        self._buf = bytearray(MIN_READ_BYTES)
+        self._start = self._end = 0
+        self._big: bytearray | None = None
+        self._big_msg_id = 0
+        self._big_length = 0
+        self._big_filled = 0
+        self._frames: deque[tuple[int, bytes | bytearray] | ProtocolError] = deque()
+        self._queued_bytes = 0
+        self._reading_paused = False
+        self._eof = False
+        self._frames_ready: asyncio.Future | None = None  # the request task waits on it for frames
+        # Writing: paused by the transport above WRITE_BUFFER_HIGH_BYTES unsent.
+        self._writing_paused = False
+        self._drained: list[asyncio.Future] = []
+        self._lost = self.loop.create_future()
+        self._busy = False  # the request task is in a request (which may wait on admission or a lock)
+        self._last_activity = self.loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._runner: asyncio.Task | None = None
+
+    @property
+    def receive_buffer_bytes(self) -> int:
+        """Memory held for bytes received and not yet cut into whole frames (capacity, not content)."""
+        return len(self._buf) + (len(self._big) if self._big is not None else 0)
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether reading is paused because whole frames wait for the request task (or a frame was refused)."""
+        return self._reading_paused
+
+    # -- asyncio.BufferedProtocol -------------------------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        if self.broker.stopping:
+            self.closed = True
+            transport.close()
+            return
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
+        self.broker.connections.add(self)
+        self._idle_timer = self.loop.call_later(self.idle_timeout_s, self._check_idle)
+        self._runner = self.loop.create_task(self.run())
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # No view of a buffer is alive here (asyncio drops the previous one after buffer_updated), but buffers are
+        # replaced rather than resized all the same: a BufferError would kill the transport.
+        big = self._big
+        if big is not None:
+            if self._big_filled == len(big):
+                self._big = big = _grown(big, self._big_filled, min(2 * len(big), self._big_length))
+            return memoryview(big)[self._big_filled :]  # never past the end of the big frame
+        if self._end == len(self._buf):
+            self._make_room()
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._last_activity = self.loop.time()
+        if self._big is not None:
+            self._big_filled += nbytes
+            if self._big_filled == self._big_length:
+                self._queue_frame(self._big_msg_id, self._big)
+                self._big = None
+                self._wake()
+            return
+        self._end += nbytes
+        self._cut_frames()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return True  # half-closed: the requests already received are still answered, then the task closes it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self.closed = True
+        if not self._lost.done():
+            self._lost.set_result(None)
+        for waiter in self._drained:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+        self._drained.clear()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drained:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drained.clear()
+
+    # -- frames ----------------------------------------------------------------------------------------------------
+
+    def _cut_frames(self) -> None:
+        buf, start, end = self._buf, self._start, self._end
+        while end - start >= FRAME_HEADER.size:
+            msg_id, length = FRAME_HEADER.unpack_from(buf, start)
+            if length > MAX_FRAME_BYTES:
+                # Refused as soon as its header is here, rather than buffering a quarter gigabyte.
+                self._frames.append(ProtocolError(f"frame length {length} exceeds {MAX_FRAME_BYTES} bytes", start + 1))
+                self._pause_reading()
+                start = end
+                break
+            stop = start + FRAME_HEADER.size + length
+            if stop <= end:
+                self._queue_frame(msg_id, buf[start + FRAME_HEADER.size : stop])
+                start = stop
+                continue
+            if length >= BIG_FRAME_BYTES:
+                have = end - start - FRAME_HEADER.size
+                self._big = _grown(buf[start + FRAME_HEADER.size : end], have, min(max(READ_BYTES, have), length))
+                self._big_msg_id, self._big_length, self._big_filled = msg_id, length, have
+                start = end
+            break
+        if start == end:
+            start = end = 0
+        self._start, self._end = start, end
+
+    def _make_room(self) -> None:
+        """_buf is full up to its end: reads are filling it, so it doubles up to READ_BYTES; once there, the partial
+        frame at _start moves to the front (it is shorter than a big frame, so it fits)."""
+        size = self._end - self._start
+        if len(self._buf) < READ_BYTES:
+            self._buf = _grown(self._buf[self._start : self._end], size, 2 * len(self._buf))
+        else:
+            self._buf[:size] = self._buf[self._start : self._end]
+        self._start, self._end = 0, size
+
+    def _queue_frame(self, msg_id: int, payload: bytes | bytearray) -> None:
+        self._frames.append((msg_id, payload))
+        self._queued_bytes += len(payload)
+        if self._queued_bytes > MAX_QUEUED_BYTES:
+            self._pause_reading()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and not self.closed:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _wake(self) -> None:
+        waiter = self._frames_ready
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _next_frames(self) -> None:
+        """Waits until a frame, an error or the end of the stream is there."""
+        self._frames_ready = self.loop.create_future()
+        try:
+            await self._frames_ready
+        finally:
+            self._frames_ready = None
+
+    def _check_idle(self) -> None:
+        """TANK's idle_connection_ttl: nothing in flight and nothing received for idle_timeout_s closes it."""
+        self._idle_timer = None
+        if self.closed:
+            return
+        now = self.loop.time()
+        if self.tasks or self._busy or self._frames:
+            self._last_activity = now
+        due = self._last_activity + self.idle_timeout_s
+        if now < due:
+            self._idle_timer = self.loop.call_at(due, self._check_idle)
+            return
+        log.info("closing idle connection from %s", self.peer)
+        self.abort()
+
+    # -- requests --------------------------------------------------------------------------------------------------
 
     def spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
+        self._last_activity = self.loop.time()
         if not task.cancelled() and task.exception() is not None:
             log.error("request task on %s failed: %r", self.peer, task.exception())
             self.abort()
 
     async def run(self) -> None:
-        frames = FrameBuffer()
+        frames = self._frames
         try:
             await self.send(MsgType.PING, b"")  # TANK introduces itself with one ping on accept
             while not self.closed:
-                got = frames.next_frame()
-                if got is None:
-                    data = await self._read()
-                    if not data:
+                if not frames:
+                    if self._eof:
                         break
-                    frames.feed(data)
+                    await self._next_frames()
                     continue
-                await self.dispatch(*got)
-        except ProtocolError as exc:
+                item = frames.popleft()
+                if isinstance(item, ProtocolError):
+                    raise item
+                msg_id, payload = item
+                self._queued_bytes -= len(payload)
+                if self._reading_paused and self._queued_bytes <= MAX_QUEUED_BYTES // 2 and not self.closed:
+                    self._reading_paused = False
+                    self.transport.resume_reading()
+                self._busy = True
+                try:
+                    await self.dispatch(msg_id, payload)
+                finally:
+                    self._busy = False
+        except (ProtocolError, CloseConnection) as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
-        except CloseConnection as exc:
-            log.warning("closing connection from %s: %s", self.peer, exc)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except ConnectionError:
             pass
-        except asyncio.TimeoutError:
-            log.info("closing idle connection from %s", self.peer)
         finally:
             await self.close()
+            self.broker.connections.discard(self)
 
-    async def _read(self) -> bytes:
-        if self.tasks:
-            return await self.reader.read(READ_BYTES)
-        return await asyncio.wait_for(self.reader.read(READ_BYTES), self.idle_timeout_s)
-
-    async def dispatch(self, msg_id: int, payload: bytes) -> None:
+    async def dispatch(self, msg_id: int, payload) -> None:
         h = self.broker.handlers
         if msg_id == MsgType.PRODUCE:
-            await h.produce.handle(self, rq.read_produce_request(payload, with_seqnum=False))
+            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
         elif msg_id == MsgType.PRODUCE_WITH_SEQNUM:
-            await h.produce.handle(self, rq.read_produce_request(payload, with_seqnum=True))
+            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
         elif msg_id == MsgType.CONSUME:
             await h.consume.handle(self, rq.read_consume_request(payload))
         elif msg_id == MsgType.PING:
@@ -110,63 +313,76 @@ class Connection:
         else:
             raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
 
+    # -- responses -------------------------------------------------------------------------------------------------
+
     async def send(self, msg_id: int, payload: bytes) -> None:
         """Queues one response. Responses queued in the same turn of the event loop (pipelined requests) go out in
         one write, so a burst of small responses costs one send() syscall rather than one each."""
-        async with self.write_lock:
-            if self.closed:
-                return
-            self._pending.append(encode_frame(msg_id, payload))
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
-            if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
-                await self._drain()
+        if self.write_lock.locked():  # a consume response is going out: this one follows it
+            async with self.write_lock:
+                self._queue_response(msg_id, payload)
+        else:
+            self._queue_response(msg_id, payload)
+        if self._writing_paused:
+            await self._drain()
+
+    def _queue_response(self, msg_id: int, payload: bytes) -> None:
+        """Only while the write lock is free: a consume response going out must not be cut into."""
+        if self.closed:
+            return
+        self._pending.append(encode_frame(msg_id, payload))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._pending and not self.closed:
-            self.writer.write(b"".join(self._pending))
+            self.transport.write(b"".join(self._pending) if len(self._pending) > 1 else self._pending[0])
         self._pending.clear()
 
     async def send_consume(self, head: bytes, chunks) -> None:
         """A consume response: the frame head with the partition header, then every chunk in header order."""
-        loop = asyncio.get_running_loop()
         async with self.write_lock:
             if self.closed:
                 return
             self._flush()  # queued responses go first, in order
-            self.writer.write(head)
+            self.transport.write(head)
             for chunk in chunks:
                 if isinstance(chunk, FileChunk):
-                    sent = await loop.sendfile(self.writer.transport, chunk.file, chunk.start, chunk.size)
+                    sent = await self.loop.sendfile(self.transport, chunk.file, chunk.start, chunk.size)
                     if sent != chunk.size:
                         # The frame length is already on the wire: a short chunk would desynchronise the client.
                         log.error("sendfile sent %d of %d bytes to %s; closing", sent, chunk.size, self.peer)
                         self.abort()
                         return
                 else:
-                    self.writer.write(chunk.data)
+                    self.transport.write(chunk.data)
             await self._drain()
 
     async def _drain(self) -> None:
+        if not self._writing_paused or self.closed:
+            return
+        waiter = self.loop.create_future()
+        self._drained.append(waiter)
         try:
-            await self.writer.drain()
+            await waiter
         except ConnectionError:
             self.abort()
 
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
-            self.writer.transport.abort()
+            self.transport.abort()
+        self._wake()
 
     async def close(self) -> None:
         self._flush()
         self.closed = True
+        self._wake()
         for task in list(self.tasks):
             task.cancel()
-        try:
-            self.writer.close()
-            await self.writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self.transport.close()
+        await self._lost

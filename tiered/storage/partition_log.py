@@ -3,7 +3,7 @@
 Seqs (PROTOCOL.md §3.1, §3.3, §10):
 - `last_assigned`: the highest seq ever given out (0 when nothing ever was). A plain produce gets last_assigned+1;
   a 0x05 produce names its first seq; a sparse bundle names first and last in its header. Explicit seqs must be
-  above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap.
+  above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap. No seq exceeds MAX_SEQ (2**63 - 1).
 - `last_held`: the last seq of the newest record on disk (0 when none); below last_assigned only after
   `ensure_next_seq` (seqs committed elsewhere).
 - `first_available`: the base of the oldest local segment, 0 when the log holds nothing.
@@ -27,12 +27,11 @@ import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
-from tiered.protocol.bundle import BundleHeader, read_bundle_header
+from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
-from tiered.protocol.codes import UINT64_MAX
 from tiered.storage.reads import ReadRange, find_start, range_end
 from tiered.storage.records import iter_records, pread_exact
 from tiered.storage.recovery import RecoveredLog, RecoveryReport, recover_partition
@@ -43,20 +42,25 @@ from tiered.storage.truncate import TruncateReport, truncate_partition_dir
 
 log = logging.getLogger("tiered.storage")
 
+# The highest seq a log takes: the catalog (and every store of seqs beside the wire) holds them as signed 64-bit
+# integers, so a seq above this would be appended here and then never committed. TANK's wire allows up to 2**64 - 1.
+MAX_SEQ = (1 << 63) - 1
+
 
 class InvalidSeqnums(ValueError):
     """Produce error 0x0a: an explicit first seq not above last_assigned, or a last seq below the first."""
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
+    """One append; a NamedTuple rather than a frozen dataclass, as the produce path builds one per bundle."""
+
     first_seq: int
     last_seq: int
     segment_base: int
     position: int
     end_position: int
     record: bytes  # exactly the bytes written: {varint length, bundle}
-    header: BundleHeader | None = None  # the bundle's parsed header, so later stages need not parse it again
+    header: BundleFacts  # the bundle's header and timestamp bounds, so later stages need not read it again
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,32 +191,38 @@ class PartitionLog:
     # ------------------------------------------------------------------------------------------- writes
 
     def append(self, bundle: bytes | memoryview, base_seq: int | None = None,
-               header: BundleHeader | None = None) -> AppendResult:
-        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq; `header`,
-        when the caller already parsed it with read_bundle_header, saves parsing it again."""
-        header = header or read_bundle_header(bundle)
-        if len(bundle) > MAX_VARINT:
-            raise ProtocolError(f"bundle of {len(bundle)} bytes does not fit a segment record")
+               facts: BundleFacts | None = None) -> AppendResult:
+        """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq.
+
+        The log holds only whole, valid bundles: the bundle is validated completely (ProtocolError, nothing written)
+        unless the caller passes the `facts` validate_bundle already returned for it."""
+        facts = facts or validate_bundle(bundle)
+        size = len(bundle)
+        if size > MAX_VARINT:
+            raise ProtocolError(f"bundle of {size} bytes does not fit a segment record")
         with self._lock:
-            self._check_open()
-            if header.sparse:
-                first, last = header.first_seq, header.last_seq
+            if self._closed:
+                self._check_open()
+            if facts.sparse:
+                first, last = facts.first_seq, facts.last_seq
             elif base_seq is not None:
-                first, last = base_seq, base_seq + header.count - 1
+                first, last = base_seq, base_seq + facts.count - 1
             else:
-                first, last = self._last_assigned + 1, self._last_assigned + header.count
-            explicit = header.sparse or base_seq is not None
+                first, last = self._last_assigned + 1, self._last_assigned + facts.count
+            explicit = facts.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
-            if first < 1 or last < first or last > UINT64_MAX:
-                raise InvalidSeqnums(f"seq range {first}..{last} is invalid")
-            record = encode_varint(len(bundle)) + bytes(bundle)
+            if first < 1 or last < first or last > MAX_SEQ:
+                raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
+            record = b"".join((encode_varint(size), bundle))  # the bundle is copied once, from the request
             now = self._now_s()
-            segment = self._segment_for(first, last, header.sparse, len(record), now)
-            position = segment.append(record, first, last, self.config.log_index_interval_bytes)
+            segment = self._segment_for(first, last, facts.sparse, len(record), now)
+            config = self.config
+            position = segment.append(record, first, last, config.log_index_interval_bytes)
             self._last_assigned = last
-            self._count_for_flush(header.count, now)
-            return AppendResult(first, last, segment.base, position, position + len(record), record, header)
+            if config.flush_messages or self._next_flush_s is not None:
+                self._count_for_flush(facts.count, now)
+            return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

@@ -49,7 +49,10 @@ class SegmentReader(io.FileIO):
 
 
 def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    written = os.write(fd, data)  # almost always all of it, at once
+    if written == len(data):
+        return
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]

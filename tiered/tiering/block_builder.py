@@ -18,7 +18,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from tiered.catalog.blocks import RunMeta
-from tiered.protocol.bundle import BundleHeader, maybe_record, read_bundle_header, timestamp_bounds
+from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
 from tiered.tier_interface import AckOutcome
 
 TopicPartition = tuple[str, int]
@@ -59,13 +59,23 @@ class ClosedBlock:
         return list(dict.fromkeys((r.topic, r.partition) for r in self.runs))
 
 
-def record_stats(record: bytes, header: BundleHeader | None = None) -> tuple[int, int, int]:
-    """(messages, min ts, max ts) of one `{varint len, bundle}` record; `header` if the caller has it parsed."""
-    start, end = maybe_record(record)
-    bundle = memoryview(record)[start:end]
-    header = header or read_bundle_header(bundle)
-    low, high = timestamp_bounds(bundle, header)
-    return header.count, low, high
+# Timestamp bounds are recorded in signed 64-bit integers (the catalog's columns, and the block footers the catalog is
+# rebuilt from), while a message's stamp is a u64. A stamp above this is recorded as this: the bounds stay safe for
+# time pruning, since no time range the catalog can express tells the two apart.
+MAX_RECORDED_TS_MS = (1 << 63) - 1
+
+
+def recorded_ts_bounds(low: int, high: int) -> tuple[int, int]:
+    return min(low, MAX_RECORDED_TS_MS), min(high, MAX_RECORDED_TS_MS)
+
+
+def record_stats(record: bytes, facts: BundleFacts | None = None) -> tuple[int, int, int]:
+    """(messages, min ts, max ts as recorded) of one `{varint len, bundle}` record: from the `facts` the append path
+    validated it with, else from one native pass over the bundle (records re-read from disk at start-up)."""
+    if facts is None:
+        start, end = maybe_record(record)
+        facts = bundle_facts(memoryview(record)[start:end])
+    return (facts.count, *recorded_ts_bounds(facts.min_ts_ms, facts.max_ts_ms))
 
 
 class NotLeading(Exception):
@@ -122,8 +132,9 @@ class BlockBuilder:
         return (topic, partition) in self._leading
 
     def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: bytes, segment_base: int,
-            now_ms: float, ack: asyncio.Future | None = None, header: BundleHeader | None = None) -> None:
-        """Adds one record. Records of a partition must arrive in seq order (the partition log's append order)."""
+            now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
+        """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
+        `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""
         key = (topic, partition)
         lead = self._leading.get(key)
         if lead is None:
@@ -131,7 +142,7 @@ class BlockBuilder:
         epoch, next_from = lead
         if first_seq < next_from:
             raise NotLeading(f"{topic}/{partition}: record {first_seq} does not follow {next_from - 1}")
-        messages, low, high = record_stats(record, header)
+        messages, low, high = record_stats(record, facts)
         runs = self._runs.setdefault(key, [])
         run = runs[-1] if runs else None
         if run is None or run.segment_base != segment_base:

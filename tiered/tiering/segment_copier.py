@@ -31,6 +31,7 @@ from tiered.protocol.errors import ProtocolError
 from tiered.storage.records import iter_records, pread_exact
 from tiered.storage.segment import SealedSegment
 from tiered.tiering import keys
+from tiered.tiering.block_builder import recorded_ts_bounds
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.retrying import Retrying
 from tiered.tiering.store import ObjectStore
@@ -48,7 +49,8 @@ class CopyJob:
 
 
 def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]:
-    """(min, max) message timestamp of a sealed segment file, by walking its bundles (runs in a worker thread)."""
+    """(min, max) message timestamp of a sealed segment file as recorded (recorded_ts_bounds), by one native pass
+    over each of its bundles (runs in a worker thread)."""
     low, high = None, 0
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -60,7 +62,7 @@ def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]
             high = max(high, b_high)
     finally:
         os.close(fd)
-    return low or 0, high
+    return recorded_ts_bounds(low or 0, high)
 
 
 class SegmentCopier:

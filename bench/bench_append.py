@@ -1,0 +1,122 @@
+"""The append path's budgets (issue 13): broker CPU per 1-message produce request and CPU seconds per GB.
+
+Goals (local ack, bundles uncompressed, random content):
+- at most 25 µs of broker CPU per produce request of one 100-byte message;
+- at most 5 CPU s/GB at 100-byte messages and 1.5 CPU s/GB at 1 KiB messages, bundles of 100.
+
+Beside them, for comparison, the same workloads against the broker without its tiering layer (bench/local_broker.py):
+what the append path alone costs, and so how much of each figure is the background upload of blocks.
+
+One broker per workload (`tiered serve` on its embedded defaults: blocks are still uploaded to the local-directory
+store and committed to SQLite in the background, and that CPU counts), with one `produce.ack=local` topic. Each
+workload is one connection to partition 0, closed loop, `window` requests pipelined. The workloads take turns for
+`rounds` rounds (so a burst of other load on this shared machine hits every workload alike) and each figure is the
+median of its rounds; the spread (min..max) is printed beside it. Broker CPU is user + system of every thread.
+With `--profile DIR`, each broker runs under cProfile into DIR/broker-append-<workload>.prof.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import format_table
+from bench.bench_broker import Measurement, create_topic, produce
+from bench.harness import BrokerProcess
+from bench.loadgen import Shape
+
+
+@dataclass(frozen=True)
+class Workload:
+    shape: Shape
+    window: int
+    goal: float | None  # µs per request for 1-message bundles, else CPU s/GB; None: a figure for comparison
+    per_request: bool
+    local_only: bool = False  # the broker without its tiering layer: what the append path alone costs
+
+    @property
+    def topic(self) -> str:
+        return f"a{self.shape.msg_bytes}b{self.shape.bundle_msgs}w{self.window}{'l' if self.local_only else ''}"
+
+    def figure(self, m: Measurement) -> float:
+        if self.per_request:
+            return m.server_cpu_s / (m.messages / self.shape.bundle_msgs) * 1e6
+        return m.cpu_s_per_gb
+
+
+WORKLOADS = (
+    Workload(Shape(100, 1), 16, 25.0, True),
+    Workload(Shape(100, 1), 256, 25.0, True),
+    Workload(Shape(100, 100), 64, 5.0, False),
+    Workload(Shape(1024, 100), 64, 1.5, False),
+    Workload(Shape(100, 1), 256, None, True, local_only=True),
+    Workload(Shape(100, 100), 64, None, False, local_only=True),
+    Workload(Shape(1024, 100), 64, None, False, local_only=True),
+)
+
+
+@dataclass
+class Result:
+    workload: Workload
+    runs: list[Measurement] = field(default_factory=list)
+
+    def figures(self) -> list[float]:
+        return [self.workload.figure(m) for m in self.runs]
+
+
+async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: int | None = None) -> list[Result]:
+    """One broker per workload (so that a profile, one file per workload, holds that workload only), all started
+    first; then the rounds, each running every workload in turn against its broker."""
+    rounds = rounds or (3 if quick else 5)
+    seconds, warmup_s = (1.0, 0.3) if quick else (2.0, 0.5)
+    root = Path(tempfile.mkdtemp(prefix="tiered-bench-append-"))
+    results = [Result(w) for w in WORKLOADS]
+    brokers: list[BrokerProcess] = []
+    try:
+        for w in WORKLOADS:
+            profile = profile_dir / f"broker-append-{w.topic}.prof" if profile_dir else None
+            broker = BrokerProcess(root / w.topic / "data", profile_path=profile, local_only=w.local_only)
+            brokers.append(broker.start())
+            await create_topic(brokers[-1].port, w.topic, 1, {"produce.ack": "local"})
+        for r in range(rounds):
+            for result, broker in zip(results, brokers):
+                w = result.workload
+                log(f"  round {r + 1}/{rounds}: {w.shape.label}, window {w.window} ...")
+                m = await produce(broker.port, w.topic, w.shape, 1, seconds, broker.cpu_s, window=w.window,
+                                  warmup_s=warmup_s if r == 0 else 0.0)
+                if m.errors or not m.messages:
+                    raise RuntimeError(f"{w.shape.label}: {m.errors} failed requests ({m.first_error})")
+                result.runs.append(m)
+    finally:
+        for broker in brokers:
+            broker.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+HEADERS = ("workload", "window", "broker", "figure", "median", "min", "max", "goal", "met", "msgs/s", "broker cores",
+           "other cores")
+
+
+def report(results: list[Result]) -> str:
+    rows = []
+    for result in results:
+        w = result.workload
+        figures = result.figures()
+        median = statistics.median(figures)
+        runs = result.runs
+        rows.append([
+            w.shape.label, w.window, "no tiering" if w.local_only else "whole",
+            "CPU µs/request" if w.per_request else "CPU s/GB", median, min(figures), max(figures),
+            "-" if w.goal is None else w.goal, "-" if w.goal is None else "yes" if median <= w.goal else "no",
+            statistics.median(m.msgs_per_s for m in runs),
+            statistics.median(m.cores(m.server_cpu_s) for m in runs),
+            statistics.median(m.cores(m.other_cpu_s) for m in runs),
+        ])  # fmt: skip
+    rounds = len(results[0].runs) if results else 0
+    return format_table(HEADERS, rows, f"Append path budgets (issue 13), produce.ack=local, 1 connection, medians of "
+                                       f"{rounds} rounds; broker \"no tiering\": the same broker without its tiering "
+                                       "layer (no block upload, no catalog), for comparison")

@@ -1,0 +1,693 @@
+/* tiered.protocol._bundlescan: one native pass over a bundle that validates it completely and returns its facts.
+ *
+ * The native twin of tiered/protocol/bundle.py's `_validate_bundle_py` (read_bundle_header, message_set and the
+ * walk of `_walk_messages`, strict or not), which stays the reference: tests compare the two on arbitrary bytes,
+ * result for result and error for error (same ProtocolError text and position). `scan_produce` reads a whole
+ * produce payload as tiered/protocol/requests.py's read_produce_request does and validates each of its bundles, so
+ * the broker reads a produce request in one native call; on a framing fault it answers None and the reference
+ * reader names the fault.
+ *
+ * Bundle layout (PROTOCOL.md section 4; bundle.py has the same table):
+ *
+ *     flags          u8: bits 0-1 codec (0 none, 1 snappy), bits 2-5 message count if 1..15, bit 6 SPARSE,
+ *                    bit 7 reserved (never set)
+ *     [msg_count]    varint, iff the count bits are 0 (never 0)
+ *     [first_seq]    u64 little-endian, iff SPARSE (never 0)
+ *     [last-first-1] varint, iff SPARSE and msg_count != 1
+ *     message set    the rest; one raw snappy block iff codec == 1
+ *
+ *     message flags  u8: HAVE_KEY 1, USE_LAST_TS 2, SEQ_PREV_PLUS_ONE 4
+ *     [seq delta]    varint, iff SPARSE, neither first nor last, and not SEQ_PREV_PLUS_ONE: seq = prev + delta + 1
+ *     [ts]           u64 milliseconds, iff not USE_LAST_TS (else the previous message's; 0 before the first)
+ *     [key_len, key] u8 + bytes, iff HAVE_KEY
+ *     content_len    varint, then the content
+ *
+ * Varints are LEB128 of at most 5 bytes and 32 bits.
+ *
+ * Invariants. Every read is bounds-checked against the buffer it reads (bundle or message set) before it happens,
+ * with sizes compared as lengths, never as sums that could wrap. Seqs are u64 and compared without overflow
+ * (`delta < last - seq - 1`); an error that must print a seq beyond 64 bits computes it as a Python int. A snappy
+ * message set is decompressed by python-snappy's `uncompress`, as in the reference, once its claimed length passed
+ * the reference's checks. The buffers are held for the duration of the call only.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define CODEC_MASK 0x03
+#define CODEC_SNAPPY 1
+#define COUNT_SHIFT 2
+#define COUNT_MASK 0x0F
+#define FLAG_SPARSE 0x40
+#define FLAG_RESERVED 0x80
+#define HAVE_KEY 0x01
+#define USE_LAST_TS 0x02
+#define SEQ_PREV_PLUS_ONE 0x04
+#define MESSAGE_FLAGS_KNOWN (HAVE_KEY | USE_LAST_TS | SEQ_PREV_PLUS_ONE)
+#define MAX_VARINT 0xFFFFFFFFULL
+#define MAX_VARINT_BYTES 5
+/* bundle.py's MAX_MESSAGE_SET_BYTES and SNAPPY_MAX_EXPANSION. */
+#define MAX_MESSAGE_SET_BYTES (512ULL * 1024 * 1024)
+#define SNAPPY_MAX_EXPANSION 32ULL
+#define NO_POSITION (-1)
+
+static PyObject *ProtocolError; /* tiered.protocol.errors.ProtocolError */
+static PyObject *uncompress;    /* snappy.uncompress */
+
+/* -- errors ------------------------------------------------------------------------------------------------------ */
+
+static void raise_what(PyObject *what, Py_ssize_t position)
+{
+    PyObject *exc = position == NO_POSITION ? PyObject_CallFunction(ProtocolError, "(OO)", what, Py_None)
+                                            : PyObject_CallFunction(ProtocolError, "(On)", what, position);
+    if (exc != NULL) {
+        PyErr_SetObject(ProtocolError, exc);
+        Py_DECREF(exc);
+    }
+}
+
+/* Raises ProtocolError(what, position); `format` as PyUnicode_FromFormat. Returns -1 for `return raise(...)`. */
+static int raise_protocol(Py_ssize_t position, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    PyObject *what = PyUnicode_FromFormatV(format, args);
+    va_end(args);
+    if (what != NULL) {
+        raise_what(what, position);
+        Py_DECREF(what);
+    }
+    return -1;
+}
+
+/* -- readers ----------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t end;
+} span;
+
+enum { VARINT_OK = 0, VARINT_TRUNCATED = 1, VARINT_ERROR = -1 };
+
+enum { VARINT_TOO_LARGE = 2, VARINT_TOO_LONG = 3 };
+
+/* The varint at `position` without raising: VARINT_OK, VARINT_TRUNCATED (the buffer ends first), VARINT_TOO_LARGE
+ * (above 32 bits) or VARINT_TOO_LONG (no last byte within 5). */
+static int varint_at(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
+{
+    uint64_t v = 0;
+    int shift = 0;
+    Py_ssize_t stop = s.end - position < MAX_VARINT_BYTES ? s.end : position + MAX_VARINT_BYTES;
+    for (Py_ssize_t i = position; i < stop; i++) {
+        uint8_t b = s.data[i];
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            if (v > MAX_VARINT)
+                return VARINT_TOO_LARGE;
+            *value = (uint32_t)v;
+            *after = i + 1;
+            return VARINT_OK;
+        }
+        shift += 7;
+    }
+    return s.end - position >= MAX_VARINT_BYTES ? VARINT_TOO_LONG : VARINT_TRUNCATED;
+}
+
+/* varint.py's maybe_varint: VARINT_TRUNCATED when the buffer ends first, VARINT_ERROR (raised) when it is too long
+ * or too large. */
+static int maybe_varint(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
+{
+    switch (varint_at(s, position, value, after)) {
+    case VARINT_OK:
+        return VARINT_OK;
+    case VARINT_TOO_LARGE:
+        return raise_protocol(position, "varint exceeds 32 bits");
+    case VARINT_TOO_LONG:
+        return raise_protocol(position, "varint longer than 5 bytes");
+    default:
+        return VARINT_TRUNCATED;
+    }
+}
+
+/* varint.py's read_varint: a truncated varint is an error naming `what`. 0 on success, -1 raised. */
+static int read_varint(span s, Py_ssize_t position, const char *what, uint32_t *value, Py_ssize_t *after)
+{
+    int got = maybe_varint(s, position, value, after);
+    if (got == VARINT_TRUNCATED)
+        return raise_protocol(position, "truncated %s", what);
+    return got;
+}
+
+static uint64_t u64_at(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* -- the header -------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int codec;
+    uint32_t count;
+    int sparse;
+    uint64_t first_seq, last_seq;
+    Py_ssize_t header_len;
+} header_t;
+
+/* bundle.py's read_bundle_header, check for check and in its order. */
+static int read_header(span b, header_t *h)
+{
+    if (b.end < 1)
+        return raise_protocol(NO_POSITION, "empty bundle");
+    uint8_t flags = b.data[0];
+    h->codec = flags & CODEC_MASK;
+    if (h->codec > CODEC_SNAPPY)
+        return raise_protocol(0, "unknown bundle codec %d", h->codec);
+    if (flags & FLAG_RESERVED)
+        return raise_protocol(0, "reserved bundle flag bit 7 is set");
+    h->count = (flags >> COUNT_SHIFT) & COUNT_MASK;
+    Py_ssize_t position = 1;
+    if (h->count == 0) {
+        if (read_varint(b, position, "bundle message count", &h->count, &position) < 0)
+            return -1;
+        if (h->count == 0)
+            return raise_protocol(1, "bundle with no messages");
+    }
+    h->sparse = (flags & FLAG_SPARSE) != 0;
+    h->first_seq = h->last_seq = 0;
+    if (h->sparse) {
+        if (b.end - position < 8)
+            return raise_protocol(position, "truncated sparse bundle first seq");
+        h->first_seq = u64_at(b.data + position);
+        position += 8;
+        if (h->count == 1) {
+            h->last_seq = h->first_seq;
+        } else {
+            uint32_t gap;
+            if (read_varint(b, position, "sparse bundle last seq", &gap, &position) < 0)
+                return -1;
+            /* last = first + gap + 1 must fit 64 bits */
+            if ((uint64_t)gap + 1 > UINT64_MAX - h->first_seq)
+                return raise_protocol(position, "sparse bundle last seq exceeds 64 bits");
+            h->last_seq = h->first_seq + gap + 1;
+            /* last - first + 1 < count, without wrapping: the span is gap + 2 */
+            if ((uint64_t)gap + 2 < h->count)
+                return raise_protocol(position, "sparse bundle seq range is smaller than its message count");
+        }
+        if (h->first_seq == 0)
+            return raise_protocol(position, "sparse bundle with first seq 0");
+    }
+    h->header_len = position;
+    return 0;
+}
+
+/* -- the message set --------------------------------------------------------------------------------------------- */
+
+/* The error for a sparse middle message whose seq (prev + step, maybe beyond 64 bits) is not below the last seq. */
+static int raise_seq_not_below_last(uint32_t i, uint64_t prev, uint64_t step, Py_ssize_t position)
+{
+    PyObject *a = PyLong_FromUnsignedLongLong(prev), *b = PyLong_FromUnsignedLongLong(step), *seq = NULL;
+    if (a != NULL && b != NULL)
+        seq = PyNumber_Add(a, b);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    if (seq == NULL)
+        return -1;
+    raise_protocol(position, "sparse bundle message %u has seq %S, not below its last seq", i, seq);
+    Py_DECREF(seq);
+    return -1;
+}
+
+/* bundle.py's _walk_messages, without keeping messages: min and max timestamp. `strict` as there. */
+static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, uint64_t *high)
+{
+    Py_ssize_t position = 0, end = d.end;
+    uint64_t seq = h->first_seq, ts = 0, lo = UINT64_MAX, hi = 0;
+    uint32_t count = h->count;
+    for (uint32_t i = 0; i < count; i++) {
+        if (position >= end)
+            return raise_protocol(position, "message set ends after %u of %u messages", i, count);
+        uint8_t flags = d.data[position++];
+        if (flags & ~MESSAGE_FLAGS_KNOWN)
+            return raise_protocol(position - 1, "unknown message flags 0x%02x", flags);
+        if (h->sparse) {
+            int edge = i == 0 || i == count - 1;
+            if (strict && edge && (flags & SEQ_PREV_PLUS_ONE))
+                return raise_protocol(position - 1, "sparse bundle message %u sets SEQ_PREV_PLUS_ONE, which TANK's "
+                                                    "readers disagree on for a first or last message", i);
+            if (i == 0) {
+                seq = h->first_seq;
+            } else if (i == count - 1) {
+                seq = h->last_seq;
+            } else {
+                uint64_t step = 1;
+                if (!(flags & SEQ_PREV_PLUS_ONE)) {
+                    uint32_t delta;
+                    if (read_varint(d, position, "message seq delta", &delta, &position) < 0)
+                        return -1;
+                    step = (uint64_t)delta + 1;
+                }
+                /* seq + step < last, with seq < last so that last - seq cannot wrap */
+                if (step >= h->last_seq - seq)
+                    return raise_seq_not_below_last(i, seq, step, position);
+                seq += step;
+            }
+        }
+        if (!(flags & USE_LAST_TS)) {
+            if (end - position < 8)
+                return raise_protocol(position, "truncated message timestamp");
+            ts = u64_at(d.data + position);
+            position += 8;
+        }
+        if (ts < lo)
+            lo = ts;
+        if (ts > hi)
+            hi = ts;
+        if (flags & HAVE_KEY) {
+            if (position >= end)
+                return raise_protocol(position, "truncated message key length");
+            uint8_t key_len = d.data[position++];
+            if (end - position < key_len)
+                return raise_protocol(position, "truncated message key");
+            position += key_len;
+        }
+        uint32_t size;
+        if (read_varint(d, position, "message content length", &size, &position) < 0)
+            return -1;
+        if (end - position < (Py_ssize_t)size)
+            return raise_protocol(position, "truncated message content");
+        position += size;
+    }
+    if (position != end)
+        return raise_protocol(position, "%zd bytes after the last message of the bundle", end - position);
+    *low = lo;
+    *high = hi;
+    return 0;
+}
+
+/* bundle.py's message_set for a snappy bundle: the claimed length checked, then snappy.uncompress(body). Returns a new
+ * reference to the decompressed object, or NULL with ProtocolError raised. */
+static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t header_len)
+{
+    span body = {b.data + header_len, b.end - header_len};
+    uint32_t claimed;
+    Py_ssize_t after;
+    int got = maybe_varint(body, 0, &claimed, &after);
+    if (got == VARINT_ERROR)
+        return NULL;
+    if (got == VARINT_TRUNCATED) {
+        raise_protocol(header_len, "truncated snappy message set");
+        return NULL;
+    }
+    if (claimed > MAX_MESSAGE_SET_BYTES || (uint64_t)claimed > SNAPPY_MAX_EXPANSION * (uint64_t)body.end) {
+        raise_protocol(header_len, "snappy message set of %zd bytes claims %u bytes", body.end, claimed);
+        return NULL;
+    }
+    PyObject *view = PyMemoryView_FromObject(bundle_obj);
+    if (view == NULL)
+        return NULL;
+    PyObject *body_view = PySequence_GetSlice(view, header_len, PY_SSIZE_T_MAX);
+    Py_DECREF(view);
+    if (body_view == NULL)
+        return NULL;
+    PyObject *data = PyObject_CallOneArg(uncompress, body_view);
+    Py_DECREF(body_view);
+    if (data == NULL) {
+        /* as the reference: any failure is "bad snappy message set: <text of its cause, or of itself>" */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *cause = value == NULL ? NULL : PyException_GetCause(value);
+        PyObject *text = cause != NULL ? PyObject_Str(cause) : value != NULL ? PyObject_Str(value) : NULL;
+        Py_XDECREF(cause);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        if (text == NULL)
+            return NULL;
+        raise_protocol(NO_POSITION, "bad snappy message set: %U", text);
+        Py_DECREF(text);
+        return NULL;
+    }
+    return data;
+}
+
+/* -- facts ----------------------------------------------------------------------------------------------------- */
+
+/* The result types, registered once from Python (tiered.protocol.bundle and .requests): NamedTuple classes, built
+ * here as tuple.__new__ builds them. */
+static PyTypeObject *FactsType, *RequestType, *TopicType, *PartitionType;
+
+/* A new instance of a tuple subclass holding `n` new references (stolen; NULL ones make it fail). */
+static PyObject *new_named(PyTypeObject *type, Py_ssize_t n, ...)
+{
+    va_list args;
+    va_start(args, n);
+    PyObject *items[16];
+    int missing = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        items[i] = va_arg(args, PyObject *);
+        missing |= items[i] == NULL;
+    }
+    va_end(args);
+    PyObject *t = missing ? NULL : type->tp_alloc(type, n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (t != NULL)
+            PyTuple_SET_ITEM(t, i, items[i]);
+        else
+            Py_XDECREF(items[i]);
+    }
+    return t;
+}
+
+static PyObject *py_bool(int v)
+{
+    return Py_NewRef(v ? Py_True : Py_False);
+}
+
+/* The BundleFacts of the bundle `b` (whose Python object is `bundle_obj`), or NULL with ProtocolError raised. */
+static PyObject *facts_of(PyObject *bundle_obj, span b, int strict)
+{
+    header_t h;
+    PyObject *result = NULL, *decompressed = NULL;
+    Py_buffer dbuf = {0};
+    uint64_t low, high;
+    if (read_header(b, &h) < 0)
+        return NULL;
+    span d = {b.data + h.header_len, b.end - h.header_len};
+    if (h.codec == CODEC_SNAPPY) {
+        decompressed = uncompress_body(bundle_obj, b, h.header_len);
+        if (decompressed == NULL || PyObject_GetBuffer(decompressed, &dbuf, PyBUF_SIMPLE) < 0)
+            goto done;
+        d.data = dbuf.buf;
+        d.end = dbuf.len;
+    }
+    if (walk_messages(d, &h, strict, &low, &high) < 0)
+        goto done;
+    result = new_named(FactsType, 8, PyLong_FromLong(h.codec), PyLong_FromUnsignedLong(h.count), py_bool(h.sparse),
+                       h.sparse ? PyLong_FromUnsignedLongLong(h.first_seq) : Py_NewRef(Py_None),
+                       h.sparse ? PyLong_FromUnsignedLongLong(h.last_seq) : Py_NewRef(Py_None),
+                       PyLong_FromSsize_t(h.header_len), PyLong_FromUnsignedLongLong(low),
+                       PyLong_FromUnsignedLongLong(high));
+done:
+    if (dbuf.obj != NULL)
+        PyBuffer_Release(&dbuf);
+    Py_XDECREF(decompressed);
+    return result;
+}
+
+/* -- produce requests ------------------------------------------------------------------------------------------ */
+
+/* The framing of a produce payload (tiered/protocol/requests.py has the table):
+ *
+ *     client_version u16, request_id u32, client_id str8, required_acks u8, ack_timeout_ms u32
+ *     topics u8 x { name str8, partitions u8 x { partition u16, bundle_len varint, [base_seq u64], bundle } }
+ *
+ * A framing fault makes the scan answer None: requests.py then reads the payload with its reference reader, which
+ * raises the ProtocolError that names it. */
+
+typedef struct {
+    span p;
+    Py_ssize_t position;
+} cursor;
+
+static int take(cursor *c, Py_ssize_t size, const uint8_t **out)
+{
+    if (size < 0 || c->p.end - c->position < size)
+        return -1;
+    *out = c->p.data + c->position;
+    c->position += size;
+    return 0;
+}
+
+static int take_u8(cursor *c, unsigned *v)
+{
+    const uint8_t *at;
+    if (take(c, 1, &at) < 0)
+        return -1;
+    *v = at[0];
+    return 0;
+}
+
+static int take_le(cursor *c, int size, uint64_t *v)
+{
+    const uint8_t *at;
+    if (take(c, size, &at) < 0)
+        return -1;
+    *v = 0;
+    for (int i = size - 1; i >= 0; i--)
+        *v = (*v << 8) | at[i];
+    return 0;
+}
+
+/* A str8 as latin-1 text: a new reference, or NULL (with an exception set only if the decoding itself failed). */
+static PyObject *take_str8(cursor *c)
+{
+    unsigned size;
+    const uint8_t *at;
+    if (take_u8(c, &size) < 0 || take(c, size, &at) < 0)
+        return NULL;
+    return PyUnicode_DecodeLatin1((const char *)at, size, NULL);
+}
+
+typedef struct {
+    PyObject *view; /* borrowed: its ProducePartition holds it */
+    Py_ssize_t start, end;
+} bundle_ref;
+
+typedef struct {
+    bundle_ref *items;
+    Py_ssize_t count, capacity;
+} bundle_refs;
+
+static int refs_push(bundle_refs *refs, bundle_ref ref)
+{
+    if (refs->count == refs->capacity) {
+        Py_ssize_t capacity = refs->capacity ? 2 * refs->capacity : 8;
+        bundle_ref *grown = PyMem_Realloc(refs->items, capacity * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        refs->items = grown;
+        refs->capacity = capacity;
+    }
+    refs->items[refs->count++] = ref;
+    return 0;
+}
+
+/* The topics of the payload as ProduceTopic tuples, their bundles collected in `refs`; NULL without an exception on a
+ * framing fault, NULL with one on a failure of Python itself. */
+static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_refs *refs)
+{
+    unsigned topic_count;
+    if (take_u8(c, &topic_count) < 0)
+        return NULL;
+    PyObject *topics = PyTuple_New(topic_count);
+    if (topics == NULL)
+        return NULL;
+    for (unsigned t = 0; t < topic_count; t++) {
+        unsigned partition_count;
+        PyObject *name = take_str8(c);
+        if (name == NULL || take_u8(c, &partition_count) < 0)
+            goto fail_name;
+        PyObject *partitions = PyTuple_New(partition_count);
+        if (partitions == NULL)
+            goto fail_name;
+        for (unsigned i = 0; i < partition_count; i++) {
+            uint64_t partition, base_seq = 0;
+            uint32_t size;
+            Py_ssize_t after;
+            const uint8_t *at;
+            if (take_le(c, 2, &partition) < 0 || varint_at(c->p, c->position, &size, &after) != VARINT_OK)
+                goto fail_partitions;
+            c->position = after;
+            if (with_seqnum && take_le(c, 8, &base_seq) < 0)
+                goto fail_partitions;
+            Py_ssize_t start = c->position;
+            if (take(c, size, &at) < 0)
+                goto fail_partitions;
+            PyObject *bundle = PySequence_GetSlice(view, start, c->position);
+            PyObject *p = new_named(PartitionType, 3, PyLong_FromUnsignedLong((unsigned long)partition), bundle,
+                                    with_seqnum ? PyLong_FromUnsignedLongLong(base_seq) : Py_NewRef(Py_None));
+            if (p == NULL)
+                goto fail_partitions;
+            PyTuple_SET_ITEM(partitions, i, p);
+            if (refs_push(refs, (bundle_ref){bundle, start, c->position}) < 0)
+                goto fail_partitions;
+        }
+        PyObject *topic = new_named(TopicType, 2, name, partitions);
+        if (topic == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(topics, t, topic);
+        continue;
+    fail_partitions:
+        Py_DECREF(partitions);
+    fail_name:
+        Py_XDECREF(name);
+        goto fail;
+    }
+    return topics;
+fail:
+    Py_DECREF(topics);
+    return NULL;
+}
+
+PyDoc_STRVAR(scan_produce_doc,
+"scan_produce(payload, with_seqnum) -> (ProduceRequest, [BundleFacts, ...]) or None\n\n"
+"Reads a produce payload and validates every bundle completely, in request order; None when the framing does not\n"
+"parse (the reference reader then names the fault). Raises ProtocolError for a bad bundle.");
+
+static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_produce takes (payload, with_seqnum)");
+        return NULL;
+    }
+    if (RequestType == NULL || FactsType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the produce request types are not registered");
+        return NULL;
+    }
+    int with_seqnum = PyObject_IsTrue(args[1]);
+    if (with_seqnum < 0)
+        return NULL;
+    PyObject *view = PyMemoryView_FromObject(args[0]);
+    if (view == NULL)
+        return NULL;
+    Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
+    if (!PyBuffer_IsContiguous(buf, 'C') || buf->itemsize != 1 || buf->ndim != 1) {
+        Py_DECREF(view);
+        Py_RETURN_NONE; /* not a plain byte buffer: the reference copes */
+    }
+    cursor c = {{buf->buf, buf->len}, 0};
+    bundle_refs refs = {NULL, 0, 0};
+    PyObject *result = NULL, *request = NULL, *facts = NULL, *topics = NULL;
+    uint64_t client_version, request_id, required_acks, ack_timeout_ms;
+    PyObject *client_id = NULL;
+    if (take_le(&c, 2, &client_version) < 0 || take_le(&c, 4, &request_id) < 0 || (client_id = take_str8(&c)) == NULL
+        || take_le(&c, 1, &required_acks) < 0 || take_le(&c, 4, &ack_timeout_ms) < 0
+        || (topics = read_topics(&c, view, with_seqnum, &refs)) == NULL || c.position != c.p.end)
+        goto framing;
+    request = new_named(RequestType, 7, PyLong_FromUnsignedLongLong(request_id), topics, py_bool(with_seqnum),
+                        PyLong_FromUnsignedLongLong(client_version), client_id,
+                        PyLong_FromUnsignedLongLong(required_acks), PyLong_FromUnsignedLongLong(ack_timeout_ms));
+    topics = client_id = NULL; /* stolen */
+    if (request == NULL || (facts = PyList_New(refs.count)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < refs.count; i++) {
+        bundle_ref ref = refs.items[i];
+        PyObject *f = facts_of(ref.view, (span){c.p.data + ref.start, ref.end - ref.start}, 1);
+        if (f == NULL)
+            goto done;
+        PyList_SET_ITEM(facts, i, f);
+    }
+    result = PyTuple_Pack(2, request, facts);
+    goto done;
+framing:
+    if (!PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(client_id);
+    Py_XDECREF(topics);
+    Py_XDECREF(request);
+    Py_XDECREF(facts);
+    PyMem_Free(refs.items);
+    Py_DECREF(view);
+    return result;
+}
+
+/* -- the module -------------------------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(scan_bundle_doc,
+"scan_bundle(bundle, strict=True) -> BundleFacts\n\n"
+"Validates one bundle completely (header, snappy block, every message, count, no trailing bytes) and returns its\n"
+"facts; first_seq and last_seq are None unless the bundle is sparse. `strict` also refuses SEQ_PREV_PLUS_ONE on a\n"
+"sparse bundle's first or last message. Raises ProtocolError.");
+
+static PyObject *scan_bundle(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_bundle takes (bundle, strict=True)");
+        return NULL;
+    }
+    if (FactsType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BundleFacts is not registered");
+        return NULL;
+    }
+    int strict = nargs < 2 ? 1 : PyObject_IsTrue(args[1]);
+    if (strict < 0)
+        return NULL;
+    PyObject *bundle = args[0];
+    Py_buffer buf;
+    if (PyObject_GetBuffer(bundle, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = facts_of(bundle, (span){buf.buf, buf.len}, strict);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static int set_type(PyObject *obj, PyTypeObject **slot)
+{
+    if (!PyType_Check(obj) || !PyType_IsSubtype((PyTypeObject *)obj, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the result types must be tuple subclasses");
+        return -1;
+    }
+    Py_XSETREF(*slot, (PyTypeObject *)Py_NewRef(obj));
+    return 0;
+}
+
+PyDoc_STRVAR(register_doc,
+"register(facts) or register(facts, request, topic, partition): the NamedTuple classes the scans return.");
+
+static PyObject *register_types(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "register takes (facts) or (facts, request, topic, partition)");
+        return NULL;
+    }
+    if (set_type(args[0], &FactsType) < 0)
+        return NULL;
+    if (nargs == 4 && (set_type(args[1], &RequestType) < 0 || set_type(args[2], &TopicType) < 0
+                       || set_type(args[3], &PartitionType) < 0))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
+    {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
+    {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "tiered.protocol._bundlescan",
+    "The native passes of tiered.protocol.bundle.validate_bundle and tiered.protocol.requests.read_checked_produce "
+    "(see _bundlescan.c).", -1, methods,
+};
+
+/* A new reference to `module`.`name`, or NULL. */
+static PyObject *import_attr(const char *module, const char *name)
+{
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL)
+        return NULL;
+    PyObject *attr = PyObject_GetAttrString(m, name);
+    Py_DECREF(m);
+    return attr;
+}
+
+PyMODINIT_FUNC PyInit__bundlescan(void)
+{
+    if ((ProtocolError = import_attr("tiered.protocol.errors", "ProtocolError")) == NULL
+        || (uncompress = import_attr("snappy", "uncompress")) == NULL)
+        return NULL;
+    return PyModule_Create(&module_def);
+}

@@ -71,7 +71,7 @@ class BrokerThread:
 
     @property
     def builder(self):
-        return self.app.broker.tiering.builder
+        return self.app.tier.durable.builder
 
     def wait_builder_empty(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -136,7 +136,8 @@ class LogState:
 
 def log_state(broker: BrokerThread, topic: str) -> LogState:
     log = broker.log(topic)
-    return LogState(log.last_assigned, log.visible_seq, log.stats().bytes)
+    hwmark = broker.app.broker.registry.get(topic, 0).hwmark
+    return LogState(log.last_assigned, hwmark, log.stats().bytes)
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +252,7 @@ def test_consumers_and_the_bucket_only_ever_see_the_good_bundles(broker):
         messages = broker.call(drain())
         assert [m.value for m in messages] == expected
         assert [m.seq for m in messages] == list(range(1, len(expected) + 1))
-    runs = broker.call(broker.app.broker.tiering.catalog.call(catalog_blocks.runs_for_range, DURABLE, 1, 1, 1000))
+    runs = broker.call(broker.app.tier.catalog.read(catalog_blocks.runs_for_range, DURABLE, 1, 1, 1000))
     assert runs and runs[0].first_seq == 1 and runs[-1].last_seq == len(expected)
     assert all(b.first_seq == a.last_seq + 1 for a, b in zip(runs, runs[1:]))
 

@@ -12,9 +12,8 @@ from tiered.client import Client
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import CODEC_NONE, Message, encode_bundle
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
-from tiered.server.app import App
+from tiered.server.app import App, tiering_service
 from tiered.server.connection import BIG_FRAME_BYTES, MAX_QUEUED_BYTES, MIN_READ_BYTES, READ_BYTES
-from tiered.tiering.service import TieringService
 
 from tests.server.rawwire import RawConnection
 from tests.support.broker import local_settings
@@ -73,7 +72,7 @@ async def test_frames_queue_and_reading_pauses_while_a_request_waits(tmp_path, s
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     settings = local_settings(tmp_path / "data", store_url=f"s3://{s3_bucket}/tiered", s3_path_style=True,
                               block_max_age_ms=20, shutdown_timeout_s=5.0)
-    app = App(settings, tiering=TieringService(settings, ack_timeout_s=60.0))
+    app = App(settings, tier=tiering_service(ack_timeout_s=60.0))
     await app.start()
     try:
         port = app.broker.port
@@ -81,7 +80,7 @@ async def test_frames_queue_and_reading_pauses_while_a_request_waits(tmp_path, s
             await c.create_topic("d", 1, {"produce.ack": "durable"})
         s3_faults.go_away()
         raw = await RawConnection.open(port)
-        pipeline = app.broker.tiering.pipeline
+        pipeline = app.tier.durable.pipeline
         request_id = 0
         while pipeline.in_flight < pipeline.max_in_flight:  # one block per request: each waits out the block age
             await raw.send_bytes(produce_frame(request_id, "d", [b"early"]))

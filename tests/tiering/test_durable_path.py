@@ -16,7 +16,7 @@ from tiered.catalog import topics as catalog_topics
 from tiered.catalog.migrate import upgrade
 from tiered import metrics as m
 from tiered.metrics import Metrics
-from tiered.protocol.bundle import Message, encode_bundle, encode_record
+from tiered.protocol.bundle import Message, encode_bundle, encode_record, validate_bundle
 from tiered.storage.partition_log import AppendResult
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.catalog_access import AsyncCatalog
@@ -63,7 +63,7 @@ def record(seq_count: int = 1) -> bytes:
 
 
 def appended(first: int, data: bytes, base: int = 1) -> AppendResult:
-    return AppendResult(first, first, base, 0, len(data), data)
+    return AppendResult(first, first, base, 0, len(data), data, validate_bundle(data[1:]))
 
 
 @pytest.fixture

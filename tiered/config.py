@@ -46,6 +46,10 @@ class Settings:
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
     produce_ack_timeout_ms: int = 10_000
     shutdown_timeout_s: float = 25.0
+    # Several brokers as one service (docs/cluster.md): the TANK endpoint the others and the clients reach this
+    # broker at (empty: the listen address), and the membership lease, renewed every third of it.
+    advertise: str = ""
+    cluster_lease_ms: int = 10_000
     log_level: str = "info"
     log_format: str = "text"
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
@@ -167,6 +171,18 @@ def _check_host(text: str, host: str, default_port: int) -> None:
                             f"127.0.0.1:{default_port})") from None
 
 
+def _advertised(text: str) -> str:
+    """`addr:port` as clients should reach this broker (TANK's redirects carry an IPv4 address and a port); empty: the
+    listen address. A host name is allowed and resolved when the broker starts."""
+    text = text.strip()
+    if not text:
+        return ""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise SettingsError(f"bad advertised endpoint {text!r} (want addr:port, e.g. 10.0.0.7:11011)")
+    return text
+
+
 def _at_least(convert, minimum: float, what: str):
     def checked(value):
         number = convert(value)
@@ -197,6 +213,8 @@ _CONVERTERS = {
     "block_max_age_ms": _at_least(int, 1, "1 ms"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
     "shutdown_timeout_s": _finite_seconds,
+    "advertise": lambda v: _advertised(str(v)),
+    "cluster_lease_ms": _at_least(int, 1000, "1000 ms"),
     "log_level": lambda v: _choice(v, ("debug", "info", "warning", "error")),
     "log_format": lambda v: _choice(v, ("text", "json")),
 }
@@ -236,6 +254,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")
+    a("--advertise", dest="advertise",
+      help="addr:port clients and other brokers reach this broker at (default: the listen address)")
+    a("--cluster-lease-ms", dest="cluster_lease_ms",
+      help="membership lease: a broker that has not renewed it for this long is taken over (default 10000)")
     a("--log-level", dest="log_level", help="debug, info, warning or error")
     a("--log-format", dest="log_format", help="text or json")
 
@@ -260,6 +282,12 @@ def load_settings(
                 if not isinstance(value, dict):
                     raise SettingsError(f"config file {config_path}: topic_defaults must be a table")
                 topic_defaults = {str(k).lower(): str(v) for k, v in value.items()}
+            elif key == "cluster" and isinstance(value, dict):  # [cluster] lease_ms = ..., advertise = ...
+                for sub, sub_value in value.items():
+                    name = sub if sub == "advertise" else f"cluster_{sub}"
+                    if name not in _CONVERTERS:
+                        raise SettingsError(f"config file {config_path}: unknown setting cluster.{sub}")
+                    values[name] = _convert(name, sub_value, f"config file {config_path}")
             elif key in _CONVERTERS:
                 values[key] = _convert(key, value, f"config file {config_path}")
             else:

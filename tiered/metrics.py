@@ -123,9 +123,14 @@ UNLOCATED_READS = _declare("tiered_unlocated_reads_total",
                            "consumes of a seq below the high-water mark that no tier holds (a bug: see the log)")
 DISCONTINUOUS_COMMITS = _declare("tiered_discontinuous_commits_total",
                                  "block commits refused because they did not continue the catalog's high-water mark")
+TAKEOVERS = _declare("tiered_takeovers_total", "partitions this broker claimed (a start, a takeover, a handover)")
+HANDOVERS = _declare("tiered_handovers_total", "partitions this broker handed to another cleanly")
+LEASE_RENEWAL_FAILURES = _declare("tiered_lease_renewal_failures_total", "membership lease renewals that failed")
+REDIRECTS = _declare("tiered_redirects_total", "partitions answered 0xfc (led elsewhere) or 0xfd (no leader yet)")
 
 COMMIT_SECONDS = _declare_timing("tiered_commit_seconds", "block commit latency")
 DURABLE_ACK_SECONDS = _declare_timing("tiered_durable_ack_seconds", "time from a block's first record to its commit")
+LEASE_RENEWAL_SECONDS = _declare_timing("tiered_lease_renewal_seconds", "membership lease renewal latency")
 
 
 # Read at scrape time.
@@ -138,6 +143,8 @@ BLOCK_PENDING_BYTES = Gauge("tiered_block_pending_bytes", "bytes waiting for the
 BLOCKS_IN_FLIGHT = Gauge("tiered_blocks_in_flight", "blocks uploading or committing")
 SEGMENTS_PENDING_UPLOAD = Gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied")
 UPLOAD_LAG_BYTES = Gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket")
+LEADERSHIPS = Gauge("tiered_leaderships", "partitions this broker leads")
+LEASE_HELD = Gauge("tiered_lease_held", "1 while this broker's membership lease is renewed in time (it may acknowledge)")
 UPLOAD_LAG_SECONDS = Gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket")
 NATIVE_BUNDLE_SCAN = Gauge("tiered_native_bundle_scan", "1 when produce requests are read by the native extension, "
                            "0 when by the pure-Python fallback")

@@ -5,8 +5,9 @@ Two narrow interfaces, wired once when the process is assembled (tiered.server.a
   when a segment rolls or may be deleted, for reads its local log cannot answer, at start-up (the plan that
   reconciles the local disk with the catalog) and at shutdown. `LocalOnly` is the tier of a plain TANK broker.
 - `TierSink`: what a tier reports back: records committed (they become visible), a partition fenced by a newer
-  leader, a segment copied, the first available seq moved by retention. Only the server changes its partitions'
-  state, and only in these callbacks or its own request handlers.
+  leader, a segment copied, the first available seq moved by retention; and, with several brokers, which partitions
+  to lead here (plans to carry out), which are led elsewhere and by whom, and which topics the others created.
+  Only the server changes its partitions' state, and only in these callbacks or its own request handlers.
 The data passed across is plain and immutable. Neither side imports the other: tiered.tiering implements `Tier`
 and calls a `TierSink`; tiered.server implements `TierSink` and calls a `Tier`.
 """
@@ -89,6 +90,14 @@ class OpenPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Leader:
+    """The broker leading a partition elsewhere: where TANK's redirect (0xfc) sends its clients."""
+
+    broker_id: int
+    endpoint: str  # "a.b.c.d:port", its advertised TANK endpoint
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteChunk:
     data: bytes  # whole {varint len, bundle} records
     first_bundle_seq: int
@@ -116,11 +125,36 @@ class TierSink(Protocol):
     def first_available_moved(self, topic: str, partition: int, seq: int) -> None:
         """Remote retention moved the partition's first available seq up to `seq`."""
 
+    def follow(self, topic: str, partition: int, leader: Leader | None, committed: int | None,
+               first_available: int | None = None) -> None:
+        """The partition is led by another broker (None: by nobody yet, a takeover is under way). `committed` and
+        `first_available` are the catalog's bounds (None: unchanged): history up to `committed` is served here, the
+        tail is redirected to the leader."""
+
+    async def lead(self, plans: Sequence[PartitionPlan]) -> None:
+        """Carry the plans out locally and serve the partitions as their leader (the tier claimed them)."""
+
+    async def topics_known(self, topics: Sequence[NewLocalTopic]) -> None:
+        """Every topic of the catalog: the ones the disk lacks are created locally (another broker created them)."""
+
+    def local_partition(self, topic: str, partition: int) -> LocalPartition | None:
+        """What the local disk holds of the partition now (for the plan of a claim), None if it is not open."""
+
 
 class Tier(Protocol):
     lower_tier: bool  # whether reads below the local disk can be answered
 
     async def start(self) -> None: ...
+
+    async def join(self, advertised: str) -> None:
+        """Joins the service as the broker reachable at `advertised`: leads what it should (through the sink's
+        `lead`), follows the rest, and keeps doing so until `stop`."""
+
+    def may_acknowledge(self) -> bool:
+        """False while this broker cannot be sure it still leads (its lease is not renewed): produce answers 0xfd."""
+
+    async def hand_over(self, deadline: float) -> None:
+        """A graceful stop: commits what it holds and hands every partition it leads to another live broker."""
 
     async def open_partitions(self, local: Sequence[LocalTopic]) -> OpenPlan: ...
 
@@ -159,6 +193,15 @@ class LocalOnly:
     lower_tier = False
 
     async def start(self) -> None:
+        return None
+
+    async def join(self, advertised: str) -> None:
+        return None
+
+    def may_acknowledge(self) -> bool:
+        return True
+
+    async def hand_over(self, deadline: float) -> None:
         return None
 
     async def open_partitions(self, local: Sequence[LocalTopic]) -> OpenPlan:

@@ -46,6 +46,8 @@ SAMPLES = {
     "block_max_age_ms": ("100", "100", 100),
     "produce_ack_timeout_ms": ("2500", "2500", 2500),
     "shutdown_timeout_s": ("12.5", "12.5", 12.5),
+    "advertise": ('"10.1.2.3:11011"', "10.1.2.3:11011", "10.1.2.3:11011"),
+    "cluster_lease_ms": ("4000", "4000", 4000),
     "log_level": ('"debug"', "DEBUG", "debug"),
     "log_format": ('"json"', "json", "json"),
 }
@@ -55,7 +57,8 @@ OTHER = {
     "catalog_url": ("sqlite:///x.db", "sqlite:///x.db"), "store_url": ("file:///objects", "file:///objects"),
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
-    "produce_ack_timeout_ms": ("900", 900),
+    "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
+    "cluster_lease_ms": ("2000", 2000),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
 }
 BARE_FLAGS = {"s3_path_style", "read_only"}
@@ -120,6 +123,9 @@ def _documented_defaults() -> Settings:
             values[name] = parse_broker_id(default)
         elif name in ("catalog_url", "store_url"):
             values[name] = ""  # derived from data_dir, checked below
+        elif name == "advertise":
+            assert default == "the listen address"
+            values[name] = ""
         elif name in SAMPLES:
             values[name] = load_settings({name: default}, {}).__getattribute__(name)
     return Settings(**values)
@@ -188,3 +194,22 @@ def test_a_bad_file_is_named(tmp_path):
         load_settings(parse_flags(), {"TIERED_CONFIG": str(unknown)})
     with pytest.raises(SettingsError, match="broker_id"):
         load_settings(parse_flags(), {"TIERED_CONFIG": str(write_config(tmp_path, "broker_id = true\n"))})
+
+
+def test_the_cluster_table_sets_the_lease_and_the_advertised_endpoint(tmp_path):
+    path = write_config(tmp_path, '[cluster]\nlease_ms = 3000\nadvertise = "10.0.0.5:11011"\n')
+    settings = load_settings(parse_flags(), {"TIERED_CONFIG": str(path)})
+    assert (settings.cluster_lease_ms, settings.advertise) == (3000, "10.0.0.5:11011")
+    with pytest.raises(SettingsError, match="cluster.lease"):
+        load_settings(parse_flags(), {"TIERED_CONFIG": str(write_config(tmp_path, "[cluster]\nlease = 1\n"))})
+
+
+@pytest.mark.parametrize("text", ["11011", "host", ":11011", "10.0.0.1:0", "10.0.0.1:99999", "10.0.0.1:x"])
+def test_a_bad_advertised_endpoint_is_named(text):
+    with pytest.raises(SettingsError, match="advertise"):
+        load_settings({"advertise": text}, {})
+
+
+def test_a_lease_below_one_second_is_refused():
+    with pytest.raises(SettingsError, match="cluster_lease_ms"):
+        load_settings({"cluster_lease_ms": "500"}, {})

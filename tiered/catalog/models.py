@@ -105,6 +105,8 @@ class PartitionModel(Base):
     hwmark_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
     # Bytes of COPY_FINISHED remote segments (object and index), for remote.retention.bytes.
     remote_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Asked of the leader by `tiered cluster rebalance`: hand the partition over to this broker, cleanly.
+    handover_to: Mapped[int | None] = mapped_column(Integer)
 
 
 class PartitionEpochModel(Base):
@@ -131,12 +133,21 @@ class PartitionEpochModel(Base):
 
 
 class BrokerModel(Base):
+    """One row per broker id: where it is reached, and its lease (tiered.catalog.cluster)."""
+
     __tablename__ = "brokers"
 
     broker_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     address: Mapped[str] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    advertised: Mapped[str] = mapped_column(Text, server_default="")  # host:port of its TANK listener, for clients
+    http_endpoint: Mapped[str] = mapped_column(Text, server_default="")
+    # A random token per process: a second process under the same id takes the row over; the first one's renewals
+    # then fail and it stops leading.
+    incarnation: Mapped[str] = mapped_column(Text, server_default="")
+    # By the catalog's clock: the broker is live until then, and renews before.
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
 class BlockModel(Base):

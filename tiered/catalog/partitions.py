@@ -95,36 +95,40 @@ def claim_leadership(
     topic: str,
     since: Mapping[int, int | None],
     *,
+    expected_epochs: Mapping[int, int] | None = None,
     now: datetime | None = None,
 ) -> dict[int, Claim]:
     """Makes `broker_id` (serving from volume `disk_id`) the leader of the partitions `since` names: bumps each
-    one's epoch and records the claim in partition_epochs with start_seq = high-water mark + 1, all in one
-    transaction. `since[p]` is the epoch the caller's disk last applied for p (None: unknown); the history above it
-    comes back with the claim. Returns {partition: Claim}.
+    one's epoch, makes it the assigned leader and records the claim in partition_epochs with start_seq = high-water
+    mark + 1, all in one transaction. `since[p]` is the epoch the caller's disk last applied for p (None: unknown);
+    the history above it comes back with the claim. Returns {partition: Claim}.
 
-    A claim always wins; whatever the previous leader still writes under its old epoch is refused from now on
-    (StaleEpoch). Raises UnknownPartition, changing nothing, if any partition does not exist.
+    Without `expected_epochs` a claim always wins. With it, a partition is claimed only if its epoch is still the
+    one expected (compare-and-set: two brokers deciding at once cannot both take it); the others are left out of
+    the answer. Whatever the previous leader still writes under its old epoch is refused from now on (StaleEpoch).
+    Raises UnknownPartition, changing nothing, if any partition does not exist.
     """
-    numbers = sorted(since)
-    if not numbers:
+    if not since:
         return {}
     claimed_at = utcnow(now)
     claims: dict[int, Claim] = {}
     with cat.write() as conn:
-        states = lock_partitions(conn, ((topic, p) for p in numbers))
+        states = lock_partitions(conn, ((topic, p) for p in since))
+        numbers = sorted(p for p in since if expected_epochs is None or p not in expected_epochs
+                         or states[(topic, p)].leader_epoch == expected_epochs[p])
         for start in range(0, len(numbers), BATCH):
             chunk = numbers[start : start + BATCH]
             conn.execute(
                 update(PartitionModel)
                 .where(PartitionModel.topic == topic, PartitionModel.partition.in_(chunk))
-                .values(leader_broker=broker_id, leader_epoch=PartitionModel.leader_epoch + 1)
+                .values(leader_broker=broker_id, leader_epoch=PartitionModel.leader_epoch + 1, handover_to=None)
             )
             conn.execute(insert(PartitionEpochModel), [
                 {"topic": topic, "partition": p, "leader_epoch": states[(topic, p)].leader_epoch + 1,
                  "broker_id": broker_id, "disk_id": disk_id, "start_seq": states[(topic, p)].hwmark_seq + 1,
                  "claimed_at": claimed_at} for p in chunk
             ])  # fmt: skip
-        history = _history(conn, topic, {p: e for p, e in since.items() if e is not None})
+        history = _history(conn, topic, {p: e for p, e in since.items() if e is not None and p in numbers})
         for p in numbers:
             before = states[(topic, p)]
             claims[p] = Claim(before, before.leader_epoch + 1, tuple(history.get(p, ())))

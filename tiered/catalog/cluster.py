@@ -1,0 +1,179 @@
+"""Several brokers as one service: membership by lease, and who leads which partition (issue: cluster).
+
+Membership: every broker registers with its advertised TANK endpoint and its HTTP endpoint, and renews a lease.
+Lease times are the catalog's clock (PostgreSQL's clock_timestamp(), not the broker's), so clock skew between hosts
+cannot make a broker look alive, or dead, to the others when it is not. A broker's row carries an `incarnation`
+(a random token per process): a second process under the same broker id takes the row over, and the first one's
+renewals fail from then on (it fences itself).
+
+Leadership: `partitions.leader_broker` is the broker that should lead; the one that does lead is the one holding the
+partition's current epoch (tiered.catalog.partitions.claim_leadership). A partition is assigned by writing
+`leader_broker` (topic creation, a handover, a takeover decision) and taken by a claim, compare-and-set on the epoch
+the claimer saw, so that two brokers deciding at once cannot both win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, and_, func, literal, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.errors import CatalogError
+from tiered.catalog.models import BrokerModel, PartitionModel
+
+
+class SingleBrokerCatalog(CatalogError):
+    """A second live broker on a catalog that cannot coordinate several (SQLite)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    broker_id: int
+    advertised: str  # host:port of its TANK listener, as clients should reach it
+    http_endpoint: str
+    live: bool  # its lease has not expired, by the catalog's clock
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    topic: str
+    partition: int
+    leader_broker: int | None
+    leader_epoch: int
+    hwmark_seq: int
+    first_available_seq: int
+    handover_to: int | None  # asked of the leader by `tiered cluster rebalance`
+
+
+def _now(conn: Connection, cat: Catalog):
+    """The catalog's clock: PostgreSQL's (the same for every broker); SQLite's catalog is one host's."""
+    if cat.backend == "postgresql":
+        return func.clock_timestamp()
+    return literal(utcnow(), BrokerModel.lease_expires_at.type)
+
+
+def register(cat: Catalog, broker_id: int, incarnation: str, advertised: str, http_endpoint: str,
+             lease_ms: int, *, now: datetime | None = None) -> None:
+    """Records this process as broker `broker_id` with a fresh lease; takes over the row of an earlier process with
+    the same id (whose renewals fail from now on). On SQLite, refuses (SingleBrokerCatalog) while another broker id
+    holds a live lease: several brokers need PostgreSQL."""
+    lease = timedelta(milliseconds=lease_ms)
+    with cat.write() as conn:
+        clock = _now(conn, cat)
+        if cat.backend == "sqlite":
+            others = conn.execute(
+                select(BrokerModel.broker_id).where(BrokerModel.broker_id != broker_id,
+                                                    BrokerModel.lease_expires_at > clock)
+            ).scalars().all()
+            if others:
+                raise SingleBrokerCatalog(
+                    f"broker(s) {sorted(others)} already serve this SQLite catalog: several brokers need a PostgreSQL "
+                    f"catalog (--catalog postgresql://...)")
+        values = {"address": advertised, "advertised": advertised, "http_endpoint": http_endpoint,
+                  "incarnation": incarnation, "started_at": utcnow(now), "heartbeat_at": utcnow(now),
+                  "lease_expires_at": clock + lease}
+        insert = postgresql.insert if cat.backend == "postgresql" else sqlite.insert
+        statement = insert(BrokerModel).values(broker_id=broker_id, **values)
+        conn.execute(statement.on_conflict_do_update(index_elements=[BrokerModel.broker_id], set_=values))
+
+
+def renew(cat: Catalog, broker_id: int, incarnation: str, lease_ms: int, *, now: datetime | None = None) -> bool:
+    """Extends this process's lease by `lease_ms` from now (the catalog's now). False when another process took the
+    broker id over: this one must stop leading at once."""
+    with cat.write() as conn:
+        clock = _now(conn, cat)
+        done = conn.execute(
+            update(BrokerModel)
+            .where(BrokerModel.broker_id == broker_id, BrokerModel.incarnation == incarnation)
+            .values(lease_expires_at=clock + timedelta(milliseconds=lease_ms), heartbeat_at=utcnow(now))
+        )
+    return done.rowcount == 1
+
+
+def leave(cat: Catalog, broker_id: int, incarnation: str) -> None:
+    """Ends this process's lease now (a graceful stop, after its handovers)."""
+    with cat.write() as conn:
+        clock = _now(conn, cat)
+        conn.execute(
+            update(BrokerModel)
+            .where(BrokerModel.broker_id == broker_id, BrokerModel.incarnation == incarnation)
+            .values(lease_expires_at=clock)
+        )
+
+
+def members(cat: Catalog) -> list[Member]:
+    with cat.read() as conn:
+        clock = _now(conn, cat)
+        rows = conn.execute(
+            select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
+                   (BrokerModel.lease_expires_at > clock).label("live"), BrokerModel.lease_expires_at)
+            .order_by(BrokerModel.broker_id)
+        ).all()
+    return [Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live), r.lease_expires_at)
+            for r in rows]
+
+
+def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:
+    """Every partition's assigned leader and epoch, with its committed bounds, in (topic, partition) order."""
+    query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
+                   PartitionModel.leader_epoch, PartitionModel.hwmark_seq, PartitionModel.first_available_seq,
+                   PartitionModel.handover_to)
+    if topic is not None:
+        query = query.where(PartitionModel.topic == topic)
+    with cat.read() as conn:
+        return [Assignment(*r) for r in conn.execute(query.order_by(PartitionModel.topic, PartitionModel.partition))]
+
+
+def assign(cat: Catalog, topic: str, leaders: Mapping[int, int | None], *,
+           expected: Mapping[int, tuple[int | None, int]] | None = None) -> list[int]:
+    """Writes the partitions' assigned leaders (the epoch is left to the claim that follows). With `expected`
+    {partition: (leader, epoch)}, only where the partition is still as expected (a handover moves only what its
+    leader still holds). Returns the partitions assigned."""
+    done: list[int] = []
+    with cat.write() as conn:
+        for partition, leader in sorted(leaders.items()):
+            condition = [PartitionModel.topic == topic, PartitionModel.partition == partition]
+            if expected is not None and partition in expected:
+                was_leader, was_epoch = expected[partition]
+                condition += [PartitionModel.leader_epoch == was_epoch,
+                              PartitionModel.leader_broker.is_(None) if was_leader is None
+                              else PartitionModel.leader_broker == was_leader]
+            moved = conn.execute(update(PartitionModel).where(and_(*condition)).values(leader_broker=leader))
+            if moved.rowcount:
+                done.append(partition)
+    return done
+
+
+def spread(partitions: Sequence[tuple[str, int]], live: Iterable[int],
+           load: Mapping[int, int]) -> dict[tuple[str, int], int]:
+    """Which live broker takes each partition: fewest leaderships first (then the lowest id), one at a time, so a
+    batch lands evenly. Pure: every broker computes the same answer from the same view."""
+    brokers = sorted(set(live))
+    if not brokers:
+        return {}
+    counts = {b: load.get(b, 0) for b in brokers}
+    out: dict[tuple[str, int], int] = {}
+    for key in sorted(partitions):
+        chosen = min(brokers, key=lambda b: (counts[b], b))
+        out[key] = chosen
+        counts[chosen] += 1
+    return out
+
+
+
+
+def request_handover(cat: Catalog, topic: str, partition: int, to_broker: int) -> bool:
+    """Asks the partition's leader to hand it over to `to_broker` (it does so at its next tick, cleanly: it stops
+    taking produces, commits what it holds, then assigns the partition). False if the partition does not exist."""
+    with cat.write() as conn:
+        done = conn.execute(
+            update(PartitionModel)
+            .where(PartitionModel.topic == topic, PartitionModel.partition == partition)
+            .values(handover_to=to_broker)
+        )
+    return done.rowcount == 1

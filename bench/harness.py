@@ -63,14 +63,18 @@ def self_cpu_s() -> float:
     return t.user + t.system
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str, log_path: Path) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str, log_path: Path, *,
+                  greeting: bool = False) -> None:
+    """Until the port accepts; with `greeting`, until it also sends something (a broker binds its port before it
+    has joined the service, and sends TANK's Ping only once it serves)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}:\n{_tail(log_path)}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                if not greeting or sock.recv(5):
+                    return
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on {port} within {timeout_s} s:\n{_tail(log_path)}")
@@ -120,7 +124,7 @@ class BrokerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                          preexec_fn=die_with_parent)
-        wait_for_port(self.port, self.proc, timeout_s, "the broker", self.log_path)
+        wait_for_port(self.port, self.proc, timeout_s, "the broker", self.log_path, greeting=True)
         return self
 
     @property

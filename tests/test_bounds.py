@@ -7,7 +7,7 @@ import pytest
 
 from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, locate
 from tiered.protocol.codes import UINT64_MAX
-from tiered.server.registry import Partition
+from tiered.server.registry import Partition, Role
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig
 
@@ -58,10 +58,23 @@ def test_locate(bounds, seq, answer):
 
 def partition(tmp_path, ack: str, lower_tier: bool) -> Partition:
     log = PartitionLog.open(str(tmp_path / ack / str(lower_tier)), TopicConfig())
-    part = Partition("t", 0, log, TopicConfig(produce_ack=ack), lower_tier)
+    part = Partition("t", 0, log, TopicConfig(produce_ack=ack), lower_tier, role=Role.LEADER)
     for value in (b"a", b"b", b"c"):
         log.append(plain_bundle(value))
     return part
+
+
+def test_a_follower_shows_the_catalogs_bounds_and_only_the_local_records_it_trusts(tmp_path):
+    """Led elsewhere: the hwmark is the catalog's (even on a produce.ack=local topic), and local records past what
+    this broker committed as leader are not served (the new leader's history replaced them)."""
+    for ack in ("durable", "local"):
+        part = partition(tmp_path, ack, True)
+        part.role, part.committed, part.catalog_first, part.trusted_local = Role.FOLLOWER, 7, 1, 2
+        assert part.bounds() == PartitionBounds(1, 7, 1, 2, True)
+        assert locate(2, part.bounds()) == Local(2) and locate(3, part.bounds()) == Remote(3)
+        part.trusted_local = 0  # never led here: every read goes to the bucket
+        assert part.bounds() == PartitionBounds(1, 7, 0, 0, True)
+        part.log.close()
 
 
 def test_a_durable_partition_shows_only_what_is_committed(tmp_path):

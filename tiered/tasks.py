@@ -100,10 +100,24 @@ class Supervisor:
         """What readiness reports: every task that is failing, with its last error; "" when none is."""
         return "; ".join(f"{name}: {error}" for name, error in sorted(self.failing.items()))
 
+    async def stop_task(self, name: str) -> None:
+        """Stops one task (and its restarts) for good."""
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            await _cancel([task])
+        self.failing.pop(name, None)
+
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
+        self._tasks.clear()
+        await _cancel(tasks)
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    """Cancels the tasks and waits for them to end. A cancellation can be lost (Python 3.11's asyncio.wait_for
+    returns the result of an inner future that completes as it is cancelled), so it is repeated until they end."""
+    while tasks:
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        self._tasks.clear()
+        await asyncio.wait(tasks, timeout=0.1)
+        tasks = [t for t in tasks if not t.done()]

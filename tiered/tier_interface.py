@@ -146,9 +146,9 @@ class Tier(Protocol):
 
     async def start(self) -> None: ...
 
-    async def join(self, advertised: str) -> None:
-        """Joins the service as the broker reachable at `advertised`: leads what it should (through the sink's
-        `lead`), follows the rest, and keeps doing so until `stop`."""
+    async def join(self, advertised: str, http: str) -> None:
+        """Joins the service as the broker reachable at `advertised` (its HTTP endpoint at `http`, "" if off):
+        leads what it should (through the sink's `lead`), follows the rest, and keeps doing so until `stop`."""
 
     def may_acknowledge(self) -> bool:
         """False while this broker cannot be sure it still leads (its lease is not renewed): produce answers 0xfd."""
@@ -165,6 +165,9 @@ class Tier(Protocol):
     def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None: ...
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]: ...
+
+    async def topic_created(self, name: str, partitions: int) -> None:
+        """The topic exists locally now: its partitions may be led (through the sink's `lead`)."""
 
     async def admission(self) -> bool: ...
 
@@ -195,7 +198,7 @@ class LocalOnly:
     async def start(self) -> None:
         return None
 
-    async def join(self, advertised: str) -> None:
+    async def join(self, advertised: str, http: str) -> None:
         return None
 
     def may_acknowledge(self) -> bool:
@@ -215,6 +218,9 @@ class LocalOnly:
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
         return []
+
+    async def topic_created(self, name: str, partitions: int) -> None:
+        return None
 
     async def admission(self) -> bool:
         return True

@@ -74,7 +74,7 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
         state = states[(p["topic"], p["partition"])]
         assert p["committed"] == state.hwmark_seq == p["hwmark"]  # durable topics: visible = committed
         assert p["local_first"] <= p["local_last"] and p["remote_first"] <= p["committed"]
-        assert not p["fenced"] and p["pending_segments"] == 0
+        assert p["role"] == "leader" and p["pending_segments"] == 0
 
 
 async def test_an_unreachable_endpoint_is_a_clear_error():

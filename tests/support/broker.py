@@ -71,13 +71,20 @@ class BrokerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            if self._pinged(0.5):
                 return self
-            except OSError:
-                time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"broker did not listen within {timeout_s} s:\n{self.output()}")
+
+    def _pinged(self, timeout_s: float) -> bool:
+        """Whether the broker serves: it binds its port before it has joined the service, and sends TANK's Ping
+        to a connection only once it serves."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s) as sock:
+                return len(sock.recv(5)) > 0
+        except OSError:
+            time.sleep(0.05)
+            return False
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

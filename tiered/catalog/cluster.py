@@ -14,11 +14,14 @@ the claimer saw, so that two brokers deciding at once cannot both win.
 
 from __future__ import annotations
 
+import os
+import socket
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, and_, func, literal, select, update
+from sqlalchemy import and_, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tiered.catalog.engine import Catalog, utcnow
@@ -50,11 +53,29 @@ class Assignment:
     handover_to: int | None  # asked of the leader by `tiered cluster rebalance`
 
 
-def _now(conn: Connection, cat: Catalog):
-    """The catalog's clock: PostgreSQL's (the same for every broker); SQLite's catalog is one host's."""
+def _now(cat: Catalog, plus: timedelta = timedelta(0)):
+    """The catalog's clock (plus `plus`): PostgreSQL's, the same for every broker; a SQLite catalog is one host's."""
     if cat.backend == "postgresql":
-        return func.clock_timestamp()
-    return literal(utcnow(), BrokerModel.lease_expires_at.type)
+        return func.clock_timestamp() + plus if plus else func.clock_timestamp()
+    return literal(utcnow() + plus, BrokerModel.lease_expires_at.type)
+
+
+def _still_running(process: str) -> bool:
+    """Whether the process that holds a lease on a SQLite catalog still runs. A SQLite catalog is one host's file,
+    so its brokers are processes of this host: one that was killed left a live lease behind, and is not in the way.
+    A process named on another host (the file on a shared disk: unsupported) counts as running."""
+    host, _, pid = process.rpartition(":")
+    if not pid.isdigit():
+        return True
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def register(cat: Catalog, broker_id: int, incarnation: str, advertised: str, http_endpoint: str,
@@ -64,19 +85,19 @@ def register(cat: Catalog, broker_id: int, incarnation: str, advertised: str, ht
     holds a live lease: several brokers need PostgreSQL."""
     lease = timedelta(milliseconds=lease_ms)
     with cat.write() as conn:
-        clock = _now(conn, cat)
         if cat.backend == "sqlite":
             others = conn.execute(
-                select(BrokerModel.broker_id).where(BrokerModel.broker_id != broker_id,
-                                                    BrokerModel.lease_expires_at > clock)
-            ).scalars().all()
-            if others:
+                select(BrokerModel.broker_id, BrokerModel.process).where(BrokerModel.broker_id != broker_id,
+                                                                         BrokerModel.lease_expires_at > _now(cat))
+            ).all()
+            running = sorted(b for b, process in others if _still_running(process))
+            if running:
                 raise SingleBrokerCatalog(
-                    f"broker(s) {sorted(others)} already serve this SQLite catalog: several brokers need a PostgreSQL "
-                    f"catalog (--catalog postgresql://...)")
+                    f"broker(s) {running} already serve this SQLite catalog: a SQLite catalog serves one broker; "
+                    f"several brokers need a PostgreSQL catalog (--catalog postgresql+psycopg://...)")
         values = {"address": advertised, "advertised": advertised, "http_endpoint": http_endpoint,
                   "incarnation": incarnation, "started_at": utcnow(now), "heartbeat_at": utcnow(now),
-                  "lease_expires_at": clock + lease}
+                  "lease_expires_at": _now(cat, lease), "process": f"{socket.gethostname()}:{os.getpid()}"}
         insert = postgresql.insert if cat.backend == "postgresql" else sqlite.insert
         statement = insert(BrokerModel).values(broker_id=broker_id, **values)
         conn.execute(statement.on_conflict_do_update(index_elements=[BrokerModel.broker_id], set_=values))
@@ -86,11 +107,10 @@ def renew(cat: Catalog, broker_id: int, incarnation: str, lease_ms: int, *, now:
     """Extends this process's lease by `lease_ms` from now (the catalog's now). False when another process took the
     broker id over: this one must stop leading at once."""
     with cat.write() as conn:
-        clock = _now(conn, cat)
         done = conn.execute(
             update(BrokerModel)
             .where(BrokerModel.broker_id == broker_id, BrokerModel.incarnation == incarnation)
-            .values(lease_expires_at=clock + timedelta(milliseconds=lease_ms), heartbeat_at=utcnow(now))
+            .values(lease_expires_at=_now(cat, timedelta(milliseconds=lease_ms)), heartbeat_at=utcnow(now))
         )
     return done.rowcount == 1
 
@@ -98,20 +118,18 @@ def renew(cat: Catalog, broker_id: int, incarnation: str, lease_ms: int, *, now:
 def leave(cat: Catalog, broker_id: int, incarnation: str) -> None:
     """Ends this process's lease now (a graceful stop, after its handovers)."""
     with cat.write() as conn:
-        clock = _now(conn, cat)
         conn.execute(
             update(BrokerModel)
             .where(BrokerModel.broker_id == broker_id, BrokerModel.incarnation == incarnation)
-            .values(lease_expires_at=clock)
+            .values(lease_expires_at=_now(cat))
         )
 
 
 def members(cat: Catalog) -> list[Member]:
     with cat.read() as conn:
-        clock = _now(conn, cat)
         rows = conn.execute(
             select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
-                   (BrokerModel.lease_expires_at > clock).label("live"), BrokerModel.lease_expires_at)
+                   (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at)
             .order_by(BrokerModel.broker_id)
         ).all()
     return [Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live), r.lease_expires_at)
@@ -165,6 +183,28 @@ def spread(partitions: Sequence[tuple[str, int]], live: Iterable[int],
     return out
 
 
+def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> dict[tuple[str, int], int]:
+    """Which partitions to move, and where, so that every live broker leads as many as the others, give or take
+    one: one partition at a time from the broker leading the most to the one leading the fewest (ties: the lowest
+    id), each taken from the topic the receiver leads least of, so topics spread too. Pure."""
+    brokers = sorted(set(live))
+    if len(brokers) < 2:
+        return {}
+    held: dict[int, list[tuple[str, int]]] = {b: [] for b in brokers}
+    for a in assignments:
+        if a.leader_broker in held:
+            held[a.leader_broker].append((a.topic, a.partition))
+    moves: dict[tuple[str, int], int] = {}
+    while True:
+        most = max(brokers, key=lambda b: (len(held[b]), -b))
+        fewest = min(brokers, key=lambda b: (len(held[b]), b))
+        if len(held[most]) - len(held[fewest]) <= 1:
+            return moves
+        topics_of_fewest = Counter(topic for topic, _ in held[fewest])
+        key = min(held[most], key=lambda k: (topics_of_fewest[k[0]], k[0], -k[1]))
+        held[most].remove(key)
+        held[fewest].append(key)
+        moves[key] = fewest
 
 
 def request_handover(cat: Catalog, topic: str, partition: int, to_broker: int) -> bool:

@@ -148,6 +148,7 @@ class BrokerModel(Base):
     incarnation: Mapped[str] = mapped_column(Text, server_default="")
     # By the catalog's clock: the broker is live until then, and renews before.
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    process: Mapped[str] = mapped_column(Text, server_default="")  # "host:pid" of the process holding the lease
 
 
 class BlockModel(Base):

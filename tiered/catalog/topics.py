@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,9 +27,11 @@ _COLUMNS = (TopicModel.name, TopicModel.partitions, TopicModel.config_text, Topi
 
 
 def create_topic(
-    cat: Catalog, name: str, partitions: int, config_text: str = "", *, now: datetime | None = None
+    cat: Catalog, name: str, partitions: int, config_text: str = "", *, now: datetime | None = None,
+    leaders: Mapping[int, int] | None = None,
 ) -> TopicRow:
-    """Creates the topic and its partitions rows (0..partitions-1) in one transaction. Raises TopicExists."""
+    """Creates the topic and its partitions rows (0..partitions-1) in one transaction, each assigned to the broker
+    `leaders` names (none: to whoever claims it first). Raises TopicExists."""
     if not name:
         raise ValueError("a topic needs a name")
     if not 1 <= partitions <= MAX_PARTITIONS:
@@ -41,7 +44,9 @@ def create_topic(
                     name=name, partitions=partitions, config_text=config_text, created_at=row.created_at
                 )
             )
-            conn.execute(insert(PartitionModel), [{"topic": name, "partition": p} for p in range(partitions)])
+            assigned = leaders or {}
+            conn.execute(insert(PartitionModel), [{"topic": name, "partition": p, "leader_broker": assigned.get(p)}
+                                                  for p in range(partitions)])
     except exc.IntegrityError as error:
         # The only unique key a new topic can collide on is its name.
         raise TopicExists(name) from error

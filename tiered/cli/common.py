@@ -99,6 +99,14 @@ def fail(command: str, error: object, status: int = 1) -> int:
     return status
 
 
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """Columns padded to their widest cell, two spaces apart."""
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+
+
 def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 

@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "replay")
+GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "cluster", "replay")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ import sys
 import urllib.error
 import urllib.request
 
+from tiered.cli.common import print_table
 from tiered.config import DEFAULT_HTTP_PORT, SettingsError, parse_endpoint
 
 COLUMNS = (
@@ -37,10 +38,11 @@ def rows(partitions: list[dict]) -> list[list[str]]:
     out = []
     for p in partitions:
         remote_last = max(p["remote_segments_last"], p["committed"])
+        role = "" if p["role"] == "leader" else f" {p['role'].upper()}"  # led elsewhere, or being opened
         out.append([
             p["topic"], str(p["partition"]), _range(p["local_first"], p["local_last"]), str(p["local_bytes"]),
             _range(p["remote_first"], remote_last), str(p["committed"]), str(p["hwmark"]),
-            str(p["pending_segments"]), str(p["pending_segment_bytes"]) + (" FENCED" if p["fenced"] else ""),
+            str(p["pending_segments"]), str(p["pending_segment_bytes"]) + role,
         ])  # fmt: skip
     return out
 
@@ -67,8 +69,5 @@ def status(args) -> int:
     if args.json:
         print(json.dumps(partitions, indent=2))
         return 0
-    table = [[name for name, _ in COLUMNS], *rows(partitions)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
-    for r in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    print_table([name for name, _ in COLUMNS], rows(partitions))
     return 0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
 from tiered.cli.common import UsageError, add_broker_argument, connect, plural, run
 from tiered.protocol.codes import CreateTopicStatus
+from tiered.storage.topic_config import parse_config_text
 
 
 def register(sub) -> None:
@@ -26,9 +29,11 @@ def register(sub) -> None:
     add_broker_argument(ls)
     ls.set_defaults(func=lambda a: run(list_topics(a), "topic list"))
 
-    d = groups.add_parser("describe", help="partitions of a topic with their seq ranges")
+    d = groups.add_parser("describe", help="partitions of a topic with their seq ranges, and what an ack means")
     add_broker_argument(d)
     d.add_argument("name")
+    d.add_argument("--catalog", dest="catalog_url", metavar="URL",
+                   help="the brokers' catalog (also TIERED_CATALOG_URL), to show the topic's config and acks")
     d.set_defaults(func=lambda a: run(describe(a), "topic describe"))
 
 
@@ -68,4 +73,31 @@ async def describe(args) -> int:
     print("partition\tfirst_available\thwmark")
     for i, r in enumerate(ranges):
         print(f"{i}\t{r.first_available}\t{r.hwmark}")
+    url = args.catalog_url or os.environ.get("TIERED_CATALOG_URL")
+    if url:
+        config_text = await asyncio.to_thread(_config_text, url, args.name)
+        if config_text is not None:
+            print(f"config\t{', '.join(line for line in config_text.splitlines() if line.strip()) or '-'}")
+            print(f"acks\t{ack_meaning(config_text)}")
     return 0
+
+
+def _config_text(url: str, name: str) -> str | None:
+    from tiered.catalog import Catalog
+    from tiered.catalog.topics import get_topic
+
+    with Catalog.open(url) as catalog:
+        row = get_topic(catalog, name)
+    return row.config_text if row is not None else None
+
+
+def ack_meaning(config_text: str) -> str:
+    """What an acknowledgement of this topic's produces promises (docs/cluster.md, "When a broker dies")."""
+    values, _ = parse_config_text(config_text)
+    ack = values.get("produce.ack")
+    if ack == "local":
+        return ("produce.ack=local: acknowledged once appended on the leader's disk; a leader that dies loses what "
+                "it had not uploaded yet (at most its last block window of this topic)")
+    origin = "" if ack else " (the default, unless the brokers' topic_defaults say otherwise)"
+    return (f"produce.ack=durable{origin}: acknowledged once in the bucket and the catalog; survives the loss of "
+            f"any broker")

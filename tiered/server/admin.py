@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from tiered import metrics as m
 from tiered.catalog.errors import TopicExists as CatalogTopicExists
 from tiered.protocol.codes import UINT64_MAX, CreateTopicStatus, DiscoverReason, ReloadConfStatus
 from tiered.protocol.frame import MsgType
@@ -37,6 +38,8 @@ from tiered.protocol.responses import (
     encode_reload_conf_response,
     encode_status_response,
 )
+from tiered.server.leaders import endpoint_of
+from tiered.server.registry import Role
 from tiered.storage import topics as topic_dirs
 from tiered.storage.topic_config import ConfigError
 
@@ -56,7 +59,16 @@ class AdminHandler:
             wanted = range(len(topic.partitions)) if req.partitions is None else req.partitions
             for p in wanted:
                 if 0 <= p < len(topic.partitions):
-                    bounds = topic.partitions[p].bounds()
+                    part = topic.partitions[p]
+                    if part.role is not Role.LEADER and self.broker.tier.lower_tier:
+                        # The leader's bounds are the exact ones: TANK's clients ask it (tiered.server.leaders).
+                        self.broker.metrics.inc(m.REDIRECTS)
+                        ranges.append(PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.NO_LEADER)
+                                      if part.leader is None else
+                                      PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.OTHER_LEADER,
+                                                     endpoint_of(part.leader)))
+                        continue
+                    bounds = part.bounds()
                     ranges.append(PartitionRange(bounds.first_available, bounds.hwmark))
                 else:
                     ranges.append(PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.SYSTEM))

@@ -52,6 +52,7 @@ class App:
         self.tier: Tier = make_tier(settings, events, self.metrics, local_state.disk_id) if make_tier else LocalOnly()
         self.broker = Broker(settings, self.registry, self.waiters, self.metrics, self.tier, local_state=local_state,
                              clock=clock, now_s=now_s)
+        events.bind(self.broker)
         routes = {"/v1/tier": self.tier_status} if self.tier.lower_tier else {}
         self.http = HttpEndpoint(self.metrics.render, self.broker.check_ready, lambda: not self.broker.stopping,
                                  routes)
@@ -71,7 +72,7 @@ class App:
                 "remote_first": part.catalog_first,
                 "hwmark": bounds.hwmark,
                 "role": part.role.value,
-                "fenced": part.role.value == "fenced",
+                "leader": part.leader.endpoint if part.leader is not None else "",
                 **self.tier.partition_status(part.topic, part.partition),
             })  # fmt: skip
         return out
@@ -81,6 +82,7 @@ class App:
         endpoint = self.settings.http_endpoint()
         if endpoint is not None:
             await self.http.start(*endpoint)
+            self.broker.http_port = self.http.port
             log.info("HTTP endpoint (/metrics, /healthz, /readyz, /v1/tier) on %s:%d", endpoint[0], self.http.port)
         await self.broker.start()
 

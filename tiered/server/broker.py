@@ -1,13 +1,16 @@
 """The broker: opens the registry, reconciles it with the tier below, serves TANK's protocol, runs the timers, and
 shuts down gracefully.
 
-Start-up order: recover the local logs; start the tier; ask it for the plan of every partition (tiered.tiering.
-startup) and carry the plans out here (truncate, continue from the catalog's high-water mark, remember the epoch),
-then let the tier upload what the plan keeps; only then listen.
+Start-up order: recover the local logs; bind the listener (its address is what the broker advertises); start the
+tier; create locally the topics the catalog has and the disk lacks; join the service: the tier claims the partitions
+this broker should lead and hands over their plans (tiered.tiering.startup), carried out here (truncate, continue
+from the catalog's high-water mark, remember the epoch) before the tier uploads what a plan keeps; the other
+partitions are followed. Only then accept connections.
 
-Shutdown order (SIGTERM): stop accepting; wake long-poll waiters so they answer now; let in-flight requests finish
-(durable produces wait for their block's commit); close the open block and commit it; close connections; close
-partition logs. All within `shutdown_timeout_s`.
+Shutdown order (SIGTERM): hand every partition led here to another live broker (produces to them are answered "no
+leader" meanwhile, then redirected; the open block is committed first); stop accepting; wake long-poll waiters so
+they answer now; let in-flight requests finish (durable produces wait for their block's commit); commit what is
+left; close connections; close partition logs. All within `shutdown_timeout_s`.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.server.admin import AdminHandler
-from tiered.server.connection import IDLE_TIMEOUT_S, Connection, serve
+from tiered.server.connection import IDLE_TIMEOUT_S, Connection, advertised_endpoint, bind_listener, serve
 from tiered.server.consume import ConsumeHandler
 from tiered.server.fetch import FetchResolver
 from tiered.server.produce import ProduceHandler
 from tiered.server.registry import Partition, Registry, Role
 from tiered.server.waiters import Waiters
 from tiered.storage.local_state import LocalState
+from tiered.storage.topics import TopicDirExists
 from tiered.storage.partition_log import AppendResult
 from tiered.tasks import Supervisor
 from tiered.tier_interface import PartitionPlan, Tier
@@ -68,15 +72,27 @@ class Broker:
         self.retention_interval_s = RETENTION_INTERVAL_S
         self.stopping = False
         self.ready = False
+        self.http_port: int | None = None  # the HTTP endpoint's port, when it serves (set by the App)
+        self._stop_started = False
+        self._creating = asyncio.Lock()  # one local topic creation at a time (a request, or the catalog's view)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         self.registry.open_all(self.tier)
-        await self.tier.start()
-        await self._open_partitions()
         host, port = self.settings.listen_endpoint()
-        self.server = await serve(self, host, port)
+        sock = bind_listener(host, port)
+        try:
+            await self.tier.start()
+            await self._open_partitions()
+            bound_host, bound_port = sock.getsockname()[:2]
+            advertised = advertised_endpoint(self.settings.advertise, bound_host, bound_port)
+            http = f"{advertised.rpartition(':')[0]}:{self.http_port}" if self.http_port else ""
+            await self.tier.join(advertised, http)
+        except BaseException:
+            sock.close()
+            raise
+        self.server = await serve(self, sock)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.ready = True
         log.info(
@@ -96,12 +112,21 @@ class Broker:
         for name, why in plan.not_served.items():
             log.info("topic %s is not served here: %s", name, why)
         for topic in plan.create:
-            log.info("recreating topic %s locally from the catalog (%d partitions)", topic.name, topic.partitions)
+            log.info("creating topic %s locally from the catalog (%d partitions)", topic.name, topic.partitions)
             try:
-                self.registry.create_topic(topic.name, topic.partitions, topic.config_text, self.tier)
+                await self.ensure_local_topic(topic.name, topic.partitions, topic.config_text)
             except Exception as exc:
                 log.error("topic %s cannot be created locally and is not served: %s", topic.name, exc)
         await self.apply_plans(plan.partitions)
+
+    async def ensure_local_topic(self, name: str, partitions: int, config_text: str) -> bool:
+        """Creates the topic locally unless it exists; True if it was created here. In a worker thread: a topic of
+        thousands of partitions takes a while to lay out on disk."""
+        async with self._creating:
+            if name in self.registry.topics:
+                return False
+            await asyncio.to_thread(self.registry.create_topic, name, partitions, config_text, self.tier)
+            return True
 
     async def apply_plans(self, plans: Sequence[PartitionPlan]) -> None:
         """Carries the tier's plans out on the local logs, remembers their epochs, then lets the tier lead each
@@ -122,6 +147,7 @@ class Broker:
                 continue
             part.committed = plan.committed
             part.catalog_first = plan.first_available
+            part.leader = None
             if plan.truncate_after is not None or plan.reupload_after is not None or part.log.last_held < plan.committed:
                 log.info("%s/%d (epoch %d): %s", plan.topic, plan.partition, plan.epoch, plan.reason)
             ready.append((part, plan))
@@ -141,12 +167,16 @@ class Broker:
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Graceful: stop accepting, answer waiters, finish in-flight work, commit the open block, close."""
-        if self.stopping:
+        if self._stop_started:
             return
-        self.stopping = True
+        self._stop_started = True
         self.ready = False
         timeout_s = self.settings.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = self.clock.monotonic() + timeout_s
+        if self.server is not None:
+            # Still listening: clients of the partitions handed over are told where they went.
+            await self.tier.hand_over(deadline)
+        self.stopping = True
         if self.server is not None:
             self.server.close()
         await self.supervisor.stop()
@@ -172,14 +202,16 @@ class Broker:
         return ack
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> None:
+        """Raises TopicExists (the catalog has it) or TopicDirExists (the disk has it)."""
         plans = await self.tier.create_topic(name, partitions, config_text)
-        # In a worker thread: a topic of thousands of partitions takes a while to lay out on disk.
-        topic = await asyncio.to_thread(self.registry.create_topic, name, partitions, config_text, self.tier)
+        if not await self.ensure_local_topic(name, partitions, config_text) and not self.tier.lower_tier:
+            raise TopicDirExists(name)
         if not self.tier.lower_tier:
-            for part in topic.partitions:
+            for part in self.registry.topics[name].partitions:
                 part.role = Role.LEADER
             return
         await self.apply_plans(plans)
+        await self.tier.topic_created(name, partitions)
 
     # -- timers -----------------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ MAX_QUEUED_BYTES of whole frames wait for the request task, reading pauses.
 from __future__ import annotations
 
 import asyncio
+import socket
 import logging
 from collections import deque
 
@@ -50,10 +51,42 @@ def _grown(data: bytearray, filled: int, capacity: int) -> bytearray:
     return grown
 
 
-async def serve(broker, host: str, port: int) -> asyncio.AbstractServer:
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The TANK listener's socket, bound and listening (connections wait in the backlog until `serve`): bound first,
+    so that the broker knows the address it advertises before it joins the service."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def advertised_endpoint(configured: str, bound_host: str, bound_port: int) -> str:
+    """`--advertise` as given (a host name is resolved to its IPv4 address), else the listener's own address; an
+    any-address listener advertises this host's address."""
+    text = configured.strip()
+    if text:
+        host, _, port = text.rpartition(":")
+        return f"{socket.gethostbyname(host or '127.0.0.1')}:{int(port or bound_port)}"
+    host = bound_host
+    if host in ("", "0.0.0.0", "::"):
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    return f"{host}:{bound_port}"
+
+
+async def serve(broker, sock: socket.socket) -> asyncio.AbstractServer:
     """The TANK listener: one Connection per accepted socket."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: Connection(broker), host, port, reuse_address=True)
+    return await loop.create_server(lambda: Connection(broker), sock=sock)
 
 
 class Connection(asyncio.BufferedProtocol):

@@ -5,6 +5,10 @@ partition that is not at EOF makes the response immediate; so does max_wait 0. O
 `min_bytes` become visible across its partitions, or until its normalised deadline. EOF partitions carry one of
 TANK's three base values: first available (answered at once), 0 (timed out), or the first seq that arrived (woken).
 
+A partition led elsewhere serves its history here; its tail is redirected to the leader (0xfc), or answered "no
+leader" (0xfd) while a takeover is under way (tiered.server.leaders). A long-poll on a partition that moves away
+answers at once, redirected.
+
 The waiter is registered before the handler yields to the event loop, and the tails are checked again right after:
 a produce that lands while the request is being resolved (pipelined on the same connection, or committed meanwhile)
 wakes it instead of being missed until the deadline.
@@ -15,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from tiered import metrics as m
 from tiered.protocol.codes import UINT64_MAX, ConsumeStatus
 from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head
 from tiered.protocol.requests import ConsumeRequest
 
 from tiered.bounds import Boundary, Eof
 from tiered.server.fetch import Found, Resolved
-from tiered.server.registry import Role
+from tiered.server.leaders import LedElsewhere, endpoint_of
 from tiered.server.waiters import Waiter, wakeup_deadline_ms
 from tiered.tier_interface import Unreadable
 
@@ -60,16 +65,14 @@ class ConsumeHandler:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.UNKNOWN_PARTITION))
                     immediate = True
                     continue
-                if part.role is not Role.LEADER:
-                    results.append(ConsumePartitionResult(p.partition, ConsumeStatus.NO_LEADER))
-                    immediate = True
-                    continue
                 fetch_size = min(p.fetch_size, MAX_FETCH_BYTES)
                 got = await broker.fetch.resolve(part, p.seq, max(1, min(fetch_size, budget)))
                 if isinstance(got, Found):
                     budget -= got.chunk.size
                     chunks.append(got.chunk)
                 if not isinstance(got, Eof):
+                    if isinstance(got, LedElsewhere):
+                        broker.metrics.inc(m.REDIRECTS)
                     results.append(_result(p.partition, got))
                     immediate = True
                 else:
@@ -116,12 +119,14 @@ class ConsumeHandler:
                     continue
                 part = broker.registry.get(*tp)
                 got = None
-                if woken and part is not None:
+                if part is not None and (woken or waiter.future.done() and waiter.future.result() == "moved"):
                     got = await broker.fetch.resolve(part, tails[tp], fetch_sizes[tp])
                 hwmark = part.hwmark if part is not None else 0
                 if isinstance(got, Found):
                     chunks.append(got.chunk)
                 if got is not None and not isinstance(got, Eof):
+                    if isinstance(got, LedElsewhere):
+                        broker.metrics.inc(m.REDIRECTS)
                     results.append(_result(p.partition, got))
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, 0, hwmark, 0))
@@ -141,4 +146,8 @@ def _result(partition: int, got: Resolved) -> ConsumePartitionResult:
         return ConsumePartitionResult(partition, ConsumeStatus.BOUNDARY, 0, got.hwmark, 0, got.first_available)
     if isinstance(got, Unreadable):
         return ConsumePartitionResult(partition, ConsumeStatus.SYSTEM)
+    if isinstance(got, LedElsewhere):
+        if got.leader is None:
+            return ConsumePartitionResult(partition, ConsumeStatus.NO_LEADER)
+        return ConsumePartitionResult(partition, ConsumeStatus.OTHER_LEADER, leader=endpoint_of(got.leader))
     raise TypeError(f"no consume result for {got!r}")

@@ -4,6 +4,8 @@ Local: whole bundles of one segment file, streamed with sendfile. The local log 
 seq falls between two local segments (seqs a disk behind the catalog never held): then the tier below answers.
 Remote: the tier reads the bucket; a seq it cannot read (no location, or a missing object) is answered as a system
 error for that partition, never skipped.
+A partition led elsewhere serves its history here; at or past the catalog's high-water mark the leader answers
+(tiered.server.leaders).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, local_miss, locate
-from tiered.server.registry import Partition
+from tiered.server.leaders import LedElsewhere
+from tiered.server.registry import Partition, Role
 from tiered.storage.segment import SegmentReader
 from tiered.tier_interface import RemoteChunk, Tier, Unreadable
 
@@ -46,7 +49,7 @@ class Found:
     hwmark: int
 
 
-Resolved = Found | Boundary | Eof | Unreadable
+Resolved = Found | Boundary | Eof | Unreadable | LedElsewhere
 
 
 class FetchResolver:
@@ -56,8 +59,13 @@ class FetchResolver:
     async def resolve(self, part: Partition, seq: int, fetch_size: int) -> Resolved:
         bounds = part.bounds()
         where = locate(seq, bounds)
+        if part.role is not Role.LEADER and (isinstance(where, Eof) or isinstance(where, Boundary) and seq > 0
+                                             and seq >= bounds.first_available):
+            return LedElsewhere(part.leader)  # the tail, or past what this broker knows is committed
         if isinstance(where, Local):
-            got = part.log.read(where.seq, fetch_size, bounds.hwmark, across_gaps=not bounds.lower_tier)
+            # Never past the local records this broker may serve (a follower's may end before its disk does).
+            limit = min(bounds.hwmark, bounds.local_last)
+            got = part.log.read(where.seq, fetch_size, limit, across_gaps=not bounds.lower_tier)
             if got is not None:
                 return Found(FileChunk(got.file, got.start_position, got.end_position), got.first_bundle_seq,
                              got.first_bundle_sparse, bounds.hwmark)

@@ -11,8 +11,9 @@ What a partition's answer means (docs/operations.md, "What a produce answer mean
 - 0x03 (ack timeout): appended, but its block was not committed within the deadline (the request's own
   ack_timeout when it names one, else `produce_ack_timeout_ms`). The block keeps retrying, so the records may
   still become visible: a producer that sends them again may store them twice; check the partition's seqs first.
-- 0xfd (no leader): not stored, and never will be (the partition is not led here, or was fenced before the
-  records were committed): safe to send again, to the partition's leader.
+- 0xfc (other leader) + endpoint: not stored: the partition is led by the broker named; send it there.
+- 0xfd (no leader): not stored, and never will be (no broker leads the partition this moment, this broker's lease
+  is not renewed in time, or the partition was fenced before the records were committed): safe to send again.
 - 0x02 (system): not stored: nothing was appended (uploads stalled past the deadline before the append, or the
   local append failed).
 """
@@ -27,7 +28,14 @@ from tiered.protocol.bundle import BundleFacts
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.frame import MsgType
 from tiered.protocol.requests import ProduceRequest
-from tiered.protocol.responses import encode_produce_codes
+from tiered.protocol.responses import (
+    PartitionStatus,
+    ProduceResponse,
+    ProduceTopicResult,
+    encode_produce_codes,
+    encode_produce_response,
+)
+from tiered.server.leaders import endpoint_of
 from tiered.server.registry import Role
 from tiered.storage.partition_log import InvalidSeqnums
 from tiered.tier_interface import AckOutcome
@@ -58,6 +66,11 @@ class ProduceHandler:
             # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
             await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
             return
+        if not broker.tier.may_acknowledge():
+            # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
+            # appended; TANK's client retries, and finds the partition's leader.
+            await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+            return
         if not await broker.tier.admission():
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)
@@ -67,6 +80,7 @@ class ProduceHandler:
         base_seqs = req.with_seqnum
         answers: list[TopicAnswer] = []
         pending: list[tuple[int, int, asyncio.Future]] = []  # (answer index, partition index, durable ack)
+        redirects: dict[tuple[int, int], object] = {}  # (answer index, partition index) -> the leader's endpoint
         i = 0  # the next bundle's index in `facts`
         for topic in req.topics:
             name = topic.name
@@ -83,7 +97,12 @@ class ProduceHandler:
                     codes.append(ProduceStatus.UNKNOWN_PARTITION)
                     continue
                 if part.role is not Role.LEADER:
-                    codes.append(ProduceStatus.NO_LEADER)
+                    broker.metrics.inc(m.REDIRECTS)
+                    if part.leader is None:
+                        codes.append(ProduceStatus.NO_LEADER)
+                    else:
+                        redirects[(len(answers), len(codes))] = endpoint_of(part.leader)
+                        codes.append(ProduceStatus.OTHER_LEADER)
                     continue
                 try:
                     appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts)
@@ -103,17 +122,22 @@ class ProduceHandler:
             answers.append((name, None, codes))
         if pending:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
-            conn.spawn(self._answer_when_durable(conn, req, answers, pending, started))
+            conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
             return
-        await self._send(conn, req, answers, started)
+        await self._send(conn, req, answers, started, redirects)
 
-    async def _send(self, conn, req: ProduceRequest, answers: list[TopicAnswer], started: float) -> None:
+    async def _send(self, conn, req: ProduceRequest, answers: list[TopicAnswer], started: float,
+                    redirects: dict | None = None) -> None:
         elapsed = self.broker.clock.monotonic() - started
         metrics = self.broker.metrics
         topics = self.broker.registry.topics
         for name in {name for name, _, _ in answers if name in topics}:  # never a label per unknown name
             metrics.ack_latency(name, elapsed)
-        await conn.send(MsgType.PRODUCE, encode_produce_codes(req.request_id, answers))
+        if redirects:
+            payload = encode_produce_response(_with_leaders(req.request_id, answers, redirects))
+        else:
+            payload = encode_produce_codes(req.request_id, answers)
+        await conn.send(MsgType.PRODUCE, payload)
 
     async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
         topics = self.broker.registry.topics
@@ -126,7 +150,8 @@ class ProduceHandler:
             return min(req.ack_timeout_ms, MAX_ACK_TIMEOUT_MS) / 1000.0
         return self.broker.settings.produce_ack_timeout_ms / 1000.0
 
-    async def _answer_when_durable(self, conn, req, answers: list[TopicAnswer], pending, started: float) -> None:
+    async def _answer_when_durable(self, conn, req, answers: list[TopicAnswer], pending, started: float,
+                                   redirects: dict) -> None:
         clock = self.broker.clock
         acks = {ack for _, _, ack in pending}
         timer = asyncio.ensure_future(clock.sleep(max(0.0, started + self._ack_timeout_s(req) - clock.monotonic())))
@@ -145,4 +170,16 @@ class ProduceHandler:
             self.broker.metrics.inc(m.ACK_TIMEOUTS, not_confirmed)
             log.error("request %d: %d durable produces not confirmed within %.1f s (answered 0x03; their block "
                       "keeps retrying)", req.request_id, not_confirmed, self._ack_timeout_s(req))
-        await self._send(conn, req, answers, started)
+        await self._send(conn, req, answers, started, redirects)
+
+
+def _with_leaders(request_id: int, answers: list[TopicAnswer], redirects: dict) -> ProduceResponse:
+    """The answer as result objects, for the rare response that names other leaders (their endpoints follow 0xfc)."""
+    topics = []
+    for a_index, (name, status, codes) in enumerate(answers):
+        if status is not None:
+            topics.append(ProduceTopicResult(name, status, ()))
+            continue
+        topics.append(ProduceTopicResult(name, None, tuple(
+            PartitionStatus(code, redirects.get((a_index, p_index))) for p_index, code in enumerate(codes))))
+    return ProduceResponse(request_id, tuple(topics))

@@ -22,7 +22,7 @@ from tiered.bounds import PartitionBounds
 from tiered.storage import topics as topic_dirs
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig, parse_config_text
-from tiered.tier_interface import LocalPartition, LocalTopic, Tier
+from tiered.tier_interface import Leader, LocalPartition, LocalTopic, Tier
 
 log = logging.getLogger("tiered.server")
 
@@ -30,7 +30,7 @@ log = logging.getLogger("tiered.server")
 class Role(Enum):
     OPENING = "opening"  # being reconciled with the catalog: not served yet
     LEADER = "leader"  # produce and consume served here
-    FENCED = "fenced"  # a newer leader claimed it: not served here
+    FOLLOWER = "follower"  # led by another broker (or by nobody yet): history served here, the tail redirected
 
 
 @dataclass
@@ -43,6 +43,10 @@ class Partition:
     role: Role = Role.OPENING
     committed: int = 0  # the catalog's high-water mark: every seq up to it is in the bucket and the catalog
     catalog_first: int = 0  # the catalog's first available seq (0: it holds nothing of the partition yet)
+    leader: Leader | None = None  # a FOLLOWER's leader, where its tail is redirected (None: no leader yet)
+    # A FOLLOWER serves its local records only up to here: past it the disk may hold records this broker appended
+    # but never committed (it lost the partition), which the catalog's history does not have.
+    trusted_local: int = 0
 
     @property
     def durable(self) -> bool:
@@ -50,13 +54,21 @@ class Partition:
         return self.lower_tier and self.config.produce_ack == "durable"
 
     def bounds(self) -> PartitionBounds:
+        """A leader's bounds come from its own log; a follower's from the catalog (as of its last look) and the local
+        records it may trust."""
         plog = self.log
         local_first = plog.first_available
+        local_last = plog.last_held
+        following = self.role is not Role.LEADER
+        if following:
+            local_last = min(local_last, self.trusted_local)
+            if local_last < local_first:
+                local_first = local_last = 0
         first = local_first
         if self.catalog_first and (not first or self.catalog_first < first):
             first = self.catalog_first
-        hwmark = self.committed if self.durable else plog.last_assigned
-        return PartitionBounds(first, hwmark, local_first, plog.last_held, self.lower_tier)
+        hwmark = self.committed if self.durable or following else plog.last_assigned
+        return PartitionBounds(first, hwmark, local_first, local_last, self.lower_tier)
 
     @property
     def hwmark(self) -> int:

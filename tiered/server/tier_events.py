@@ -3,17 +3,23 @@ partition serves, here and only here.
 
 - committed: the catalog's high-water mark moves up; on a durable topic the records become visible, and long-poll
   waiters on the partition wake (visibility follows durability).
-- fenced: another leader claimed the partition; produce and consume are answered "no leader" from now on.
+- fenced: a commit was refused because another leader claimed the partition; it is followed from now on.
 - copied: a sealed segment is in the bucket (local retention may delete it; nothing changes for readers).
 - first_available_moved: remote retention moved the start of the partition's history.
+- lead: plans for partitions the tier claimed, carried out by the broker (Broker.apply_plans).
+- follow: the partition is led by another broker, or by nobody yet: history up to the catalog's high-water mark is
+  served here, the tail and produces go to the leader (0xfc) or wait for one (0xfd).
+- topics_known: topics another broker created are created locally, so that any broker serves any topic.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from tiered.server.registry import Registry, Role
 from tiered.server.waiters import Waiters
+from tiered.tier_interface import Leader, LocalPartition, NewLocalTopic, PartitionPlan
 
 log = logging.getLogger("tiered.server")
 
@@ -22,6 +28,11 @@ class TierEvents:
     def __init__(self, registry: Registry, waiters: Waiters):
         self.registry = registry
         self.waiters = waiters
+        self.broker = None  # tiered.server.broker.Broker, bound once it exists (it is built after the tier)
+        self._unservable: set[str] = set()  # topics that could not be created here (said once)
+
+    def bind(self, broker) -> None:
+        self.broker = broker
 
     def committed(self, topic: str, partition: int, first_seq: int, last_seq: int, size_bytes: int) -> None:
         part = self.registry.get(topic, partition)
@@ -35,10 +46,7 @@ class TierEvents:
             self.waiters.visible(topic, partition, first_seq, size_bytes)
 
     def fenced(self, topic: str, partition: int, reason: str) -> None:
-        part = self.registry.get(topic, partition)
-        if part is not None:
-            part.role = Role.FENCED
-            self.waiters.wake_partition(topic, partition)
+        self.follow(topic, partition, None, None)
 
     def copied(self, topic: str, partition: int, base: int, last: int) -> None:
         part = self.registry.get(topic, partition)
@@ -49,3 +57,44 @@ class TierEvents:
         part = self.registry.get(topic, partition)
         if part is not None and seq > part.catalog_first:
             part.catalog_first = seq
+
+    def follow(self, topic: str, partition: int, leader: Leader | None, committed: int | None,
+               first_available: int | None = None) -> None:
+        part = self.registry.get(topic, partition)
+        if part is None:
+            return
+        moved = part.role is not Role.FOLLOWER or part.leader != leader
+        if part.role is Role.LEADER:
+            # What it committed as leader agrees with the catalog; past that, the disk may hold records the
+            # catalog never got (the new leader continues without them): not served from here.
+            part.trusted_local = part.committed
+        part.role = Role.FOLLOWER
+        part.leader = leader
+        if committed is not None and committed > part.committed:
+            part.committed = committed
+        if first_available:
+            part.catalog_first = first_available
+        if moved:
+            self.waiters.wake_partition(topic, partition)  # long-polls answer now: redirected, or at EOF
+
+    async def lead(self, plans: Sequence[PartitionPlan]) -> None:
+        await self.broker.apply_plans(plans)
+
+    async def topics_known(self, topics: Sequence[NewLocalTopic]) -> None:
+        for topic in topics:
+            if topic.name in self.registry.topics or topic.name in self._unservable:
+                continue
+            log.info("topic %s (%d partitions) is in the catalog: creating it here", topic.name, topic.partitions)
+            try:
+                await self.broker.ensure_local_topic(topic.name, topic.partitions, topic.config_text)
+            except Exception as exc:
+                self._unservable.add(topic.name)
+                log.error("topic %s cannot be created here and is not served: %s", topic.name, exc)
+
+    def local_partition(self, topic: str, partition: int) -> LocalPartition | None:
+        part = self.registry.get(topic, partition)
+        if part is None:
+            return None
+        state = self.broker.local_state
+        applied = state.applied_epoch(topic, partition) if state is not None else None
+        return LocalPartition(topic, partition, part.log.first_available, part.log.last_held, applied)

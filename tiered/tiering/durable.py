@@ -63,6 +63,11 @@ class DurablePath:
             self._kick.set()
         return count
 
+    def release(self, topic: str, partition: int) -> None:
+        """No longer led here (handed over, or claimed by another broker): records not yet in a block are dropped
+        and their acks refused; blocks in flight commit, or are refused by the new leader's epoch."""
+        self.builder.release(topic, partition)
+
     def leads(self, topic: str, partition: int) -> bool:
         return self.builder.leads(topic, partition)
 

@@ -2,16 +2,17 @@
 store, the durable path (tiered.tiering.durable) and the remote tier (tiered.tiering.remote_tier), wired together.
 
 Life: `start` opens the catalog (migrating it) and the store and starts the background loops; `open_partitions`
-reconciles the local disk with the catalog (claims, and plans each partition: tiered.tiering.startup); the server
-carries each plan out locally and calls `resume`, after which the partition is led here. Produce, roll, retention
-and reads call in through the Tier methods; commits, fences and copies go out through the server's TierSink.
+registers the disk's topics in the catalog and names the catalog's topics the disk lacks; `join` makes the broker a
+member of the service (tiered.tiering.coordinator): it claims the partitions it should lead, plans each one
+(tiered.tiering.startup) and hands the plans to the server, which carries them out and calls `resume`, after which
+the partition is led here; the others are followed. Produce, roll, retention and reads call in through the Tier
+methods; commits, fences, copies, leads and follows go out through the server's TierSink.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,7 +20,6 @@ from pathlib import Path
 
 from tiered import metrics as m
 from tiered.bounds import PartitionBounds
-from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
@@ -43,6 +43,7 @@ from tiered.tier_interface import (
     Unreadable,
 )
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.coordinator import Coordinator, Endpoints
 from tiered.tiering.durable import DurablePath
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.startup import plan_partition
@@ -50,8 +51,6 @@ from tiered.tiering.store import ObjectStore, StoreError, open_store
 from tiered.tiering.topic_objects import put_missing_topic_objects, put_topic_config
 
 log = logging.getLogger("tiered.tiering")
-
-HEARTBEAT_INTERVAL_S = 10.0
 
 
 @dataclass
@@ -81,6 +80,7 @@ class TieringService:
         self._migrate = migrate
         self.supervisor = Supervisor(metrics, clock=clock, outages=(*OUTAGES, StoreError))
         self.led: dict[tuple[str, int], Led] = {}
+        self.coordinator: Coordinator | None = None  # set by join()
         # Set by start():
         self.store: ObjectStore
         self.catalog: AsyncCatalog
@@ -109,16 +109,39 @@ class TieringService:
                                  committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
                                  grace=self.grace, clock=self.clock)
         await self._warm_store()
-        _, port = self.settings.listen_endpoint()
-        await self.catalog.write(catalog_brokers.register_broker, self.broker_id, f"{socket.gethostname()}:{port}")
         self._register_metrics()
         sup = self.supervisor
         sup.start("block timer", self.durable.block_timer)
         sup.start("segment copier", self.remote.copier.run)
         sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
-        sup.every("catalog heartbeat", HEARTBEAT_INTERVAL_S,
-                  lambda: self.catalog.write(catalog_brokers.heartbeat, self.broker_id))
+
+    async def join(self, advertised: str, http: str) -> None:
+        """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead
+        before it serves (the first tick), then keeps its lease and looks at the assignments (tiered.tiering.
+        coordinator)."""
+        coordinator = Coordinator(self.catalog, self.sink, self, broker_id=self.broker_id,
+                                  lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
+        await coordinator.join(Endpoints(advertised, http))
+        self.coordinator = coordinator
+        await coordinator.tick()
+        self.supervisor.start("lease", coordinator.renew_loop)
+        self.supervisor.start("cluster", coordinator.tick_loop)
+
+    def may_acknowledge(self) -> bool:
+        return self.coordinator is not None and self.coordinator.holds_lease()
+
+    async def hand_over(self, deadline: float) -> None:
+        """Stops looking at the assignments and renewing, hands every partition led here to the other live
+        brokers (each a clean handover), then ends the lease."""
+        if self.coordinator is None:
+            return
+        await self.supervisor.stop_task("cluster")
+        await self.supervisor.stop_task("lease")
+        try:
+            await self.coordinator.leave(deadline)
+        except Exception as exc:  # the others take the partitions over when the lease expires instead
+            log.error("handover failed (%s): the other brokers take the partitions over when the lease expires", exc)
 
     async def _warm_store(self) -> None:
         """Opens the object store client now (creating it costs ~0.3 s), so the first produce or fetch does not pay;
@@ -174,12 +197,12 @@ class TieringService:
     # -- partitions ------------------------------------------------------------------------------------------------
 
     async def open_partitions(self, local: Sequence[LocalTopic]) -> OpenPlan:
-        """Start-up: registers local-only topics in the catalog, claims every partition this broker serves, and
-        plans each one (tiered.tiering.startup)."""
+        """Start-up: registers the disk's topics the catalog lacks, and names the catalog's topics the disk lacks
+        (created locally before serving: any broker serves any topic). Which partitions are led here is decided
+        when the broker joins."""
         plan = OpenPlan()
         in_catalog = {t.name: t for t in await self.catalog.read(catalog_topics.list_topics)}
-        states = {(s.topic, s.partition): s for s in await self.catalog.read(catalog_partitions.get_partition_states)}
-        served: dict[str, LocalTopic] = {}
+        on_disk = {t.name for t in local}
         for topic in local:
             if topic.name not in in_catalog:
                 log.info("registering local topic %s in the catalog", topic.name)
@@ -188,40 +211,57 @@ class TieringService:
                                              topic.config_text)
                 except TopicExists:
                     pass
-            served[topic.name] = topic
-        for name, row in in_catalog.items():
-            if name in served:
-                continue
-            leaders = {states[(name, p)].leader_broker for p in range(row.partitions) if (name, p) in states}
-            others = sorted(b for b in leaders if b is not None and b != self.broker_id)
-            if others:
-                plan.not_served[name] = f"led by broker(s) {others}"
-                continue
-            plan.create.append(NewLocalTopic(name, row.partitions, row.config_text))
-            served[name] = LocalTopic(name, row.config_text, ())
+        plan.create = [NewLocalTopic(name, row.partitions, row.config_text) for name, row in in_catalog.items()
+                       if name not in on_disk]
         await put_missing_topic_objects(self.store, await self.catalog.read(catalog_topics.list_topics))
-        for name, topic in served.items():
-            count = in_catalog[name].partitions if name in in_catalog else len(topic.partitions)
-            plan.partitions.extend(await self._claim(name, count, {p.partition: p for p in topic.partitions}))
         return plan
 
-    async def _claim(self, topic: str, count: int, local: dict) -> list[PartitionPlan]:
-        since = {p: (local[p].applied_epoch if p in local else None) for p in range(count)}
+    async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
+        """Records a new topic in the catalog, its partitions spread over the live brokers (and its copy in the
+        bucket, for a rebuild). The server creates it locally, then calls `topic_created`. Raises TopicExists."""
+        placed = await self.coordinator.place_new_topic(partitions) if self.coordinator is not None else {}
+        await self.catalog.write(catalog_topics.create_topic, name, partitions, config_text, leaders=placed)
+        await put_topic_config(self.store, name, partitions, config_text)
+        return []
+
+    async def topic_created(self, name: str, partitions: int) -> None:
+        """The topic exists locally: claim this broker's share now, and wait (a few seconds at most) until the
+        other brokers have claimed theirs, so that a client redirected there right after finds the topic led."""
+        if self.coordinator is None:
+            return
+        await self.coordinator.tick()
+        await self.coordinator.await_claims(name, {p: 0 for p in range(partitions)},
+                                            self.clock.monotonic() + 5.0)
+
+    # -- leadership (tiered.tiering.coordinator.Leadership) ------------------------------------------------------
+
+    def leading(self) -> dict[tuple[str, int], int]:
+        return {key: led.epoch for key, led in self.led.items() if self.durable.leads(*key)}
+
+    async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
+        """Claims the partitions whose epoch is still the one expected, and plans each one won from what the disk
+        holds (tiered.tiering.startup)."""
+        local = {p: self.sink.local_partition(topic, p) for p in expected}
+        since = {p: (lp.applied_epoch if lp is not None else None) for p, lp in local.items()}
         claims = await self.catalog.write(catalog_partitions.claim_leadership, self.broker_id, self.disk_id, topic,
-                                          since)
+                                          since, expected_epochs=expected)
         plans = []
         for p, claim in sorted(claims.items()):
             await self.remote.copier.load_copied(topic, p)
-            plans.append(plan_partition(local.get(p), claim, broker_id=self.broker_id, disk_id=self.disk_id,
+            plans.append(plan_partition(local[p], claim, broker_id=self.broker_id, disk_id=self.disk_id,
                                         copied_last=self.remote.copier.copied_last.get((topic, p), 0)))
         return plans
 
-    async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
-        """Records a new topic in the catalog (and its copy in the bucket, for a rebuild) and claims its partitions.
-        Raises TopicExists."""
-        await self.catalog.write(catalog_topics.create_topic, name, partitions, config_text)
-        await put_topic_config(self.store, name, partitions, config_text)
-        return await self._claim(name, partitions, {})
+    async def give_up(self, keys: Sequence[tuple[str, int]], deadline: float) -> None:
+        """A clean handover: the open block and every block in flight are committed (until `deadline`), then the
+        partitions are no longer led here. Records still uncommitted then are refused by the new leader's epoch."""
+        await self.durable.flush(deadline)
+        for topic, partition in keys:
+            self.lost(topic, partition)
+
+    def lost(self, topic: str, partition: int) -> None:
+        self.led.pop((topic, partition), None)
+        self.durable.release(topic, partition)
 
     async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
         key = (plan.topic, plan.partition)
@@ -265,7 +305,8 @@ class TieringService:
     def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool:
         led = self.led.get((topic, partition))
         if led is None:
-            return False
+            # Led elsewhere: the local records are a cache of what the bucket holds (or were never committed).
+            return True
         return self.remote.may_delete_local(topic, partition, segment, led.config.remote_copy,
                                             self._committed_up_to(topic, partition))
 
@@ -303,6 +344,8 @@ class TieringService:
         self.remote.register_metrics()
         metrics.gauge(m.UPLOAD_LAG_BYTES, lambda: self.durable.unuploaded_bytes + self.remote.copier.pending_bytes)
         metrics.gauge(m.UPLOAD_LAG_SECONDS, self._upload_lag_s)
+        metrics.gauge(m.LEADERSHIPS, lambda: len(self.leading()))
+        metrics.gauge(m.LEASE_HELD, lambda: 1 if self.may_acknowledge() else 0)
 
     def _upload_lag_s(self) -> float:
         oldest = self.durable.oldest_unuploaded_ms()

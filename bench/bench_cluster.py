@@ -1,0 +1,298 @@
+"""Several brokers as one service (docs/cluster.md): failover time, the stall of a rolling restart, and the durable
+produce throughput of one and of two brokers.
+
+    python -m bench.bench_cluster [--quick] [--kills N] [--lease-ms MS]
+
+- failover: three brokers, a 6-partition durable topic, one producer task per partition through a client that
+  follows redirects. `kill -9` of a broker that leads partitions; for each of its partitions, the time from the kill
+  to the first acknowledged produce on it (through the redirects to its new leader). The broker is restarted and the
+  leaderships rebalanced before the next kill. Goal: within the lease plus 2 s.
+- rolling restart: the same producers; SIGTERM of each broker in turn, restarted once its partitions have moved.
+  Per partition, the longest gap between two acknowledgements during the restart. Goal: at most 1 s.
+- throughput: durable produce of the same load (4 partitions, one pipelined connection each to the partition's
+  leader, 64 messages of 100 bytes per bundle) against one broker and against two (2 partitions each). Goal: two
+  brokers at least 1.7x one (two processes can use both cores).
+Real parts: PostgreSQL (a temp cluster) and moto in its own process, brokers as `tiered serve` processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+from bench.loadgen import ProduceConn, Shape, make_bundle, open_conn, produce_frame
+
+TOPIC = "ev"
+
+
+class Service:
+    def __init__(self, root: Path, pg: PgCluster, moto: MotoProcess, lease_ms: int):
+        self.root = root
+        self.catalog_url = pg.url()
+        self.moto = moto
+        self.lease_ms = lease_ms
+        self.brokers: dict[int, BrokerProcess] = {}
+
+    def start(self, broker_id: int) -> BrokerProcess:
+        bp = BrokerProcess(self.root / f"disk{broker_id}", "--catalog", self.catalog_url, "--store",
+                           f"s3://{self.moto.bucket}/cluster", "--s3-path-style", "--broker-id", str(broker_id),
+                           "--cluster-lease-ms", str(self.lease_ms), env=self.moto.env)
+        self.brokers[broker_id] = bp
+        return bp.start()
+
+    def catalog(self):
+        from tiered.catalog import Catalog
+
+        return Catalog.open(self.catalog_url)
+
+    def leaders(self) -> dict[int, int | None]:
+        from tiered.catalog import cluster
+
+        with self.catalog() as cat:
+            return {a.partition: a.leader_broker for a in cluster.assignments(cat, TOPIC) if a.leader_epoch}
+
+    async def wait_leaders(self, among: set[int], timeout_s: float = 60.0) -> dict[int, int]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leaders = await asyncio.to_thread(self.leaders)
+            if leaders and all(b in among for b in leaders.values()):
+                return leaders
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"leaders {leaders} not among {among}")
+            await asyncio.sleep(0.1)
+
+    async def rebalance(self) -> None:
+        from tiered.catalog import cluster
+
+        def ask() -> int:
+            with self.catalog() as cat:
+                live = [m.broker_id for m in cluster.members(cat) if m.live]
+                moves = cluster.plan_rebalance(cluster.assignments(cat), live)
+                for (topic, partition), target in moves.items():
+                    cluster.request_handover(cat, topic, partition, target)
+                return len(moves)
+
+        await asyncio.to_thread(ask)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            counts = Counter((await asyncio.to_thread(self.leaders)).values())
+            if len(counts) == len(self.brokers) and max(counts.values()) - min(counts.values()) <= 1:
+                return
+            await asyncio.sleep(0.2)
+
+    def stop_all(self) -> None:
+        for bp in self.brokers.values():
+            bp.proc.kill()
+            bp.proc.wait(10)
+
+
+class AckClock:
+    """One producer task per partition; the time of every ack, per partition."""
+
+    def __init__(self, client, partitions: int):
+        self.client = client
+        self.acks: dict[int, list[float]] = {p: [] for p in range(partitions)}
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._run(p)) for p in range(partitions)]
+
+    async def _run(self, partition: int) -> None:
+        from tiered.client import TankError
+
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            try:
+                await self.client.produce(TOPIC, partition, [f"p{partition}-{n}"], timeout_s=60.0)
+            except (TankError, ConnectionError):
+                continue
+            self.acks[partition].append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    def first_ack_after(self, partition: int, moment: float) -> float | None:
+        return next((t for t in self.acks[partition] if t > moment), None)
+
+    def longest_gap(self, partition: int, start: float, end: float) -> float:
+        times = [start, *(t for t in self.acks[partition] if start < t < end), end]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+async def failover(service: Service, kills: int, log) -> list[float]:
+    from tiered.client import Client
+
+    for broker_id in range(3):
+        service.start(broker_id)
+    client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()])
+    await client.create_topic(TOPIC, 6, {"produce.ack": "durable"})
+    await service.wait_leaders({0, 1, 2})
+    clock = AckClock(client, 6)
+    samples: list[float] = []
+    try:
+        await asyncio.sleep(2)
+        for i in range(kills):
+            leaders = await asyncio.to_thread(service.leaders)
+            victim = i % 3
+            theirs = [p for p, b in leaders.items() if b == victim]
+            killed_at = time.monotonic()
+            service.brokers[victim].proc.kill()
+            service.brokers[victim].proc.wait(10)
+            await service.wait_leaders(set(service.brokers) - {victim})
+            deadline = time.monotonic() + service.lease_ms / 1000 + 30
+            while any(clock.first_ack_after(p, killed_at) is None for p in theirs) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            took = [clock.first_ack_after(p, killed_at) for p in theirs]
+            samples += [t - killed_at for t in took if t is not None]
+            log(f"kill {i + 1}/{kills}: broker {victim}, partitions {theirs}: "
+                f"{', '.join(f'{t - killed_at:.2f}' if t else 'never' for t in took)} s")
+            service.start(victim)
+            await service.rebalance()
+            await asyncio.sleep(1)
+    finally:
+        await clock.stop()
+        await client.close()
+    return samples
+
+
+async def rolling_restart(service: Service, log) -> list[float]:
+    from tiered.client import Client
+
+    client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()])
+    clock = AckClock(client, 6)
+    gaps: list[float] = []
+    try:
+        await asyncio.sleep(2)
+        for broker_id in sorted(service.brokers):
+            leaders = await asyncio.to_thread(service.leaders)
+            theirs = [p for p, b in leaders.items() if b == broker_id]
+            started = time.monotonic()
+            service.brokers[broker_id].stop()
+            await asyncio.sleep(1.5)
+            ended = time.monotonic()
+            gaps += [clock.longest_gap(p, started, ended) for p in theirs]
+            log(f"SIGTERM broker {broker_id}: partitions {theirs}, longest gaps "
+                f"{', '.join(f'{g:.2f}' for g in gaps[-len(theirs):])} s")
+            service.start(broker_id)
+            await service.rebalance()
+            await asyncio.sleep(1)
+    finally:
+        await clock.stop()
+        await client.close()
+    return gaps
+
+
+async def throughput(root: Path, pg: PgCluster, moto: MotoProcess, brokers: int, seconds: float, log) -> dict:
+    from tiered.catalog.migrate import upgrade
+    from tiered.client import Client
+
+    dbname = f"tp{brokers}"
+    pg_url = pg.url()
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {dbname}"))
+    engine.dispose()
+    url = pg.url(dbname)
+    await asyncio.to_thread(upgrade, url)
+    service = Service(root / f"tp{brokers}", pg, moto, 10_000)
+    service.catalog_url = url
+    try:
+        for broker_id in range(brokers):
+            service.start(broker_id)
+        async with await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()]) as c:
+            await c.create_topic(TOPIC, 4, {"produce.ack": "durable"})
+        leaders = await service.wait_leaders(set(range(brokers)))
+        shape = Shape(100, 64)
+        bundle = make_bundle(shape)
+        conns = [await open_conn(lambda p=p: ProduceConn(produce_frame(TOPIC, p, bundle), 64, window=16),
+                                 service.brokers[leaders[p]].port) for p in range(4)]
+        cpu_before = {b: bp.cpu_s() for b, bp in service.brokers.items()}
+        started = time.monotonic()
+        await asyncio.gather(*(c.run(started + seconds) for c in conns))
+        elapsed = time.monotonic() - started
+        messages = sum(c.stats.messages for c in conns)
+        cpu = sum(bp.cpu_s() - cpu_before[b] for b, bp in service.brokers.items())
+        for c in conns:
+            c.transport.close()
+        result = {"brokers": brokers, "msgs_per_s": messages / elapsed, "mb_per_s": messages * 100 / elapsed / 1e6,
+                  "broker_cpu": cpu / elapsed}
+        log(f"{brokers} broker(s): {result['msgs_per_s']:.0f} msg/s, broker CPU {result['broker_cpu']:.2f} cores")
+        return result
+    finally:
+        service.stop_all()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_cluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 kills, 3 s lease, 5 s throughput runs")
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--lease-ms", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=15.0, help="each throughput run")
+    args = parser.parse_args(argv)
+    kills, lease_ms, seconds = (3, 3000, 5.0) if args.quick else (args.kills, args.lease_ms, args.seconds)
+    bindir = find_pg_bindir()
+    if bindir is None:
+        print("PostgreSQL server binaries are missing (Debian package postgresql)", file=sys.stderr)
+        return 1
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    root = Path(tempfile.mkdtemp(prefix="tiered-cluster-bench-"))
+    pg = PgCluster(bindir).start()
+    moto = MotoProcess(root).start()
+    try:
+        from tiered.catalog.migrate import upgrade
+
+        upgrade(pg.url())
+        service = Service(root, pg, moto, lease_ms)
+
+        async def everything():
+            try:
+                takeovers = await failover(service, kills, log)
+                gaps = await rolling_restart(service, log)
+            finally:
+                service.stop_all()
+            one = await throughput(root, pg, moto, 1, seconds, log)
+            two = await throughput(root, pg, moto, 2, seconds, log)
+            return takeovers, gaps, one, two
+
+        takeovers, gaps, one, two = asyncio.run(everything())
+    finally:
+        moto.stop()
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    lease_s = lease_ms / 1000
+    print(f"cluster: lease {lease_s:g} s, {kills} kills, {len(takeovers)} partitions taken over")
+    print("| measure | p50 | p99 | max | goal |")
+    print("|---|---:|---:|---:|---|")
+    print(f"| kill -9 to first ack on a taken-over partition (s) | {pct(takeovers, .5):.2f} | {pct(takeovers, .99):.2f} "
+          f"| {max(takeovers, default=float('nan')):.2f} | ≤ {lease_s + 2:g} (lease + 2 s) |")
+    print(f"| rolling restart: longest gap between acks per partition (s) | {pct(gaps, .5):.2f} | {pct(gaps, .99):.2f} "
+          f"| {max(gaps, default=float('nan')):.2f} | ≤ 1 |")
+    print()
+    print("| brokers | durable msg/s | MB/s | broker CPU (cores) |")
+    print("|---:|---:|---:|---:|")
+    for r in (one, two):
+        print(f"| {r['brokers']} | {r['msgs_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['broker_cpu']:.2f} |")
+    print(f"two / one: {two['msgs_per_s'] / one['msgs_per_s']:.2f}x (goal ≥ 1.7x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""What a broker answers for a partition it does not lead (several brokers as one service, docs/cluster.md).
+
+TANK's own redirect: status 0xfc followed by the leader's IPv4 endpoint (docs/protocol.md §0), in produce, consume
+and DiscoverPartitions answers; TANK's clients follow it unchanged. No leader yet (a takeover or a handover under
+way, or a partition still being opened here) is 0xfd: nothing was done, ask again shortly.
+- produce: every partition not led here is redirected (or 0xfd); nothing is appended.
+- consume: history up to the catalog's high-water mark is served by any broker; at or past it (the tail, where
+  a long-poll waits) the leader answers.
+- DiscoverPartitions: the leader answers (its bounds are the exact ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tiered.protocol.codes import Endpoint
+from tiered.tier_interface import Leader
+
+
+@dataclass(frozen=True, slots=True)
+class LedElsewhere:
+    """The answer is the leader's: redirect there (0xfc), or no leader yet (0xfd) when `leader` is None."""
+
+    leader: Leader | None
+
+
+@lru_cache(maxsize=4096)
+def _endpoint(text: str) -> Endpoint:
+    host, _, port = text.rpartition(":")
+    return Endpoint(host, int(port))
+
+
+def endpoint_of(leader: Leader) -> Endpoint:
+    """The wire endpoint of a leader's advertised "a.b.c.d:port"."""
+    return _endpoint(leader.endpoint)

@@ -206,9 +206,9 @@ class PartitionLog:
             if facts.sparse:
                 first, last = facts.first_seq, facts.last_seq
             elif base_seq is not None:
-                first, last = base_seq, base_seq + facts.count - 1
+                first, last = base_seq, base_seq + facts.messages - 1
             else:
-                first, last = self._last_assigned + 1, self._last_assigned + facts.count
+                first, last = self._last_assigned + 1, self._last_assigned + facts.messages
             explicit = facts.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
@@ -221,7 +221,7 @@ class PartitionLog:
             position = segment.append(record, first, last, config.log_index_interval_bytes)
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
-                self._count_for_flush(facts.count, now)
+                self._count_for_flush(facts.messages, now)
             return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:

@@ -169,7 +169,8 @@ def decode_bundle(bundle: BytesLike, base_seq: int = 0) -> list[Message]:
     return decode_message_set(data, header, base_seq)
 
 
-def decode_message_set(data: BytesLike, header: BundleHeader, base_seq: int = 0, *, partial: bool = False) -> list[Message]:
+def decode_message_set(data: BytesLike, header: BundleHeader, base_seq: int = 0, *,
+                       partial: bool = False) -> list[Message]:
     """The messages of a message set. With `partial`, a message set cut short (the last bundle of a consume chunk
     may be partial) yields the whole messages before the cut instead of raising."""
     messages: list[Message] = []

@@ -81,7 +81,7 @@ def locate(seq: int, b: PartitionBounds) -> Source:
     return Boundary(b.first_available, b.hwmark)
 
 
-def local_miss(seq: int, b: PartitionBounds) -> Source:
+def local_miss(seq: int, b: PartitionBounds) -> Remote | Eof:
     """What a Local choice the local log turned down means: the tier below may hold the seq; without one, the seq is
     inside the local records with nothing visible at or after it (compaction removed it): the tail, as TANK says."""
     if b.lower_tier:

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from tiered.protocol.bundle import NATIVE_SCAN
+from tiered.protocol.consume_response import ConsumeTopicResult
 
 # Latency buckets in seconds, for produce acknowledgement latency per topic.
+# A gauge's reading: one value, or one value per label set ({'m="orders"': 3.0}).
+GaugeValue = float | dict[str, float]
+
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -160,7 +164,7 @@ class Metrics:
         self.counters: dict[str, float] = defaultdict(float)
         self.histograms: dict[str, Histogram] = defaultdict(Histogram)
         # Gauges computed at scrape time: name -> (help, function returning value or {labels: value}).
-        self.gauges: dict[str, tuple[str, Callable[[], float | dict]]] = {}
+        self.gauges: dict[str, tuple[str, Callable[[], GaugeValue]]] = {}
         self.counter_fns: dict[str, tuple[str, Callable[[], float]]] = {}
         self.help: dict[str, str] = {}
         for counter in DECLARED_COUNTERS:
@@ -177,7 +181,7 @@ class Metrics:
         self.produced_bytes[topic] += size_bytes
         self.produced_msgs[topic] += messages
 
-    def consumed(self, topics: Iterable) -> None:
+    def consumed(self, topics: Iterable[ConsumeTopicResult]) -> None:
         """Counts a consume response's chunk bytes per topic, from its partition results."""
         for topic in topics:
             for p in topic.partitions or ():
@@ -197,7 +201,7 @@ class Metrics:
     def count(self, counter: Counter) -> float:
         return self.counters.get(counter.name, 0)
 
-    def gauge(self, gauge: Gauge, fn: Callable[[], float | dict]) -> None:
+    def gauge(self, gauge: Gauge, fn: Callable[[], GaugeValue]) -> None:
         self.gauges[gauge.name] = (gauge.help, fn)
 
     def counter_fn(self, counter: Counter, fn: Callable[[], float]) -> None:
@@ -224,14 +228,14 @@ class Metrics:
             _histogram_lines(out, name, hist, "")
         for name, (help, fn) in sorted(self.counter_fns.items()):
             _family(out, name, "counter", help, (("", fn()),))
-        for name, (help, fn) in sorted(self.gauges.items()):
-            value = fn()
-            samples = value.items() if isinstance(value, dict) else (("", value),)
+        for name, (help, gauge_fn) in sorted(self.gauges.items()):
+            reading = gauge_fn()
+            samples: Iterable[tuple[str, float]] = reading.items() if isinstance(reading, dict) else (("", reading),)
             _family(out, name, "gauge", help, samples)
         return "\n".join(out) + "\n"
 
 
-def _family(out: list[str], name: str, kind: str, help: str, samples) -> None:
+def _family(out: list[str], name: str, kind: str, help: str, samples: Iterable[tuple[str, float]]) -> None:
     out.append(f"# HELP {name} {help}")
     out.append(f"# TYPE {name} {kind}")
     for labels, value in samples:

@@ -31,7 +31,7 @@ class Supervisor:
         self.clock = clock
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self.failing: dict[str, str] = {}  # task name -> its last error, while it has not recovered
 
     def start(self, name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:

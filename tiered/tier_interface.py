@@ -171,7 +171,8 @@ class Tier(Protocol):
 
     async def admission(self) -> bool: ...
 
-    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+    def appended(self, topic: str, partition: int, appended: AppendResult,
+                 durable: bool) -> asyncio.Future[AckOutcome] | None:
         """A record was appended locally; returns the future of its durable ack on a durable topic."""
 
     def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None: ...
@@ -187,7 +188,8 @@ class Tier(Protocol):
 
     async def check_ready(self) -> tuple[bool, str]: ...
 
-    def partition_status(self, topic: str, partition: int) -> dict: ...
+    def partition_status(self, topic: str, partition: int) -> dict[str, int]:
+        """Counters of the partition's tier for /v1/tier (name -> value)."""
 
 
 class LocalOnly:
@@ -225,7 +227,8 @@ class LocalOnly:
     async def admission(self) -> bool:
         return True
 
-    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+    def appended(self, topic: str, partition: int, appended: AppendResult,
+                 durable: bool) -> asyncio.Future[AckOutcome] | None:
         return None
 
     def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None:
@@ -247,5 +250,5 @@ class LocalOnly:
     async def check_ready(self) -> tuple[bool, str]:
         return True, ""
 
-    def partition_status(self, topic: str, partition: int) -> dict:
+    def partition_status(self, topic: str, partition: int) -> dict[str, int]:
         return {}

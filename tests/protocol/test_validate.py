@@ -72,7 +72,7 @@ def test_the_native_scan_is_built_and_used():
     from tiered.protocol import _bundlescan
     from tiered.metrics import Metrics
 
-    assert bundle_module._scan_bundle is _bundlescan.scan_bundle and rq._bundlescan is _bundlescan
+    assert bundle_module._scan_bundle is _bundlescan.scan_bundle and rq._scan_produce is _bundlescan.scan_produce
     assert "\ntiered_native_bundle_scan 1\n" in Metrics().render()  # what an operator sees
 
 

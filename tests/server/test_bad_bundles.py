@@ -214,7 +214,7 @@ def test_any_bundle_is_appended_whole_or_refused_whole(broker, data):
     last = before.last_assigned + 1
     if not facts.sparse:
         assert statuses == bytes([ProduceStatus.OK, ProduceStatus.OK])
-        last += facts.count
+        last += facts.messages
     elif last < facts.first_seq and facts.last_seq <= MAX_SEQ:  # a sparse bundle names its own seqs
         assert statuses == bytes([ProduceStatus.OK, ProduceStatus.OK])
         last = facts.last_seq

@@ -158,6 +158,17 @@ def test_seal_active_and_on_seal(open_storage_log, tmp_path):
     assert log.stats().bytes == 60 and log.stats().segments == 2
 
 
+def test_a_sealed_active_segment_hands_its_reader_over(open_storage_log):
+    """Once sealed, the active segment object has no file to read: it says so instead of answering None."""
+    log = open_storage_log()
+    log.append(bundle_for_record(20))
+    active = log.active
+    sealed = log.seal_active()
+    assert sealed.reader().fileno() >= 0
+    with pytest.raises(ValueError, match="no longer the active one"):
+        active.reader()
+
+
 def test_failed_on_seal_does_not_fail_the_append(open_storage_log, caplog):
     def boom(segment):
         raise RuntimeError("copier down")

@@ -541,9 +541,10 @@ fail:
 }
 
 PyDoc_STRVAR(scan_produce_doc,
-"scan_produce(payload, with_seqnum) -> (ProduceRequest, [BundleFacts, ...]) or None\n\n"
-"Reads a produce payload and validates every bundle completely, in request order; None when the framing does not\n"
-"parse (the reference reader then names the fault). Raises ProtocolError for a bad bundle.");
+"scan_produce($module, payload, with_seqnum, /)\n--\n\n"
+"Reads a produce payload and validates every bundle completely, in request order: (ProduceRequest,\n"
+"[BundleFacts, ...]), or None when the framing does not parse (the reference reader then names the fault).\n"
+"Raises ProtocolError for a bad bundle.");
 
 static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -606,10 +607,10 @@ done:
 /* -- the module -------------------------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(scan_bundle_doc,
-"scan_bundle(bundle, strict=True) -> BundleFacts\n\n"
+"scan_bundle($module, bundle, strict=True, /)\n--\n\n"
 "Validates one bundle completely (header, snappy block, every message, count, no trailing bytes) and returns its\n"
-"facts; first_seq and last_seq are None unless the bundle is sparse. `strict` also refuses SEQ_PREV_PLUS_ONE on a\n"
-"sparse bundle's first or last message. Raises ProtocolError.");
+"BundleFacts; first_seq and last_seq are None unless the bundle is sparse. `strict` also refuses\n"
+"SEQ_PREV_PLUS_ONE on a sparse bundle's first or last message. Raises ProtocolError.");
 
 static PyObject *scan_bundle(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {

@@ -34,11 +34,13 @@ results and the same errors.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import snappy
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import encode_varint, maybe_varint, read_varint
@@ -87,7 +89,7 @@ class BundleHeader:
     header_len: int  # bytes before the message set
 
 
-def read_bundle_header(bundle) -> BundleHeader:
+def read_bundle_header(bundle: BytesLike) -> BundleHeader:
     """Parses and validates the uncompressed header of one bundle (without its length prefix)."""
     if len(bundle) < 1:
         raise ProtocolError("empty bundle")
@@ -104,7 +106,8 @@ def read_bundle_header(bundle) -> BundleHeader:
         if count == 0:
             raise ProtocolError("bundle with no messages", 1)
     sparse = bool(flags & FLAG_SPARSE)
-    first_seq = last_seq = None
+    first_seq: int | None = None
+    last_seq: int | None = None
     if sparse:
         if len(bundle) < position + 8:
             raise ProtocolError("truncated sparse bundle first seq", position)
@@ -127,10 +130,11 @@ def read_bundle_header(bundle) -> BundleHeader:
 class BundleFacts(NamedTuple):
     """A bundle's header fields and what the complete walk of its message set found (min and max over every
     message's timestamp). A NamedTuple, not a frozen dataclass: one is built per produced bundle (natively, when
-    the extension is built), and a tuple is built ten times faster."""
+    the extension is built), and a tuple is built ten times faster. The message count is `messages` (BundleHeader's
+    `count`): a tuple field named `count` would hide the method tuple.count."""
 
     codec: int
-    count: int
+    messages: int
     sparse: bool
     first_seq: int | None  # only for sparse bundles
     last_seq: int | None  # only for sparse bundles
@@ -139,7 +143,7 @@ class BundleFacts(NamedTuple):
     max_ts_ms: int
 
 
-def message_set(bundle, header: BundleHeader | None = None) -> bytes:
+def message_set(bundle: BytesLike, header: BundleHeader | None = None) -> bytes:
     """The bundle's message set, decompressed when the bundle is snappy-compressed."""
     header = header or read_bundle_header(bundle)
     if header.codec == CODEC_NONE:
@@ -152,19 +156,21 @@ def message_set(bundle, header: BundleHeader | None = None) -> bytes:
     if claimed[0] > MAX_MESSAGE_SET_BYTES or claimed[0] > SNAPPY_MAX_EXPANSION * len(body):
         raise ProtocolError(f"snappy message set of {len(body)} bytes claims {claimed[0]} bytes", header.header_len)
     try:
-        return snappy.uncompress(body)
+        data: bytes = snappy.uncompress(body)  # python-snappy has no type information
+        return data
     except Exception as exc:  # python-snappy's UncompressError says nothing; the codec's own error says why
         raise ProtocolError(f"bad snappy message set: {exc.__cause__ or exc}") from None
 
 
-def decode_bundle(bundle, base_seq: int = 0) -> list[Message]:
+def decode_bundle(bundle: BytesLike, base_seq: int = 0) -> list[Message]:
     """All messages of one bundle with their seqs. `base_seq` is the seq of the first message of a non-sparse bundle."""
     header = read_bundle_header(bundle)
     data = message_set(bundle, header)
     return decode_message_set(data, header, base_seq)
 
 
-def decode_message_set(data, header: BundleHeader, base_seq: int = 0, *, partial: bool = False) -> list[Message]:
+def decode_message_set(data: BytesLike, header: BundleHeader, base_seq: int = 0, *,
+                       partial: bool = False) -> list[Message]:
     """The messages of a message set. With `partial`, a message set cut short (the last bundle of a consume chunk
     may be partial) yields the whole messages before the cut instead of raising."""
     messages: list[Message] = []
@@ -176,24 +182,24 @@ def decode_message_set(data, header: BundleHeader, base_seq: int = 0, *, partial
     return messages
 
 
-def validate_bundle(bundle) -> BundleFacts:
+def validate_bundle(bundle: BytesLike) -> BundleFacts:
     """Validates one bundle completely and returns its facts; raises ProtocolError naming the first fault.
 
     Complete: the header; the snappy block (decompressed); every message (flags, sparse seq deltas inside
     first..last and increasing, timestamp, key, content) within the message set; exactly `count` messages and no
     byte after the last. A bundle that passes decodes whole, with the same seqs for every reader.
     """
-    return _scan_bundle(bundle)
+    return _scan_bundle(bundle, True)
 
 
-def bundle_facts(bundle) -> BundleFacts:
+def bundle_facts(bundle: BytesLike) -> BundleFacts:
     """The facts of a bundle already stored (in a log, a block or a remote segment), read as the decoders read it:
     validate_bundle without the refusal that is the produce gate's alone (older bundles may hold what the gate now
     refuses and must still be copied and indexed). ProtocolError if it does not decode whole."""
     return _scan_bundle(bundle, False)
 
 
-def _validate_bundle_py(bundle, strict: bool = True) -> BundleFacts:
+def _validate_bundle_py(bundle: BytesLike, strict: bool = True) -> BundleFacts:
     """The reference of validate_bundle (`strict`) and bundle_facts, and their fallback when the extension is not
     built: the same checks, in Python."""
     header = read_bundle_header(bundle)
@@ -202,7 +208,7 @@ def _validate_bundle_py(bundle, strict: bool = True) -> BundleFacts:
                        header.header_len, low, high)
 
 
-def timestamp_bounds(bundle) -> tuple[int, int]:
+def timestamp_bounds(bundle: BytesLike) -> tuple[int, int]:
     """(min, max) message timestamp of one stored bundle (bundle_facts: ProtocolError if it does not decode whole).
 
     The segment copier and the catalog rebuild record these per segment, so that time-range replays can skip
@@ -212,12 +218,13 @@ def timestamp_bounds(bundle) -> tuple[int, int]:
     return facts.min_ts_ms, facts.max_ts_ms
 
 
-def _walk_messages(data, header: BundleHeader, base_seq: int, messages: list[Message] | None, *,
+def _walk_messages(data: BytesLike, header: BundleHeader, base_seq: int, messages: list[Message] | None, *,
                    strict: bool) -> tuple[int, int]:
     """Walks a whole message set: appends each message to `messages` (when a list is given) and returns the (min,
     max) timestamp. `strict` also refuses SEQ_PREV_PLUS_ONE on a sparse bundle's first or last message."""
     position = 0
-    seq = header.first_seq if header.sparse else base_seq
+    first, last = bundle_seq_range(header, base_seq)
+    seq = first
     last_ts = 0
     low, high = UINT64_MAX, 0
     end = len(data)
@@ -234,15 +241,15 @@ def _walk_messages(data, header: BundleHeader, base_seq: int, messages: list[Mes
                 raise ProtocolError(f"sparse bundle message {i} sets SEQ_PREV_PLUS_ONE, which TANK's readers "
                                     "disagree on for a first or last message", position - 1)
             if i == 0:
-                seq = header.first_seq
+                seq = first
             elif i == count - 1:
-                seq = header.last_seq
+                seq = last
             elif flags & SEQ_PREV_PLUS_ONE:
                 seq += 1
             else:
                 delta, position = read_varint(data, position, "message seq delta")
                 seq += delta + 1
-            if 0 < i < count - 1 and seq >= header.last_seq:
+            if 0 < i < count - 1 and seq >= last:
                 raise ProtocolError(f"sparse bundle message {i} has seq {seq}, not below its last seq", position)
         elif i:
             seq += 1
@@ -313,8 +320,7 @@ def encode_bundle(messages: Sequence[Message], *, codec: int | None = None, spar
         if count != 1:
             head += encode_varint(last - first - 1)
     body = bytearray()
-    prev_ts = None
-    prev_seq = None
+    prev_ts = prev_seq = 0  # only read from the second message on
     for i, m in enumerate(messages):
         flags = 0
         delta = None
@@ -345,7 +351,7 @@ def encode_bundle(messages: Sequence[Message], *, codec: int | None = None, spar
     return bytes(head) + bytes(body)
 
 
-def maybe_record(buf, position: int = 0) -> tuple[int, int] | None:
+def maybe_record(buf: BytesLike, position: int = 0) -> tuple[int, int] | None:
     """One `{bundle_len:varint, bundle}` record at `position`: (bundle start, bundle end), or None if incomplete."""
     got = maybe_varint(buf, position)
     if got is None:
@@ -365,11 +371,12 @@ def encode_record(bundle: bytes) -> bytes:
 
 def bundle_seq_range(header: BundleHeader, next_seq: int) -> tuple[int, int]:
     """(first, last) seq of a bundle whose non-sparse messages start at `next_seq`."""
-    if header.sparse:
+    if header.first_seq is not None and header.last_seq is not None:  # set iff the bundle is sparse
         return header.first_seq, header.last_seq
     return next_seq, next_seq + header.count - 1
 
 
+_scan_bundle: Callable[[BytesLike, bool], BundleFacts]  # (bundle, strict)
 try:
     from tiered.protocol import _bundlescan
 except ImportError:  # the extension is not built (no C compiler at install time): the reference does the work

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tiered.protocol.bundle import CODEC_NONE, Message, decode_message_set, message_set, read_bundle_header
+from tiered.protocol.buffers import BytesLike
+from tiered.protocol.bundle import (
+    CODEC_NONE,
+    Message,
+    bundle_seq_range,
+    decode_message_set,
+    message_set,
+    read_bundle_header,
+)
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import maybe_varint
 
@@ -27,7 +35,7 @@ class ChunkRead:
     first_seq: int = 0  # the first seq of the chunk's first bundle
 
 
-def read_chunk(chunk, base_seq: int | None, requested_seq: int, hwmark: int) -> ChunkRead:
+def read_chunk(chunk: BytesLike, base_seq: int | None, requested_seq: int, hwmark: int) -> ChunkRead:
     """Messages of a chunk from `requested_seq` up to `hwmark`. `base_seq` is None when the first bundle is sparse."""
     out = ChunkRead()
     position = 0
@@ -44,12 +52,9 @@ def read_chunk(chunk, base_seq: int | None, requested_seq: int, hwmark: int) -> 
         stop = start + size
         bundle = chunk[start:min(stop, end)]
         header = read_bundle_header(bundle)
-        if header.sparse:
-            first, last = header.first_seq, header.last_seq
-        elif base_seq is None and next_seq == 0:
+        if not header.sparse and base_seq is None and next_seq == 0:
             raise ProtocolError("a non-sparse bundle with no base seq to start from", position)
-        else:
-            first, last = next_seq, next_seq + header.count - 1
+        first, last = bundle_seq_range(header, next_seq)
         next_seq = last + 1
         out.first_seq = out.first_seq or first
         if first > hwmark:

@@ -24,8 +24,10 @@ object ranges, so the chunks never pass through this module on the serving side.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.codes import ConsumeStatus, Endpoint
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType
 from tiered.protocol.wire import U16, U32, Reader, pack, pack_count8, pack_endpoint, pack_str8
@@ -42,7 +44,7 @@ _WITH_CHUNK = frozenset({ConsumeStatus.OK, ConsumeStatus.SPARSE})
 _STATUSES = frozenset(ConsumeStatus)
 # The ConsumePartitionResult fields each status puts on the wire; the others must stay at their defaults.
 _OPTIONAL_FIELDS = ("base_seq", "hwmark", "chunk_len", "first_available", "leader")
-_FIELDS_ON_WIRE = {
+_FIELDS_ON_WIRE: dict[int, tuple[str, ...]] = {
     ConsumeStatus.OK: ("base_seq", "hwmark", "chunk_len"),
     ConsumeStatus.SPARSE: ("hwmark", "chunk_len"),
     ConsumeStatus.BOUNDARY: ("base_seq", "hwmark", "chunk_len", "first_available"),
@@ -101,15 +103,15 @@ def _encode_partition(p: ConsumePartitionResult, where: str) -> bytes:
     return head
 
 
-def _encode_header(request_id: int, topics) -> tuple[bytes, int]:
+def _encode_header(request_id: int, topics: Iterable[ConsumeTopicResult]) -> tuple[bytes, int]:
     """(header after header_len, sum of chunk_len)."""
-    topics = tuple(topics)
-    pack_count8(topics, "topics")
-    out = [pack(CONSUME_HEAD, "request id", request_id, len(topics))]
+    results = tuple(topics)
+    pack_count8(results, "topics")
+    out = [pack(CONSUME_HEAD, "request id", request_id, len(results))]
     chunk_bytes = 0
-    for i, topic in enumerate(topics):
+    for i, topic in enumerate(results):
         name = pack_str8(topic.name, "topic name")
-        previous = topics[i - 1].partitions if i else None
+        previous = results[i - 1].partitions if i else None
         if previous is not None and not previous and name[:2] == b"\xff\xff":
             # TANK's client looks for the unknown-topic marker after every partition count, even 0: after an empty
             # known topic, a 255-byte name starting with 0xff would read as that marker.
@@ -128,7 +130,7 @@ def _encode_header(request_id: int, topics) -> tuple[bytes, int]:
     return b"".join(out), chunk_bytes
 
 
-def encode_consume_head(request_id: int, topics) -> bytes:
+def encode_consume_head(request_id: int, topics: Iterable[ConsumeTopicResult]) -> bytes:
     """The frame header, header_len and header of a consume response; the chunk bytes (sum of chunk_len) follow."""
     header, chunk_bytes = _encode_header(request_id, topics)
     length = U32.size + len(header) + chunk_bytes
@@ -168,7 +170,7 @@ def _read_partition(r: Reader, name: str) -> ConsumePartitionResult:
     return ConsumePartitionResult(partition, status)
 
 
-def read_consume_response(payload) -> ConsumeResponse:
+def read_consume_response(payload: BytesLike) -> ConsumeResponse:
     r = Reader(payload, "consume response")
     header_len = r.u32("header length")
     chunks_at = U32.size + header_len

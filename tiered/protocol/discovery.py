@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.codes import UINT64_MAX, DiscoverReason, Endpoint, NodeFlags
 from tiered.protocol.wire import U8, U16, Reader, pack, pack_endpoint, pack_str8
 
@@ -74,7 +75,7 @@ def encode_discover_partitions_response(resp: DiscoverPartitionsResponse) -> byt
     return b"".join(out)
 
 
-def read_discover_partitions_response(payload) -> DiscoverPartitionsResponse:
+def read_discover_partitions_response(payload: BytesLike) -> DiscoverPartitionsResponse:
     r = Reader(payload, "discover partitions response")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topic = r.str8("topic name")
@@ -126,7 +127,7 @@ def encode_discover_topics_response(resp: DiscoverTopicsResponse) -> bytes:
     return b"".join(out)
 
 
-def read_discover_topics_response(payload) -> DiscoverTopicsResponse:
+def read_discover_topics_response(payload: BytesLike) -> DiscoverTopicsResponse:
     r = Reader(payload, "discover topics response")
     request_id, count, cluster_aware = r.unpack(TOPICS_HEAD, "header")
     if cluster_aware > 1:
@@ -180,7 +181,7 @@ def encode_discover_topology_response(resp: DiscoverTopologyResponse) -> bytes:
     return b"".join(out)
 
 
-def read_discover_topology_response(payload) -> DiscoverTopologyResponse:
+def read_discover_topology_response(payload: BytesLike) -> DiscoverTopologyResponse:
     r = Reader(payload, "discover topology response")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     count = r.u16("node count")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.errors import ProtocolError
 
 FRAME_HEADER = struct.Struct("<BI")  # msg_id, payload length
@@ -44,7 +45,7 @@ def encode_frame(msg_id: int, payload: bytes) -> bytes:
     return FRAME_HEADER.pack(msg_id, len(payload)) + payload
 
 
-def maybe_frame(buf, position: int = 0) -> tuple[int, memoryview, int] | None:
+def maybe_frame(buf: BytesLike, position: int = 0) -> tuple[int, memoryview, int] | None:
     """One frame at `position`: (msg_id, payload, position after the frame), or None while incomplete.
 
     The payload is a view of `buf` (no copy); a bytearray cannot be resized while such a view is alive.

@@ -37,9 +37,11 @@ and a tuple is built ten times faster.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.frame import MsgType
@@ -116,7 +118,7 @@ class ProduceRequest(NamedTuple):
     ack_timeout_ms: int = 0
 
 
-def read_produce_request(payload, with_seqnum: bool) -> ProduceRequest:
+def read_produce_request(payload: BytesLike, with_seqnum: bool) -> ProduceRequest:
     r = Reader(payload, "produce with seqnum request" if with_seqnum else "produce request")
     client_version, request_id = r.unpack(PRODUCE_HEAD, "header")
     client_id = r.str8("client id")
@@ -139,12 +141,12 @@ def read_produce_request(payload, with_seqnum: bool) -> ProduceRequest:
     )
 
 
-def read_checked_produce(payload, with_seqnum: bool) -> tuple[ProduceRequest, list[BundleFacts]]:
+def read_checked_produce(payload: BytesLike, with_seqnum: bool) -> tuple[ProduceRequest, list[BundleFacts]]:
     """The request, as read_produce_request reads it, and the facts of each of its bundles in request order, every
     bundle validated completely (validate_bundle). Raises the ProtocolError that reading the request, then validating
     its bundles one by one, would raise first."""
-    if _bundlescan is not None:
-        got = _bundlescan.scan_produce(payload, with_seqnum)
+    if _scan_produce is not None:
+        got = _scan_produce(payload, with_seqnum)
         if got is not None:
             return got
     req = read_produce_request(payload, with_seqnum)  # raises for the framing fault the native scan found
@@ -202,7 +204,7 @@ class ConsumeRequest:
     op_flags: int = 0  # ConsumeFlags
 
 
-def read_consume_request(payload) -> ConsumeRequest:
+def read_consume_request(payload: BytesLike) -> ConsumeRequest:
     r = Reader(payload, "consume request")
     client_version, request_id = r.unpack(CONSUME_HEAD, "header")
     client_id = r.str8("client id")
@@ -249,7 +251,7 @@ class DiscoverPartitionsRequest:
     partitions: tuple[int, ...] | None = None  # None: every partition; TANK's client lists them only on retries
 
 
-def read_discover_partitions_request(payload) -> DiscoverPartitionsRequest:
+def read_discover_partitions_request(payload: BytesLike) -> DiscoverPartitionsRequest:
     r = Reader(payload, "discover partitions request")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topic = r.str8("topic name")
@@ -277,7 +279,7 @@ class CreateTopicRequest:
     config: bytes  # the text form of a topic config: b"key=value\n..."
 
 
-def read_create_topic_request(payload) -> CreateTopicRequest:
+def read_create_topic_request(payload: BytesLike) -> CreateTopicRequest:
     r = Reader(payload, "create topic request")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topic = r.str8("topic name")
@@ -306,7 +308,7 @@ class ReloadConfRequest:
     partition: int
 
 
-def read_reload_conf_request(payload) -> ReloadConfRequest:
+def read_reload_conf_request(payload: BytesLike) -> ReloadConfRequest:
     r = Reader(payload, "reload conf request")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topic = r.str8("topic name")
@@ -328,7 +330,7 @@ class StatusRequest:
     request_id: int
 
 
-def read_status_request(payload) -> StatusRequest:
+def read_status_request(payload: BytesLike) -> StatusRequest:
     r = Reader(payload, "status request")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     r.finish()
@@ -345,7 +347,7 @@ class DiscoverTopicsRequest:
     flags: int = 0
 
 
-def read_discover_topics_request(payload) -> DiscoverTopicsRequest:
+def read_discover_topics_request(payload: BytesLike) -> DiscoverTopicsRequest:
     r = Reader(payload, "discover topics request")
     request_id, flags = r.unpack(ID_AND_FLAGS, "request id/flags")
     r.finish()
@@ -362,7 +364,7 @@ class DiscoverTopologyRequest:
     flags: int = 0
 
 
-def read_discover_topology_request(payload) -> DiscoverTopologyRequest:
+def read_discover_topology_request(payload: BytesLike) -> DiscoverTopologyRequest:
     r = Reader(payload, "discover topology request")
     request_id, flags = r.unpack(ID_AND_FLAGS, "request id/flags")
     r.finish()
@@ -377,7 +379,7 @@ def encode_discover_topology_request(req: DiscoverTopologyRequest) -> bytes:
 
 # Where the request id sits in each request's payload: after client_version (u16) in produce and consume, first
 # in every other request.
-_REQUEST_ID_POSITION = {
+_REQUEST_ID_POSITION: dict[int, int] = {
     MsgType.PRODUCE: 2,
     MsgType.PRODUCE_WITH_SEQNUM: 2,
     MsgType.CONSUME: 2,
@@ -390,17 +392,20 @@ _REQUEST_ID_POSITION = {
 }
 
 
-def peek_request_id(msg_id: int, payload) -> int | None:
+def peek_request_id(msg_id: int, payload: BytesLike) -> int | None:
     """The request id of a request that may not parse, for logging it; None when there is none to find."""
     position = _REQUEST_ID_POSITION.get(msg_id)
     if position is None or len(payload) < position + REQUEST_ID.size:
         return None
-    return U32.unpack_from(payload, position)[0]
+    request_id: int = U32.unpack_from(payload, position)[0]
+    return request_id
 
 
+_scan_produce: Callable[[BytesLike, bool], tuple[ProduceRequest, list[BundleFacts]] | None] | None
 try:
     from tiered.protocol import _bundlescan
 except ImportError:  # the extension is not built: read_checked_produce reads and validates in Python
-    _bundlescan = None
+    _scan_produce = None
 else:
     _bundlescan.register(BundleFacts, ProduceRequest, ProduceTopic, ProducePartition)
+    _scan_produce = _bundlescan.scan_produce

@@ -29,9 +29,11 @@ The broker encodes its produce answers with `encode_produce_codes` (the same byt
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import groupby
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.codes import (
     PRODUCE_PARTITION_STATUSES,
     PRODUCE_TOPIC_STATUSES,
@@ -145,8 +147,8 @@ def encode_produce_response(resp: ProduceResponse) -> bytes:
     """Consecutive results with the same topic name are one run on the wire, as TANK writes them: their partition
     bytes follow each other, and a topic-level status is written once for the whole run."""
     out = [pack(REQUEST_ID, "request id", resp.request_id)]
-    for name, run in groupby(resp.topics, lambda t: t.name):
-        run = list(run)
+    for name, group in groupby(resp.topics, lambda t: t.name):
+        run = list(group)
         statuses = {t.status for t in run}
         if statuses != {None}:
             status = statuses.pop() if len(statuses) == 1 else None
@@ -172,7 +174,7 @@ def encode_produce_response(resp: ProduceResponse) -> bytes:
 _PLAIN_PARTITION_STATUSES = bytes(sorted(PRODUCE_PARTITION_STATUSES - {ProduceStatus.OTHER_LEADER}))
 
 
-def encode_produce_codes(request_id: int, topics) -> bytes:
+def encode_produce_codes(request_id: int, topics: Iterable[tuple[str, int | None, bytes | bytearray]]) -> bytes:
     """encode_produce_response for a broker's answer, without building the dataclasses: `topics` holds each request
     topic, in request order, as (name, topic-level status or None, a bytes-like of one partition status per
     partition); OTHER_LEADER is not among them. The same bytes as encode_produce_response, and the same refusals."""
@@ -198,7 +200,7 @@ def encode_produce_codes(request_id: int, topics) -> bytes:
     return bytes(out)
 
 
-def read_produce_response(payload, request: ProduceRequest) -> ProduceResponse:
+def read_produce_response(payload: BytesLike, request: ProduceRequest) -> ProduceResponse:
     r = Reader(payload, "produce response")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topics = []
@@ -237,7 +239,7 @@ def encode_create_topic_response(resp: CreateTopicResponse) -> bytes:
     return pack(REQUEST_ID, "request id", resp.request_id) + pack_str8(resp.topic, "topic name") + bytes((resp.status,))
 
 
-def read_create_topic_response(payload) -> CreateTopicResponse:
+def read_create_topic_response(payload: BytesLike) -> CreateTopicResponse:
     r = Reader(payload, "create topic response")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topic = r.str8("topic name")
@@ -267,7 +269,7 @@ def encode_reload_conf_response(resp: ReloadConfResponse) -> bytes:
     )
 
 
-def read_reload_conf_response(payload) -> ReloadConfResponse:
+def read_reload_conf_response(payload: BytesLike) -> ReloadConfResponse:
     r = Reader(payload, "reload conf response")
     (request_id,) = r.unpack(REQUEST_ID, "request id")
     topic = r.str8("topic name")
@@ -323,7 +325,7 @@ def encode_status_response(resp: StatusResponse) -> bytes:
     return b"".join(out)
 
 
-def read_status_response(payload) -> StatusResponse:
+def read_status_response(payload: BytesLike) -> StatusResponse:
     r = Reader(payload, "status response")
     request_id, global_flags, cluster_aware, topics, partitions = r.unpack(STATUS_HEAD, "header")
     if cluster_aware > 1:

@@ -4,6 +4,7 @@
 mask the fifth byte; we refuse a value that does not fit in 32 bits instead of wrapping it silently.
 """
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.errors import ProtocolError
 
 MAX_VARINT_BYTES = 5
@@ -23,7 +24,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def maybe_varint(buf, position: int = 0) -> tuple[int, int] | None:
+def maybe_varint(buf: BytesLike, position: int = 0) -> tuple[int, int] | None:
     """Returns (value, position after it), or None when `buf` ends before the varint does."""
     value = 0
     shift = 0
@@ -41,7 +42,7 @@ def maybe_varint(buf, position: int = 0) -> tuple[int, int] | None:
     return None
 
 
-def read_varint(buf, position: int = 0, what: str = "varint") -> tuple[int, int]:
+def read_varint(buf: BytesLike, position: int = 0, what: str = "varint") -> tuple[int, int]:
     """Like maybe_varint, but a truncated varint is a ProtocolError naming `what`."""
     got = maybe_varint(buf, position)
     if got is None:

@@ -9,8 +9,10 @@ Packers raise ValueError (naming the field) when a value does not fit its wire t
 from __future__ import annotations
 
 import struct
-from typing import NoReturn
+from collections.abc import Sized
+from typing import Any, NoReturn
 
+from tiered.protocol.buffers import BytesLike
 from tiered.protocol.codes import ENDPOINT, Endpoint, decode_endpoint, encode_endpoint
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import encode_varint, maybe_varint
@@ -26,7 +28,7 @@ class Reader:
 
     __slots__ = ("view", "position", "context")
 
-    def __init__(self, payload, context: str):
+    def __init__(self, payload: BytesLike, context: str) -> None:
         view = payload if isinstance(payload, memoryview) else memoryview(payload)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -40,7 +42,8 @@ class Reader:
     def remaining(self) -> int:
         return len(self.view) - self.position
 
-    def unpack(self, st: struct.Struct, what: str) -> tuple:
+    def unpack(self, st: struct.Struct, what: str) -> tuple[Any, ...]:
+        """The fields of `st`, in order (typed Any: their types follow the format string, which stubs cannot say)."""
         if self.position + st.size > len(self.view):
             self.fail(f"truncated {what}")
         values = st.unpack_from(self.view, self.position)
@@ -55,13 +58,16 @@ class Reader:
         return value
 
     def u16(self, what: str) -> int:
-        return self.unpack(U16, what)[0]
+        value: int = self.unpack(U16, what)[0]
+        return value
 
     def u32(self, what: str) -> int:
-        return self.unpack(U32, what)[0]
+        value: int = self.unpack(U32, what)[0]
+        return value
 
     def u64(self, what: str) -> int:
-        return self.unpack(U64, what)[0]
+        value: int = self.unpack(U64, what)[0]
+        return value
 
     def bool8(self, what: str) -> bool:
         value = self.u8(what)
@@ -102,7 +108,7 @@ class Reader:
             self.fail(f"{len(self.view) - self.position} trailing bytes")
 
 
-def pack(st: struct.Struct, what: str, *values) -> bytes:
+def pack(st: struct.Struct, what: str, *values: object) -> bytes:
     try:
         return st.pack(*values)
     except struct.error as exc:
@@ -119,7 +125,7 @@ def pack_str8(value: str, what: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-def pack_count8(items, what: str) -> bytes:
+def pack_count8(items: Sized, what: str) -> bytes:
     """A u8 count of `items` (TANK's produce and consume counts): more than 255 do not fit."""
     if len(items) > 0xFF:
         raise ValueError(f"{len(items)} {what}; at most 255 fit the u8 count")

@@ -114,7 +114,7 @@ class ProduceHandler:
                     log.error("produce %s/%d: append failed: %s", name, p.partition, exc)
                     codes.append(ProduceStatus.SYSTEM)
                     continue
-                broker.metrics.produced(name, len(appended.record), bundle_facts.count)
+                broker.metrics.produced(name, len(appended.record), bundle_facts.messages)
                 ack = broker.appended(part, appended)
                 if ack is not None:
                     pending.append((len(answers), len(codes), ack))

@@ -30,7 +30,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tiered.protocol.bundle import decode_bundle, maybe_record, read_bundle_header
+from tiered.protocol.bundle import BundleHeader, Message, decode_bundle, maybe_record, read_bundle_header
+from tiered.protocol.errors import ProtocolError
 from tiered.storage.compaction_checkpoint import read_checkpoint, write_checkpoint
 from tiered.storage.compaction_plan import (
     Group,
@@ -126,7 +127,8 @@ def _guard(log: PartitionLog) -> threading.Lock:
         return guard
 
 
-def _run(log, now_s, force, on_step, on_progress, report: CompactionReport) -> None:
+def _run(log: PartitionLog, now_s: float, force: bool, on_step: StepHook | None,
+         on_progress: Callable[[CompactionReport], None] | None, report: CompactionReport) -> None:
     config = log.config
     if config.log_cleanup_policy != "cleanup":
         report.skipped = f"log.cleanup.policy is {config.log_cleanup_policy}, not cleanup"
@@ -192,8 +194,11 @@ def _range(log: PartitionLog) -> list[SealedSegment]:
     return chosen
 
 
-def _messages(record: StoredRecord):
-    start, end = maybe_record(record.record)
+def _messages(record: StoredRecord) -> tuple[BundleHeader, list[Message]]:
+    got = maybe_record(record.record)
+    if got is None:  # iter_records reads whole records only
+        raise ProtocolError(f"record at {record.position} of segment {record.segment_base} is cut short")
+    start, end = got
     bundle = record.record[start:end]
     header = read_bundle_header(bundle)
     return header, decode_bundle(bundle, record.first_seq)
@@ -215,7 +220,8 @@ def _read_keys(log: PartitionLog, segments: list[SealedSegment]) -> tuple[KeyInd
     return keys, tallies
 
 
-def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step, report: CompactionReport) -> bool:
+def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step: StepHook | None,
+             report: CompactionReport) -> bool:
     inputs = group.segments
     input_bytes = group.input_bytes
     freeze_ts = max(s.freeze_ts for s in inputs)

@@ -128,16 +128,20 @@ def resolve_interrupted_swap(directory: str) -> list[tuple[str, str]]:
         fsync_dir(directory)
         return done
     spans = []
+    installs: list[tuple[int, bool, str]] = []  # (base, is an index, final name) of each swapped file
     for leftover in swapped:
-        if isinstance(leftover.target, IlogName):
-            spans.append((leftover.target.base, leftover.target.last))
-        elif not isinstance(leftover.target, IndexName):
+        target = leftover.target
+        if isinstance(target, IlogName):
+            spans.append((target.base, target.last))
+        elif not isinstance(target, IndexName):
             raise SwapError(f"{directory}: {leftover.name} is not a segment or an index")
+        installs.append((target.base, isinstance(target, IndexName), leftover.final_name))
     low = min((b for b, _ in spans), default=None)
     high = max((last for _, last in spans), default=None)
     for name in sorted(os.listdir(directory)):
         kind = parse_name(name)
-        if isinstance(kind, IlogName) and low is not None and kind.base <= high and kind.last >= low:
+        if (isinstance(kind, IlogName) and low is not None and high is not None
+                and kind.base <= high and kind.last >= low):
             for input_name in (f"{kind.base}.index", name):
                 if _unlink(os.path.join(directory, input_name)):
                     done.append(("deleted (input of a committed swap)", input_name))
@@ -150,15 +154,11 @@ def resolve_interrupted_swap(directory: str) -> list[tuple[str, str]]:
         _unlink(os.path.join(directory, leftover.name))
         done.append(("deleted (input of a committed swap)", leftover.name))
     fsync_dir(directory)
-    for leftover in sorted(swapped, key=_seq_order):
-        _install(directory, leftover.final_name)
-        done.append(("installed (rolled forward)", leftover.final_name))
+    for _, _, final_name in sorted(installs, key=lambda install: install[:2]):  # by base, each segment first
+        _install(directory, final_name)
+        done.append(("installed (rolled forward)", final_name))
     fsync_dir(directory)
     return done
-
-
-def _seq_order(leftover: SwapLeftover) -> tuple[int, int]:
-    return (leftover.target.base, isinstance(leftover.target, IndexName))
 
 
 def _leftovers(directory: str) -> dict[str, list[SwapLeftover]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import snappy
 
@@ -79,7 +80,7 @@ def _encode(messages: list[Message], sparse: bool, was_compressed: bool) -> byte
     header_len = read_bundle_header(plain).header_len
     if len(plain) - header_len <= COMPRESS_ABOVE and not was_compressed:
         return plain
-    packed = snappy.compress(plain[header_len:])
+    packed: bytes = snappy.compress(plain[header_len:])  # python-snappy has no type information
     if len(packed) >= len(plain) - header_len:
         return plain
     return bytes([plain[0] | CODEC_SNAPPY]) + plain[1:header_len] + packed
@@ -100,8 +101,8 @@ class GroupWriter:
         self.max_bytes = max_bytes
         self.written_bytes = 0
         self.outputs: list[OutputSegment] = []
-        self._file = None
-        self._builder: IndexBuilder | None = None
+        self._file: BinaryIO  # the current output's, from _open (closed, not replaced, when the output ends)
+        self._builder: IndexBuilder  # the current output's index, from _open
         self._next_seq = base  # the seq a plain bundle written now would start at
         self._last_written = base - 1
         self._pending: list[Message] = []
@@ -133,16 +134,14 @@ class GroupWriter:
 
     def finish(self) -> list[OutputSegment]:
         self._flush_pending()
-        if self._builder is None or not self._builder.index:
+        if not self._builder.index:
             raise ValueError("a compaction group must keep at least one message")
         self._close_current(self.group_last)
         return self.outputs
 
     def abort(self) -> None:
         """Removes every file written so far (the group is not swapped in)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._file.close()  # a no-op when already closed
         for output in self.outputs:
             for path in (output.cleaned_path, output.cleaned_index_path):
                 try:
@@ -206,7 +205,6 @@ class GroupWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        self._file = None
         with open(output.cleaned_index_path, "wb") as f:
             f.write(output.index.to_bytes())
             f.flush()

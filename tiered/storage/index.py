@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from array import array
 from bisect import bisect_right
-from typing import Iterable
+from typing import Iterable, Iterator
 
 ENTRY = struct.Struct("<II")
 ENTRY_BYTES = ENTRY.size
@@ -42,10 +42,10 @@ class SparseIndex:
     def __len__(self) -> int:
         return len(self.rel_seqs)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         return zip(self.rel_seqs, self.positions)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, SparseIndex) and list(self) == list(other)
 
     def __repr__(self) -> str:

@@ -32,8 +32,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
-from tiered.storage.reads import ReadRange, find_start, range_end
-from tiered.storage.records import iter_records, pread_exact
+from tiered.storage.reads import ReadRange, Segment, find_start, range_end
+from tiered.storage.records import RecordInfo, iter_records, pread_exact
 from tiered.storage.recovery import RecoveredLog, RecoveryReport, recover_partition
 from tiered.storage.retention import select_for_deletion
 from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
@@ -203,12 +203,12 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 self._check_open()
-            if facts.sparse:
+            if facts.first_seq is not None and facts.last_seq is not None:  # set iff the bundle is sparse
                 first, last = facts.first_seq, facts.last_seq
             elif base_seq is not None:
-                first, last = base_seq, base_seq + facts.count - 1
+                first, last = base_seq, base_seq + facts.messages - 1
             else:
-                first, last = self._last_assigned + 1, self._last_assigned + facts.count
+                first, last = self._last_assigned + 1, self._last_assigned + facts.messages
             explicit = facts.sparse or base_seq is not None
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
@@ -221,7 +221,7 @@ class PartitionLog:
             position = segment.append(record, first, last, config.log_index_interval_bytes)
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
-                self._count_for_flush(facts.count, now)
+                self._count_for_flush(facts.messages, now)
             return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
@@ -232,15 +232,16 @@ class PartitionLog:
         if active is not None and active.last is not None:
             jump = not sparse and first != active.last + 1
             if jump or active.should_roll(now, self.config) or not active.fits(first, last, record_len):
-                self._roll(now)
+                self._roll(active, now)
                 active = None
         if active is None:
             active = ActiveSegment.create(self.directory, first, int(now), roll_age_s(self.config, self._rng))
             self._active = active
         return active
 
-    def _roll(self, now: float) -> SealedSegment:
-        sealed = self._active.seal()
+    def _roll(self, active: ActiveSegment, now: float) -> SealedSegment:
+        """Seals `active`, the active segment."""
+        sealed = active.seal()
         self._active = None
         self._sealed.append(sealed)
         self._bases.append(sealed.base)
@@ -258,9 +259,10 @@ class PartitionLog:
         """Rolls now if the active segment holds anything (the next append creates a new one)."""
         with self._lock:
             self._check_open()
-            if self._active is None or self._active.last is None:
+            active = self._active
+            if active is None or active.last is None:
                 return None
-            return self._roll(self._now_s())
+            return self._roll(active, self._now_s())
 
     def ensure_next_seq(self, seq: int) -> None:
         """Makes the next plain append get at least `seq` (the catalog is ahead of this disk).
@@ -353,13 +355,16 @@ class PartitionLog:
         this log made itself."""
         with self._lock:
             self._check_open()
-            segment, start = self._find(seq)
-            if segment is None or start.last_seq > hwmark:
+            found = self._find(seq)
+            if found is None:
+                return None
+            segment, last, start = found
+            if start.last_seq > hwmark:
                 return None
             if seq < segment.base and not across_gaps:
                 return None
             reader = segment.reader()
-            end = range_end(segment, reader.fileno(), start, segment.size, segment.last, max(fetch_size, 0), hwmark)
+            end = range_end(segment, reader.fileno(), start, segment.size, last, max(fetch_size, 0), hwmark)
             return ReadRange(segment, reader, start.position, end, start.first_seq, start.sparse, hwmark)
 
     def _inside_sealed(self, seq: int) -> bool:
@@ -367,32 +372,34 @@ class PartitionLog:
         i = bisect_right(self._bases, seq) - 1
         return i >= 0 and self._sealed[i].last >= seq
 
-    def _segments_with_data(self) -> list:
-        segments = list(self._sealed)
+    def _segments_with_data(self) -> list[Segment]:
+        segments: list[Segment] = list(self._sealed)
         if self._active is not None and self._active.last is not None:
             segments.append(self._active)
         return segments
 
-    def _find(self, seq: int):
-        """(segment, its first record with last seq >= `seq`), or (None, None) past the local data."""
+    def _find(self, seq: int) -> tuple[Segment, int, RecordInfo] | None:
+        """(segment, its last seq, its first record with last seq >= `seq`), or None past the local data."""
         segments = self._segments_with_data()
         i = max(bisect_right(self._bases, seq) - 1, 0)
         if self._active is not None and self._active.last is not None and seq >= self._active.base:
             i = len(segments) - 1
         while i < len(segments):
             segment = segments[i]
-            if segment.last >= seq:
+            last = segment.last
+            if last is not None and last >= seq:  # not None: every segment here holds data
                 start = find_start(segment, seq, segment.size, segment.reader().fileno())
                 if start is not None:
-                    return segment, start
+                    return segment, last, start
             i += 1
-        return None, None
+        return None
 
     def iter_records(self, first_seq: int, last_seq: int) -> Iterator[StoredRecord]:
         """The whole records overlapping [first_seq, last_seq], visible or not (e.g. to re-upload a tail)."""
         with self._lock:
             self._check_open()
-            snapshot = [(s, s.size, s.last, s.reader()) for s in self._segments_with_data()]
+            segments = self._segments_with_data()
+            snapshot = [(s, s.size, last, s.reader()) for s in segments if (last := s.last) is not None]
         for segment, size, last, reader in snapshot:
             if last < first_seq:
                 continue

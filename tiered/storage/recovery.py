@@ -88,6 +88,16 @@ class RecoveredLog:
     report: RecoveryReport
 
 
+@dataclass(frozen=True, slots=True)
+class _LiveLog:
+    """A `.log` made whole."""
+
+    size: int
+    last: int
+    index: SparseIndex
+    since_last_update: int
+
+
 @dataclass
 class _Scan:
     index: SparseIndex
@@ -115,8 +125,8 @@ def _walk(fd: int, size: int, base: int, builder: IndexBuilder, start: int, next
 
 def scan_segment(fd: int, size: int, base: int, interval: int, index: SparseIndex | None) -> _Scan:
     """Walks a segment from its last index entry (or from 0) to `size`, re-adding index entries on the way."""
-    if index is not None and len(index):
-        rel_seq, position = index.last()
+    if index is not None and (entry := index.last()) is not None:
+        rel_seq, position = entry
         scan = _walk(fd, size, base, IndexBuilder(interval, index, 0), position, base + rel_seq)
         if scan.last_seq is not None:
             return scan
@@ -181,8 +191,9 @@ def _unlink_segment(directory: str, filename: str, base: int, why: str, report: 
         log.warning("deleted %s: %s", os.path.join(directory, name), why)
 
 
-def _recover_log_file(directory: str, name: LogName, filename: str, interval: int, report: RecoveryReport):
-    """Makes one `.log` whole; returns (size, last_seq, index, since_last_update) or None if nothing is left."""
+def _recover_log_file(directory: str, name: LogName, filename: str, interval: int,
+                      report: RecoveryReport) -> _LiveLog | None:
+    """Makes one `.log` whole; None if nothing is left of it."""
     path = os.path.join(directory, filename)
     fd = os.open(path, os.O_RDWR)
     try:
@@ -204,10 +215,11 @@ def _recover_log_file(directory: str, name: LogName, filename: str, interval: in
         if not scan.rebuilt:
             report.repaired_indexes.append(f"{name.base}.index")
         _write_index(index_path, scan.index)
-    return size, scan.last_seq, scan.index, scan.since_last_update
+    return _LiveLog(size, scan.last_seq, scan.index, scan.since_last_update)
 
 
-def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int, report: RecoveryReport):
+def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int,
+                    report: RecoveryReport) -> SealedSegment | None:
     path = os.path.join(directory, filename)
     st = os.stat(path)
     freeze_ts = name.freeze_ts if name.freeze_ts is not None else int(st.st_mtime)
@@ -245,13 +257,16 @@ def _sealed_index_is_sane(index_path: str, size: int, name: IlogName) -> bool:
             if index_size == 0 or index_size % ENTRY_BYTES:
                 return False
             f.seek(index_size - ENTRY_BYTES)
+            rel_seq: int
+            position: int
             rel_seq, position = ENTRY.unpack(f.read(ENTRY_BYTES))
     except FileNotFoundError:
         return False
     return position < size and name.base + rel_seq <= name.last
 
 
-def _seal_recovered(directory: str, filename: str, base: int, last: int, size: int, report: RecoveryReport):
+def _seal_recovered(directory: str, filename: str, base: int, last: int, size: int,
+                    report: RecoveryReport) -> SealedSegment:
     path = os.path.join(directory, filename)
     freeze_ts = int(os.stat(path).st_mtime)
     sealed_name = format_ilog_name(base, last, freeze_ts)
@@ -289,15 +304,15 @@ def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -
 
     interval = config.log_index_interval_bytes
     sealed: list[SealedSegment] = []
-    for name, filename in sorted(ilogs, key=lambda item: item[0].base):
+    for ilog, filename in sorted(ilogs, key=lambda item: item[0].base):
         if os.path.getsize(os.path.join(directory, filename)) == 0:
-            _unlink_segment(directory, filename, name.base, "zero-size sealed segment", report)
+            _unlink_segment(directory, filename, ilog.base, "zero-size sealed segment", report)
             continue
-        segment = _recover_sealed(directory, name, filename, interval, report)
+        segment = _recover_sealed(directory, ilog, filename, interval, report)
         if segment is not None:
             sealed.append(segment)
 
-    live_logs = []
+    live_logs: list[tuple[LogName, str, _LiveLog]] = []
     for name, filename in sorted(logs, key=lambda item: item[0].base):
         if os.path.getsize(os.path.join(directory, filename)) == 0:
             _unlink_segment(directory, filename, name.base, "zero-size segment", report)
@@ -309,18 +324,17 @@ def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -
     # Only the newest .log is active; any other one (a crash between TANK's rename and create, or files copied in
     # by hand) is sealed now, so that segments stay in seq order with the active one last.
     newest_sealed_base = max((s.base for s in sealed), default=0)
-    active_state = None
+    active_state: tuple[LogName, str, _LiveLog] | None = None
     for i, (name, filename, state) in enumerate(live_logs):
         if i < len(live_logs) - 1 or name.base < newest_sealed_base:
-            size, last = state[0], state[1]
-            sealed.append(_seal_recovered(directory, filename, name.base, last, size, report))
+            sealed.append(_seal_recovered(directory, filename, name.base, state.last, state.size, report))
         else:
             active_state = (name, filename, state)
     sealed.sort(key=lambda s: s.base)
     spans = [(s.base, s.last, s.filename) for s in sealed]
     if active_state is not None:
-        name, filename, (size, last, index, since_last_update) = active_state
-        spans.append((name.base, last, filename))
+        name, filename, state = active_state
+        spans.append((name.base, state.last, filename))
     _check_no_overlap(directory, spans, [])
     if not report.clean:
         fsync_dir(directory)
@@ -336,12 +350,12 @@ def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -
             name.base,
             created_ts,
             roll_age_s(config, rng),
-            size=size,
-            last=last,
-            index=index,
-            since_last_update=since_last_update,
+            size=state.size,
+            last=state.last,
+            index=state.index,
+            since_last_update=state.since_last_update,
         )
-        last_assigned = last
+        last_assigned = state.last
     elif sealed:
         last_assigned = sealed[-1].last
     else:

@@ -22,7 +22,7 @@ class RetainedSegment(Protocol):
 S = TypeVar("S", bound=RetainedSegment)
 
 
-def _always(_segment) -> bool:
+def _always(_segment: RetainedSegment) -> bool:
     return True
 
 

@@ -43,7 +43,7 @@ class SegmentReader(io.FileIO):
     def __init__(self, path: str):
         super().__init__(path, "rb")
 
-    def __del__(self):
+    def __del__(self) -> None:
         if not self.closed:
             self.close()
 
@@ -251,6 +251,8 @@ class ActiveSegment(SegmentFiles):
         return self._builder.index.size_bytes
 
     def reader(self) -> SegmentReader:
+        if self._reader is None:  # sealed (the sealed segment took the reader) or closed
+            raise ValueError(f"segment {self.filename} is no longer the active one")
         return self._reader
 
     def should_roll(self, now_s: float, config: TopicConfig) -> bool:

@@ -17,7 +17,9 @@ Sizes are 1024-based terms (`1g`, `512kb`, `1gb+512mb`); durations are seconds-b
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from tiered.protocol.codes import UINT64_MAX
 
@@ -38,7 +40,7 @@ for _names, _scale in (
 
 _DAY = 86400
 DURATION_UNITS: dict[str, int] = {}
-for _names, _scale in (
+for _words, _seconds in (
     (("w", "week", "weeks"), 7 * _DAY),
     (("y", "year", "years"), 365 * _DAY),
     (("mon", "month", "months"), 365 * _DAY),  # TANK's bug, kept: a "month" is a year
@@ -47,8 +49,8 @@ for _names, _scale in (
     (("min", "mins", "minute", "minutes"), 60),
     (("", "s", "sec", "secs", "second", "seconds"), 1),
 ):
-    for _name in _names:
-        DURATION_UNITS[_name] = _scale
+    for _name in _words:
+        DURATION_UNITS[_name] = _seconds
 
 # A value is one or more `<digits><unit>` terms, optionally separated by one ',' or '+'.
 _TERM = re.compile(r"(\d+)([a-z]*)([,+]?)")
@@ -176,7 +178,9 @@ class TopicConfig:
         for layer in layers:
             for key, value in layer.items():
                 merged[key.strip().lower()] = value
-        settings = {}
+        # Each value has its field's type (KEYS pairs every key with its field's parser), which a dict type cannot
+        # say key by key: hence Any, for the keyword arguments below.
+        settings: dict[str, Any] = {}
         for key, value in merged.items():
             parser = KEYS.get(key)
             if parser is None:
@@ -200,7 +204,7 @@ class TopicConfig:
             lines.append(f"{f.name.replace('_', '.')}={value}\n")
         return "".join(lines)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, int | float | str]:
         return asdict(self)
 
 
@@ -208,7 +212,7 @@ def _field(key: str) -> str:
     return key.replace(".", "_")
 
 
-def _min_or_zero(parse, minimum: int):
+def _min_or_zero(parse: Callable[[str], int], minimum: int) -> Callable[[str], int]:
     def check(text: str) -> int:
         value = parse(text)
         if value and value < minimum:
@@ -218,7 +222,7 @@ def _min_or_zero(parse, minimum: int):
     return check
 
 
-def _at_least(parse, minimum: int):
+def _at_least(parse: Callable[[str], int], minimum: int) -> Callable[[str], int]:
     def check(text: str) -> int:
         value = parse(text)
         if value < minimum:
@@ -228,7 +232,7 @@ def _at_least(parse, minimum: int):
     return check
 
 
-def _one_of(choices: tuple[str, ...]):
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     def check(text: str) -> str:
         lowered = text.lower()
         if lowered not in choices:
@@ -249,7 +253,7 @@ def _ratio(text: str) -> float:
 
 
 # key -> parser(value) -> typed value (raises ValueError). Limits are TANK's (service.cpp).
-KEYS = {
+KEYS: dict[str, Callable[[str], int | float | str]] = {
     "retention.segments.count": _min_or_zero(_parse_uint, 2),
     "log.retention.bytes": _min_or_zero(parse_size, 128),
     "log.retention.secs": parse_duration,

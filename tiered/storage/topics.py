@@ -19,17 +19,18 @@ from dataclasses import dataclass
 from tiered.storage.names import PARTITION_CONFIG
 from tiered.storage.segment import fsync_dir
 from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
-from tiered.topic_rules import (  # noqa: F401 (re-exported: the broker names them through this module)
-    MAX_PARTITIONS,
-    MAX_TOPIC_NAME,
-    RESERVED_TOPIC_NAMES,
-    STATE_DIRS,
-    TOPIC_NAME_PATTERN,
-    InvalidTopicName,
-    is_valid_topic_name,
-    validate_new_topic_name,
-    validate_partition_count,
-    validate_topic_name,
+# Re-exported ("name as name"): the broker names them through this module.
+from tiered.topic_rules import (
+    MAX_PARTITIONS as MAX_PARTITIONS,
+    MAX_TOPIC_NAME as MAX_TOPIC_NAME,
+    RESERVED_TOPIC_NAMES as RESERVED_TOPIC_NAMES,
+    STATE_DIRS as STATE_DIRS,
+    TOPIC_NAME_PATTERN as TOPIC_NAME_PATTERN,
+    InvalidTopicName as InvalidTopicName,
+    is_valid_topic_name as is_valid_topic_name,
+    validate_new_topic_name as validate_new_topic_name,
+    validate_partition_count as validate_partition_count,
+    validate_topic_name as validate_topic_name,
 )
 
 log = logging.getLogger("tiered.storage")

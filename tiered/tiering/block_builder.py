@@ -75,7 +75,7 @@ def record_stats(record: bytes, facts: BundleFacts | None = None) -> tuple[int, 
     if facts is None:
         start, end = maybe_record(record)
         facts = bundle_facts(memoryview(record)[start:end])
-    return (facts.count, *recorded_ts_bounds(facts.min_ts_ms, facts.max_ts_ms))
+    return (facts.messages, *recorded_ts_bounds(facts.min_ts_ms, facts.max_ts_ms))
 
 
 class NotLeading(Exception):

@@ -37,7 +37,8 @@ class AsyncCatalog:
         """Runs `fn(catalog, *args, **kwargs)` on the read pool."""
         return await self._run(self._reads, fn, args, kwargs, deadline_s)
 
-    async def _run(self, pool: ThreadPoolExecutor, fn: Callable[..., T], args, kwargs, deadline_s) -> T:
+    async def _run(self, pool: ThreadPoolExecutor, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   deadline_s: float | None) -> T:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(pool, functools.partial(fn, self.catalog, *args, **kwargs))
         deadline = self.deadline_s if deadline_s is None else deadline_s

@@ -1,0 +1,25 @@
+"""What the native module built from _bundlescan.c exports, for the type checker (a compiled module has no
+annotations of its own). Every function takes positional arguments only (METH_FASTCALL). The result types are the
+NamedTuple classes given to `register`, which bundle.py and requests.py call once, at import."""
+
+from typing import overload
+
+from typing_extensions import Buffer
+
+from tiered.protocol.bundle import BundleFacts
+from tiered.protocol.requests import ProducePartition, ProduceRequest, ProduceTopic
+
+def scan_bundle(bundle: Buffer, strict: bool = True, /) -> BundleFacts:
+    """bundle.py's `_validate_bundle_py`, natively: the facts of one bundle validated completely, or ProtocolError.
+    RuntimeError until BundleFacts is registered."""
+
+def scan_produce(payload: Buffer, with_seqnum: bool, /) -> tuple[ProduceRequest, list[BundleFacts]] | None:
+    """requests.py's read_checked_produce, natively: the request and the facts of each bundle in request order;
+    None when the framing does not parse (the reference reader then names the fault), ProtocolError for a bad
+    bundle. RuntimeError until the four classes are registered."""
+
+@overload
+def register(facts: type[BundleFacts], /) -> None: ...
+@overload
+def register(facts: type[BundleFacts], request: type[ProduceRequest], topic: type[ProduceTopic],
+             partition: type[ProducePartition], /) -> None: ...

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pyarrow as pa
 
 from tiered.protocol.bundle import Message
-from tiered.spark.decoding import DEFAULT_BATCH_ROWS, iter_messages, record_batches
+from tiered.spark.decoding import DEFAULT_BATCH_ROWS, PieceBytes, decode_pieces, iter_messages
 from tiered.spark.objects import RangeReader
 from tiered.spark.planning import (
     Piece,
@@ -29,13 +28,6 @@ from tiered.spark.planning import (
 from tiered.tiering.store import StoreError
 
 PREFETCH_PIECES = 4
-
-
-@dataclass(frozen=True, slots=True)
-class PieceBytes:
-    data: bytes  # whole records
-    first_seq: int  # seq of the first record
-    seqs: SeqRange  # the seqs to keep
 
 
 def fetch_piece(reader: RangeReader, piece: Piece) -> PieceBytes | None:
@@ -95,4 +87,4 @@ def split_messages(reader: RangeReader, split: Split, times: TimeRange = TimeRan
 def split_batches(
     reader: RangeReader, split: Split, times: TimeRange = TimeRange(), batch_rows: int = DEFAULT_BATCH_ROWS
 ) -> Iterator[pa.RecordBatch]:
-    return record_batches(split_messages(reader, split, times), split.topic, split.partition, batch_rows)
+    return decode_pieces(iter_pieces(reader, split), split.topic, split.partition, times, batch_rows)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tests.protocol.strategies import budget, message_lists, sparse_seqs
 from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, Message, encode_bundle, encode_record
 from tiered.protocol.errors import ProtocolError
+from tiered.protocol.varint import encode_varint
 from tiered.spark.decoding import (
     DECODER_ENV,
     SCHEMA,
@@ -237,6 +238,21 @@ def test_snappy_blocks_decompress_as_python_snappy_does(block):
                 native_decode.snappy_message_set(body)
         else:
             assert native_decode.snappy_message_set(body) == expected
+
+
+def test_snappy_copies_of_every_period_and_length():
+    """Repeats of period 1 to 70 (overlapping copies) between random and long literals, and a 4-byte offset."""
+    rng = random.Random(13)
+    for period in range(1, 71):
+        pattern = rng.randbytes(period)
+        data = b"".join(rng.choice([pattern * rng.randint(1, 40), rng.randbytes(rng.randint(1, 90))])
+                        for _ in range(60))
+        assert native_decode.snappy_message_set(snappy.compress(data)) == data
+    # Compressors cut input into 64 KiB blocks and never copy across: a 4-byte offset made by hand.
+    literal = rng.randbytes(70_000)
+    body = (encode_varint(70_064) + bytes([62 << 2]) + (len(literal) - 1).to_bytes(3, "little") + literal
+            + bytes([(64 - 1) << 2 | 3]) + (70_000).to_bytes(4, "little"))
+    assert native_decode.snappy_message_set(body) == snappy.uncompress(body) == literal + literal[:64]
 
 
 def _damaged(body: bytes, seed: bytes) -> bytes:

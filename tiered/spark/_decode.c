@@ -183,7 +183,13 @@ static int snappy_elements(const uint8_t *src, size_t n, uint8_t *dst, size_t ds
                 snprintf(err, err_len, "literal at byte %zu writes past the announced length", tag_at);
                 return -1;
             }
-            memcpy(dst + d, src + s, len);
+            if (len <= 16 && n - s >= 16 && dst_len - d >= 16) {
+                /* Most literals are short: two fixed 8-byte moves, the bytes past len rewritten later. */
+                memcpy(dst + d, src + s, 8);
+                memcpy(dst + d + 8, src + s + 8, 8);
+            } else {
+                memcpy(dst + d, src + s, len);
+            }
             s += len;
             d += len;
             continue;
@@ -217,7 +223,12 @@ static int snappy_elements(const uint8_t *src, size_t n, uint8_t *dst, size_t ds
             snprintf(err, err_len, "copy at byte %zu writes past the announced length", tag_at);
             return -1;
         }
-        if (offset >= len) {
+        if (offset >= 8 && dst_len - d >= len + 8) {
+            /* 8 bytes at a time: each move reads bytes written before it (offset >= 8); up to 7 bytes past len are
+             * rewritten by the next element, and stay inside dst. */
+            for (size_t i = 0; i < len; i += 8)
+                memcpy(dst + d + i, dst + d - offset + i, 8);
+        } else if (offset >= len) {
             memcpy(dst + d, dst + d - offset, len);
         } else {
             /* Overlapping: the pattern of `offset` bytes repeats; each pass copies what is already written. */
@@ -286,7 +297,7 @@ static int vec_reserve(Vec *v, size_t extra)
 {
     if (v->cap - v->len >= extra)
         return 0;
-    size_t cap = v->cap ? v->cap : 1024;
+    size_t cap = v->cap ? v->cap : (extra > 1024 ? extra : 1024);
     while (cap - v->len < extra)
         cap *= 2;
     uint8_t *p = realloc(v->ptr, cap);
@@ -330,6 +341,7 @@ typedef struct {
     Py_ssize_t rows;
     Py_ssize_t stamp_nulls, key_nulls;
     Vec seqs, stamps, stamp_valid, key_offsets, keys, key_valid, value_offsets, values;
+    size_t last_rows, last_keys, last_values; /* the previous batch's sizes: the next one starts with room for them */
 } Builder;
 
 static void builder_clear(Builder *b)
@@ -369,10 +381,23 @@ static int put_valid(Vec *v, Py_ssize_t row, int valid)
     return 0;
 }
 
+/* A batch starts with room for as much as the previous one held, so its buffers rarely move while it fills. */
+static int builder_start(Builder *b)
+{
+    size_t rows = b->last_rows;
+    if (vec_reserve(&b->seqs, 8 * rows) < 0 || vec_reserve(&b->stamps, 8 * rows) < 0 ||
+        vec_reserve(&b->stamp_valid, rows / 8 + 1) < 0 || vec_reserve(&b->key_valid, rows / 8 + 1) < 0 ||
+        vec_reserve(&b->key_offsets, 4 * (rows + 1)) < 0 || vec_reserve(&b->value_offsets, 4 * (rows + 1)) < 0 ||
+        vec_reserve(&b->keys, b->last_keys + b->last_keys / 8) < 0 ||
+        vec_reserve(&b->values, b->last_values + b->last_values / 8) < 0)
+        return -1;
+    return put_i32(&b->key_offsets, 0) < 0 || put_i32(&b->value_offsets, 0) < 0 ? -1 : 0;
+}
+
 static int builder_append(Builder *b, int64_t seq, uint64_t ts_ms, const uint8_t *key, size_t key_len,
                           const uint8_t *value, size_t value_len)
 {
-    if (b->rows == 0 && (put_i32(&b->key_offsets, 0) < 0 || put_i32(&b->value_offsets, 0) < 0))
+    if (b->rows == 0 && builder_start(b) < 0)
         return -1;
     int stamp_valid = ts_ms <= (uint64_t)MAX_TIMESTAMP_MS;
     int64_t micros = stamp_valid ? (int64_t)ts_ms * 1000 : 0;
@@ -408,6 +433,9 @@ static PyObject *Builder_take(Builder *self, PyObject *unused)
 {
     if (self->rows == 0 && (put_i32(&self->key_offsets, 0) < 0 || put_i32(&self->value_offsets, 0) < 0))
         return NULL;
+    self->last_rows = (size_t)self->rows;
+    self->last_keys = self->keys.len;
+    self->last_values = self->values.len;
     PyObject *parts[8] = {
         vec_take(&self->seqs),
         vec_take(&self->stamps),

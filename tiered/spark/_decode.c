@@ -67,21 +67,49 @@ typedef unsigned __int128 u128;
 
 static PyObject *ProtocolError; /* tiered.protocol.errors.ProtocolError */
 
-/* -- errors ------------------------------------------------------------------------------------------------------ */
+/* -- faults ------------------------------------------------------------------------------------------------------ */
 
-static void raise_protocol(Py_ssize_t position, const char *format, ...)
-{
+#define FAULT_NONE 0
+#define FAULT_PROTOCOL 1
+#define FAULT_MEMORY 2
+
+/* What went wrong while decoding, found without the GIL and raised by the caller once it holds the GIL again. */
+typedef struct {
+    int kind;
+    Py_ssize_t position; /* NO_POSITION: the ProtocolError names none */
     char what[256];
+} Fault;
+
+/* Records a ProtocolError; -1, for `return fail(...)`. */
+static int fail(Fault *f, Py_ssize_t position, const char *format, ...)
+{
     va_list args;
     va_start(args, format);
-    vsnprintf(what, sizeof what, format, args);
+    vsnprintf(f->what, sizeof f->what, format, args);
     va_end(args);
-    PyObject *exc = position == NO_POSITION ? PyObject_CallFunction(ProtocolError, "(sO)", what, Py_None)
-                                            : PyObject_CallFunction(ProtocolError, "(sn)", what, position);
+    f->kind = FAULT_PROTOCOL;
+    f->position = position;
+    return -1;
+}
+
+static int out_of_memory(Fault *f)
+{
+    f->kind = FAULT_MEMORY;
+    return -1;
+}
+
+/* With the GIL: the fault as the Python exception; NULL. */
+static PyObject *raise_fault(const Fault *f)
+{
+    if (f->kind == FAULT_MEMORY)
+        return PyErr_NoMemory();
+    PyObject *exc = f->position == NO_POSITION ? PyObject_CallFunction(ProtocolError, "(sO)", f->what, Py_None)
+                                               : PyObject_CallFunction(ProtocolError, "(sn)", f->what, f->position);
     if (exc != NULL) {
         PyErr_SetObject(ProtocolError, exc);
         Py_DECREF(exc);
     }
+    return NULL;
 }
 
 /* Decimal text of a 128-bit value into buf (at least 40 bytes). */
@@ -111,8 +139,9 @@ static uint64_t load_u64(const uint8_t *p)
 #define VARINT_ERROR (-1)
 
 /* tiered.protocol.varint.maybe_varint over buf[0:end] at position: VARINT_OK with *value and *next, VARINT_TRUNCATED
- * when the buffer ends first, VARINT_ERROR (raised) for more than 32 bits or 5 bytes. */
-static int maybe_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, uint32_t *value, Py_ssize_t *next)
+ * when the buffer ends first, VARINT_ERROR (a fault) for more than 32 bits or 5 bytes. */
+static int maybe_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, uint32_t *value, Py_ssize_t *next,
+                        Fault *f)
 {
     uint64_t v = 0;
     int shift = 0;
@@ -121,33 +150,27 @@ static int maybe_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position,
         uint8_t b = buf[i];
         v |= (uint64_t)(b & 0x7F) << shift;
         if (b < 0x80) {
-            if (v > MAX_VARINT) {
-                raise_protocol(position, "varint exceeds 32 bits");
-                return VARINT_ERROR;
-            }
+            if (v > MAX_VARINT)
+                return fail(f, position, "varint exceeds 32 bits");
             *value = (uint32_t)v;
             *next = i + 1;
             return VARINT_OK;
         }
         shift += 7;
     }
-    if (end - position >= MAX_VARINT_BYTES) {
-        raise_protocol(position, "varint longer than 5 bytes");
-        return VARINT_ERROR;
-    }
+    if (end - position >= MAX_VARINT_BYTES)
+        return fail(f, position, "varint longer than 5 bytes");
     return VARINT_TRUNCATED;
 }
 
-/* tiered.protocol.varint.read_varint: a truncated varint is an error naming `what`. 0 or -1 (raised). */
+/* tiered.protocol.varint.read_varint: a truncated varint is a fault naming `what`. 0 or -1. */
 static int read_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, const char *what, uint32_t *value,
-                       Py_ssize_t *next)
+                       Py_ssize_t *next, Fault *f)
 {
-    int got = maybe_varint(buf, end, position, value, next);
+    int got = maybe_varint(buf, end, position, value, next, f);
     if (got == VARINT_OK)
         return 0;
-    if (got == VARINT_TRUNCATED)
-        raise_protocol(position, "truncated %s", what);
-    return -1;
+    return got == VARINT_TRUNCATED ? fail(f, position, "truncated %s", what) : -1;
 }
 
 /* -- raw snappy -------------------------------------------------------------------------------------------------- */
@@ -293,7 +316,7 @@ typedef struct {
     size_t len, cap;
 } Vec;
 
-static int vec_reserve(Vec *v, size_t extra)
+static int vec_reserve(Vec *v, size_t extra, Fault *f)
 {
     if (v->cap - v->len >= extra)
         return 0;
@@ -301,10 +324,8 @@ static int vec_reserve(Vec *v, size_t extra)
     while (cap - v->len < extra)
         cap *= 2;
     uint8_t *p = realloc(v->ptr, cap);
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    if (p == NULL)
+        return out_of_memory(f);
     v->ptr = p;
     v->cap = cap;
     return 0;
@@ -342,6 +363,7 @@ typedef struct {
     Py_ssize_t stamp_nulls, key_nulls;
     Vec seqs, stamps, stamp_valid, key_offsets, keys, key_valid, value_offsets, values;
     size_t last_rows, last_keys, last_values; /* the previous batch's sizes: the next one starts with room for them */
+    int busy;                                 /* Decoder.fill is filling it, without the GIL */
 } Builder;
 
 static void builder_clear(Builder *b)
@@ -359,9 +381,9 @@ static void Builder_dealloc(Builder *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int put_i32(Vec *v, int32_t x)
+static int put_i32(Vec *v, int32_t x, Fault *f)
 {
-    if (vec_reserve(v, 4) < 0)
+    if (vec_reserve(v, 4, f) < 0)
         return -1;
     memcpy(v->ptr + v->len, &x, 4);
     v->len += 4;
@@ -369,10 +391,10 @@ static int put_i32(Vec *v, int32_t x)
 }
 
 /* Sets validity bit `row` (bit clear = null); the bitmap grows a zeroed byte at a time. */
-static int put_valid(Vec *v, Py_ssize_t row, int valid)
+static int put_valid(Vec *v, Py_ssize_t row, int valid, Fault *f)
 {
     if ((row & 7) == 0) {
-        if (vec_reserve(v, 1) < 0)
+        if (vec_reserve(v, 1, f) < 0)
             return -1;
         v->ptr[v->len++] = 0;
     }
@@ -382,45 +404,47 @@ static int put_valid(Vec *v, Py_ssize_t row, int valid)
 }
 
 /* A batch starts with room for as much as the previous one held, so its buffers rarely move while it fills. */
-static int builder_start(Builder *b)
+static int builder_start(Builder *b, Fault *f)
 {
     size_t rows = b->last_rows;
-    if (vec_reserve(&b->seqs, 8 * rows) < 0 || vec_reserve(&b->stamps, 8 * rows) < 0 ||
-        vec_reserve(&b->stamp_valid, rows / 8 + 1) < 0 || vec_reserve(&b->key_valid, rows / 8 + 1) < 0 ||
-        vec_reserve(&b->key_offsets, 4 * (rows + 1)) < 0 || vec_reserve(&b->value_offsets, 4 * (rows + 1)) < 0 ||
-        vec_reserve(&b->keys, b->last_keys + b->last_keys / 8) < 0 ||
-        vec_reserve(&b->values, b->last_values + b->last_values / 8) < 0)
+    if (vec_reserve(&b->seqs, 8 * rows, f) < 0 || vec_reserve(&b->stamps, 8 * rows, f) < 0 ||
+        vec_reserve(&b->stamp_valid, rows / 8 + 1, f) < 0 || vec_reserve(&b->key_valid, rows / 8 + 1, f) < 0 ||
+        vec_reserve(&b->key_offsets, 4 * (rows + 1), f) < 0 ||
+        vec_reserve(&b->value_offsets, 4 * (rows + 1), f) < 0 ||
+        vec_reserve(&b->keys, b->last_keys + b->last_keys / 8, f) < 0 ||
+        vec_reserve(&b->values, b->last_values + b->last_values / 8, f) < 0)
         return -1;
-    return put_i32(&b->key_offsets, 0) < 0 || put_i32(&b->value_offsets, 0) < 0 ? -1 : 0;
+    return put_i32(&b->key_offsets, 0, f) < 0 || put_i32(&b->value_offsets, 0, f) < 0 ? -1 : 0;
 }
 
 static int builder_append(Builder *b, int64_t seq, uint64_t ts_ms, const uint8_t *key, size_t key_len,
-                          const uint8_t *value, size_t value_len)
+                          const uint8_t *value, size_t value_len, Fault *f)
 {
-    if (b->rows == 0 && builder_start(b) < 0)
+    if (b->rows == 0 && builder_start(b, f) < 0)
         return -1;
     int stamp_valid = ts_ms <= (uint64_t)MAX_TIMESTAMP_MS;
     int64_t micros = stamp_valid ? (int64_t)ts_ms * 1000 : 0;
-    if (vec_reserve(&b->seqs, 8) < 0 || vec_reserve(&b->stamps, 8) < 0 || vec_reserve(&b->keys, key_len) < 0 ||
-        vec_reserve(&b->values, value_len) < 0)
+    if (vec_reserve(&b->seqs, 8, f) < 0 || vec_reserve(&b->stamps, 8, f) < 0 ||
+        vec_reserve(&b->keys, key_len, f) < 0 || vec_reserve(&b->values, value_len, f) < 0)
         return -1;
     memcpy(b->seqs.ptr + b->seqs.len, &seq, 8);
     b->seqs.len += 8;
     memcpy(b->stamps.ptr + b->stamps.len, &micros, 8);
     b->stamps.len += 8;
-    if (put_valid(&b->stamp_valid, b->rows, stamp_valid) < 0)
+    if (put_valid(&b->stamp_valid, b->rows, stamp_valid, f) < 0)
         return -1;
     b->stamp_nulls += !stamp_valid;
     if (key != NULL) {
         memcpy(b->keys.ptr + b->keys.len, key, key_len);
         b->keys.len += key_len;
     }
-    if (put_valid(&b->key_valid, b->rows, key != NULL) < 0)
+    if (put_valid(&b->key_valid, b->rows, key != NULL, f) < 0)
         return -1;
     b->key_nulls += key == NULL;
     memcpy(b->values.ptr + b->values.len, value, value_len);
     b->values.len += value_len;
-    if (put_i32(&b->key_offsets, (int32_t)b->keys.len) < 0 || put_i32(&b->value_offsets, (int32_t)b->values.len) < 0)
+    if (put_i32(&b->key_offsets, (int32_t)b->keys.len, f) < 0 ||
+        put_i32(&b->value_offsets, (int32_t)b->values.len, f) < 0)
         return -1;
     b->rows++;
     return 0;
@@ -431,8 +455,13 @@ static PyObject *Builder_rows(Builder *self, void *closure) { return PyLong_From
 /* The batch's buffers, ownership and all; the builder starts over empty. A validity bitmap without a null is None. */
 static PyObject *Builder_take(Builder *self, PyObject *unused)
 {
-    if (self->rows == 0 && (put_i32(&self->key_offsets, 0) < 0 || put_i32(&self->value_offsets, 0) < 0))
+    Fault f = {FAULT_NONE};
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Builder in use by Decoder.fill in another thread");
         return NULL;
+    }
+    if (self->rows == 0 && (put_i32(&self->key_offsets, 0, &f) < 0 || put_i32(&self->value_offsets, 0, &f) < 0))
+        return raise_fault(&f);
     self->last_rows = (size_t)self->rows;
     self->last_keys = self->keys.len;
     self->last_values = self->values.len;
@@ -501,6 +530,7 @@ typedef struct {
     int sparse;
     u128 first, last, seq;
     uint64_t last_ts;
+    int busy;             /* fill is running without the GIL */
 } Decoder;
 
 static void decoder_drop_bundle(Decoder *self)
@@ -518,7 +548,6 @@ static void Decoder_dealloc(Decoder *self)
         PyBuffer_Release(&self->data);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
-
 
 /* A Python int in [0, 2^128) (the caller clamps); OverflowError otherwise. */
 static int to_u128(PyObject *o, u128 *out)
@@ -549,6 +578,11 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*OOOOO:Decoder", names, &data, &first_seq, &seq_first,
                                      &seq_end, &start_obj, &end_obj))
         return -1;
+    if (self->busy) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_RuntimeError, "Decoder in use by fill in another thread");
+        return -1;
+    }
     decoder_drop_bundle(self);
     if (self->has_data)
         PyBuffer_Release(&self->data);
@@ -567,33 +601,26 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwargs)
 }
 
 /* Decompresses the raw snappy message set `body` (at header_len in its bundle) into a malloc'd *out, with the pure
- * path's limits: a claimed length is refused before it is allocated. 0, or -1 raised. */
+ * path's limits: a claimed length is refused before it is allocated. 0, or -1 with a fault. */
 static int decompress_set(const uint8_t *body, Py_ssize_t body_len, Py_ssize_t header_len, uint8_t **out,
-                          Py_ssize_t *out_len)
+                          Py_ssize_t *out_len, Fault *f)
 {
     uint32_t claimed;
     Py_ssize_t after;
-    int got = maybe_varint(body, body_len, 0, &claimed, &after);
+    int got = maybe_varint(body, body_len, 0, &claimed, &after, f);
     if (got == VARINT_ERROR)
         return -1;
-    if (got == VARINT_TRUNCATED) {
-        raise_protocol(header_len, "truncated snappy message set");
-        return -1;
-    }
-    if (claimed > MAX_MESSAGE_SET_BYTES || claimed > SNAPPY_MAX_EXPANSION * (uint64_t)body_len) {
-        raise_protocol(header_len, "snappy message set of %zd bytes claims %u bytes", body_len, claimed);
-        return -1;
-    }
+    if (got == VARINT_TRUNCATED)
+        return fail(f, header_len, "truncated snappy message set");
+    if (claimed > MAX_MESSAGE_SET_BYTES || claimed > SNAPPY_MAX_EXPANSION * (uint64_t)body_len)
+        return fail(f, header_len, "snappy message set of %zd bytes claims %u bytes", body_len, claimed);
     uint8_t *set = malloc(claimed ? claimed : 1);
-    if (set == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    if (set == NULL)
+        return out_of_memory(f);
     char err[160];
     if (snappy_elements(body + after, (size_t)(body_len - after), set, claimed, err, sizeof err) < 0) {
         free(set);
-        raise_protocol(NO_POSITION, "bad snappy message set: %s", err);
-        return -1;
+        return fail(f, NO_POSITION, "bad snappy message set: %s", err);
     }
     *out = set;
     *out_len = claimed;
@@ -602,8 +629,8 @@ static int decompress_set(const uint8_t *body, Py_ssize_t body_len, Py_ssize_t h
 
 /* Reads records until one holds a bundle to decode (1: in_bundle set), or none is left or wanted (0: done). Bundles
  * wholly below the wanted seqs are skipped from their header; one wholly above ends the read, since records are in
- * seq order. -1: raised. */
-static int start_bundle(Decoder *self)
+ * seq order. -1: a fault. */
+static int start_bundle(Decoder *self, Fault *f)
 {
     const uint8_t *data = self->data.buf;
     Py_ssize_t end = self->data.len;
@@ -611,79 +638,57 @@ static int start_bundle(Decoder *self)
     while (self->position < end) {
         Py_ssize_t position = self->position, start, hpos = 1;
         uint32_t size, count;
-        int got = maybe_varint(data, end, position, &size, &start);
+        int got = maybe_varint(data, end, position, &size, &start, f);
         if (got == VARINT_ERROR)
             return -1;
-        if (got == VARINT_TRUNCATED) {
-            raise_protocol(position, "truncated record");
-            return -1;
-        }
-        if (size == 0) {
-            raise_protocol(position, "zero-length bundle");
-            return -1;
-        }
-        if ((uint64_t)(end - start) < size) {
-            raise_protocol(position, "truncated record");
-            return -1;
-        }
+        if (got == VARINT_TRUNCATED)
+            return fail(f, position, "truncated record");
+        if (size == 0)
+            return fail(f, position, "zero-length bundle");
+        if ((uint64_t)(end - start) < size)
+            return fail(f, position, "truncated record");
         const uint8_t *bundle = data + start;
         Py_ssize_t bundle_len = size;
         uint8_t flags = bundle[0];
         int codec = flags & CODEC_MASK;
-        if (codec > CODEC_SNAPPY) {
-            raise_protocol(0, "unknown bundle codec %d", codec);
-            return -1;
-        }
-        if (flags & FLAG_RESERVED) {
-            raise_protocol(0, "reserved bundle flag bit 7 is set");
-            return -1;
-        }
+        if (codec > CODEC_SNAPPY)
+            return fail(f, 0, "unknown bundle codec %d", codec);
+        if (flags & FLAG_RESERVED)
+            return fail(f, 0, "reserved bundle flag bit 7 is set");
         count = (flags >> COUNT_SHIFT) & COUNT_MASK;
         if (count == 0) {
-            if (read_varint(bundle, bundle_len, 1, "bundle message count", &count, &hpos) < 0)
+            if (read_varint(bundle, bundle_len, 1, "bundle message count", &count, &hpos, f) < 0)
                 return -1;
-            if (count == 0) {
-                raise_protocol(1, "bundle with no messages");
-                return -1;
-            }
+            if (count == 0)
+                return fail(f, 1, "bundle with no messages");
         }
         int sparse = (flags & FLAG_SPARSE) != 0;
         u128 first, last;
         if (sparse) {
-            if (bundle_len < hpos + 8) {
-                raise_protocol(hpos, "truncated sparse bundle first seq");
-                return -1;
-            }
+            if (bundle_len < hpos + 8)
+                return fail(f, hpos, "truncated sparse bundle first seq");
             first = load_u64(bundle + hpos);
             hpos += 8;
             last = first;
             if (count != 1) {
                 uint32_t gap;
-                if (read_varint(bundle, bundle_len, hpos, "sparse bundle last seq", &gap, &hpos) < 0)
+                if (read_varint(bundle, bundle_len, hpos, "sparse bundle last seq", &gap, &hpos, f) < 0)
                     return -1;
                 last = first + gap + 1;
-                if (last > U64_MAX) {
-                    raise_protocol(hpos, "sparse bundle last seq exceeds 64 bits");
-                    return -1;
-                }
-                if (last - first + 1 < count) {
-                    raise_protocol(hpos, "sparse bundle seq range is smaller than its message count");
-                    return -1;
-                }
+                if (last > U64_MAX)
+                    return fail(f, hpos, "sparse bundle last seq exceeds 64 bits");
+                if (last - first + 1 < count)
+                    return fail(f, hpos, "sparse bundle seq range is smaller than its message count");
             }
-            if (first == 0) {
-                raise_protocol(hpos, "sparse bundle with first seq 0");
-                return -1;
-            }
+            if (first == 0)
+                return fail(f, hpos, "sparse bundle with first seq 0");
         } else {
             first = self->next_seq;
             last = self->next_seq + count - 1;
         }
-        if (first < self->next_seq && position) {
-            raise_protocol(position, "bundle seqs %s..%s go back below %s", u128_text(first, a), u128_text(last, b),
-                           u128_text(self->next_seq, c));
-            return -1;
-        }
+        if (first < self->next_seq && position)
+            return fail(f, position, "bundle seqs %s..%s go back below %s", u128_text(first, a),
+                        u128_text(last, b), u128_text(self->next_seq, c));
         self->next_seq = last + 1;
         self->position = start + size;
         if (last < self->seq_first)
@@ -693,7 +698,7 @@ static int start_bundle(Decoder *self)
         const uint8_t *body = bundle + hpos;
         Py_ssize_t body_len = bundle_len - hpos;
         if (codec == CODEC_SNAPPY) {
-            if (decompress_set(body, body_len, hpos, &self->owned, &self->set_len) < 0)
+            if (decompress_set(body, body_len, hpos, &self->owned, &self->set_len, f) < 0)
                 return -1;
             self->set = self->owned;
         } else {
@@ -731,22 +736,18 @@ typedef struct {
 } Parsed;
 
 /* Parses message c->index of the current bundle and moves c past it; at the bundle's last message, also checks that
- * nothing follows it. 0, or -1 raised. */
-static int parse_message(const Decoder *self, Cursor *c, Parsed *m)
+ * nothing follows it. 0, or -1 with a fault. */
+static int parse_message(const Decoder *self, Cursor *c, Parsed *m, Fault *f)
 {
     const uint8_t *data = self->set;
     Py_ssize_t end = self->set_len, position = c->position;
     uint32_t i = c->index, count = self->count;
     char text[40];
-    if (position >= end) {
-        raise_protocol(position, "message set ends after %u of %u messages", i, count);
-        return -1;
-    }
+    if (position >= end)
+        return fail(f, position, "message set ends after %u of %u messages", i, count);
     uint8_t flags = data[position++];
-    if (flags & ~MESSAGE_FLAGS_KNOWN) {
-        raise_protocol(position - 1, "unknown message flags 0x%02x", flags);
-        return -1;
-    }
+    if (flags & ~MESSAGE_FLAGS_KNOWN)
+        return fail(f, position - 1, "unknown message flags 0x%02x", flags);
     if (self->sparse) {
         if (i == 0) {
             c->seq = self->first;
@@ -756,57 +757,45 @@ static int parse_message(const Decoder *self, Cursor *c, Parsed *m)
             c->seq += 1;
         } else {
             uint32_t delta;
-            if (read_varint(data, end, position, "message seq delta", &delta, &position) < 0)
+            if (read_varint(data, end, position, "message seq delta", &delta, &position, f) < 0)
                 return -1;
             c->seq += (u128)delta + 1;
         }
-        if (0 < i && i < count - 1 && c->seq >= self->last) {
-            raise_protocol(position, "sparse bundle message %u has seq %s, not below its last seq", i,
-                           u128_text(c->seq, text));
-            return -1;
-        }
+        if (0 < i && i < count - 1 && c->seq >= self->last)
+            return fail(f, position, "sparse bundle message %u has seq %s, not below its last seq", i,
+                        u128_text(c->seq, text));
     } else if (i) {
         c->seq += 1;
     }
     if (!(flags & USE_LAST_TS)) {
-        if (end - position < 8) {
-            raise_protocol(position, "truncated message timestamp");
-            return -1;
-        }
+        if (end - position < 8)
+            return fail(f, position, "truncated message timestamp");
         c->ts = load_u64(data + position);
         position += 8;
     }
     m->key = NULL;
     m->key_len = 0;
     if (flags & HAVE_KEY) {
-        if (position >= end) {
-            raise_protocol(position, "truncated message key length");
-            return -1;
-        }
+        if (position >= end)
+            return fail(f, position, "truncated message key length");
         m->key_len = data[position++];
-        if ((size_t)(end - position) < m->key_len) {
-            raise_protocol(position, "truncated message key");
-            return -1;
-        }
+        if ((size_t)(end - position) < m->key_len)
+            return fail(f, position, "truncated message key");
         m->key = data + position;
         position += m->key_len;
     }
     uint32_t size;
-    if (read_varint(data, end, position, "message content length", &size, &position) < 0)
+    if (read_varint(data, end, position, "message content length", &size, &position, f) < 0)
         return -1;
-    if ((uint64_t)(end - position) < size) {
-        raise_protocol(position, "truncated message content");
-        return -1;
-    }
+    if ((uint64_t)(end - position) < size)
+        return fail(f, position, "truncated message content");
     m->value = data + position;
     m->value_len = size;
     position += size;
     c->position = position;
     c->index = i + 1;
-    if (c->index == count && position != end) {
-        raise_protocol(position, "%zd bytes after the last message of the bundle", end - position);
-        return -1;
-    }
+    if (c->index == count && position != end)
+        return fail(f, position, "%zd bytes after the last message of the bundle", end - position);
     return 0;
 }
 
@@ -823,32 +812,30 @@ static int wanted(const Decoder *self, u128 seq, uint64_t ts_ms)
 }
 
 /* One message of the current bundle into `b` when wanted: 1 consumed, 0 not consumed because `b` is full (its keys
- * or values would pass an int32 offset), -1 raised. */
-static int next_message(Decoder *self, Builder *b)
+ * or values would pass an int32 offset), -1 a fault. */
+static int next_message(Decoder *self, Builder *b, Fault *f)
 {
     Cursor c = {self->set_pos, self->index, self->seq, self->last_ts};
     Parsed m;
     char text[40];
-    if (parse_message(self, &c, &m) < 0)
+    if (parse_message(self, &c, &m, f) < 0)
         return -1;
     if (wanted(self, c.seq, c.ts)) {
         if (b->values.len + m.value_len > MAX_COLUMN_BYTES || b->keys.len + m.key_len > MAX_COLUMN_BYTES) {
             if (b->rows > 0)
                 return 0;
-            raise_protocol(NO_POSITION, "message of %zu bytes does not fit an Arrow binary column", m.value_len);
-            return -1;
+            return fail(f, NO_POSITION, "message of %zu bytes does not fit an Arrow binary column", m.value_len);
         }
         if (c.seq > INT64_COLUMN_MAX) {
             /* The pure path refuses this seq only once the whole bundle is decoded: a later fault comes first. */
             Cursor rest = c;
             Parsed ignored;
             while (rest.index < self->count)
-                if (parse_message(self, &rest, &ignored) < 0)
+                if (parse_message(self, &rest, &ignored, f) < 0)
                     return -1;
-            raise_protocol(NO_POSITION, "seq %s exceeds the int64 seq column", u128_text(c.seq, text));
-            return -1;
+            return fail(f, NO_POSITION, "seq %s exceeds the int64 seq column", u128_text(c.seq, text));
         }
-        if (builder_append(b, (int64_t)c.seq, c.ts, m.key, m.key_len, m.value, m.value_len) < 0)
+        if (builder_append(b, (int64_t)c.seq, c.ts, m.key, m.key_len, m.value, m.value_len, f) < 0)
             return -1;
     }
     self->set_pos = c.position;
@@ -858,6 +845,26 @@ static int next_message(Decoder *self, Builder *b)
     if (c.index == self->count)
         decoder_drop_bundle(self);
     return 1;
+}
+
+/* Appends wanted messages to `b` until it holds max_rows rows or no record is left: 1 full, 0 exhausted, -1 a fault.
+ * Runs without the GIL: it touches only the decoder, the builder and the records' buffer, all held by the caller. */
+static int fill_rows(Decoder *self, Builder *b, Py_ssize_t max_rows, Fault *f)
+{
+    for (;;) {
+        if (b->rows >= max_rows)
+            return 1;
+        if (!self->in_bundle) {
+            if (self->done)
+                return 0;
+            int got = start_bundle(self, f);
+            if (got <= 0)
+                return got;
+        }
+        int got = next_message(self, b, f);
+        if (got <= 0)
+            return got < 0 ? -1 : 1;
+    }
 }
 
 static PyObject *Decoder_fill(Decoder *self, PyObject *args)
@@ -874,28 +881,23 @@ static PyObject *Decoder_fill(Decoder *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "Decoder not initialised");
         return NULL;
     }
-    for (;;) {
-        if (b->rows >= max_rows)
-            Py_RETURN_TRUE;
-        if (!self->in_bundle) {
-            if (self->done)
-                Py_RETURN_FALSE;
-            int got = start_bundle(self);
-            if (got < 0)
-                goto failed;
-            if (got == 0)
-                Py_RETURN_FALSE;
-        }
-        int got = next_message(self, b);
-        if (got < 0)
-            goto failed;
-        if (got == 0)
-            Py_RETURN_TRUE;
+    if (self->busy || b->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Decoder or Builder in use by fill in another thread");
+        return NULL;
     }
-failed:
-    decoder_drop_bundle(self);
-    self->done = 1;
-    return NULL;
+    Fault f = {FAULT_NONE};
+    int got;
+    self->busy = b->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    got = fill_rows(self, b, max_rows, &f);
+    Py_END_ALLOW_THREADS
+    self->busy = b->busy = 0;
+    if (got < 0) {
+        decoder_drop_bundle(self);
+        self->done = 1;
+        return raise_fault(&f);
+    }
+    return PyBool_FromLong(got);
 }
 
 static PyMethodDef Decoder_methods[] = {
@@ -927,10 +929,13 @@ static PyObject *snappy_message_set(PyObject *module, PyObject *args)
         return NULL;
     uint8_t *set;
     Py_ssize_t set_len;
+    Fault f = {FAULT_NONE};
     PyObject *out = NULL;
-    if (decompress_set(body.buf, body.len, 0, &set, &set_len) == 0) {
+    if (decompress_set(body.buf, body.len, 0, &set, &set_len, &f) == 0) {
         out = PyBytes_FromStringAndSize((const char *)set, set_len);
         free(set);
+    } else {
+        raise_fault(&f);
     }
     PyBuffer_Release(&body);
     return out;

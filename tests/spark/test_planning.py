@@ -18,8 +18,10 @@ from tiered.spark.planning import (
     SegmentEntry,
     SegmentPiece,
     SeqRange,
+    SegmentRange,
     Split,
     TimeRange,
+    cut_segment_range,
     load_segment_index,
     order_splits,
     plan_partition,
@@ -140,6 +142,19 @@ def test_resolve_moves_window_ends_and_seq_bounds_to_index_entries():
     # A window with no index entry in it reads nothing: the window before it reads up to the next entry.
     assert resolve_segment_range(SegmentPiece("s", "i", 101, 140, 1200, 950, 1200, 101, 140), index) is None
     assert resolve_segment_range(SegmentPiece("s", "i", 101, 140, 1200, 310, 590, 101, 140), index) is None
+
+
+def test_a_long_range_is_cut_into_parts_at_index_entries():
+    index = SparseIndex([(0, 0), (10, 300), (20, 600), (30, 900)])
+    whole = SegmentRange(0, 1200, 101)
+    parts = [(p.start, p.end, p.first_seq) for p in cut_segment_range(whole, index, 101, 250)]
+    assert parts == [(0, 300, 101), (300, 600, 111), (600, 900, 121), (900, 1200, 131)]
+    assert [(p.start, p.end) for p in cut_segment_range(whole, index, 101, 500)] == [(0, 600), (600, 1200)]
+    assert cut_segment_range(whole, index, 101, 1200) == [whole]
+    assert cut_segment_range(whole, None, 101, 10) == [whole]
+    middle = SegmentRange(300, 900, 111)  # ends at an entry: no empty part after it
+    assert [(p.start, p.end, p.first_seq) for p in cut_segment_range(middle, index, 101, 100)] == [
+        (300, 600, 111), (600, 900, 121)]
 
 
 def test_a_bad_index_object_is_refused():

@@ -326,6 +326,27 @@ def resolve_segment_range(piece: SegmentPiece, index: SparseIndex | None) -> Seg
     return SegmentRange(start, end, first_seq)
 
 
+def cut_segment_range(found: SegmentRange, index: SparseIndex | None, base_seq: int, part_bytes: int) -> list[SegmentRange]:
+    """`found` cut at index entries into consecutive ranges of at least `part_bytes` (the last may be shorter).
+
+    Each range ends at the first indexed record at or past `part_bytes` from its start, so it holds whole records
+    and the index names the seq of its first: a reader GETs and decodes them one by one. Without an index, or when
+    `found` is short, `found` itself.
+    """
+    if index is None or found.end - found.start <= part_bytes:
+        return [found]
+    positions, rel_seqs = index.positions, index.rel_seqs
+    parts: list[SegmentRange] = []
+    start, first_seq = found.start, found.first_seq
+    while True:
+        i = bisect_left(positions, start + part_bytes)
+        if i == len(positions) or positions[i] >= found.end:
+            parts.append(SegmentRange(start, found.end, first_seq))
+            return parts
+        parts.append(SegmentRange(start, positions[i], first_seq))
+        start, first_seq = positions[i], base_seq + rel_seqs[i]
+
+
 def order_splits(splits: Sequence[Split]) -> list[Split]:
     """Splits in (partition, seq) order: the order a sequential replay (and `tiered replay`) must produce them in."""
     return sorted(splits, key=lambda s: (s.partition, s.min_seq))

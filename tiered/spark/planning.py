@@ -11,8 +11,9 @@ The driver turns those rows into pieces, then packs consecutive pieces into spli
   records from the first indexed record at or after a to the first indexed record at or after b, so the windows of a
   segment tile it exactly (no record read twice, none skipped) without the driver fetching any `.index` object;
 - a piece per block run (runs are small: one per block, per partition);
-- splits of about equal size, none above `max_split_bytes` (`_pack`): a Spark task costs tens of milliseconds
-  before it reads a byte, so small segments and runs share a task rather than paying that each.
+- splits of about equal size, none above `max_split_bytes` (`_pack`): a Spark task costs time before it reads a
+  byte (about 0.1 s for a Python data source task in local mode), so small segments and runs share a task rather
+  than paying that each.
 
 Every piece carries the exact seq window it contributes ([min_seq, max_seq], inclusive), so decoding keeps exactly
 the wanted messages even where a run straddles the highest copied seq or two segments were to overlap. Seq and

@@ -8,7 +8,8 @@ without decompressing them; the messages kept are exactly those inside the seq a
 
 Columns (SCHEMA) follow Spark's Kafka source where they mean the same thing: topic, partition, seq, timestamp (a Spark
 timestamp: microseconds, UTC), key, value. A timestamp too large for a microsecond int64 (after year 294,000; only a
-producer's garbage looks like that) is null rather than wrapped around, and inside no time range.
+producer's garbage looks like that) is null rather than wrapped around, and inside no time range. A kept seq past
+the int64 seq column (a sparse bundle may name seqs up to 2^64 - 1) is a ProtocolError.
 
 Two decoders produce the same batches. The pure one here (iter_messages, record_batches) is the reference and the
 fallback: a Python step per message. The native one (tiered/spark/_decode.c, built by `pip install` when a C
@@ -65,7 +66,7 @@ except ImportError:  # built without a C compiler: the pure path decodes
 
 @dataclass(frozen=True, slots=True)
 class PieceBytes:
-    """What one piece of a split fetched: whole records, the seq of the first, and the seqs to keep."""
+    """The bytes of one range GET of a split: whole records, the seq of the first, and the seqs to keep."""
 
     data: bytes
     first_seq: int

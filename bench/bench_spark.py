@@ -1,18 +1,29 @@
-"""Spark replay benchmark (issue 6): replay throughput from the bucket with 1 and 2 executor cores, against a consume
-of the same range through the broker in the same run; planning time for a topic with 10,000 remote segments.
+"""Spark replay benchmark (issues 6 and 14): decode rate per core, replay throughput from the bucket with 1 and 2
+executor cores against one consumer of the same history through the broker in the same run, and planning time for
+a topic with 10,000 remote segments.
 
-    python -m bench.bench_spark            256 MiB of history (about 4 minutes)
-    python -m bench.bench_spark --quick    32 MiB (about 2 minutes)
+    python -m bench.bench_spark            256 MiB of history (about 6 minutes)
+    python -m bench.bench_spark --quick    32 MiB, one repeat, the native decoder only (about 2 minutes)
+
+Decode rate. The bundles of the throughput history below (64 MiB of it), built in memory and decoded into Arrow
+record batches by `decoding.decode_records` in this process, with the pure decoder and with the native one
+(tiered/spark/_decode.c). Rows/s and MB/s are per CPU second of this process, so per core, and hardly moved by
+other work on the machine; the median of the repeats.
 
 Throughput. A `tiered serve` process (its own process: moto S3 in another, SQLite catalog) takes `--mib` of messages
 (1000-byte values, 64 per bundle, snappy as TANK's client chooses, two partitions), rolls segments of 1/16 of a
 partition's stored bytes, copies them to the bucket and drops them from the local disk once copied
-(`log.retention.bytes`), so that the broker, too, serves the history from the bucket. Then, in this order:
-- broker: one consumer (the project's asyncio Client, 4 MiB fetches) drains both partitions, one after the other;
-- spark local[1], local[2]: a fresh SparkSession each, one warm-up query over a few seqs (Python workers start),
-  then the timed query: `count(*)` and the sum of key and value lengths over the whole topic, which decodes every
-  message into Arrow and hands it to the JVM. The two aggregates are checked against the broker's consume.
-MB/s counts message payload (keys + values, 10^6 bytes) over the wall time of the consume or of the query.
+(`log.retention.bytes`), so that the broker, too, serves the history from the bucket. Then:
+- broker: one consumer (the project's asyncio Client, 4 MiB fetches) drains both partitions, one after the other,
+  `--repeats` times;
+- spark local[1], local[2], per decoder (TIERED_SPARK_DECODER on the executors): a fresh SparkSession each, one
+  untimed pass of the query (Python workers start, the JVM compiles the query's hot code), then `--repeats` timed
+  ones: `count(*)` and the sum of key and value lengths over the whole topic, which decodes every message into
+  Arrow and hands it to the JVM. Each result is checked against the broker's consume.
+Figures are medians of the repeats. MB/s counts message payload (keys + values, 10^6 bytes) over the wall time of the
+consume or of the query (planning included); "per core" divides by the executor cores; "x broker" compares with
+the broker consumer of the same run. CPU seconds of the JVM, of the Python workers and of moto are summed over the
+timed repeats and divided by their number.
 
 Planning. A catalog (SQLite, and PostgreSQL when its server binaries are installed) holding one topic of 4
 partitions x 2,500 COPY_FINISHED segments plus 100 runs each (rows written in one transaction, as the copier and the
@@ -28,16 +39,17 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import format_table
-from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir, process_cpu_s
 
 TOPIC = "history"
 PARTITIONS = 2
@@ -57,7 +69,10 @@ class Throughput:
     reader: str
     messages: int
     payload_bytes: int
-    seconds: float
+    seconds: float  # median of the repeats
+    cores: int = 1
+    runs: list[float] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per run: jvm, python, moto
 
     @property
     def mb_per_s(self) -> float:
@@ -67,13 +82,73 @@ class Throughput:
     def messages_per_s(self) -> float:
         return self.messages / self.seconds
 
+    @property
+    def messages_per_s_per_core(self) -> float:
+        return self.messages_per_s / self.cores
+
+
+@dataclass
+class DecodeRate:
+    decoder: str
+    rows: int
+    payload_bytes: int
+    cpu_s: float  # median of the repeats
+    wall_s: float
+
+    @property
+    def rows_per_core_s(self) -> float:
+        return self.rows / self.cpu_s
+
+    @property
+    def mb_per_core_s(self) -> float:
+        return self.payload_bytes / 1e6 / self.cpu_s
+
+
+# -- the history ---------------------------------------------------------------------------------------------------
+
+
+def bundle_messages(i: int, base_ms: int) -> list:
+    """Bundle `i` of the history: half repeated text, half random hex (snappy stores it at about half its size), a
+    key on every other message."""
+    from tiered.protocol.bundle import Message
+
+    return [
+        Message(b"%08d:" % (i * PER_BUNDLE + j) + b"event field=value;" * 27 + os.urandom(VALUE_BYTES // 3)
+                .hex().encode()[: VALUE_BYTES - 9 - 18 * 27], b"user-%d" % (j % 97) if j % 2 else None, base_ms + i)
+        for j in range(PER_BUNDLE)
+    ]
+
+
+# -- decode rate per core ------------------------------------------------------------------------------------------
+
+
+def decode_rates(total_bytes: int, decoders: list[str], repeats: int) -> list[DecodeRate]:
+    from tiered.protocol.bundle import encode_bundle, encode_record
+    from tiered.spark.decoding import decode_records
+
+    base_ms = int(time.time() * 1000)
+    data = b"".join(encode_record(encode_bundle(bundle_messages(i, base_ms)))
+                    for i in range(total_bytes // (VALUE_BYTES * PER_BUNDLE)))
+    out = []
+    for decoder in decoders:
+        cpu, wall = [], []
+        for _ in range(repeats):
+            rows = payload = 0
+            started, started_cpu = time.perf_counter(), time.process_time()
+            for batch in decode_records(data, 1, TOPIC, 0, decoder=decoder):
+                rows += batch.num_rows
+                payload += sum(c.buffers()[2].size for c in (batch.column(4), batch.column(5)))
+            cpu.append(time.process_time() - started_cpu)
+            wall.append(time.perf_counter() - started)
+        out.append(DecodeRate(decoder, rows, payload, statistics.median(cpu), statistics.median(wall)))
+    return out
+
 
 # -- history through a real broker ---------------------------------------------------------------------------------
 
 
 async def produce_history(port: int, total_bytes: int) -> None:
     from tiered.client import Client
-    from tiered.protocol.bundle import Message
 
     async with await Client.connect("127.0.0.1", port) as client:
         # About 16 segments per partition (values store at about half their size), which leave the local disk
@@ -85,14 +160,7 @@ async def produce_history(port: int, total_bytes: int) -> None:
         base_ms = int(time.time() * 1000)
         window: list[asyncio.Future] = []
         for i in range(bundles):
-            # Half repeated text, half random hex: snappy stores them at about half their size. A key on every
-            # other message.
-            messages = [
-                Message(b"%08d:" % (i * PER_BUNDLE + j) + b"event field=value;" * 27 + os.urandom(VALUE_BYTES // 3)
-                        .hex().encode()[: VALUE_BYTES - 9 - 18 * 27], b"user-%d" % (j % 97) if j % 2 else None,
-                        base_ms + i)
-                for j in range(PER_BUNDLE)
-            ]
+            messages = bundle_messages(i, base_ms)
             window.append(asyncio.ensure_future(client.produce_many({(TOPIC, i % PARTITIONS): messages})))
             if len(window) >= 16:
                 statuses = await window.pop(0)
@@ -115,7 +183,8 @@ def wait_until_tiered(broker: BrokerProcess, timeout_s: float) -> bool:
     return False
 
 
-async def consume_through_broker(port: int) -> Throughput:
+async def consume_through_broker(port: int) -> tuple[int, int, float]:
+    """(messages, payload bytes, seconds) of one consumer draining both partitions."""
     from tiered.client import Client
 
     messages = payload = 0
@@ -126,10 +195,42 @@ async def consume_through_broker(port: int) -> Throughput:
                 messages += 1
                 payload += len(m.value) + (len(m.key) if m.key else 0)
         seconds = time.perf_counter() - started
-    return Throughput("broker consume (1 client, bucket)", messages, payload, seconds)
+    return messages, payload, seconds
 
 
-def spark_replay(cores: int, catalog_url: str, store_url: str, env: dict[str, str]) -> Throughput:
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the JVM under this process, the Python workers under the JVM)."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(c) for c in children] + [d for c in children for d in descendants(int(c))]
+
+
+def spark_cpu_s(moto: MotoProcess) -> dict[str, float]:
+    """CPU seconds so far of the JVM, of the Python processes under it (Spark's Python workers), and of moto."""
+    out = {"jvm": 0.0, "python": 0.0, "moto": moto.cpu_s()}
+    for pid in descendants(os.getpid()):
+        if _is_java(pid):
+            out["jvm"] += _cpu_s(pid)
+            out["python"] += sum(_cpu_s(worker) for worker in descendants(pid))
+    return out
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"java" in f.read().split(b"\0")[0]
+    except OSError:  # exited meanwhile
+        return False
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        return process_cpu_s(pid)
+    except OSError:  # exited meanwhile: its CPU time is lost to the figure
+        return 0.0
+
+
+def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env: dict[str, str], repeats: int,
+                 moto: MotoProcess) -> Throughput:
     os.environ.update(env)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -139,32 +240,33 @@ def spark_replay(cores: int, catalog_url: str, store_url: str, env: dict[str, st
     spark = (SparkSession.builder.master(f"local[{cores}]").appName(f"tiered-bench-{cores}")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(cores)).config("spark.driver.memory", "2g")
+             .config("spark.executorEnv.TIERED_SPARK_DECODER", decoder)
              .config("spark.pyspark.python", sys.executable).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         spark.dataSource.register(TieredDataSource)
 
-        def load(**options):
-            reader = (spark.read.format("tiered").option("catalog", catalog_url).option("store", store_url)
-                      .option("topic", TOPIC).option("s3PathStyle", "true"))
-            for name, value in options.items():
-                reader = reader.option(name, str(value))
-            return reader.load()
-
-        def aggregate(df):
+        def aggregate():
+            df = (spark.read.format("tiered").option("catalog", catalog_url).option("store", store_url)
+                  .option("topic", TOPIC).option("s3PathStyle", "true").load())
             payload = F.sum(F.length("value") + F.coalesce(F.length("key"), F.lit(0)))
             return df.agg(F.count(F.lit(1)).alias("n"), payload.alias("bytes")).collect()[0]
 
-        aggregate(load(endingSeq=200))  # warm-up: Python workers start, modules load
-        started = time.perf_counter()
-        row = aggregate(load())
-        seconds = time.perf_counter() - started
-        return Throughput(f"spark local[{cores}]", row["n"], row["bytes"], seconds)
+        aggregate()  # untimed: Python workers start, the JVM compiles the query's hot code
+        runs, before = [], spark_cpu_s(moto)
+        for _ in range(repeats):
+            started = time.perf_counter()
+            row = aggregate()
+            runs.append(time.perf_counter() - started)
+        after = spark_cpu_s(moto)
+        cpu = {k: (after[k] - before[k]) / repeats for k in after}
+        return Throughput(f"spark local[{cores}], {decoder} decoder", row["n"], row["bytes"], statistics.median(runs),
+                          cores, runs, cpu)
     finally:
         spark.stop()
 
 
-def throughput(total_bytes: int, root: Path) -> tuple[list[Throughput], dict]:
+def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int) -> tuple[list[Throughput], dict]:
     root.mkdir(parents=True, exist_ok=True)
     moto = MotoProcess(root).start()
     catalog_url = f"sqlite:///{root / 'catalog.db'}"
@@ -176,20 +278,28 @@ def throughput(total_bytes: int, root: Path) -> tuple[list[Throughput], dict]:
         asyncio.run(produce_history(broker.port, total_bytes))
         tiered = wait_until_tiered(broker, 300)
         log("every sealed segment is in the bucket only" if tiered else "tiering did not finish in 5 minutes")
-        results = [asyncio.run(consume_through_broker(broker.port))]
-        log(f"{results[0].reader}: {results[0].mb_per_s:.1f} MB/s")
+        drains, before = [], moto.cpu_s()
+        for _ in range(repeats):
+            drains.append(asyncio.run(consume_through_broker(broker.port)))
+        messages, payload, _ = drains[0]
+        runs = [seconds for _, _, seconds in drains]
+        consumer = Throughput("broker consume (1 client, bucket)", messages, payload, statistics.median(runs), 1,
+                              runs, {"moto": (moto.cpu_s() - before) / repeats})
+        results = [consumer]
+        log(f"{consumer.reader}: {consumer.mb_per_s:.1f} MB/s")
     finally:
         broker.stop()
     env = {**moto.env, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     try:
-        for cores in (1, 2):
-            result = spark_replay(cores, catalog_url, store_url, env)
-            if (result.messages, result.payload_bytes) != (results[0].messages, results[0].payload_bytes):
-                raise AssertionError(f"{result.reader} read {result.messages} messages / {result.payload_bytes} "
-                                     f"bytes, the broker {results[0].messages} / {results[0].payload_bytes}")
-            log(f"{result.reader}: {result.mb_per_s:.1f} MB/s")
-            results.append(result)
+        for decoder in decoders:
+            for cores in (1, 2):
+                result = spark_replay(cores, decoder, catalog_url, store_url, env, repeats, moto)
+                if (result.messages, result.payload_bytes) != (consumer.messages, consumer.payload_bytes):
+                    raise AssertionError(f"{result.reader} read {result.messages} messages / {result.payload_bytes} "
+                                         f"bytes, the broker {consumer.messages} / {consumer.payload_bytes}")
+                log(f"{result.reader}: {result.mb_per_s:.1f} MB/s")
+                results.append(result)
     finally:
         moto.stop()
     return results, {"fully_tiered": tiered}
@@ -301,40 +411,69 @@ def planning(backend: str, url: str, repeats: int) -> list[Planning]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_spark", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="32 MiB of history, fewer planning repeats")
+    parser.add_argument("--quick", action="store_true",
+                        help="32 MiB of history, one repeat, the native decoder only, fewer planning repeats")
     parser.add_argument("--mib", type=int, help="MiB of history to replay (default 256, 32 with --quick)")
+    parser.add_argument("--repeats", type=int, help="timed repeats of each read (default 3, 1 with --quick)")
+    parser.add_argument("--decoders", help="Spark decoders to replay with, comma-separated (default native,python; "
+                                           "native with --quick)")
+    parser.add_argument("--no-planning", action="store_true", help="skip the planning benchmark")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     total = (args.mib or (32 if args.quick else 256)) << 20
+    repeats = args.repeats or (1 if args.quick else 3)
+    decoders = (args.decoders or ("native" if args.quick else "native,python")).split(",")
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-spark-"))
     load = os.getloadavg()[0]
+    plans: list[Planning] = []
     try:
-        results, notes = throughput(total, root / "replay")
-        plans = planning("sqlite", f"sqlite:///{root / 'plan.db'}", 3 if args.quick else 7)
-        bindir = find_pg_bindir()
-        if bindir is not None:
-            pg = PgCluster(bindir).start()
-            try:
-                plans += [p for p in planning("postgresql", pg.url(), 3 if args.quick else 7) if p.backend != "-"]
-            finally:
-                pg.stop()
+        rates = decode_rates(min(total, 64 << 20), ["python", "native"], max(3, repeats))
+        results, notes = throughput(total, root / "replay", decoders, repeats)
+        if not args.no_planning:
+            plans = planning("sqlite", f"sqlite:///{root / 'plan.db'}", 3 if args.quick else 7)
+            bindir = find_pg_bindir()
+            if bindir is not None:
+                pg = PgCluster(bindir).start()
+                try:
+                    plans += [p for p in planning("postgresql", pg.url(), 3 if args.quick else 7) if p.backend != "-"]
+                finally:
+                    pg.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"Spark replay: {total >> 20} MiB of history, {PARTITIONS} partitions, moto S3 on loopback, SQLite catalog; "
-          f"{os.cpu_count()} cores, load average {load:.2f} before the run")
+    pure = next(r for r in rates if r.decoder == "python")
+    print(f"Decode rate: {rates[0].rows:,} messages of the history below, decoded into Arrow in one process, per CPU "
+          f"second (median of {max(3, repeats)}); load average {load:.2f} before the run")
     print(format_table(
-        ("reader", "messages", "payload MB", "seconds", "MB/s", "messages/s"),
-        [(r.reader, r.messages, r.payload_bytes / 1e6, r.seconds, r.mb_per_s, r.messages_per_s) for r in results],
+        ("decoder", "rows", "payload MB", "CPU s", "rows/s per core", "MB/s per core", "x pure"),
+        [(r.decoder, r.rows, r.payload_bytes / 1e6, r.cpu_s, r.rows_per_core_s, r.mb_per_core_s,
+          pure.cpu_s / r.cpu_s) for r in rates],
     ))
+    print()
+    consumer = results[0]
+    print(f"Spark replay: {total >> 20} MiB of history, {PARTITIONS} partitions, moto S3 on loopback, SQLite catalog; "
+          f"{os.cpu_count()} cores; median of {repeats}")
+    print(format_table(
+        ("reader", "messages", "payload MB", "seconds", "MB/s", "messages/s", "per core", "x broker",
+         "JVM CPU s", "Python CPU s", "moto CPU s"),
+        [(r.reader, r.messages, r.payload_bytes / 1e6, r.seconds, r.mb_per_s, r.messages_per_s,
+          r.messages_per_s_per_core, r.mb_per_s / consumer.mb_per_s, r.cpu.get("jvm", "-"), r.cpu.get("python", "-"),
+          r.cpu.get("moto", "-")) for r in results],
+    ))
+    print("runs (s): " + "; ".join(f"{r.reader}: " + ", ".join(f"{x:.2f}" for x in r.runs) for r in results))
     if not notes["fully_tiered"]:
         print("note: some sealed segments were still on the broker's disk when it was consumed")
-    print()
-    print(format_table(("catalog", "planning", "splits", "statements", "ms (median)"),
-                       [(p.backend, p.what, p.splits, p.statements, p.median_ms) for p in plans]))
+    if plans:
+        print()
+        print(format_table(("catalog", "planning", "splits", "statements", "ms (median)"),
+                           [(p.backend, p.what, p.splits, p.statements, p.median_ms) for p in plans]))
     if args.json:
         args.json.write_text(json.dumps({
-            "throughput": [{**asdict(r), "mb_per_s": r.mb_per_s, "messages_per_s": r.messages_per_s}
-                           for r in results],
+            "load_average": load,
+            "decode": [{**asdict(r), "rows_per_core_s": r.rows_per_core_s, "mb_per_core_s": r.mb_per_core_s}
+                       for r in rates],
+            "throughput": [{**asdict(r), "mb_per_s": r.mb_per_s, "messages_per_s": r.messages_per_s,
+                            "messages_per_s_per_core": r.messages_per_s_per_core,
+                            "x_broker": r.mb_per_s / consumer.mb_per_s} for r in results],
             "planning": [asdict(p) for p in plans],
         }, indent=2))
     return 0

@@ -8,7 +8,8 @@ import pytest
 from tiered.catalog import Catalog
 from tiered.catalog import topics as catalog_topics
 from tiered.spark import listing
-from tiered.spark.execution import split_messages
+from tiered.spark.decoding import decode_pieces, iter_messages
+from tiered.spark.execution import iter_pieces, piece_gets, split_messages
 from tiered.spark.listing import UnknownTopicError, plan_topic
 from tiered.spark.objects import FileRangeReader
 from tiered.spark.planning import MIN_SPLIT_BYTES, RunPiece, SegmentPiece, SeqRange, TimeRange
@@ -53,7 +54,7 @@ def test_a_topic_reads_back_exactly_from_segments_and_runs(cat, objects, histori
     for plan, history in zip(plans, histories):
         kinds = {type(p) for s in plan.splits for p in s.pieces}
         assert kinds == {SegmentPiece, RunPiece}
-        assert sum(isinstance(s.pieces[0], SegmentPiece) for s in plan.splits) == 3  # one split per segment
+        assert sum(isinstance(p, SegmentPiece) for s in plan.splits for p in s.pieces) == 3  # a piece per segment
         assert plan.seqs.last == history.log.last_assigned  # the catalog's high-water mark
     got = read_all(cat, objects)
     assert got == {0: histories[0].messages, 1: histories[1].messages}
@@ -109,6 +110,46 @@ def test_small_splits_and_small_pages_read_the_same(cat, objects, histories, mon
     assert max(len(p.splits) for p in plans) > 8
     assert read_all(cat, objects, max_split_bytes=MIN_SPLIT_BYTES) == {0: histories[0].messages,
                                                                         1: histories[1].messages}
+
+
+@pytest.mark.parametrize("seqs", [SeqRange(), SeqRange(300, 2000)])
+def test_segments_read_in_parts_at_index_entries_read_the_same(cat, objects, histories, seqs):
+    """Parts of 700 bytes and 2 KiB of read-ahead: many GETs per segment, each decoded on its own, the same messages
+    and the same batches from both decoders."""
+    reader = FileRangeReader(str(objects.root))
+    for plan in plan_topic(cat, TOPIC, seqs=seqs):
+        expected = [m for m in histories[plan.partition].messages if seqs.first <= m.seq <= seqs.last]
+        parts = [got for split in plan.splits for got in iter_pieces(reader, split, read_ahead=2048, part_bytes=700)]
+        gets = sum(len(piece_gets(reader, p, 700)) for s in plan.splits for p in s.pieces)
+        assert len(parts) == gets > 3 * sum(len(s.pieces) for s in plan.splits)
+        assert [m for got in parts for m in iter_messages(got.data, got.first_seq, got.seqs)] == expected
+        pure = list(decode_pieces(parts, TOPIC, plan.partition, batch_rows=100, decoder="python"))
+        native = list(decode_pieces(parts, TOPIC, plan.partition, batch_rows=100, decoder="native"))
+        assert [b.num_rows for b in native] == [b.num_rows for b in pure]
+        assert all(a.equals(b) for a, b in zip(native, pure))
+        assert sum(b.num_rows for b in native) == len(expected)
+
+
+class CountingReader(FileRangeReader):
+    """Counts the bytes range-GET so far."""
+
+    requested = 0
+
+    def get_range(self, object_key: str, start: int, end: int) -> bytes:
+        self.requested += end - start
+        return super().get_range(object_key, start, end)
+
+
+def test_read_ahead_stays_within_its_budget(cat, objects, histories):
+    reader = CountingReader(str(objects.root))
+    for plan in plan_topic(cat, TOPIC):
+        for split in plan.splits:
+            largest = max(g.size for p in split.pieces for g in piece_gets(reader, p, 700))
+            reader.requested = consumed = 0
+            for got in iter_pieces(reader, split, read_ahead=2048, part_bytes=700):
+                assert reader.requested - consumed <= 2048 + largest
+                consumed += len(got.data)
+            assert consumed == reader.requested
 
 
 def test_a_run_straddling_the_last_copied_segment_is_read_above_it_only(cat, objects, tmp_path):

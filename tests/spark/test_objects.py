@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiered.spark.execution import fetch_piece
+from tiered.spark.execution import fetch, piece_gets
 from tiered.spark.objects import FileRangeReader, open_range_reader, parse_store_url
 from tiered.spark.planning import RunPiece
 from tiered.tiering.store import ObjectNotFound, StoreError
@@ -36,7 +36,7 @@ def test_file_reads_ranges_and_names_missing_objects(tmp_path):
         reader.get("../escape")
     # The catalog promised more bytes than the object holds: a clear error, never a silent short read.
     with pytest.raises(StoreError, match="the catalog says"):
-        fetch_piece(reader, RunPiece("a/obj", 5, 10, 1, 1, 1))
+        fetch(reader, *piece_gets(reader, RunPiece("a/obj", 5, 10, 1, 1, 1)))
 
 
 def test_s3_reads_with_the_endpoint_and_path_style_from_the_environment(s3_endpoint, s3_bucket, s3_admin,

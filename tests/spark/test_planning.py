@@ -18,8 +18,10 @@ from tiered.spark.planning import (
     SegmentEntry,
     SegmentPiece,
     SeqRange,
+    SegmentRange,
     Split,
     TimeRange,
+    cut_segment_range,
     load_segment_index,
     order_splits,
     plan_partition,
@@ -47,10 +49,10 @@ def seq_windows(splits: list[Split]) -> list[tuple[str, int, int]]:
     return [(type(p).__name__[:3], p.min_seq, p.max_seq) for s in splits for p in s.pieces]
 
 
-def test_one_split_per_segment_then_runs_for_the_tail_above_the_copied_seq():
+def test_segments_then_runs_for_the_tail_above_the_copied_seq_share_a_split_when_small():
     splits = plan_partition("t", 0, [seg(101, 200), seg(1, 100)], [run(150, 210), run(211, 230)], 200, SeqRange())
     assert seq_windows(splits) == [("Seg", 1, 100), ("Seg", 101, 200), ("Run", 201, 210), ("Run", 211, 230)]
-    assert [len(s.pieces) for s in splits] == [1, 1, 2]  # the two small runs share one split
+    assert [len(s.pieces) for s in splits] == [4]
     assert all(s.topic == "t" and s.partition == 0 for s in splits)
 
 
@@ -91,8 +93,19 @@ def test_time_range_prunes_runs_from_their_catalog_timestamps():
 def test_runs_are_grouped_into_splits_of_at_most_max_split_bytes_in_seq_order():
     runs = [run(i * 10 + 1, i * 10 + 10, length=3000) for i in range(7)]
     splits = plan_partition("t", 3, [], reversed(runs), 0, SeqRange(), max_split_bytes=8192)
-    assert [[p.min_seq for p in s.pieces] for s in splits] == [[1, 11], [21, 31], [41, 51], [61]]
+    assert [[p.min_seq for p in s.pieces] for s in splits] == [[1, 11], [21, 31], [41], [51, 61]]
     assert all(s.planned_bytes <= 8192 for s in splits)
+
+
+def test_splits_are_about_equal_in_size():
+    """Ten 5,000-byte segments and a tail of 6,000 bytes of runs under a 48,000-byte cap: two splits of about half
+    each, which two executor cores read side by side, where filling the first to the cap would leave 11,000 bytes."""
+    segments = [seg(i * 100 + 1, i * 100 + 100, size=5000) for i in range(10)]
+    runs = [run(1001 + i * 10, 1010 + i * 10, length=1000) for i in range(6)]
+    splits = plan_partition("t", 0, segments, runs, 1000, SeqRange(), max_split_bytes=48_000)
+    assert [s.planned_bytes for s in splits] == [30_000, 26_000]
+    whole = plan_partition("t", 0, segments, runs, 1000, SeqRange(), max_split_bytes=1 << 30)
+    assert [p for s in splits for p in s.pieces] == list(whole[0].pieces)
 
 
 def test_a_large_segment_is_split_into_windows_that_tile_it():
@@ -129,6 +142,19 @@ def test_resolve_moves_window_ends_and_seq_bounds_to_index_entries():
     # A window with no index entry in it reads nothing: the window before it reads up to the next entry.
     assert resolve_segment_range(SegmentPiece("s", "i", 101, 140, 1200, 950, 1200, 101, 140), index) is None
     assert resolve_segment_range(SegmentPiece("s", "i", 101, 140, 1200, 310, 590, 101, 140), index) is None
+
+
+def test_a_long_range_is_cut_into_parts_at_index_entries():
+    index = SparseIndex([(0, 0), (10, 300), (20, 600), (30, 900)])
+    whole = SegmentRange(0, 1200, 101)
+    parts = [(p.start, p.end, p.first_seq) for p in cut_segment_range(whole, index, 101, 250)]
+    assert parts == [(0, 300, 101), (300, 600, 111), (600, 900, 121), (900, 1200, 131)]
+    assert [(p.start, p.end) for p in cut_segment_range(whole, index, 101, 500)] == [(0, 600), (600, 1200)]
+    assert cut_segment_range(whole, index, 101, 1200) == [whole]
+    assert cut_segment_range(whole, None, 101, 10) == [whole]
+    middle = SegmentRange(300, 900, 111)  # ends at an entry: no empty part after it
+    assert [(p.start, p.end, p.first_seq) for p in cut_segment_range(middle, index, 101, 100)] == [
+        (300, 600, 111), (600, 900, 121)]
 
 
 def test_a_bad_index_object_is_refused():

@@ -47,7 +47,9 @@ def expected(histories, partitions=(0, 1), keep=lambda m: True) -> list[tuple]:
     return [(p, m.seq, m.ts_ms, m.key, m.value) for p in partitions for m in histories[p].messages if keep(m)]
 
 
-def test_parquet_export_to_a_directory_in_partition_and_seq_order(world, tmp_path, capsys):
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_parquet_export_to_a_directory_in_partition_and_seq_order(world, tmp_path, capsys, monkeypatch, decoder):
+    monkeypatch.setenv("TIERED_SPARK_DECODER", decoder)
     url, objects, histories = world
     dest = tmp_path / "out"
     assert main(["replay", TOPIC, "--catalog", url, "--store", objects.url, "--parquet", str(dest),

@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ending-seq", help="last seq, inclusive (default: the high-water mark)")
     p.add_argument("--starting-timestamp", help="messages at or after this time (ms since the epoch, or ISO-8601)")
     p.add_argument("--ending-timestamp", help="messages before this time (exclusive)")
-    p.add_argument("--max-split-bytes", help="largest byte range read at once (default 64MiB)")
+    p.add_argument("--max-split-bytes", help="most bytes of one split, one Parquet file (default 128MiB)")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--parquet", metavar="DEST",
                         help="write Parquet files to a local directory or s3://bucket/prefix")

@@ -1,8 +1,13 @@
 """Reading one split: range GETs of its pieces, decoded into messages or Arrow record batches.
 
-What a Spark task runs (and `tiered replay`, split after split). The GETs of a split's pieces run a few at a time
-ahead of decoding (a run split may hold hundreds of small runs, each one GET), in piece order, so messages come out
-in seq order. A segment piece fetches its `.index` first only when it needs one (planning.SegmentPiece.needs_index).
+What a Spark task runs (and `tiered replay`, split after split). A piece becomes one or more range GETs: a segment
+range longer than 2 x PART_BYTES is cut at its index entries into parts of about PART_BYTES (planning.
+cut_segment_range), each whole records whose first seq the index names, so a task decodes the first part while the
+next ones are in flight, and holds a few parts rather than a whole window. A segment piece fetches its `.index`
+only when it needs one to skip records (planning.SegmentPiece.needs_index) or to cut the range into parts. GETs run
+ahead of decoding, in order, up to GET_THREADS at a time and READ_AHEAD_BYTES fetched but not yet decoded (at
+least one GET is always in flight), so messages come out in seq order and a task's memory stays bounded whatever
+the split size.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tiered.protocol.bundle import Message
-from tiered.spark.decoding import DEFAULT_BATCH_ROWS, iter_messages, record_batches
+from tiered.spark.decoding import DEFAULT_BATCH_ROWS, PieceBytes, decode_pieces, iter_messages
 from tiered.spark.objects import RangeReader
 from tiered.spark.planning import (
     Piece,
@@ -23,66 +28,78 @@ from tiered.spark.planning import (
     SeqRange,
     Split,
     TimeRange,
+    cut_segment_range,
     load_segment_index,
     resolve_segment_range,
 )
 from tiered.tiering.store import StoreError
 
-PREFETCH_PIECES = 4
+PART_BYTES = 8 << 20  # one range GET of a long segment range
+READ_AHEAD_BYTES = 32 << 20  # GETs in flight or fetched ahead of decoding, per task
+GET_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True)
-class PieceBytes:
-    data: bytes  # whole records
-    first_seq: int  # seq of the first record
+class RangeGet:
+    """One range GET: bytes [start, end) of an object, whole records, the first holding seq `first_seq`."""
+
+    object_key: str
+    start: int
+    end: int
+    first_seq: int
     seqs: SeqRange  # the seqs to keep
 
+    @property
+    def size(self) -> int:
+        return self.end - self.start
 
-def fetch_piece(reader: RangeReader, piece: Piece) -> PieceBytes | None:
-    """The bytes of one piece (None when a segment window holds no record to read)."""
+
+def piece_gets(reader: RangeReader, piece: Piece, part_bytes: int = PART_BYTES) -> list[RangeGet]:
+    """The range GETs that read one piece, in order (none when a segment window holds no record to read)."""
     seqs = SeqRange(piece.min_seq, piece.max_seq)
     if isinstance(piece, RunPiece):
-        data = _exact_range(reader, piece.object_key, piece.position, piece.position + piece.length_bytes)
-        return PieceBytes(data, piece.first_seq, seqs)
-    index = load_segment_index(reader.get(piece.index_object_key), piece) if piece.needs_index else None
+        return [RangeGet(piece.object_key, piece.position, piece.position + piece.length_bytes, piece.first_seq, seqs)]
+    index = None
+    if piece.needs_index or piece.planned_bytes > 2 * part_bytes:
+        index = load_segment_index(reader.get(piece.index_object_key), piece)
     found = resolve_segment_range(piece, index)
     if found is None:
-        return None
-    return PieceBytes(_exact_range(reader, piece.object_key, found.start, found.end), found.first_seq, seqs)
+        return []
+    return [RangeGet(piece.object_key, part.start, part.end, part.first_seq, seqs)
+            for part in cut_segment_range(found, index, piece.base_seq, part_bytes)]
 
 
-def _exact_range(reader: RangeReader, object_key: str, start: int, end: int) -> bytes:
-    data = reader.get_range(object_key, start, end)
-    if len(data) != end - start:
-        raise StoreError(f"{object_key}: read {len(data)} bytes at {start}, the catalog says {end - start}")
-    return data
+def fetch(reader: RangeReader, get: RangeGet) -> PieceBytes:
+    data = reader.get_range(get.object_key, get.start, get.end)
+    if len(data) != get.size:
+        raise StoreError(f"{get.object_key}: read {len(data)} bytes at {get.start}, the catalog says {get.size}")
+    return PieceBytes(data, get.first_seq, get.seqs)
 
 
-def iter_pieces(reader: RangeReader, split: Split, prefetch: int = PREFETCH_PIECES) -> Iterator[PieceBytes]:
-    """The split's pieces in order, fetched up to `prefetch` at a time."""
-    if prefetch <= 1 or len(split.pieces) == 1:
-        for piece in split.pieces:
-            got = fetch_piece(reader, piece)
-            if got is not None:
-                yield got
-        return
-    with ThreadPoolExecutor(max_workers=prefetch, thread_name_prefix="tiered-replay-get") as pool:
-        pending: deque[Future] = deque()
-        pieces = iter(split.pieces)
+def iter_pieces(
+    reader: RangeReader, split: Split, read_ahead: int = READ_AHEAD_BYTES, part_bytes: int = PART_BYTES
+) -> Iterator[PieceBytes]:
+    """The bytes of the split's range GETs in order, fetched ahead of the caller as the module docstring says."""
+    gets = (get for piece in split.pieces for get in piece_gets(reader, piece, part_bytes))
+    with ThreadPoolExecutor(max_workers=GET_THREADS, thread_name_prefix="tiered-replay-get") as pool:
+        pending: deque[tuple[int, Future]] = deque()
+        ahead = 0  # bytes of the pending GETs
         try:
-            for piece in pieces:
-                pending.append(pool.submit(fetch_piece, reader, piece))
-                if len(pending) >= prefetch:
-                    break
-            while pending:
-                got = pending.popleft().result()
-                for piece in pieces:
-                    pending.append(pool.submit(fetch_piece, reader, piece))
-                    break
-                if got is not None:
-                    yield got
+            while True:
+                while not pending or (len(pending) < GET_THREADS and ahead < read_ahead):
+                    get = next(gets, None)
+                    if get is None:
+                        break
+                    pending.append((get.size, pool.submit(fetch, reader, get)))
+                    ahead += get.size
+                if not pending:
+                    return
+                size, future = pending.popleft()
+                got = future.result()
+                ahead -= size
+                yield got
         finally:
-            for future in pending:
+            for _, future in pending:
                 future.cancel()
 
 
@@ -95,4 +112,4 @@ def split_messages(reader: RangeReader, split: Split, times: TimeRange = TimeRan
 def split_batches(
     reader: RangeReader, split: Split, times: TimeRange = TimeRange(), batch_rows: int = DEFAULT_BATCH_ROWS
 ) -> Iterator[pa.RecordBatch]:
-    return record_batches(split_messages(reader, split, times), split.topic, split.partition, batch_rows)
+    return decode_pieces(iter_pieces(reader, split), split.topic, split.partition, times, batch_rows)

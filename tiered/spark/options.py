@@ -9,7 +9,8 @@
     startingTimestamp   keep messages with timestamp >= this, inclusive
     endingTimestamp     keep messages with timestamp < this, exclusive
                         timestamps: milliseconds since the epoch, or ISO-8601 (a time without offset is UTC)
-    maxSplitBytes       largest byte range one task reads (default 64MiB; bigger segments are split at index entries)
+    maxSplitBytes       most bytes one task reads (default 128MiB); segments and runs are packed into tasks up to it,
+                        bigger segments split at index entries
     s3PathStyle         path-style S3 addressing (MinIO, moto); default TIERED_S3_PATH_STYLE, else virtual-hosted
     filterPushdown      true: accept Spark's pushed filters on partition, seq and timestamp (needs the session conf
                         spark.sql.python.filterPushdown.enabled=true, which is off by default)

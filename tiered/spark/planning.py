@@ -5,12 +5,15 @@ A replay of one partition reads two kinds of objects (DESIGN.md "Replay on Spark
   highest copied seq lives in them (runs are pruned only once a segment holding them is COPY_FINISHED);
 - block runs, for the tail above the highest copied seq that is not sealed and copied yet.
 
-The driver turns those rows into splits, one Spark task each:
-- one split per remote segment, or, for a segment larger than `max_split_bytes`, one per byte window of it. A window
+The driver turns those rows into pieces, then packs consecutive pieces into splits, one Spark task each:
+- a piece per remote segment, or, for a segment larger than `max_split_bytes`, one per byte window of it. A window
   is resolved at index entries by the executor that reads it (`resolve_segment_range`): window [a, b) reads the
   records from the first indexed record at or after a to the first indexed record at or after b, so the windows of a
   segment tile it exactly (no record read twice, none skipped) without the driver fetching any `.index` object;
-- runs grouped in seq order into splits of at most `max_split_bytes` (runs are small: one per block, per partition).
+- a piece per block run (runs are small: one per block, per partition);
+- splits of about equal size, none above `max_split_bytes` (`_pack`): a Spark task costs time before it reads a
+  byte (about 0.1 s for a Python data source task in local mode), so small segments and runs share a task rather
+  than paying that each.
 
 Every piece carries the exact seq window it contributes ([min_seq, max_seq], inclusive), so decoding keeps exactly
 the wanted messages even where a run straddles the highest copied seq or two segments were to overlap. Seq and
@@ -30,7 +33,7 @@ U64_MAX = (1 << 64) - 1
 # The largest message timestamp (ms) a Spark timestamp (int64 microseconds) holds; above it the column is null, and
 # a null timestamp is inside no time range (as Spark's comparisons with null are never true).
 MAX_TIMESTAMP_MS = (2**63 - 1) // 1000
-DEFAULT_MAX_SPLIT_BYTES = 64 << 20
+DEFAULT_MAX_SPLIT_BYTES = 128 << 20
 MIN_SPLIT_BYTES = 4096
 
 
@@ -211,7 +214,7 @@ def plan_partition(
         raise ValueError(f"max split size must be at least {MIN_SPLIT_BYTES} bytes, not {max_split_bytes}")
     if seqs.empty or times.empty:
         return []
-    splits: list[Split] = []
+    pieces: list[Piece] = []
     next_seq = seqs.first  # the lowest seq no earlier piece covers
     for seg in sorted(segments, key=lambda s: s.base_seq):
         if seg.last_seq < next_seq or seg.base_seq > seqs.last:
@@ -220,14 +223,11 @@ def plan_partition(
             continue
         low, high = max(next_seq, seg.base_seq), min(seqs.last, seg.last_seq)
         for start, end in _windows(seg.size_bytes, max_split_bytes):
-            piece = SegmentPiece(
+            pieces.append(SegmentPiece(
                 seg.object_key, seg.index_object_key, seg.base_seq, seg.last_seq, seg.size_bytes, start, end, low, high
-            )
-            splits.append(Split(topic, partition, (piece,)))
+            ))  # fmt: skip
         next_seq = high + 1
     next_seq = max(next_seq, copied_seq + 1)
-    group: list[RunPiece] = []
-    group_bytes = 0
     for run in sorted(runs, key=lambda r: r.first_seq):
         if run.last_seq < next_seq or run.first_seq > seqs.last:
             continue
@@ -237,15 +237,37 @@ def plan_partition(
             run.object_key, run.position, run.length_bytes, run.first_seq,
             max(next_seq, run.first_seq), min(seqs.last, run.last_seq),
         )  # fmt: skip
-        if group and group_bytes + piece.length_bytes > max_split_bytes:
-            splits.append(Split(topic, partition, tuple(group)))
-            group, group_bytes = [], 0
-        group.append(piece)
-        group_bytes += piece.length_bytes
+        pieces.append(piece)
         next_seq = piece.max_seq + 1
+    return [Split(topic, partition, group) for group in _pack(pieces, max_split_bytes)]
+
+
+def _pack(pieces: Sequence[Piece], max_split_bytes: int) -> list[tuple[Piece, ...]]:
+    """Consecutive pieces in groups of about equal size, none above max_split_bytes unless one piece alone is.
+
+    The fewest groups that fit are ceil(total / max_split_bytes); a piece joins the group its middle byte falls in
+    when the bytes are cut into that many equal shares, and a group that would pass max_split_bytes ends early.
+    """
+    total = sum(p.planned_bytes for p in pieces)
+    share = total / max(1, -(-total // max_split_bytes))
+    groups: list[tuple[Piece, ...]] = []
+    group: list[Piece] = []
+    group_bytes = position = 0
+    group_share = -1
+    for piece in pieces:
+        size = piece.planned_bytes
+        piece_share = int((position + size / 2) // share) if share else 0
+        if group and (group_bytes + size > max_split_bytes or piece_share != group_share):
+            groups.append(tuple(group))
+            group, group_bytes = [], 0
+        if not group:
+            group_share = piece_share
+        group.append(piece)
+        group_bytes += size
+        position += size
     if group:
-        splits.append(Split(topic, partition, tuple(group)))
-    return splits
+        groups.append(tuple(group))
+    return groups
 
 
 def _windows(size_bytes: int, max_split_bytes: int) -> list[tuple[int, int]]:
@@ -303,6 +325,27 @@ def resolve_segment_range(piece: SegmentPiece, index: SparseIndex | None) -> Seg
     if start >= end:
         return None
     return SegmentRange(start, end, first_seq)
+
+
+def cut_segment_range(found: SegmentRange, index: SparseIndex | None, base_seq: int, part_bytes: int) -> list[SegmentRange]:
+    """`found` cut at index entries into consecutive ranges of at least `part_bytes` (the last may be shorter).
+
+    Each range ends at the first indexed record at or past `part_bytes` from its start, so it holds whole records
+    and the index names the seq of its first: a reader GETs and decodes them one by one. Without an index, or when
+    `found` is short, `found` itself.
+    """
+    if index is None or found.end - found.start <= part_bytes:
+        return [found]
+    positions, rel_seqs = index.positions, index.rel_seqs
+    parts: list[SegmentRange] = []
+    start, first_seq = found.start, found.first_seq
+    while True:
+        i = bisect_left(positions, start + part_bytes)
+        if i == len(positions) or positions[i] >= found.end:
+            parts.append(SegmentRange(start, found.end, first_seq))
+            return parts
+        parts.append(SegmentRange(start, positions[i], first_seq))
+        start, first_seq = positions[i], base_seq + rel_seqs[i]
 
 
 def order_splits(splits: Sequence[Split]) -> list[Split]:

@@ -17,9 +17,8 @@ from collections.abc import Iterator, Sequence
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from tiered.catalog import Catalog
-from tiered.spark.execution import split_batches
+from tiered.spark.datasource import freeze_worker_heap, read_split
 from tiered.spark.listing import plan_partition_from_catalog, topic_partitions
-from tiered.spark.objects import open_range_reader
 from tiered.spark.options import OptionError, ReadOptions
 from tiered.spark.planning import U64_MAX, SeqRange, Split, order_splits
 
@@ -72,11 +71,11 @@ class TieredStreamReader(DataSourceStreamReader):
             splits += plan_partition_from_catalog(
                 self._cat(), self.options.topic, int(key), seqs, self.options.times, self.options.max_split_bytes
             )
+        freeze_worker_heap()
         return [InputPartition(split) for split in order_splits(splits)]
 
     def read(self, partition: InputPartition) -> Iterator:
-        reader = open_range_reader(self.options.store_url, s3_path_style=self.options.s3_path_style)
-        return split_batches(reader, partition.value, self.options.times)
+        return read_split(self.options, partition.value, self.options.times)
 
     def commit(self, end: dict) -> None:
         return None  # nothing to release: the bucket keeps what retention keeps, whatever a stream has read

@@ -1,0 +1,648 @@
+/* tiered.spark._decode: whole `{varint bundle_len, bundle}` records in, Arrow column buffers out, with no Python step
+ * per message. The native twin of tiered/spark/decoding.py's pure path (iter_messages + record_batches), which stays
+ * the reference: the suite compares the two byte for byte and on the same bad input.
+ *
+ * Record and bundle layout (TANK's; tiered/protocol/bundle.py and varint.py have the same tables):
+ *
+ *     record         bundle_len varint (LEB128, 1..5 bytes, at most 2^32-1), then bundle_len bytes of bundle
+ *     bundle flags   u8: bits 0-1 codec (0 none, 1 snappy), bits 2-5 message count if 1..15, bit 6 SPARSE,
+ *                    bit 7 reserved (never set)
+ *     [msg_count]    varint, iff the count bits are 0 (never 0)
+ *     [first_seq]    u64 little-endian, iff SPARSE (never 0)
+ *     [last-first-1] varint, iff SPARSE and msg_count != 1
+ *     message set    the rest; one raw snappy block iff codec == 1
+ *
+ *     message flags  u8: HAVE_KEY 1, USE_LAST_TS 2, SEQ_PREV_PLUS_ONE 4
+ *     [seq delta]    varint, iff SPARSE, neither first nor last, and not SEQ_PREV_PLUS_ONE: seq = prev + delta + 1
+ *     [ts]           u64 milliseconds, iff not USE_LAST_TS (else the previous message's; 0 before the first)
+ *     [key_len, key] u8 + bytes, iff HAVE_KEY
+ *     content_len    varint, then the content
+ *
+ * Raw snappy blocks are read by _decode_snappy.h, the batch under construction lives in _decode_columns.h (both
+ * included once, here: one translation unit).
+ *
+ * Invariants. Every read is bounds-checked against the buffer it reads (records, bundle, message set); bad bytes
+ * raise tiered.protocol.errors.ProtocolError with the pure path's text and position, in the pure path's order (a
+ * bundle is validated whole before a message of it is refused for its seq), except that a damaged snappy block
+ * names its own fault after "bad snappy message set: ". Seqs are computed in 128 bits, as Python's ints never
+ * overflow; a kept message's seq must fit the int64 column. The Python buffer of the records is held (and so
+ * unchanged) for the decoder's life. Decoder.fill runs without the GIL: a fault is recorded and raised once the GIL
+ * is back, and a busy flag refuses a second thread on the same Decoder or Builder.
+ *
+ * Output, per batch (Builder.take): the Arrow buffers of SCHEMA's seq (int64), timestamp (int64 microseconds, a
+ * validity bitmap where a stamp is past MAX_TIMESTAMP_MS), key and value (binary: int32 offsets and data; the key's
+ * validity bitmap is clear where a message has no key). They are malloc'd and handed to Python as read-only Buffer
+ * objects, which pyarrow wraps without copying; a batch ends before an offset would pass INT32_MAX.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned __int128 u128;
+
+#define CODEC_MASK 0x03
+#define CODEC_SNAPPY 1
+#define COUNT_SHIFT 2
+#define COUNT_MASK 0x0F
+#define FLAG_SPARSE 0x40
+#define FLAG_RESERVED 0x80
+#define HAVE_KEY 0x01
+#define USE_LAST_TS 0x02
+#define SEQ_PREV_PLUS_ONE 0x04
+#define MESSAGE_FLAGS_KNOWN (HAVE_KEY | USE_LAST_TS | SEQ_PREV_PLUS_ONE)
+#define MAX_VARINT 0xFFFFFFFFULL
+#define MAX_VARINT_BYTES 5
+#define U64_MAX ((u128)0xFFFFFFFFFFFFFFFFULL)
+#define INT64_COLUMN_MAX ((u128)INT64_MAX)
+/* The pure path's MAX_MESSAGE_SET_BYTES and SNAPPY_MAX_EXPANSION (tiered/protocol/bundle.py). */
+#define MAX_MESSAGE_SET_BYTES (512ULL * 1024 * 1024)
+#define SNAPPY_MAX_EXPANSION 32ULL
+/* tiered.spark.planning.MAX_TIMESTAMP_MS: above it the microsecond timestamp does not fit an int64 (null). */
+#define MAX_TIMESTAMP_MS (INT64_MAX / 1000)
+/* Arrow binary offsets are int32: a batch ends before its keys or values would pass this. */
+#define MAX_COLUMN_BYTES ((size_t)INT32_MAX)
+#define NO_POSITION (-1)
+
+static PyObject *ProtocolError; /* tiered.protocol.errors.ProtocolError */
+
+/* -- faults ------------------------------------------------------------------------------------------------------ */
+
+#define FAULT_NONE 0
+#define FAULT_PROTOCOL 1
+#define FAULT_MEMORY 2
+
+/* What went wrong while decoding, found without the GIL and raised by the caller once it holds the GIL again. */
+typedef struct {
+    int kind;
+    Py_ssize_t position; /* NO_POSITION: the ProtocolError names none */
+    char what[256];
+} Fault;
+
+/* Records a ProtocolError; -1, for `return fail(...)`. */
+static int fail(Fault *f, Py_ssize_t position, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    vsnprintf(f->what, sizeof f->what, format, args);
+    va_end(args);
+    f->kind = FAULT_PROTOCOL;
+    f->position = position;
+    return -1;
+}
+
+static int out_of_memory(Fault *f)
+{
+    f->kind = FAULT_MEMORY;
+    return -1;
+}
+
+/* With the GIL: the fault as the Python exception; NULL. */
+static PyObject *raise_fault(const Fault *f)
+{
+    if (f->kind == FAULT_MEMORY)
+        return PyErr_NoMemory();
+    PyObject *exc = f->position == NO_POSITION ? PyObject_CallFunction(ProtocolError, "(sO)", f->what, Py_None)
+                                               : PyObject_CallFunction(ProtocolError, "(sn)", f->what, f->position);
+    if (exc != NULL) {
+        PyErr_SetObject(ProtocolError, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* Decimal text of a 128-bit value into buf (at least 40 bytes). */
+static const char *u128_text(u128 value, char *buf)
+{
+    char *p = buf + 39;
+    *p = '\0';
+    do {
+        *--p = (char)('0' + (int)(value % 10));
+        value /= 10;
+    } while (value);
+    return p;
+}
+
+/* -- little helpers ---------------------------------------------------------------------------------------------- */
+
+static uint64_t load_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+#define VARINT_OK 1
+#define VARINT_TRUNCATED 0
+#define VARINT_ERROR (-1)
+
+/* tiered.protocol.varint.maybe_varint over buf[0:end] at position: VARINT_OK with *value and *next, VARINT_TRUNCATED
+ * when the buffer ends first, VARINT_ERROR (a fault) for more than 32 bits or 5 bytes. */
+static int maybe_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, uint32_t *value, Py_ssize_t *next,
+                        Fault *f)
+{
+    uint64_t v = 0;
+    int shift = 0;
+    Py_ssize_t stop = end - position < MAX_VARINT_BYTES ? end : position + MAX_VARINT_BYTES;
+    for (Py_ssize_t i = position; i < stop; i++) {
+        uint8_t b = buf[i];
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            if (v > MAX_VARINT)
+                return fail(f, position, "varint exceeds 32 bits");
+            *value = (uint32_t)v;
+            *next = i + 1;
+            return VARINT_OK;
+        }
+        shift += 7;
+    }
+    if (end - position >= MAX_VARINT_BYTES)
+        return fail(f, position, "varint longer than 5 bytes");
+    return VARINT_TRUNCATED;
+}
+
+/* tiered.protocol.varint.read_varint: a truncated varint is a fault naming `what`. 0 or -1. */
+static int read_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, const char *what, uint32_t *value,
+                       Py_ssize_t *next, Fault *f)
+{
+    int got = maybe_varint(buf, end, position, value, next, f);
+    if (got == VARINT_OK)
+        return 0;
+    return got == VARINT_TRUNCATED ? fail(f, position, "truncated %s", what) : -1;
+}
+
+#include "_decode_snappy.h"
+#include "_decode_columns.h"
+
+/* -- Decoder: a cursor over whole records ----------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer data;
+    int has_data;
+    int done;             /* no record left to read, the records past the wanted seqs, or an error raised */
+    Py_ssize_t position;  /* the next record */
+    u128 next_seq;        /* seq of the next non-sparse bundle's first message */
+    u128 seq_first;       /* keep seqs in [seq_first, seq_end) */
+    u128 seq_end;
+    int check_time;       /* keep timestamps (us) in [start_us, end_us), or all when 0 */
+    int has_end;
+    int64_t start_us, end_us;
+    /* the bundle being decoded, when in_bundle */
+    int in_bundle;
+    const uint8_t *set;   /* its message set: inside `data`, or `owned` when it was snappy */
+    uint8_t *owned;
+    Py_ssize_t set_len, set_pos;
+    uint32_t count, index;
+    int sparse;
+    u128 first, last, seq;
+    uint64_t last_ts;
+    int busy;             /* fill is running without the GIL */
+} Decoder;
+
+static void decoder_drop_bundle(Decoder *self)
+{
+    free(self->owned);
+    self->owned = NULL;
+    self->set = NULL;
+    self->in_bundle = 0;
+}
+
+static void Decoder_dealloc(Decoder *self)
+{
+    decoder_drop_bundle(self);
+    if (self->has_data)
+        PyBuffer_Release(&self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A Python int in [0, 2^128) (the caller clamps); OverflowError otherwise. */
+static int to_u128(PyObject *o, u128 *out)
+{
+    PyObject *shift = PyLong_FromLong(64);
+    if (shift == NULL)
+        return -1;
+    PyObject *high_obj = PyNumber_Rshift(o, shift);
+    Py_DECREF(shift);
+    if (high_obj == NULL)
+        return -1;
+    unsigned long long high = PyLong_AsUnsignedLongLong(high_obj);
+    Py_DECREF(high_obj);
+    if (high == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    unsigned long long low = PyLong_AsUnsignedLongLongMask(o);
+    if (low == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = ((u128)high << 64) | low;
+    return 0;
+}
+
+static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"data", "first_seq", "seq_first", "seq_end", "start_us", "end_us", NULL};
+    Py_buffer data;
+    PyObject *first_seq, *seq_first, *seq_end, *start_obj, *end_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*OOOOO:Decoder", names, &data, &first_seq, &seq_first,
+                                     &seq_end, &start_obj, &end_obj))
+        return -1;
+    if (self->busy) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_RuntimeError, "Decoder in use by fill in another thread");
+        return -1;
+    }
+    decoder_drop_bundle(self);
+    if (self->has_data)
+        PyBuffer_Release(&self->data);
+    self->data = data;
+    self->has_data = 1;
+    self->done = 0;
+    self->position = 0;
+    if (to_u128(first_seq, &self->next_seq) < 0 || to_u128(seq_first, &self->seq_first) < 0 ||
+        to_u128(seq_end, &self->seq_end) < 0)
+        return -1;
+    self->check_time = start_obj != Py_None;
+    self->has_end = end_obj != Py_None;
+    self->start_us = self->check_time ? PyLong_AsLongLong(start_obj) : 0;
+    self->end_us = self->has_end ? PyLong_AsLongLong(end_obj) : 0;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Decompresses the raw snappy message set `body` (at header_len in its bundle) into a malloc'd *out, with the pure
+ * path's limits: a claimed length is refused before it is allocated. 0, or -1 with a fault. */
+static int decompress_set(const uint8_t *body, Py_ssize_t body_len, Py_ssize_t header_len, uint8_t **out,
+                          Py_ssize_t *out_len, Fault *f)
+{
+    uint32_t claimed;
+    Py_ssize_t after;
+    int got = maybe_varint(body, body_len, 0, &claimed, &after, f);
+    if (got == VARINT_ERROR)
+        return -1;
+    if (got == VARINT_TRUNCATED)
+        return fail(f, header_len, "truncated snappy message set");
+    if (claimed > MAX_MESSAGE_SET_BYTES || claimed > SNAPPY_MAX_EXPANSION * (uint64_t)body_len)
+        return fail(f, header_len, "snappy message set of %zd bytes claims %u bytes", body_len, claimed);
+    uint8_t *set = malloc(claimed ? claimed : 1);
+    if (set == NULL)
+        return out_of_memory(f);
+    char err[160];
+    if (snappy_elements(body + after, (size_t)(body_len - after), set, claimed, err, sizeof err) < 0) {
+        free(set);
+        return fail(f, NO_POSITION, "bad snappy message set: %s", err);
+    }
+    *out = set;
+    *out_len = claimed;
+    return 0;
+}
+
+/* Reads records until one holds a bundle to decode (1: in_bundle set), or none is left or wanted (0: done). Bundles
+ * wholly below the wanted seqs are skipped from their header; one wholly above ends the read, since records are in
+ * seq order. -1: a fault. */
+static int start_bundle(Decoder *self, Fault *f)
+{
+    const uint8_t *data = self->data.buf;
+    Py_ssize_t end = self->data.len;
+    char a[40], b[40], c[40];
+    while (self->position < end) {
+        Py_ssize_t position = self->position, start, hpos = 1;
+        uint32_t size, count;
+        int got = maybe_varint(data, end, position, &size, &start, f);
+        if (got == VARINT_ERROR)
+            return -1;
+        if (got == VARINT_TRUNCATED)
+            return fail(f, position, "truncated record");
+        if (size == 0)
+            return fail(f, position, "zero-length bundle");
+        if ((uint64_t)(end - start) < size)
+            return fail(f, position, "truncated record");
+        const uint8_t *bundle = data + start;
+        Py_ssize_t bundle_len = size;
+        uint8_t flags = bundle[0];
+        int codec = flags & CODEC_MASK;
+        if (codec > CODEC_SNAPPY)
+            return fail(f, 0, "unknown bundle codec %d", codec);
+        if (flags & FLAG_RESERVED)
+            return fail(f, 0, "reserved bundle flag bit 7 is set");
+        count = (flags >> COUNT_SHIFT) & COUNT_MASK;
+        if (count == 0) {
+            if (read_varint(bundle, bundle_len, 1, "bundle message count", &count, &hpos, f) < 0)
+                return -1;
+            if (count == 0)
+                return fail(f, 1, "bundle with no messages");
+        }
+        int sparse = (flags & FLAG_SPARSE) != 0;
+        u128 first, last;
+        if (sparse) {
+            if (bundle_len < hpos + 8)
+                return fail(f, hpos, "truncated sparse bundle first seq");
+            first = load_u64(bundle + hpos);
+            hpos += 8;
+            last = first;
+            if (count != 1) {
+                uint32_t gap;
+                if (read_varint(bundle, bundle_len, hpos, "sparse bundle last seq", &gap, &hpos, f) < 0)
+                    return -1;
+                last = first + gap + 1;
+                if (last > U64_MAX)
+                    return fail(f, hpos, "sparse bundle last seq exceeds 64 bits");
+                if (last - first + 1 < count)
+                    return fail(f, hpos, "sparse bundle seq range is smaller than its message count");
+            }
+            if (first == 0)
+                return fail(f, hpos, "sparse bundle with first seq 0");
+        } else {
+            first = self->next_seq;
+            last = self->next_seq + count - 1;
+        }
+        if (first < self->next_seq && position)
+            return fail(f, position, "bundle seqs %s..%s go back below %s", u128_text(first, a),
+                        u128_text(last, b), u128_text(self->next_seq, c));
+        self->next_seq = last + 1;
+        self->position = start + size;
+        if (last < self->seq_first)
+            continue;
+        if (first >= self->seq_end)
+            break;
+        const uint8_t *body = bundle + hpos;
+        Py_ssize_t body_len = bundle_len - hpos;
+        if (codec == CODEC_SNAPPY) {
+            if (decompress_set(body, body_len, hpos, &self->owned, &self->set_len, f) < 0)
+                return -1;
+            self->set = self->owned;
+        } else {
+            self->set = body;
+            self->set_len = body_len;
+        }
+        self->in_bundle = 1;
+        self->count = count;
+        self->sparse = sparse;
+        self->first = first;
+        self->last = last;
+        self->index = 0;
+        self->set_pos = 0;
+        self->seq = first;
+        self->last_ts = 0;
+        return 1;
+    }
+    self->done = 1;
+    return 0;
+}
+
+/* Where the next message of the current bundle starts, and what the previous one left. */
+typedef struct {
+    Py_ssize_t position;
+    uint32_t index;
+    u128 seq;
+    uint64_t ts;
+} Cursor;
+
+typedef struct {
+    const uint8_t *key; /* NULL: no key */
+    size_t key_len;
+    const uint8_t *value;
+    size_t value_len;
+} Parsed;
+
+/* Parses message c->index of the current bundle and moves c past it; at the bundle's last message, also checks that
+ * nothing follows it. 0, or -1 with a fault. */
+static int parse_message(const Decoder *self, Cursor *c, Parsed *m, Fault *f)
+{
+    const uint8_t *data = self->set;
+    Py_ssize_t end = self->set_len, position = c->position;
+    uint32_t i = c->index, count = self->count;
+    char text[40];
+    if (position >= end)
+        return fail(f, position, "message set ends after %u of %u messages", i, count);
+    uint8_t flags = data[position++];
+    if (flags & ~MESSAGE_FLAGS_KNOWN)
+        return fail(f, position - 1, "unknown message flags 0x%02x", flags);
+    if (self->sparse) {
+        if (i == 0) {
+            c->seq = self->first;
+        } else if (i == count - 1) {
+            c->seq = self->last;
+        } else if (flags & SEQ_PREV_PLUS_ONE) {
+            c->seq += 1;
+        } else {
+            uint32_t delta;
+            if (read_varint(data, end, position, "message seq delta", &delta, &position, f) < 0)
+                return -1;
+            c->seq += (u128)delta + 1;
+        }
+        if (0 < i && i < count - 1 && c->seq >= self->last)
+            return fail(f, position, "sparse bundle message %u has seq %s, not below its last seq", i,
+                        u128_text(c->seq, text));
+    } else if (i) {
+        c->seq += 1;
+    }
+    if (!(flags & USE_LAST_TS)) {
+        if (end - position < 8)
+            return fail(f, position, "truncated message timestamp");
+        c->ts = load_u64(data + position);
+        position += 8;
+    }
+    m->key = NULL;
+    m->key_len = 0;
+    if (flags & HAVE_KEY) {
+        if (position >= end)
+            return fail(f, position, "truncated message key length");
+        m->key_len = data[position++];
+        if ((size_t)(end - position) < m->key_len)
+            return fail(f, position, "truncated message key");
+        m->key = data + position;
+        position += m->key_len;
+    }
+    uint32_t size;
+    if (read_varint(data, end, position, "message content length", &size, &position, f) < 0)
+        return -1;
+    if ((uint64_t)(end - position) < size)
+        return fail(f, position, "truncated message content");
+    m->value = data + position;
+    m->value_len = size;
+    position += size;
+    c->position = position;
+    c->index = i + 1;
+    if (c->index == count && position != end)
+        return fail(f, position, "%zd bytes after the last message of the bundle", end - position);
+    return 0;
+}
+
+static int wanted(const Decoder *self, u128 seq, uint64_t ts_ms)
+{
+    if (seq < self->seq_first || seq >= self->seq_end)
+        return 0;
+    if (!self->check_time)
+        return 1;
+    if (ts_ms > (uint64_t)MAX_TIMESTAMP_MS)
+        return 0;
+    int64_t us = (int64_t)ts_ms * 1000;
+    return us >= self->start_us && (!self->has_end || us < self->end_us);
+}
+
+/* One message of the current bundle into `b` when wanted: 1 consumed, 0 not consumed because `b` is full (its keys
+ * or values would pass an int32 offset), -1 a fault. */
+static int next_message(Decoder *self, Builder *b, Fault *f)
+{
+    Cursor c = {self->set_pos, self->index, self->seq, self->last_ts};
+    Parsed m;
+    char text[40];
+    if (parse_message(self, &c, &m, f) < 0)
+        return -1;
+    if (wanted(self, c.seq, c.ts)) {
+        if (b->values.len + m.value_len > MAX_COLUMN_BYTES || b->keys.len + m.key_len > MAX_COLUMN_BYTES) {
+            if (b->rows > 0)
+                return 0;
+            return fail(f, NO_POSITION, "message of %zu bytes does not fit an Arrow binary column", m.value_len);
+        }
+        if (c.seq > INT64_COLUMN_MAX) {
+            /* The pure path refuses this seq only once the whole bundle is decoded: a later fault comes first. */
+            Cursor rest = c;
+            Parsed ignored;
+            while (rest.index < self->count)
+                if (parse_message(self, &rest, &ignored, f) < 0)
+                    return -1;
+            return fail(f, NO_POSITION, "seq %s exceeds the int64 seq column", u128_text(c.seq, text));
+        }
+        if (builder_append(b, (int64_t)c.seq, c.ts, m.key, m.key_len, m.value, m.value_len, f) < 0)
+            return -1;
+    }
+    self->set_pos = c.position;
+    self->index = c.index;
+    self->seq = c.seq;
+    self->last_ts = c.ts;
+    if (c.index == self->count)
+        decoder_drop_bundle(self);
+    return 1;
+}
+
+/* Appends wanted messages to `b` until it holds max_rows rows or no record is left: 1 full, 0 exhausted, -1 a fault.
+ * Runs without the GIL: it touches only the decoder, the builder and the records' buffer, all held by the caller. */
+static int fill_rows(Decoder *self, Builder *b, Py_ssize_t max_rows, Fault *f)
+{
+    for (;;) {
+        if (b->rows >= max_rows)
+            return 1;
+        if (!self->in_bundle) {
+            if (self->done)
+                return 0;
+            int got = start_bundle(self, f);
+            if (got <= 0)
+                return got;
+        }
+        int got = next_message(self, b, f);
+        if (got <= 0)
+            return got < 0 ? -1 : 1;
+    }
+}
+
+static PyObject *Decoder_fill(Decoder *self, PyObject *args)
+{
+    Builder *b;
+    Py_ssize_t max_rows;
+    if (!PyArg_ParseTuple(args, "O!n:fill", &BuilderType, &b, &max_rows))
+        return NULL;
+    if (max_rows < 1) {
+        PyErr_SetString(PyExc_ValueError, "max_rows must be at least 1");
+        return NULL;
+    }
+    if (!self->has_data) {
+        PyErr_SetString(PyExc_ValueError, "Decoder not initialised");
+        return NULL;
+    }
+    if (self->busy || b->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Decoder or Builder in use by fill in another thread");
+        return NULL;
+    }
+    Fault f = {FAULT_NONE};
+    int got;
+    self->busy = b->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    got = fill_rows(self, b, max_rows, &f);
+    Py_END_ALLOW_THREADS
+    self->busy = b->busy = 0;
+    if (got < 0) {
+        decoder_drop_bundle(self);
+        self->done = 1;
+        return raise_fault(&f);
+    }
+    return PyBool_FromLong(got);
+}
+
+static PyMethodDef Decoder_methods[] = {
+    {"fill", (PyCFunction)Decoder_fill, METH_VARARGS,
+     "fill(builder, max_rows) -> bool: appends the next wanted messages to builder. True when builder is full "
+     "(max_rows rows, or its keys or values at the int32 offset limit), False when no record is left; raises "
+     "ProtocolError on bad bytes, after which the decoder is done."},
+    {NULL}};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.spark._decode.Decoder",
+    .tp_basicsize = sizeof(Decoder),
+    .tp_dealloc = (destructor)Decoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Decoder(data, first_seq, seq_first, seq_end, start_us, end_us): whole records `data`, the first "
+              "holding seq first_seq; keeps seqs in [seq_first, seq_end) and, unless start_us is None, timestamps "
+              "(microseconds) in [start_us, end_us) (end_us None: unbounded).",
+    .tp_methods = Decoder_methods,
+    .tp_init = (initproc)Decoder_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* -- module ------------------------------------------------------------------------------------------------------ */
+
+static PyObject *snappy_message_set(PyObject *module, PyObject *args)
+{
+    Py_buffer body;
+    if (!PyArg_ParseTuple(args, "y*:snappy_message_set", &body))
+        return NULL;
+    uint8_t *set;
+    Py_ssize_t set_len;
+    Fault f = {FAULT_NONE};
+    PyObject *out = NULL;
+    if (decompress_set(body.buf, body.len, 0, &set, &set_len, &f) == 0) {
+        out = PyBytes_FromStringAndSize((const char *)set, set_len);
+        free(set);
+    } else {
+        raise_fault(&f);
+    }
+    PyBuffer_Release(&body);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"snappy_message_set", snappy_message_set, METH_VARARGS,
+     "snappy_message_set(body) -> bytes: a raw snappy message set decompressed with the decoder's own code and "
+     "limits (for tests against python-snappy)."},
+    {NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "tiered.spark._decode",
+    "Native decoding of whole TANK records into Arrow column buffers (see tiered/spark/decoding.py).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__decode(void)
+{
+    if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&BuilderType) < 0 || PyType_Ready(&DecoderType) < 0)
+        return NULL;
+    PyObject *errors = PyImport_ImportModule("tiered.protocol.errors");
+    if (errors == NULL)
+        return NULL;
+    ProtocolError = PyObject_GetAttrString(errors, "ProtocolError");
+    Py_DECREF(errors);
+    if (ProtocolError == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Builder", (PyObject *)&BuilderType) < 0 ||
+        PyModule_AddObjectRef(m, "Decoder", (PyObject *)&DecoderType) < 0 ||
+        PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

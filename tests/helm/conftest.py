@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -85,3 +86,27 @@ def notes(helm: Helm) -> Callable[[str], str]:
 
 def values_of(values_name: str) -> dict[str, Any]:
     return yaml.safe_load((HERE / "values" / f"{values_name}.yaml").read_text())
+
+
+# The downward API fields the chart reads, with the values a kubelet would give one pod.
+POD_FIELDS = {"status.podIP": "10.244.1.7"}
+VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+def pod_environ(container: dict[str, Any]) -> dict[str, str]:
+    """The plain environment the kubelet gives the container: fieldRef entries from POD_FIELDS, and `$(NAME)` in
+    a value replaced by an earlier entry's value (`$$` is a literal `$`; a reference to an unknown or later name
+    stays as written), as Kubernetes expands them. Secret references are left out: no Secret exists here."""
+    environ: dict[str, str] = {}
+
+    def expand(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return environ.get(match.group(1), match.group(0))
+
+    for entry in container.get("env", []):
+        if "value" in entry:
+            environ[entry["name"]] = VAR_REF.sub(expand, entry["value"])
+        elif "fieldRef" in entry.get("valueFrom", {}):
+            environ[entry["name"]] = POD_FIELDS[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return environ

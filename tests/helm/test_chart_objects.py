@@ -9,7 +9,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from tests.helm.conftest import CHART, HERE, NAMESPACE, RELEASE, VALUES, Rendered, values_of
+from tests.helm.conftest import (CHART, HERE, NAMESPACE, POD_FIELDS, RELEASE, VALUES, Rendered, pod_environ,
+                                 values_of)
 from tests.support.helm import REPO_ROOT, Helm
 
 VALUES_NAMES = [p.stem for p in VALUES]
@@ -200,11 +201,19 @@ def test_config_file_speaks_the_settings_contract(render, values_name: str) -> N
     assert "catalog_url" not in config, "the catalog URL travels in TIERED_CATALOG_URL"
 
 
-def test_shutdown_timeout_must_fit_in_the_grace_period(helm: Helm) -> None:
+@pytest.mark.parametrize("grace", [20, 24])
+def test_shutdown_timeout_must_fit_in_the_grace_period(helm: Helm, grace: int) -> None:
     done = helm.run("template", RELEASE, str(CHART), "-f", str(HERE / "values" / "minimal.yaml"),
-                    "--set", "terminationGracePeriodSeconds=20", "--set", "shutdownTimeoutSeconds=20")
+                    "--set", f"terminationGracePeriodSeconds={grace}", "--set", "shutdownTimeoutSeconds=20")
     assert done.returncode != 0
-    assert "shutdownTimeoutSeconds (20) must be below terminationGracePeriodSeconds (20)" in done.stderr
+    assert (f"terminationGracePeriodSeconds ({grace}) must be at least shutdownTimeoutSeconds (20) + 5"
+            in done.stderr)
+
+
+def test_grace_period_of_shutdown_timeout_plus_five_seconds_renders(render) -> None:
+    rendered = render("minimal", "--set", "terminationGracePeriodSeconds=25", "--set", "shutdownTimeoutSeconds=20")
+    assert pod_spec(rendered.one("StatefulSet"))["terminationGracePeriodSeconds"] == 25
+    assert config_toml(rendered)["shutdown_timeout_s"] == 20
 
 
 def test_config_checksum_rolls_pods_on_config_change_only(render) -> None:
@@ -386,7 +395,7 @@ def test_notes_list_every_broker(notes) -> None:
         assert f"rel-tiered-{ordinal}.rel-tiered-headless.{NAMESPACE}.svc.cluster.local:11011" in text
     assert "rel-tiered-3." not in text
     assert f"kubectl --namespace {NAMESPACE} port-forward pod/rel-tiered-1 11011:11011" in text
-    assert "port-forward pod/" not in notes("minimal")
+    assert "port-forward pod/" not in notes("one-broker")
     assert "existingSecret is empty" in text and "ServiceAccount annotations are set" in text
     custom = notes("custom-names")
     assert "tiered status -b localhost:12000" in custom
@@ -404,12 +413,14 @@ def test_broker_settings_load_from_the_rendered_pod(render, values_name: str, tm
     values = values_of(values_name)
     config_file = tmp_path / "tiered.toml"
     config_file.write_text(rendered.one("ConfigMap")["data"]["tiered.toml"])
-    environ = {name: entry["value"] for name, entry in env_of(rendered.broker).items() if "value" in entry}
+    environ = pod_environ(rendered.broker)
     environ["TIERED_CONFIG"] = str(config_file)
     settings = load_settings(environ=environ)
     ports = {"tank": 11011, "http": 9102, **values.get("ports", {})}
     assert settings.listen_endpoint()[1] == ports["tank"]
     assert settings.http_endpoint()[1] == ports["http"]
+    assert settings.advertise == f"{POD_FIELDS['status.podIP']}:{ports['tank']}"
+    assert settings.cluster_lease_ms == values.get("config", {}).get("cluster_lease_ms", 10_000)
     assert settings.catalog_url == values["catalog"]["url"]
     assert settings.store_url == values["store"]["url"]
     assert str(settings.data_dir) == "/var/lib/tiered"

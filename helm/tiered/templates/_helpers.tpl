@@ -137,12 +137,40 @@ reads identically (JSON string escapes are a subset of TOML basic-string escapes
 {{- end }}
 
 {{/*
+What values.schema.json cannot say, checked when the config file renders (every render includes it).
+- The grace period exceeds the broker's shutdown budget by 5 s or more: within shutdownTimeoutSeconds the broker
+  hands its partitions over and commits its open block, then it must still exit before the kubelet's SIGKILL.
+- Several brokers need what lets them act as one: the PostgreSQL catalog they coordinate through (a SQLite one
+  refuses a second broker) and one S3 bucket any of them reads. The schema already refuses anything else at any
+  replica count; this says why, also to a render that skips the schema (--skip-schema-validation).
+*/}}
+{{- define "tiered.urlKind" -}}
+{{- $scheme := regexFind "^[a-zA-Z][-+.a-zA-Z0-9]*:" . }}
+{{- if not . }}empty{{ else if $scheme }}a {{ $scheme }} URL{{ else }}not a URL{{ end }}
+{{- end }}
+
+{{- define "tiered.checks" -}}
+{{- $grace := int .Values.terminationGracePeriodSeconds }}
+{{- $shutdown := int .Values.shutdownTimeoutSeconds }}
+{{- if lt $grace (add $shutdown 5) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least shutdownTimeoutSeconds (%d) + 5: on SIGTERM the broker hands its partitions over within shutdownTimeoutSeconds, then exits, and the kubelet kills it when the grace period ends" $grace $shutdown) }}
+{{- end }}
+{{- $replicas := int .Values.replicaCount }}
+{{- if gt $replicas 1 }}
+{{- if not (regexMatch "^postgresql(\\+psycopg)?://" .Values.catalog.url) }}
+{{- fail (printf "replicaCount is %d but catalog.url is %s, not PostgreSQL: several brokers coordinate (memberships, the leader of every partition) through one PostgreSQL catalog, postgresql+psycopg://USER@HOST:5432/DB, and a SQLite catalog refuses a second broker" $replicas (include "tiered.urlKind" .Values.catalog.url)) }}
+{{- end }}
+{{- if not (hasPrefix "s3://" .Values.store.url) }}
+{{- fail (printf "replicaCount is %d but store.url is %s, not S3: several brokers share one bucket, s3://BUCKET/PREFIX, so that any of them can take over and serve any partition; a file store lives on one broker's volume" $replicas (include "tiered.urlKind" .Values.store.url)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The config file. Settings the chart owns come first; values.schema.json keeps them out of .Values.config.
 */}}
 {{- define "tiered.configToml" -}}
-{{- if ge (int .Values.shutdownTimeoutSeconds) (int .Values.terminationGracePeriodSeconds) }}
-{{- fail (printf "shutdownTimeoutSeconds (%d) must be below terminationGracePeriodSeconds (%d): the kubelet kills the broker when the grace period ends" (int .Values.shutdownTimeoutSeconds) (int .Values.terminationGracePeriodSeconds)) }}
-{{- end -}}
+{{- include "tiered.checks" . -}}
 # Written by the tiered Helm chart (release {{ .Release.Name }}); see docs/configuration.md.
 # The catalog URL comes from TIERED_CATALOG_URL and the credentials from PGPASSWORD and AWS_*.
 {{- $owned := dict

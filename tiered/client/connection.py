@@ -44,7 +44,9 @@ class Connection:
 
     @property
     def alive(self) -> bool:
-        return self._closed_exc is None
+        """False once the connection ended, also when the broker's close arrived but the read loop has not run since
+        (a request written then would be lost with it, its outcome unknown)."""
+        return self._closed_exc is None and not self._reader.at_eof()
 
     def request_id(self) -> int:
         return next(self._ids)
@@ -65,8 +67,8 @@ class Connection:
     async def call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None) -> bytes:
         """The answer's payload. Raises NotSent before the write; once written, the connection's end (a
         ConnectionError) or asyncio.TimeoutError after `timeout_s` (a late answer is then dropped)."""
-        if self._closed_exc is not None:
-            raise NotSent(f"{self.endpoint}: the connection had ended ({self._closed_exc})")
+        if not self.alive:
+            raise NotSent(f"{self.endpoint}: the connection had ended ({self._closed_exc or 'closed by the broker'})")
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         self._writer.write(encode_frame(msg_id, payload))

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Generic, Hashable, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Generic, Hashable, NamedTuple, Sequence, TypeVar
 
 from tiered.client.connection import Connection, NotSent, reason
-from tiered.client.errors import TankError, Unreachable
+from tiered.client.errors import NotConfirmed, TankError, Unreachable
 from tiered.protocol.codes import Endpoint, ProduceStatus
 
 HOP_LIMIT = 5
@@ -172,8 +172,7 @@ def unreachable(failures: dict[str, BaseException]) -> Unreachable:
     return Unreachable(f"no broker could be reached ({said})", failures)
 
 
-@dataclass(frozen=True)
-class _Attempt:
+class _Attempt(NamedTuple):
     """One partition group's way through the brokers: the endpoints redirected through (first: where it started),
     the brokers that failed meanwhile, and the next backoff."""
 
@@ -196,16 +195,18 @@ Send = Callable[[Connection, list], Awaitable[dict]]
 Lost = Callable[[Endpoint, list, BaseException], BaseException]
 
 
-@dataclass
 class _Routed(Generic[K, V]):
-    router: Router
-    send: Send  # (connection, keys) -> {key: final answer, Redirect or NO_LEADER} for every key
-    no_leader: Callable[[K], V]  # a key's final answer when its leader wait ends
-    lost: Lost | None  # not idempotent: the error for an answer lost with its connection
-    deadline: float
-    results: dict[K, V] = field(default_factory=dict)
-    errors: list[BaseException] = field(default_factory=list)
-    failures: dict[Endpoint, BaseException] = field(default_factory=dict)  # why each broker could not be reached
+    """One routed request: what is known of each key so far."""
+
+    def __init__(self, router: Router, send: Send, no_leader: Callable[[K], V], lost: Lost | None):
+        self.router = router
+        self.send = send  # (connection, keys) -> {key: final answer, Redirect or NO_LEADER} for every key
+        self.no_leader = no_leader  # a key's final answer when its leader wait ends
+        self.lost = lost  # not idempotent: the error for an answer lost with its connection
+        self.deadline = asyncio.get_running_loop().time() + router.leader_wait_s
+        self.results: dict[K, V] = {}
+        self.errors: list[BaseException] = []
+        self.failures: dict[Endpoint, BaseException] = {}  # why each broker could not be reached
 
     async def dispatch(self, endpoint: Endpoint, keys: list[K], attempt: _Attempt) -> None:
         try:
@@ -224,6 +225,12 @@ class _Routed(Generic[K, V]):
                 return
             await self._settle(endpoint, answers, attempt)
         except Exception as exc:  # kept until every group is done, then raised
+            self.errors.append(exc)
+
+    async def settle_first(self, endpoint: Endpoint, answers: dict) -> None:
+        try:
+            await self._settle(endpoint, answers, _Attempt((endpoint,)))
+        except Exception as exc:
             self.errors.append(exc)
 
     async def _elsewhere(self, endpoint: Endpoint, keys: list[K], attempt: _Attempt, exc: BaseException) -> None:
@@ -258,7 +265,7 @@ class _Routed(Generic[K, V]):
         steps = [self.dispatch(leader, keys, attempt.hop(leader)) for leader, keys in moves.items()]
         if waiting:
             steps.append(self._wait(endpoint, waiting, attempt))
-        await asyncio.gather(*steps)
+        await _all(steps)
 
     async def _wait(self, endpoint: Endpoint, keys: list[K], attempt: _Attempt) -> None:
         loop = asyncio.get_running_loop()
@@ -271,7 +278,7 @@ class _Routed(Generic[K, V]):
         groups: dict[Endpoint, list[K]] = defaultdict(list)
         for key in keys:  # a leader another request learned meanwhile, else the broker that answered
             groups[self.router.leaders.get(key, endpoint)].append(key)
-        await asyncio.gather(*(self.dispatch(e, ks, attempt.again(e)) for e, ks in groups.items()))
+        await _all([self.dispatch(e, ks, attempt.again(e)) for e, ks in groups.items()])
 
 
 def _name(key: Key) -> str:
@@ -285,23 +292,23 @@ async def route(router: Router, keys: Sequence[K], send: Send, *, no_leader: Cal
     request that must not be sent twice, the error to raise when its answer is lost with its connection. `first`:
     answers already received from one broker, settled before anything is sent. Raises the first error of any
     group once every group is done."""
-    routed: _Routed = _Routed(router, send, no_leader, lost, asyncio.get_running_loop().time() + router.leader_wait_s)
+    routed: _Routed = _Routed(router, send, no_leader, lost)
     steps = []
     if first is not None:
-        endpoint, answers = first
-        steps.append(routed._settle(endpoint, answers, _Attempt((endpoint,))))
+        steps.append(routed.settle_first(*first))
     groups: dict[Endpoint, list[K]] = defaultdict(list)
     for key in keys:
         groups[router.target(key)].append(key)
     steps += [routed.dispatch(e, ks, _Attempt((e,))) for e, ks in groups.items()]
-    await asyncio.gather(*(_kept(routed, step) for step in steps))
-    if routed.errors:
-        raise routed.errors[0]
+    await _all(steps)
+    if routed.errors:  # a produce whose outcome is unknown says so first
+        raise next((e for e in routed.errors if isinstance(e, NotConfirmed)), routed.errors[0])
     return routed.results
 
 
-async def _kept(routed: _Routed, step: Awaitable[None]) -> None:
-    try:
-        await step
-    except Exception as exc:
-        routed.errors.append(exc)
+async def _all(steps: list[Awaitable[None]]) -> None:
+    """Runs the steps concurrently; one is awaited as it is (no task to create: the common case, one broker)."""
+    if len(steps) == 1:
+        await steps[0]
+    elif steps:
+        await asyncio.gather(*steps)

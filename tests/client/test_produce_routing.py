@@ -61,12 +61,7 @@ async def test_two_hops_reach_the_leader(fake_cluster):
 async def test_no_leader_is_asked_again_after_a_growing_backoff_until_one_is_known(fake_cluster):
     a, b = await brokers(fake_cluster, "a", "b")
     fake_cluster.lead(T0, None)
-
-    def takeover(broker, msg_id, request) -> None:
-        if broker.count(P) == 4:  # three 0xfd answers, then a knows the new leader
-            fake_cluster.lead(T0, b)
-
-    a.before_answer = takeover
+    fake_cluster.lead_later(T0, b, when=a, msg_id=P, count=4)  # three 0xfd answers, then a knows the new leader
     async with await Client.connect_any([str(a)], leader_wait_s=10) as c:
         await asyncio.wait_for(c.produce("t", 0, [b"x"]), 10)
     assert len(produced(a)) == 4 and produced(b) == [T0]
@@ -151,12 +146,7 @@ async def test_a_redirect_to_a_broker_just_found_dead_waits_for_the_service_to_n
     async with await Client.connect_any([str(a)], leader_wait_s=10) as client:
         await asyncio.wait_for(client.produce("t", 0, [b"to b"]), 10)
         await b.stop()  # a still names b for a while: its lease has not expired yet
-
-        def lease_expired(broker, msg_id, request) -> None:
-            if broker.count(P) == 3:
-                fake_cluster.lead(T0, c)
-
-        a.before_answer = lease_expired
+        fake_cluster.lead_later(T0, c, when=a, msg_id=P, count=3)
         await asyncio.wait_for(client.produce("t", 0, [b"to c"]), 10)
     assert produced(a) == [T0, T0, T0]
     assert produced(c) == [T0]

@@ -4,12 +4,15 @@ frames, tests/support/fake_cluster.py): history from any broker, the tail from t
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from tiered.client import Client, TankError
 from tiered.protocol.bundle import Message
 from tiered.protocol.codes import UINT64_MAX, ConsumeStatus, DiscoverReason
+from tiered.protocol.errors import ProtocolError
+from tiered.protocol.requests import ConsumePartition, ConsumeTopic
 from tiered.protocol.frame import MsgType
 
 from tests.client.test_produce_routing import T0, T1, free_port
@@ -78,12 +81,7 @@ async def test_a_consume_of_several_partitions_is_split_and_merged(fake_cluster)
 async def test_a_consume_without_a_leader_is_asked_again_then_raised_after_the_wait(fake_cluster):
     a, b = await seeded(fake_cluster, "a", "b")
     fake_cluster.lead(T0, None)
-
-    def elected(broker, msg_id, request) -> None:
-        if broker.count(C) == 2:
-            fake_cluster.lead(T0, b)
-
-    a.before_answer = elected
+    fake_cluster.lead_later(T0, b, when=a, msg_id=C, count=2)
     async with await Client.connect_any([str(a)], leader_wait_s=10) as c:
         got = await asyncio.wait_for(c.consume("t", 0, 4), 10)
         assert got.drained and consumed(b) == [("t", 0, 4)]
@@ -130,12 +128,7 @@ async def test_discover_asks_each_partition_of_its_leader_and_learns_them(fake_c
 async def test_discover_waits_out_no_leader_and_then_returns_it(fake_cluster):
     a, b = await seeded(fake_cluster, "a", "b")
     fake_cluster.lead(T1, None)
-
-    def elected(broker, msg_id, request) -> None:
-        if broker.count(D) == 3:
-            fake_cluster.lead(T1, b)
-
-    a.before_answer = elected
+    fake_cluster.lead_later(T1, b, when=a, msg_id=D, count=3)
     async with await Client.connect_any([str(a)], leader_wait_s=10) as c:
         ranges = await asyncio.wait_for(c.discover_partitions("t"), 10)
         assert [(r.first_available, r.hwmark) for r in ranges] == [(1, 3), (1, 3)]
@@ -158,3 +151,20 @@ async def test_administration_goes_to_another_known_broker_when_one_is_gone(fake
         assert [t.name for t in await asyncio.wait_for(c.discover_topics(), 10)] == ["t"]
         assert (await asyncio.wait_for(c.status(), 10)).partitions == 2
     assert b.count(MsgType.DISCOVER_TOPICS) == 1 and b.count(MsgType.STATUS) == 1
+
+
+async def test_answers_for_other_partitions_than_asked_are_refused(fake_cluster):
+    a, = await seeded(fake_cluster, "a")
+    answer_consume, answer_discover = a._consume, a._discover
+
+    async def other_partition(req):  # answers t/1 when t/0 was asked
+        return await answer_consume(replace(req, topics=(ConsumeTopic("t", (ConsumePartition(1, 1, 1 << 16),)),)))
+
+    a._consume = other_partition
+    a._discover = lambda req: answer_discover(replace(req, partitions=None))  # every partition, whatever was asked
+    async with await Client.connect_any([str(a)]) as c:
+        with pytest.raises(ProtocolError, match="the consume response answers nothing for t/0"):
+            await asyncio.wait_for(c.consume("t", 0, 1), 10)
+        with pytest.raises(ProtocolError, match="answers 2 partitions of 't' for the 1 asked"):
+            await asyncio.wait_for(c.discover_partitions("t", [1]), 10)
+        assert (await c.status()).topics == 1  # the connection still serves

@@ -63,6 +63,15 @@ class FakeCluster:
         for b in self.brokers:
             b.leaders[key] = LEADS_HERE if endpoint == b.endpoint else endpoint
 
+    def lead_later(self, key: Key, leader: "FakeBroker | None", *, when: "FakeBroker", msg_id: int, count: int) -> None:
+        """`leader` leads `key` once `when` has received `count` requests of `msg_id` (from that one's answer on)."""
+
+        def elect(broker: FakeBroker, got_msg_id: int, request) -> None:
+            if broker.count(msg_id) == count:
+                self.lead(key, leader)
+
+        when.before_answer = elect
+
     async def stop(self) -> None:
         for b in self.brokers:
             await b.stop()

@@ -1,4 +1,7 @@
-"""What the client-side commands share: the broker endpoint, running a command, one-line errors, progress bars.
+"""What the client-side commands share: the brokers to ask, running a command, one-line errors, progress bars.
+
+`-b` names one broker or several of one service, comma separated (`10.0.0.1:11011,10.0.0.2:11011`): the client
+connects to the first that answers and follows TANK's redirects to each partition's leader (tiered.client.client).
 
 Every error a command expects (a bad argument, an unreachable broker, a refused request) is printed as one line on
 stderr, `tiered <command>: <what was wrong and what is allowed>`, with exit status 1 (2 for a bad argument, as
@@ -17,7 +20,8 @@ from typing import IO
 
 from tqdm import tqdm
 
-from tiered.client import Client, TankError
+from tiered.client import Client, TankError, Unreachable
+from tiered.client.connection import reason
 from tiered.config import DEFAULT_PORT, SettingsError, parse_endpoint
 
 BROKER_ENV = "TIERED_BROKER"
@@ -32,53 +36,62 @@ class UsageError(CommandError):
     """A bad argument (exit status 2)."""
 
 
-def add_broker_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-b", "--broker", default=None, metavar="[ADDR:]PORT",
-                        help=f"broker endpoint (default: ${BROKER_ENV}, else {DEFAULT_BROKER})")
+def add_broker_argument(parser: argparse.ArgumentParser, flags: tuple[str, ...] = ("-b", "--broker"),
+                        what: str = "broker") -> None:
+    parser.add_argument(*flags, default=None, metavar="[ADDR:]PORT[,...]",
+                        help=f"{what} endpoint, or a comma-separated list of brokers of one service (any of them "
+                             "answers; requests follow each partition's leader) (default: "
+                             f"${BROKER_ENV}, else {DEFAULT_BROKER})")
 
 
 @dataclass(frozen=True)
-class BrokerEndpoint:
-    host: str
-    port: int
-    source: str  # what named it: the flag, the environment variable or the default
+class Brokers:
+    """The bootstrap list: the brokers a command may ask first."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    source: str  # what named them: the flag, the environment variable or the default
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return ",".join(f"{host}:{port}" for host, port in self.endpoints)
 
 
-def broker_endpoint(text: str | None, flag: str = "-b/--broker", environ=os.environ) -> BrokerEndpoint:
-    """The endpoint the flag names, else $TIERED_BROKER, else the default; an any-address means this host."""
+def brokers(text: str | None, flag: str = "-b/--broker", environ=os.environ) -> Brokers:
+    """The endpoints the flag names (comma separated), else $TIERED_BROKER, else the default; an any-address means
+    this host."""
     if text is not None:
         source = flag
     elif environ.get(BROKER_ENV):
         text, source = environ[BROKER_ENV], BROKER_ENV
     else:
         text, source = DEFAULT_BROKER, f"the default; set {flag} or {BROKER_ENV}"
+    endpoints = []
     try:
-        host, port = parse_endpoint(text, DEFAULT_PORT)
+        for item in text.split(","):
+            if not item.strip():
+                raise SettingsError(f"empty endpoint in {text!r}")
+            host, port = parse_endpoint(item, DEFAULT_PORT)
+            endpoints.append(("127.0.0.1" if host == "0.0.0.0" else host, port))
     except SettingsError as exc:
-        raise UsageError(f"{exc} (from {source}; want [addr:]port, e.g. 127.0.0.1:11011)") from None
-    return BrokerEndpoint("127.0.0.1" if host == "0.0.0.0" else host, port, source)
+        raise UsageError(f"{exc} (from {source}; want [addr:]port, or several separated by commas, e.g. "
+                         "127.0.0.1:11011,127.0.0.1:11012)") from None
+    return Brokers(tuple(dict.fromkeys(endpoints)), source)
 
 
-async def connect_to(endpoint: BrokerEndpoint) -> Client:
+async def connect_to(named: Brokers) -> Client:
+    """A client of the brokers named, connected to the first that answers."""
     try:
-        return await Client.connect(endpoint.host, endpoint.port)
-    except (OSError, asyncio.TimeoutError) as exc:
-        why = _os_reason(exc) if isinstance(exc, OSError) else "no answer within 10 s"
-        raise CommandError(f"cannot reach a broker at {endpoint} (from {endpoint.source}): {why}; "
-                           "is `tiered serve` running there?") from None
+        return await Client.connect_any(named.endpoints)
+    except Unreachable as exc:
+        if len(exc.failures) == 1:
+            head, why = f"a broker at {named}", reason(next(iter(exc.failures.values())))
+        else:
+            head, why = f"any broker of {named}", "; ".join(f"{e}: {reason(f)}" for e, f in exc.failures.items())
+        raise CommandError(f"cannot reach {head} (from {named.source}): {why}; is `tiered serve` running there?"
+                           ) from None
 
 
 async def connect(args: argparse.Namespace) -> Client:
-    return await connect_to(broker_endpoint(args.broker))
-
-
-def _os_reason(exc: OSError) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    return exc.strerror or str(exc) or type(exc).__name__
+    return await connect_to(brokers(args.broker))
 
 
 def run(coro, command: str) -> int:
@@ -90,8 +103,7 @@ def run(coro, command: str) -> int:
     except (CommandError, TankError, SettingsError) as exc:
         return fail(command, exc)
     except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
-        reason = _os_reason(exc) if isinstance(exc, OSError) else "no answer in time"
-        return fail(command, f"lost the broker: {reason}")
+        return fail(command, f"lost the broker: {reason(exc)}")
 
 
 def fail(command: str, error: object, status: int = 1) -> int:

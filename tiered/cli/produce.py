@@ -2,7 +2,7 @@
 
 Lines are grouped into bundles of up to `-s` messages (default 500) and up to 1 MiB, from what has been read when a
 bundle can go out, so a file goes in full bundles while a line typed at a terminal goes at once. Up to `--in-flight`
-produce requests are outstanding on the connection (default 64): on a durable topic each waits for its block's
+produce requests are outstanding at once (default 64): on a durable topic each waits for its block's
 commit (the block window, 250 ms by default), so requests in flight, not sent one after another, set the rate.
 
 A produce that fails ambiguously (the broker answered 0x02/0x03, or nothing came within `--timeout`) may still be
@@ -128,7 +128,7 @@ class Outcome:
 
 
 class Sender:
-    """Produce requests on one connection, up to `in_flight` outstanding, their answers taken in order (one
+    """Produce requests to the partition's leader, up to `in_flight` outstanding, their answers taken in order (one
     partition's appends and acknowledgements are in request order). Progress counts confirmed input bytes when
     `by_bytes` (a file of known size: the bar has an ETA), else confirmed messages."""
 
@@ -175,11 +175,11 @@ class Sender:
         outcome = self.outcome
         try:
             await task
-        except (ConnectionError, OSError) as exc:  # sent, then the connection went: as ambiguous as a timeout
-            why = f"the connection to the broker was lost ({exc or type(exc).__name__})"
-            self._unconfirmed(NotConfirmed(str(exc), why), count, before)
-        except NotConfirmed as exc:
+        except NotConfirmed as exc:  # also the client's ConnectionLost: sent, then the connection went
             self._unconfirmed(exc, count, before)
+        except (ConnectionError, OSError) as exc:  # no broker could be reached: nothing was sent
+            outcome.refused += count
+            outcome.error = outcome.error or TankError(str(exc) or type(exc).__name__)
         except TankError as exc:
             outcome.refused += count
             outcome.error = outcome.error or exc

@@ -20,11 +20,10 @@ import asyncio
 import sys
 
 from tiered.cli.common import (
-    BROKER_ENV,
-    DEFAULT_BROKER,
     CommandError,
     Progress,
-    broker_endpoint,
+    add_broker_argument,
+    brokers,
     connect_to,
     fail,
     plural,
@@ -49,8 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--parquet", metavar="DEST",
                         help="write Parquet files to a local directory or s3://bucket/prefix")
     target.add_argument("--to-topic", help="produce into this topic (same partition numbers)")
-    p.add_argument("--to-broker", metavar="[ADDR:]PORT",
-                   help=f"broker for --to-topic (default: ${BROKER_ENV}, else {DEFAULT_BROKER})")
+    add_broker_argument(p, ("--to-broker",), "for --to-topic, the broker")
     p.add_argument("--keep-seqs", action="store_true", help="keep each message's seq (ProduceWithSeqnum)")
     p.add_argument("--bundle-size", type=int, default=500, help="messages per produced bundle (default 500)")
     p.add_argument("--catalog", dest="catalog_url", metavar="URL", help="catalog URL (default: from the settings)")
@@ -109,7 +107,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         else:
             stats = asyncio.run(_produce(args, options, progress, replay))
             kept = " (seqs kept)" if args.keep_seqs else ""
-            where = f"{args.to_topic} at {broker_endpoint(args.to_broker, '--to-broker')}{kept}"
+            where = f"{args.to_topic} at {brokers(args.to_broker, '--to-broker')}{kept}"
     except SQLAlchemyError as exc:  # e.g. a catalog that was never migrated: "no such table: topics"
         return fail("replay", f"the catalog cannot be read: {getattr(exc, 'orig', None) or exc} (is it the "
                               "brokers' catalog? --catalog, TIERED_CATALOG_URL or -p name it)")
@@ -123,7 +121,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 async def _produce(args, options, progress: Progress, replay):
-    client = await connect_to(broker_endpoint(args.to_broker, "--to-broker"))
+    client = await connect_to(brokers(args.to_broker, "--to-broker"))
     async with client:
         return await replay.produce_replay(
             options, client, args.to_topic, keep_seqs=args.keep_seqs, bundle_messages=args.bundle_size,

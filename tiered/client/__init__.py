@@ -1,16 +1,17 @@
-"""A small asyncio TANK client: `from tiered.client import Client`."""
+"""A small asyncio TANK client: `from tiered.client import Client` (one broker: Client.connect; a service of several
+brokers: Client.connect_any). It follows TANK's leader redirects; see tiered.client.client."""
 
-from tiered.client.client import (
+from tiered.client.client import Client, ConsumeResult, as_messages
+from tiered.client.errors import (
     BoundaryError,
-    Client,
-    ConsumeResult,
+    ConnectionLost,
     InvalidRequest,
     NotConfirmed,
     TankError,
     UnknownPartition,
     UnknownTopic,
-    as_messages,
+    Unreachable,
 )
 
-__all__ = ['BoundaryError', 'Client', 'ConsumeResult', 'InvalidRequest', 'NotConfirmed', 'TankError',
-           'UnknownPartition', 'UnknownTopic', 'as_messages']
+__all__ = ['BoundaryError', 'Client', 'ConnectionLost', 'ConsumeResult', 'InvalidRequest', 'NotConfirmed',
+           'TankError', 'UnknownPartition', 'UnknownTopic', 'Unreachable', 'as_messages']

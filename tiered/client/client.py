@@ -1,26 +1,52 @@
 """A small asyncio TANK client on tiered.protocol, used by the CLI, the tests, the benchmarks and replay.
 
-One connection, requests pipelined and matched to responses by request id (a long-poll consume may be answered
-after later requests). A request the broker would refuse (a bad topic name, partition or config: tiered.topic_rules,
-the broker's own checks) raises InvalidRequest with the reason before anything is sent; CreateTopic's answer is one
-byte, so this is where a user learns why. A produce that may or may not be committed (the broker answered 0x02 or
-0x03, or nothing came within the caller's `timeout_s`) raises NotConfirmed. It chooses snappy as TANK's client does (more than 512 messages or more than 1 KiB of keys
-and content), handles partial last bundles and sparse bundles, and turns TANK's status codes into exceptions.
+    client = await Client.connect("127.0.0.1", 11011)           one broker
+    client = await Client.connect_any(["10.0.0.1:11011", "10.0.0.2:11011"])   a service of several (the bootstrap list)
+
+Either way the client follows TANK's redirects (tiered.client.routing): a partition led by another broker (0xfc) is
+asked again of that leader, which is remembered for later requests, and requests are pipelined on one connection
+per broker, opened when first needed. A broker that cannot be reached before a request was written to it is
+skipped for another known broker (the bootstrap list and every leader learned). The two differ in one default:
+`leader_wait_s`, how long a partition without a leader (0xfd: a takeover in progress, a broker shutting down) is
+asked again, with a backoff, before its 0xfd is raised (or returned, by produce_many and discover_partitions).
+`connect` raises it at once, as a single broker always did; `connect_any` waits up to 30 s.
+
+A request the broker would refuse (a bad topic name, partition or config: tiered.topic_rules, the broker's own
+checks) raises InvalidRequest with the reason before anything is sent; CreateTopic's answer is one byte, so this is
+where a user learns why. A produce that may or may not be committed (the broker answered 0x03, nothing came within
+the caller's `timeout_s`, or the connection ended after it was written) raises NotConfirmed, and is never sent
+again by the client. Produces to one partition are appended in the order they reach its leader: a produce
+redirected by another broker is sent on when that broker's answer comes, so with several in flight while a
+leadership moves, a later one sent straight to the new leader may be appended first.
+
+It chooses snappy as TANK's client does (more than 512 messages or more than 1 KiB of keys and content), handles
+partial last bundles and sparse bundles, and turns TANK's status codes into exceptions (tiered.client.errors).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Mapping, Sequence
 
+from tiered.client import partitioned
+from tiered.client.connection import Connection
+from tiered.client.errors import (
+    BoundaryError,
+    ConnectionLost,
+    InvalidRequest,
+    NotConfirmed,
+    TankError,
+    Unreachable,
+    UnknownPartition,
+    UnknownTopic,
+)
+from tiered.client.routing import Router, route
 from tiered.protocol import requests as rq
 from tiered.protocol import responses as rs
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.chunk import read_chunk
-from tiered.protocol.codes import UINT64_MAX, ConsumeStatus, CreateTopicStatus, ProduceStatus
-from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
+from tiered.protocol.codes import UINT64_MAX, ConsumeStatus, CreateTopicStatus, Endpoint, ProduceStatus
+from tiered.protocol.frame import MsgType
 from tiered.storage.topic_config import ConfigError
 from tiered.topic_rules import (
     check_config_text,
@@ -30,45 +56,12 @@ from tiered.topic_rules import (
     validate_topic_name,
 )
 
+__all__ = ["BoundaryError", "Client", "ConnectionLost", "ConsumeResult", "InvalidRequest", "NotConfirmed",
+           "TankError", "Unreachable", "UnknownPartition", "UnknownTopic", "as_messages"]
+
 DEFAULT_FETCH_BYTES = 1 << 20
-READ_BYTES = 256 * 1024
-
-
-class TankError(Exception):
-    """A status a request could not succeed with, named as TANK names it."""
-
-    def __init__(self, message: str, code: int | None = None):
-        super().__init__(message)
-        self.code = code
-
-
-class InvalidRequest(TankError):
-    """Not sent: the broker would refuse it. The message says what is wrong and what is allowed."""
-
-
-class NotConfirmed(TankError):
-    """A produce neither acknowledged nor refused: its messages may still be committed (or not). `reason` says what
-    happened: the broker's answer (its ack timeout passed, or the block could not be committed) or the client's
-    deadline."""
-
-    def __init__(self, message: str, reason: str, code: int | None = None):
-        super().__init__(message, code)
-        self.reason = reason
-
-
-class UnknownTopic(TankError):
-    pass
-
-
-class UnknownPartition(TankError):
-    pass
-
-
-class BoundaryError(TankError):
-    def __init__(self, message: str, first_available: int, hwmark: int):
-        super().__init__(message, ConsumeStatus.BOUNDARY)
-        self.first_available = first_available
-        self.hwmark = hwmark
+DEFAULT_PORT = 11011
+LEADER_WAIT_S = 30.0  # connect_any's default
 
 
 @dataclass
@@ -103,81 +96,60 @@ def as_messages(items: Iterable[Message | bytes | str]) -> list[Message]:
     return out
 
 
+def parse_endpoints(endpoints: Iterable[str | tuple[str, int] | Endpoint]) -> list[Endpoint]:
+    """"host:port" strings, (host, port) pairs or Endpoints; an empty or any-address host means this host.
+    Raises ValueError naming a bad one."""
+    out = []
+    for item in endpoints:
+        if isinstance(item, Endpoint):
+            out.append(item)
+            continue
+        if isinstance(item, str):
+            host, _, port = item.strip().rpartition(":")
+            if not (port.isascii() and port.isdigit()):
+                raise ValueError(f"bad broker endpoint {item!r}: want host:port")
+            item = (host.strip("[]"), int(port))
+        host, port = item
+        if not 0 < port <= 0xFFFF:
+            raise ValueError(f"bad broker endpoint {host}:{port}: the port is 1..65535")
+        out.append(Endpoint("127.0.0.1" if host in ("", "0.0.0.0") else host, port))
+    if not out:
+        raise ValueError("no broker endpoint given")
+    return out
+
+
 class Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader = reader
-        self.writer = writer
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}  # by request id
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
-        self._closed_exc: BaseException | None = None
+    def __init__(self, router: Router):
+        self.router = router
 
     @classmethod
-    async def connect(cls, host: str = "127.0.0.1", port: int = 11011, *, timeout_s: float = 10.0) -> "Client":
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 20), timeout_s)
-        return cls(reader, writer)
+    async def connect(cls, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout_s: float = 10.0,
+                      leader_wait_s: float = 0.0) -> "Client":
+        """One broker. Raises the OSError (or TimeoutError) of a failed connection, as asyncio does."""
+        router = Router([Endpoint(host, port)], connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s)
+        try:
+            await router.connect_first()
+        except Unreachable as exc:
+            raise next(iter(exc.failures.values())) from None
+        return cls(router)
+
+    @classmethod
+    async def connect_any(cls, endpoints: Iterable[str | tuple[str, int] | Endpoint], *, timeout_s: float = 10.0,
+                          leader_wait_s: float = LEADER_WAIT_S) -> "Client":
+        """Several brokers of one service ("host:port" strings, (host, port) pairs or Endpoints), tried in order
+        until one connects. Raises Unreachable (a ConnectionError naming each failure) when none does."""
+        router = Router(parse_endpoints(endpoints), connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s)
+        await router.connect_first()
+        return cls(router)
 
     async def close(self) -> None:
-        self._read_task.cancel()
-        self.writer.close()
-        try:
-            await self.writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
+        await self.router.close()
 
     async def __aenter__(self) -> "Client":
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-    # -- transport --------------------------------------------------------------------------------------------
-
-    async def _read_loop(self) -> None:
-        frames = FrameBuffer()
-        try:
-            while True:
-                got = frames.next_frame()
-                if got is None:
-                    data = await self.reader.read(READ_BYTES)
-                    if not data:
-                        raise ConnectionError("the broker closed the connection")
-                    frames.feed(data)
-                    continue
-                msg_id, payload = got
-                if msg_id != MsgType.PING:
-                    self._deliver(msg_id, payload)
-        except asyncio.CancelledError:
-            self._fail_all(ConnectionError("client closed"))
-            raise
-        except BaseException as exc:  # every waiter learns why the connection ended
-            self._fail_all(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
-
-    def _deliver(self, msg_id: int, payload: bytes) -> None:
-        request_id = int.from_bytes(payload[4:8] if msg_id == MsgType.CONSUME else payload[0:4], "little")
-        future = self._pending.pop(request_id, None)
-        if future is None:
-            raise ConnectionError(f"response to unknown request {request_id} (message 0x{msg_id:02x})")
-        if not future.done():
-            future.set_result(payload)
-
-    def _fail_all(self, exc: BaseException) -> None:
-        self._closed_exc = exc
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(exc)
-        self._pending.clear()
-
-    async def _call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None):
-        if self._closed_exc is not None:
-            raise ConnectionError(f"connection is closed: {self._closed_exc}")
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        self.writer.write(encode_frame(msg_id, payload))
-        await self.writer.drain()
-        if timeout_s is None:
-            return await future
-        return await asyncio.wait_for(future, timeout_s)
 
     # -- produce ----------------------------------------------------------------------------------------------
 
@@ -191,47 +163,33 @@ class Client:
 
     async def produce_many(self, bundles: Mapping[tuple[str, int], Sequence[Message]], *, codec: int | None = None,
                            timeout_s: float | None = None) -> dict[tuple[str, int], int]:
-        """One request with one bundle per partition; returns each partition's ProduceStatus."""
-        by_topic: dict[str, list[rq.ProducePartition]] = {}
-        for (topic, partition), messages in bundles.items():
-            bundle = encode_bundle(list(messages), codec=codec)
-            by_topic.setdefault(topic, []).append(rq.ProducePartition(partition, bundle))
-        return await self._produce(by_topic, with_seqnum=False, timeout_s=timeout_s)
+        """One bundle per partition, sent to each partition's leader; returns each partition's final ProduceStatus
+        (never OTHER_LEADER; NO_LEADER once `leader_wait_s` passed)."""
+        parts = {(topic, partition): rq.ProducePartition(partition, encode_bundle(list(messages), codec=codec))
+                 for (topic, partition), messages in bundles.items()}
+        return await self._produce(parts, with_seqnum=False, timeout_s=timeout_s)
 
     async def produce_with_seqnum(self, topic: str, partition: int, messages: Sequence[Message], *,
                                   codec: int | None = None, timeout_s: float | None = None) -> None:
         """ProduceWithSeqnum (0x05): keeps each message's `seq`, as TANK's client does, in a sparse bundle."""
         bundle = encode_bundle(list(messages), codec=codec, sparse=True)
         part = rq.ProducePartition(partition, bundle, messages[0].seq)
-        statuses = await self._produce({topic: [part]}, with_seqnum=True, timeout_s=timeout_s)
+        statuses = await self._produce({(topic, partition): part}, with_seqnum=True, timeout_s=timeout_s)
         _raise_for_produce(topic, partition, statuses[(topic, partition)])
 
     async def produce_raw(self, topic: str, partition: int, bundle: bytes, base_seq: int | None = None) -> int:
-        statuses = await self._produce({topic: [rq.ProducePartition(partition, bundle, base_seq)]},
-                                       with_seqnum=base_seq is not None)
+        part = rq.ProducePartition(partition, bundle, base_seq)
+        statuses = await self._produce({(topic, partition): part}, with_seqnum=base_seq is not None)
         return statuses[(topic, partition)]
 
-    async def _produce(self, by_topic, *, with_seqnum: bool, timeout_s: float | None = None,
-                       ) -> dict[tuple[str, int], int]:
-        for name, parts in by_topic.items():
-            for part in parts:
-                check_target(name, part.partition)
-        request_id = next(self._ids)
-        topics = tuple(rq.ProduceTopic(name, tuple(parts)) for name, parts in by_topic.items())
-        req = rq.ProduceRequest(request_id, topics, with_seqnum=with_seqnum)
-        msg_id = MsgType.PRODUCE_WITH_SEQNUM if with_seqnum else MsgType.PRODUCE
-        try:
-            payload = await self._call(msg_id, request_id, rq.encode_produce_request(req), timeout_s)
-        except asyncio.TimeoutError:
-            where = ", ".join(f"{t.name}/{p.partition}" for t in topics for p in t.partitions)
-            raise NotConfirmed(f"produce to {where} not confirmed within {timeout_s:g} s",
-                               f"no answer within {timeout_s:g} s") from None
-        resp = rs.read_produce_response(payload, req)
-        out: dict[tuple[str, int], int] = {}
-        for topic, result in zip(topics, resp.topics):
-            for i, part in enumerate(topic.partitions):
-                out[(topic.name, part.partition)] = result.status if result.status is not None else result.partitions[i].code
-        return out
+    async def _produce(self, parts: dict[tuple[str, int], rq.ProducePartition], *, with_seqnum: bool,
+                       timeout_s: float | None = None) -> dict[tuple[str, int], int]:
+        for topic, partition in parts:
+            check_target(topic, partition)
+        send = partitioned.produce_sender(parts, with_seqnum=with_seqnum, timeout_s=timeout_s)
+        got = await route(self.router, list(parts), send, no_leader=partitioned.produce_no_leader,
+                          lost=partitioned.produce_lost)
+        return {key: got[key] for key in parts}
 
     # -- consume ----------------------------------------------------------------------------------------------
 
@@ -244,29 +202,17 @@ class Client:
 
     async def consume_many(self, wanted: Sequence[tuple[str, int, int, int]], *, max_wait_ms: int = 0,
                            min_bytes: int = 0, timeout_s: float | None = None) -> dict[tuple[str, int], ConsumeResult]:
+        """(topic, partition, seq, fetch_bytes) each, asked of each partition's leader (or any broker, for
+        history); `max_wait_ms` and `min_bytes` hold for each broker asked, and the answer comes once every one
+        answered."""
         for topic, partition, _, _ in wanted:
             check_target(topic, partition)
-        request_id = next(self._ids)
-        by_topic: dict[str, list[rq.ConsumePartition]] = {}
-        for topic, partition, seq, fetch_bytes in wanted:
-            by_topic.setdefault(topic, []).append(rq.ConsumePartition(partition, seq, fetch_bytes))
-        req = rq.ConsumeRequest(request_id, max_wait_ms, min_bytes,
-                                tuple(rq.ConsumeTopic(n, tuple(ps)) for n, ps in by_topic.items()))
         if timeout_s is None and max_wait_ms:
             timeout_s = min(max_wait_ms, 3_600_000) / 1000.0 + 30.0
-        payload = await self._call(MsgType.CONSUME, request_id, rq.encode_consume_request(req), timeout_s)
-        resp = rs.read_consume_response(payload)
-        requested = {(t, p): seq for t, p, seq, _ in wanted}
-        out: dict[tuple[str, int], ConsumeResult] = {}
-        chunks = iter(resp.chunks)
-        for topic in resp.topics:
-            if topic.partitions is None:
-                raise UnknownTopic(f"unknown topic {topic.name!r}", ProduceStatus.UNKNOWN_TOPIC)
-            for p in topic.partitions:
-                key = (topic.name, p.partition)
-                seq = requested.get(key, 0)
-                out[key] = _consume_result(topic.name, p, seq, chunks)
-        return out
+        asked = {(topic, partition): (seq, fetch_bytes) for topic, partition, seq, fetch_bytes in wanted}
+        send = partitioned.consume_sender(asked, max_wait_ms=max_wait_ms, min_bytes=min_bytes, timeout_s=timeout_s)
+        got = await route(self.router, list(asked), send, no_leader=partitioned.consume_no_leader)
+        return {key: _consume_result(key[0], *got[key], asked[key][0]) for key in asked}
 
     async def tail(self, topic: str, partition: int, seq: int = UINT64_MAX, *, fetch_bytes: int = DEFAULT_FETCH_BYTES,
                    max_wait_ms: int = 5000, min_bytes: int = 0) -> AsyncIterator[Message]:
@@ -309,26 +255,28 @@ class Client:
     # -- administration ---------------------------------------------------------------------------------------
 
     async def discover_partitions(self, topic: str, partitions: Sequence[int] | None = None) -> list[rs.PartitionRange]:
+        """Each partition's range, asked of its leader: never OTHER_LEADER; NO_LEADER once `leader_wait_s` passed."""
         check_target(topic)
-        request_id = next(self._ids)
-        req = rq.DiscoverPartitionsRequest(request_id, topic, tuple(partitions) if partitions is not None else None)
-        payload = await self._call(MsgType.DISCOVER_PARTITIONS, request_id, rq.encode_discover_partitions_request(req))
-        resp = rs.read_discover_partitions_response(payload)
-        if not resp.partitions:
-            raise UnknownTopic(f"unknown topic {topic!r}")
-        return list(resp.partitions)
+        if partitions is None:
+            endpoint, first = await self.router.call_any(lambda conn: partitioned.discover_all(conn, topic),
+                                                         idempotent=True)
+            keys = list(first)
+            got = await route(self.router, [], partitioned.discover_sender(topic),
+                              no_leader=partitioned.discover_no_leader, first=(endpoint, first))
+        else:
+            keys = [(topic, p) for p in partitions]
+            got = await route(self.router, list(dict.fromkeys(keys)), partitioned.discover_sender(topic),
+                              no_leader=partitioned.discover_no_leader)
+        return [got[key] for key in keys]
 
     async def discover_topics(self) -> list[rs.TopicInfo]:
-        request_id = next(self._ids)
-        req = rq.DiscoverTopicsRequest(request_id)
-        payload = await self._call(MsgType.DISCOVER_TOPICS, request_id, rq.encode_discover_topics_request(req))
-        return list(rs.read_discover_topics_response(payload).topics)
+        got = await self._ask(MsgType.DISCOVER_TOPICS, rq.DiscoverTopicsRequest, rq.encode_discover_topics_request,
+                              rs.read_discover_topics_response)
+        return list(got.topics)
 
     async def discover_topology(self) -> rs.DiscoverTopologyResponse:
-        request_id = next(self._ids)
-        req = rq.DiscoverTopologyRequest(request_id)
-        payload = await self._call(MsgType.DISCOVER_TOPOLOGY, request_id, rq.encode_discover_topology_request(req))
-        return rs.read_discover_topology_response(payload)
+        return await self._ask(MsgType.DISCOVER_TOPOLOGY, rq.DiscoverTopologyRequest,
+                               rq.encode_discover_topology_request, rs.read_discover_topology_response)
 
     async def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | str = "") -> int:
         """Returns the CreateTopicStatus; raises InvalidRequest (unsent) for a name, partition count or config the
@@ -343,26 +291,32 @@ class Client:
             raise InvalidRequest(f"topic {topic!r}: {exc}") from None
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
-        request_id = next(self._ids)
-        req = rq.CreateTopicRequest(request_id, topic, partitions, config.encode())
-        payload = await self._call(MsgType.CREATE_TOPIC, request_id, rq.encode_create_topic_request(req))
-        status = rs.read_create_topic_response(payload).status
+        status = (await self._ask(MsgType.CREATE_TOPIC,
+                                  lambda request_id: rq.CreateTopicRequest(request_id, topic, partitions, config.encode()),
+                                  rq.encode_create_topic_request, rs.read_create_topic_response,
+                                  idempotent=False)).status
         if status not in (CreateTopicStatus.OK, CreateTopicStatus.EXISTS):
             why = _CREATE_REFUSALS.get(status) or f"status 0x{status:02x}"
             raise TankError(f"create topic {topic!r}: {why}", status)
         return status
 
     async def reload_conf(self, topic: str, partition: int) -> int:
-        request_id = next(self._ids)
-        req = rq.ReloadConfRequest(request_id, topic, partition)
-        payload = await self._call(MsgType.RELOAD_CONF, request_id, rq.encode_reload_conf_request(req))
-        return rs.read_reload_conf_response(payload).status
+        got = await self._ask(MsgType.RELOAD_CONF, lambda request_id: rq.ReloadConfRequest(request_id, topic, partition),
+                              rq.encode_reload_conf_request, rs.read_reload_conf_response)
+        return got.status
 
     async def status(self) -> rs.StatusResponse:
-        request_id = next(self._ids)
-        req = rq.StatusRequest(request_id)
-        payload = await self._call(MsgType.STATUS, request_id, rq.encode_status_request(req))
-        return rs.read_status_response(payload)
+        return await self._ask(MsgType.STATUS, rq.StatusRequest, rq.encode_status_request, rs.read_status_response)
+
+    async def _ask(self, msg_id: int, request, encode, read, *, idempotent: bool = True):
+        """A request any broker answers: `request(request_id)` built, `encode`d, sent, its answer `read`. Sent
+        again to another broker after a lost connection only when `idempotent`."""
+
+        async def send(conn: Connection):
+            request_id = conn.request_id()
+            return read(await conn.call(msg_id, request_id, encode(request(request_id))))
+
+        return await self.router.call_any(send, idempotent=idempotent)
 
 
 _CREATE_REFUSALS = {
@@ -374,7 +328,7 @@ _CREATE_REFUSALS = {
 }
 
 
-def _consume_result(topic: str, p, seq: int, chunks) -> ConsumeResult:
+def _consume_result(topic: str, p: rs.ConsumePartitionResult, chunk, seq: int) -> ConsumeResult:
     if p.status == ConsumeStatus.UNKNOWN_PARTITION:
         raise UnknownPartition(f"unknown partition {topic}/{p.partition}", p.status)
     if p.status == ConsumeStatus.BOUNDARY:
@@ -388,7 +342,6 @@ def _consume_result(topic: str, p, seq: int, chunks) -> ConsumeResult:
         # EOF: base is first_available (immediate) or 0 (timed out); either way the tail is hwmark + 1.
         next_seq = p.hwmark + 1 if seq in (0, UINT64_MAX) else seq
         return ConsumeResult(topic, p.partition, [], next_seq, p.hwmark, first_available=p.base_seq, drained=True)
-    chunk = next(chunks)
     base = None if p.status == ConsumeStatus.SPARSE else p.base_seq
     start = 0 if seq == UINT64_MAX else seq
     read = read_chunk(chunk, base, start, p.hwmark)

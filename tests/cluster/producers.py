@@ -38,7 +38,8 @@ class Producers:
             value = f"p{partition}-{n}".encode()
             n += 1
             try:
-                await self.client.produce(self.topic, partition, [value], timeout_s=30.0)
+                # A leader that does not answer (paused) costs this long, then the client asks the others.
+                await self.client.produce(self.topic, partition, [value], timeout_s=5.0)
             except NotConfirmed:
                 log.unsure.add(value)
             except (TankError, ConnectionError) as exc:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from tiered.client import Client, TankError
-from tiered.protocol.codes import ConsumeStatus
+from tiered.client import Client
+from tiered.protocol.chunk import read_chunk
+from tiered.protocol.codes import ConsumeStatus, Endpoint
+from tiered.protocol.consume_response import read_consume_response
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.frame import MsgType
@@ -60,6 +62,14 @@ async def test_produce_consume_and_discover_name_the_leader(cluster):
     cluster.check("ev")
 
 
+async def raw_consume(raw: RawConnection, request_id: int, partition: int, seq: int):
+    req = rq.ConsumeRequest(request_id, 0, 0, (rq.ConsumeTopic("ev", (rq.ConsumePartition(partition, seq, 1 << 16),)),))
+    await raw.send(MsgType.CONSUME, rq.encode_consume_request(req))
+    msg_id, payload = await raw.recv()
+    resp = read_consume_response(payload)
+    return resp.topics[0].partitions[0], (resp.chunks[0] if resp.chunks else None)
+
+
 async def test_history_is_served_by_any_broker_and_the_tail_by_the_leader(cluster):
     await two_brokers(cluster)
     async with await Client.connect(*cluster.endpoint(1)) as leader:
@@ -67,20 +77,23 @@ async def test_history_is_served_by_any_broker_and_the_tail_by_the_leader(cluste
             await leader.produce("ev", 1, [f"m{i}"])
         direct = await leader.consume("ev", 1, 1)
     assert [m.value for m in direct.messages] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
-    async with await Client.connect(*cluster.endpoint(0)) as follower:
+    raw = await RawConnection.open(cluster.brokers[0].port)  # the follower, no client logic in between
+    try:
         read: list = []
-        for _ in range(100):  # the follower learns the committed high-water mark at its next look (0.5 s)
-            try:
-                got = await follower.consume("ev", 1, len(read) + 1)
-            except TankError as exc:  # past what it knows is committed: the leader's (0xfc)
-                assert exc.code == ConsumeStatus.OTHER_LEADER
-                await asyncio.sleep(0.1)
+        for request_id in range(1, 200):  # the follower learns the committed high-water mark at its next look
+            result, chunk = await raw_consume(raw, request_id, 1, len(read) + 1)
+            if result.status == ConsumeStatus.OTHER_LEADER:  # past what it knows is committed: the leader's
+                assert result.leader == Endpoint("127.0.0.1", cluster.brokers[1].port)
+                await asyncio.sleep(0.05)
                 continue
-            read += got.messages  # one block's run per answer: each produce was its own block
+            assert result.status == ConsumeStatus.OK and chunk is not None, result
+            read += read_chunk(chunk, result.base_seq, len(read) + 1, result.hwmark).messages  # one block's run
             if len(read) == 5:
                 break
         assert [(m.seq, m.value) for m in read] == [(m.seq, m.value) for m in direct.messages]
-        assert got.hwmark == 5
-        ranges = await follower.discover_partitions("ev", [0])
-        assert (ranges[0].first_available, ranges[0].hwmark) == (0, 0)
+        assert result.hwmark == 5
+        result, _ = await raw_consume(raw, 999, 1, 6)  # the tail: the leader's
+        assert result.status == ConsumeStatus.OTHER_LEADER
+    finally:
+        await raw.close()
     cluster.check("ev")

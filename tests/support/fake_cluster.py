@@ -198,7 +198,7 @@ class FakeBroker:
     def _append(self, key: Key, bundle: bytes) -> None:
         stored = self.cluster.data[key]
         stored.records.append((stored.hwmark + 1, encode_record(bundle)))
-        stored.hwmark += bundle_facts(bundle).count
+        stored.hwmark += bundle_facts(bundle).messages
         stored.grew.set()
         stored.grew = asyncio.Event()
 

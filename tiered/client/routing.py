@@ -115,7 +115,7 @@ class Router:
         self.known.setdefault(leader, None)
 
     def unlearn(self, key: Key, endpoint: Endpoint) -> None:
-        """`endpoint` answered 0xfd for `key`: it does not lead it (any more)."""
+        """`endpoint` answered 0xfd for `key`, or did not answer in time: it may not lead it (any more)."""
         if self.leaders.get(key) == endpoint:
             del self.leaders[key]
 
@@ -215,7 +215,11 @@ class _Routed(Generic[K, V]):
             except NotSent as exc:
                 await self._elsewhere(endpoint, keys, attempt, exc.__cause__ or exc)
                 return
-            except asyncio.TimeoutError:  # an OSError too, but the request may still be answered: not a lost broker
+            except (asyncio.TimeoutError, NotConfirmed):
+                # No answer in time (a produce's is NotConfirmed): the request may still be answered, so the broker
+                # is not forgotten; but it may be a paused or cut-off leader: next time, ask who leads.
+                for key in keys:
+                    self.router.unlearn(key, endpoint)
                 raise
             except (ConnectionError, OSError) as exc:
                 if self.lost is not None:

@@ -45,8 +45,10 @@ class RemoteTier:
         self.copier = SegmentCopier(store, catalog, metrics=metrics, epoch_of=epoch_of,
                                     committed_up_to=committed_up_to, on_copied=self._copied, on_fenced=on_fenced,
                                     grace=grace, clock=clock)
-        self.reader = RemoteReader(store, catalog, metrics,
-                                   highest_copied=lambda t, p: self.copier.copied_last.get((t, p), 0))
+        # What the copier knows of copied segments is the whole truth only for a partition led here (a partition led
+        # elsewhere gets its segments copied by its leader): otherwise unknown, and remote segments are looked up.
+        self.reader = RemoteReader(store, catalog, metrics, highest_copied=lambda t, p: (
+            self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
         self._reconcile_cursor: str | None = None
 
     # -- segments ---------------------------------------------------------------------------------------------------

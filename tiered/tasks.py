@@ -113,7 +113,7 @@ class Supervisor:
         await _cancel(tasks)
 
 
-async def _cancel(tasks: list[asyncio.Task]) -> None:
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     """Cancels the tasks and waits for them to end. A cancellation can be lost (Python 3.11's asyncio.wait_for
     returns the result of an inner future that completes as it is cancelled), so it is repeated until they end."""
     while tasks:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tiered.server.registry import Registry, Role
 from tiered.server.waiters import Waiters
 from tiered.tier_interface import Leader, LocalPartition, NewLocalTopic, PartitionPlan
+
+if TYPE_CHECKING:
+    from tiered.server.broker import Broker
 
 log = logging.getLogger("tiered.server")
 
@@ -28,11 +32,17 @@ class TierEvents:
     def __init__(self, registry: Registry, waiters: Waiters):
         self.registry = registry
         self.waiters = waiters
-        self.broker = None  # tiered.server.broker.Broker, bound once it exists (it is built after the tier)
+        self._broker: Broker | None = None  # bound once it exists: it is built after the tier that reports here
         self._unservable: set[str] = set()  # topics that could not be created here (said once)
 
-    def bind(self, broker) -> None:
-        self.broker = broker
+    def bind(self, broker: Broker) -> None:
+        self._broker = broker
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            raise RuntimeError("TierEvents.bind() was not called")
+        return self._broker
 
     def committed(self, topic: str, partition: int, first_seq: int, last_seq: int, size_bytes: int) -> None:
         part = self.registry.get(topic, partition)

@@ -135,3 +135,15 @@ async def test_oversized_request_heads_are_refused():
 
 async def _status(port: int, path: str, wanted: int) -> bool:
     return (await ahttp_get(port, path)).status == wanted
+
+
+async def test_readyz_names_the_reason_of_a_failing_bucket(ops_broker, s3_faults):
+    app = await ops_broker()
+    s3_faults.fail_next(10_000, 500, match=lambda method, path: method == "GET")
+    try:
+        answer = await ahttp_get(app.http.port, "/readyz")
+    finally:
+        s3_faults.reset()
+    assert answer.status == 503, answer.text
+    reason = answer.text.split("object store:", 1)[1].strip()
+    assert len(reason) > 10 and ("500" in reason or "InternalError" in reason or "no answer" in reason), answer.text

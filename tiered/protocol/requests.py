@@ -204,6 +204,9 @@ class ConsumeRequest:
     op_flags: int = 0  # ConsumeFlags
 
 
+UNANSWERABLE_PARTITION = 0xFFFF  # docs/protocol.md §3.4: `ffff` after a partition count means "unknown topic"
+
+
 def read_consume_request(payload: BytesLike) -> ConsumeRequest:
     r = Reader(payload, "consume request")
     client_version, request_id = r.unpack(CONSUME_HEAD, "header")
@@ -215,7 +218,12 @@ def read_consume_request(payload: BytesLike) -> ConsumeRequest:
         name = r.str8("topic name")
         partitions = []
         for _ in range(r.u8(f"partition count of topic {name!r}")):
-            partitions.append(ConsumePartition(*r.unpack(CONSUME_PARTITION, f"partition of topic {name!r}")))
+            position = r.position
+            partition = ConsumePartition(*r.unpack(CONSUME_PARTITION, f"partition of topic {name!r}"))
+            if partition.partition == UNANSWERABLE_PARTITION:
+                r.fail(f"partition id 0xffff of topic {name!r} cannot be answered: in a consume response it reads as "
+                       "the unknown-topic marker (partition ids are 0..65534)", position)
+            partitions.append(partition)
         topics.append(ConsumeTopic(name, tuple(partitions)))
     r.finish()
     return ConsumeRequest(request_id, max_wait_ms, min_bytes, tuple(topics), client_version, client_id, op_flags)

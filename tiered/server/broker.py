@@ -29,6 +29,7 @@ from tiered.server.admin import AdminHandler
 from tiered.server.connection import IDLE_TIMEOUT_S, Connection, advertised_endpoint, bind_listener, serve
 from tiered.server.consume import ConsumeHandler
 from tiered.server.fetch import FetchResolver
+from tiered.server.limits import AcceptErrors, ReceiveBudget, Throttled, max_connections
 from tiered.server.produce import ProduceHandler
 from tiered.server.registry import Partition, Registry, Role
 from tiered.server.waiters import Waiters
@@ -73,6 +74,9 @@ class Broker:
         self.stopping = False
         self.ready = False
         self.http_port: int | None = None  # the HTTP endpoint's port, when it serves (set by the App)
+        self.receive_budget = ReceiveBudget()
+        self.max_connections = max_connections()
+        self.connections_refused = Throttled("connection limit reached ({limit} open): refused {count} connection(s)")
         self._stop_started = False
         self._creating = asyncio.Lock()  # one local topic creation at a time (a request, or the catalog's view)
 
@@ -92,6 +96,8 @@ class Broker:
         except BaseException:
             sock.close()
             raise
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(AcceptErrors(loop.get_exception_handler()))
         self.server = await serve(self, sock)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.ready = True

@@ -8,7 +8,10 @@ Invariants:
   waiting for its durable ack runs as a task of its own, so later requests on the connection are not held up by it.
 - A response is written whole under the write lock (frame head, then chunks with sendfile), so concurrent
   responses never interleave. Responses queued in one turn of the event loop go out in one write.
-- A connection with nothing in flight that sends nothing for 16 s is closed, as TANK's idle_connection_ttl.
+- A connection with nothing in flight that sends nothing for 16 s is closed, as TANK's idle_connection_ttl; one
+  whose frame takes longer than REQUEST_DEADLINE_S from its first byte to its last is closed too.
+- Big frames draw on the broker's receive budget while they arrive and until they are handled; a connection past
+  the budget, or past the connection limit at accept, is closed (tiered.server.limits).
 
 The connection is an asyncio.BufferedProtocol rather than a stream pair: bytes are received straight into its
 buffer (a frame of BIG_FRAME_BYTES or more straight into a buffer of its own, which becomes the request payload
@@ -29,6 +32,7 @@ from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 
 from tiered.server.fetch import FileChunk
+from tiered.server.limits import REQUEST_DEADLINE_S
 
 log = logging.getLogger("tiered.server")
 
@@ -110,6 +114,10 @@ class Connection(asyncio.BufferedProtocol):
         self._big_length = 0
         self._big_filled = 0
         self._frames: deque[tuple[int, bytes | bytearray] | ProtocolError] = deque()
+        self._budget = broker.receive_budget
+        self._budget_held = 0  # bytes of big frames, received or arriving, drawn from the broker's receive budget
+        self._refused = False  # past the budget: what arrives is dropped until the connection closes
+        self._partial_since: float | None = None  # when the first byte of a frame not yet whole arrived
         self._queued_bytes = 0
         self._reading_paused = False
         self._eof = False
@@ -142,6 +150,11 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             transport.close()
             return
+        if len(self.broker.connections) >= self.broker.max_connections:
+            self.closed = True
+            self.broker.connections_refused.count_one(limit=self.broker.max_connections)
+            transport.abort()
+            return
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         self.broker.connections.add(self)
         self._idle_timer = self.loop.call_later(self.idle_timeout_s, self._check_idle)
@@ -150,27 +163,59 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         # No view of a buffer is alive here (asyncio drops the previous one after buffer_updated), but buffers are
         # replaced rather than resized all the same: a BufferError would kill the transport.
+        if self._refused:
+            return memoryview(self._buf)  # dropped: the connection is closing
         big = self._big
         if big is not None:
             if self._big_filled == len(big):
-                self._big = big = _grown(big, self._big_filled, min(2 * len(big), self._big_length))
+                capacity = min(2 * len(big), self._big_length)
+                if not self._draw(capacity - len(big)):
+                    return memoryview(self._buf)
+                self._big = big = _grown(big, self._big_filled, capacity)
             return memoryview(big)[self._big_filled :]  # never past the end of the big frame
         if self._end == len(self._buf):
             self._make_room()
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._last_activity = self.loop.time()
+        now = self._last_activity = self.loop.time()
+        if self._refused:
+            return
         if self._big is not None:
             self._big_filled += nbytes
             if self._big_filled == self._big_length:
                 self._queue_frame(self._big_msg_id, self._big)
                 self._big = None
+                self._partial_since = None
                 self._wake()
             return
         self._end += nbytes
         self._cut_frames()
+        if self._big is not None or self._start != self._end:
+            if self._partial_since is None:
+                self._partial_since = now
+        else:
+            self._partial_since = None
         self._wake()
+
+    def _draw(self, n: int) -> bool:
+        """Takes `n` bytes of the broker's receive budget for a big frame; when they do not fit, the connection is
+        refused: what it sends is dropped, and its request task closes it with the reason."""
+        if self._budget.reserve(n):
+            self._budget_held += n
+            return True
+        self._refused = True
+        self._big = None
+        self._frames.append(ProtocolError(f"the broker's buffer budget for requests being received is spent "
+                                          f"({self._budget.limit} bytes across connections)", 0))
+        self._pause_reading()
+        self._wake()
+        return False
+
+    def _return_budget(self, n: int) -> None:
+        n = min(n, self._budget_held)
+        self._budget_held -= n
+        self._budget.release(n)
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -219,7 +264,11 @@ class Connection(asyncio.BufferedProtocol):
                 continue
             if length >= BIG_FRAME_BYTES:
                 have = end - start - FRAME_HEADER.size
-                self._big = _grown(buf[start + FRAME_HEADER.size : end], have, min(max(READ_BYTES, have), length))
+                capacity = min(max(READ_BYTES, have), length)
+                if not self._draw(capacity):
+                    start = end
+                    break
+                self._big = _grown(buf[start + FRAME_HEADER.size : end], have, capacity)
                 self._big_msg_id, self._big_length, self._big_filled = msg_id, length, have
                 start = end
             break
@@ -267,9 +316,16 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             return
         now = self.loop.time()
+        if self._partial_since is not None and now - self._partial_since > REQUEST_DEADLINE_S:
+            log.info("closing connection from %s: a request did not arrive whole within %.0f s", self.peer,
+                     REQUEST_DEADLINE_S)
+            self.abort()
+            return
         if self.tasks or self._busy or self._frames:
             self._last_activity = now
         due = self._last_activity + self.idle_timeout_s
+        if self._partial_since is not None:
+            due = min(due, self._partial_since + REQUEST_DEADLINE_S + 0.001)
         if now < due:
             self._idle_timer = self.loop.call_at(due, self._check_idle)
             return
@@ -313,6 +369,8 @@ class Connection(asyncio.BufferedProtocol):
                     await self.dispatch(msg_id, payload)
                 finally:
                     self._busy = False
+                    if len(payload) >= BIG_FRAME_BYTES:
+                        self._return_budget(len(payload))  # a big frame's buffer, drawn while it arrived
         except (ProtocolError, CloseConnection) as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
         except ConnectionError:
@@ -411,6 +469,8 @@ class Connection(asyncio.BufferedProtocol):
 
     async def close(self) -> None:
         self._flush()
+        self._return_budget(self._budget_held)
+        self._big = None
         self.closed = True
         self._wake()
         for task in list(self.tasks):

@@ -11,6 +11,7 @@ import pytest
 from tests.protocol.hexbytes import h
 from tiered.protocol.bundle import Message, decode_bundle, encode_bundle, encode_record, maybe_record
 from tiered.protocol.codes import ConsumeFlags, ConsumeStatus, Endpoint, ProduceStatus
+from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import MsgType, encode_frame, maybe_frame
 from tiered.protocol.requests import (
     ConsumePartition,
@@ -235,6 +236,13 @@ def test_consume_request(request_, payload):
     )
     assert peek_request_id(MsgType.CONSUME, payload) == request_.request_id
 
+
+
+def test_a_consume_request_for_partition_0xffff_is_refused_with_the_reason():
+    # In a consume response 0xffff after a partition count means "unknown topic": an answer could not be read back.
+    payload = h("0200 01000000 00 e803000000000000 3c000000 01 03'pyt' 01 ffff 0000000000000000 00100000")
+    with pytest.raises(ProtocolError, match="partition id 0xffff of topic 'pyt' cannot be answered"):
+        read_consume_request(payload)
 
 P0_CHUNK = h("210c00 74985a03a2010000 02'a1' 03 03'key' 02'a2' 00 75985a03a2010000 02'a3'")
 P1_CHUNK = h("0d0400 74985a03a2010000 02'b1'")

@@ -175,9 +175,13 @@ async def rolling_restart(service: Service, log) -> list[float]:
             leaders = await asyncio.to_thread(service.leaders)
             theirs = [p for p, b in leaders.items() if b == broker_id]
             started = time.monotonic()
-            service.brokers[broker_id].stop()
-            await asyncio.sleep(1.5)
-            ended = time.monotonic()
+            await asyncio.to_thread(service.brokers[broker_id].stop)
+            # The stall ends at each partition's first ack after the broker is gone (bounded by 30 s).
+            stopped = time.monotonic()
+            deadline = stopped + 30
+            while any(clock.first_ack_after(p, stopped) is None for p in theirs) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            ended = max([time.monotonic(), *(clock.first_ack_after(p, stopped) or 0 for p in theirs)])
             gaps += [clock.longest_gap(p, started, ended) for p in theirs]
             log(f"SIGTERM broker {broker_id}: partitions {theirs}, longest gaps "
                 f"{', '.join(f'{g:.2f}' for g in gaps[-len(theirs):])} s")

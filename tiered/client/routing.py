@@ -36,7 +36,8 @@ from tiered.protocol.codes import Endpoint, ProduceStatus
 
 HOP_LIMIT = 5
 BACKOFF_FIRST_S = 0.05
-BACKOFF_MAX_S = 1.0
+# A handover moves a partition in well under a second: a backoff longer than a fifth of one would make the stall.
+BACKOFF_MAX_S = 0.2
 
 Key = Hashable  # what a request is cut by: (topic, partition)
 K = TypeVar("K", bound=Key)

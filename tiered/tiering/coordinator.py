@@ -37,7 +37,7 @@ from tiered.tiering.catalog_access import AsyncCatalog
 
 log = logging.getLogger("tiered.cluster")
 
-TICK_S = 0.5
+TICK_S = 0.25  # a handover's new leader claims at its next tick: this is most of a clean move's stall
 LEASE_SAFETY = 0.8  # acknowledge only while the last renewal is younger than this share of the lease
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most

@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--lease-ms", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=15.0, help="each throughput run")
+    parser.add_argument("--only", choices=["moves", "throughput"],
+                        help="only the failover and rolling restart, or only the throughput runs")
     args = parser.parse_args(argv)
     kills, lease_ms, seconds = (3, 3000, 5.0) if args.quick else (args.kills, args.lease_ms, args.seconds)
     bindir = find_pg_bindir()
@@ -274,13 +276,18 @@ def main(argv: list[str] | None = None) -> int:
         service = Service(root, pg, moto, lease_ms)
 
         async def everything():
-            try:
-                takeovers = await failover(service, kills, log)
-                gaps = await rolling_restart(service, log)
-            finally:
-                service.stop_all()
-            one = await throughput(root, pg, moto, 1, seconds, log)
-            two = await throughput(root, pg, moto, 2, seconds, log)
+            takeovers: list[float] = []
+            gaps: list[float] = []
+            one = two = None
+            if args.only != "throughput":
+                try:
+                    takeovers = await failover(service, kills, log)
+                    gaps = await rolling_restart(service, log)
+                finally:
+                    service.stop_all()
+            if args.only != "moves":
+                one = await throughput(root, pg, moto, 1, seconds, log)
+                two = await throughput(root, pg, moto, 2, seconds, log)
             return takeovers, gaps, one, two
 
         takeovers, gaps, one, two = asyncio.run(everything())
@@ -288,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         moto.stop()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+    if args.only != "throughput":
+        print_moves(takeovers, gaps, kills, lease_ms)
+    if one is not None and two is not None:
+        print_throughput(one, two)
+    return 0
+
+
+def print_moves(takeovers: list[float], gaps: list[float], kills: int, lease_ms: int) -> None:
     lease_s = lease_ms / 1000
     print(f"cluster: lease {lease_s:g} s, {kills} kills, {len(takeovers)} partitions taken over")
     print("| measure | p50 | p99 | max | goal |")
@@ -297,13 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| rolling restart: longest gap between acks per partition (s) | {pct(gaps, .5):.2f} | {pct(gaps, .99):.2f} "
           f"| {max(gaps, default=float('nan')):.2f} | ≤ 1 |")
     print()
+
+
+def print_throughput(one: dict, two: dict) -> None:
     print("| brokers | durable msg/s | MB/s | errors | brokers' CPU | moto's CPU | load generator's CPU (cores) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in (one, two):
         print(f"| {r['brokers']} | {r['msgs_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['errors']} | {r['broker_cpu']:.2f} "
               f"| {r['moto_cpu']:.2f} | {r['loadgen_cpu']:.2f} |")
     print(f"two / one: {two['msgs_per_s'] / one['msgs_per_s']:.2f}x (goal ≥ 1.7x)")
-    return 0
 
 
 if __name__ == "__main__":

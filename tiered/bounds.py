@@ -1,7 +1,7 @@
 """Where seq N is: a partition's bounds, and the one decision that maps (seq, bounds) to a source.
 
 Every consume asks this and nothing else decides it: the fetch resolver (tiered.server.fetch) carries the choice
-out, reading from the local log or asking the tier below. TANK's answers (PROTOCOL.md §3.3, §3.4):
+out, reading from the local log or asking the tier below. TANK's answers (docs/protocol.md §3.3, §3.4):
 - seq 0 means "from the first available seq" (EOF when the partition holds nothing);
 - UINT64_MAX, or the seq right after the high-water mark, is the tail: EOF, a long-poll may wait there;
 - past the tail, or below the first available seq, is a boundary fault carrying the first available seq;

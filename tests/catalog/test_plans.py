@@ -1,6 +1,6 @@
-"""Every lookup is an index scan (DESIGN.md, "Catalog"): the statements each query function sends are captured and
-EXPLAINed on both backends. On PostgreSQL sequential scans are disabled for the EXPLAIN, so a statement that
-no index can serve still shows as a Seq Scan (or as an index scan without an Index Cond)."""
+"""Every lookup is an index scan (docs/architecture.md, "Catalog"): the statements each query function sends are
+captured and EXPLAINed on both backends. On PostgreSQL sequential scans are disabled for the EXPLAIN, so a statement
+that no index can serve still shows as a Seq Scan (or as an index scan without an Index Cond)."""
 
 from __future__ import annotations
 

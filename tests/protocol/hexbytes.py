@@ -1,4 +1,4 @@
-"""Bytes written the way PROTOCOL.md writes them: hex groups and 'quoted' ASCII, separated by spaces or `|`."""
+"""Bytes written the way docs/protocol.md writes them: hex groups and 'quoted' ASCII, separated by spaces or `|`."""
 
 import re
 

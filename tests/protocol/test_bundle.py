@@ -1,4 +1,4 @@
-"""Bundles (PROTOCOL.md §4): headers, message sets, records, and the encoder's choices."""
+"""Bundles (docs/protocol.md §4): headers, message sets, records, and the encoder's choices."""
 
 import pytest
 import snappy

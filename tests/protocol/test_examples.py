@@ -1,9 +1,9 @@
-"""The hex examples of PROTOCOL.md for frames, varints, bundles, produce and consume, byte for byte, both ways.
+"""The hex examples of docs/protocol.md for frames, varints, bundles, produce and consume, byte for byte, both ways.
 
 The small admin messages are in test_examples_admin.py.
 
-Examples marked "(observed on a running TANK broker)" in PROTOCOL.md are copied verbatim. Requests for which
-PROTOCOL.md gives a layout but no capture are written out field by field from that layout.
+Examples marked "(observed on a running TANK broker)" in docs/protocol.md are copied verbatim. Requests for which
+docs/protocol.md gives a layout but no capture are written out field by field from that layout.
 """
 
 import pytest
@@ -49,7 +49,7 @@ KEYED_RECORD = h("1e 0c 01 06ce5903a2010000 02'k1' 02'v1' 03 02'k2' 02'v2' 03 02
 HELLO_TS = 0x01A20359CDFB
 KEYED_TS = 0x01A20359CE06
 
-# §4.2: a sparse bundle from a 0x05 produce, seqs 1000, 1001, 1005, 1006. PROTOCOL.md leaves the stamp as <ts>.
+# §4.2: a sparse bundle from a 0x05 produce, seqs 1000, 1001, 1005, 1006. docs/protocol.md leaves the stamp as <ts>.
 SPARSE_TS = 0x01A2035A9874
 SPARSE_BUNDLE = h(
     "50 e803000000000000 05 | 00 74985a03a2010000 05'm1000' | 06 05'm1001' | 02 03 05'm1005' | 02 05'm1006'"

@@ -1,7 +1,7 @@
-"""The PROTOCOL.md examples of the small admin messages (§3.6-§3.11), byte for byte, both ways.
+"""The docs/protocol.md examples of the small admin messages (§3.6-§3.11), byte for byte, both ways.
 
-Responses marked "(observed on a running TANK broker)" in PROTOCOL.md are copied verbatim; requests, and the
-responses PROTOCOL.md gives only a layout for, are written out field by field from that layout.
+Responses marked "(observed on a running TANK broker)" in docs/protocol.md are copied verbatim; requests, and the
+responses docs/protocol.md gives only a layout for, are written out field by field from that layout.
 """
 
 import pytest

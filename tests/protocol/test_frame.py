@@ -77,7 +77,7 @@ def test_encode_frame_refuses_what_a_broker_would_refuse():
 
 
 def _example_stream():
-    """The PROTOCOL.md examples as frames, with the reader for each."""
+    """The docs/protocol.md examples as frames, with the reader for each."""
     cases = [
         (MsgType.PING, b"", bytes),
         (MsgType.CONSUME, CONSUME_BYTES, read_consume_request),

@@ -1,4 +1,4 @@
-"""Unsigned 32-bit LEB128 varints (PROTOCOL.md §5)."""
+"""Unsigned 32-bit LEB128 varints (docs/protocol.md §5)."""
 
 import pytest
 from hypothesis import given

@@ -94,7 +94,7 @@ async def test_explicit_seqnums_at_or_below_the_hwmark_are_refused_with_0x0a(cli
 
 
 async def test_produce_response_bytes_for_unknown_topic_and_partition(broker, client):
-    # PROTOCOL.md §3.2: pyt:[0,1,9], nosuch:[0,1], pyt:[2] -> 64000000 00 00 01 ff 00
+    # docs/protocol.md §3.2: pyt:[0,1,9], nosuch:[0,1], pyt:[2] -> 64000000 00 00 01 ff 00
     await client.create_topic("pyt", 3)
     bundle = encode_bundle([Message(b"v", None, 1)])
     parts = lambda ids: tuple(rq.ProducePartition(i, bundle) for i in ids)  # noqa: E731
@@ -121,7 +121,7 @@ async def test_consume_errors_unknown_topic_partition_and_boundary(client):
 
 
 async def test_eof_answered_at_once_with_first_available_as_base(broker, client):
-    # PROTOCOL.md §3.4: p2 at EOF -> base=firstAvailable, chunk_len 0 (answered at once: other partitions had data).
+    # docs/protocol.md §3.4: p2 at EOF -> base=firstAvailable, chunk_len 0 (at once: other partitions had data).
     await client.create_topic("pyt", 3)
     await client.produce_many({("pyt", 0): [Message(b"a1")], ("pyt", 2): [Message(b"c1")]})
     raw = await RawConnection.open(broker.broker.port)

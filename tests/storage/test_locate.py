@@ -1,4 +1,4 @@
-"""TANK's consume semantics over local segments (PROTOCOL.md §3.3, §3.4, §10): tiered.bounds.locate decides,
+"""TANK's consume semantics over local segments (docs/protocol.md §3.3, §3.4, §10): tiered.bounds.locate decides,
 PartitionLog.read carries it out (tests.support.storage_helpers.locate composes the two as a local-only broker)."""
 
 import os

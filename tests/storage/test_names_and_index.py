@@ -83,7 +83,7 @@ OBSERVED_ENTRIES = [(0, 0), (2, 214), (4, 428), (6, 642), (8, 856)]
 
 
 def test_indexing_rule_matches_the_observed_example():
-    # PROTOCOL.md §7: interval 128 with 107-byte records, one message each, gives these entries.
+    # docs/protocol.md §7: interval 128 with 107-byte records, one message each, gives these entries.
     builder = IndexBuilder(128)
     for i in range(10):
         builder.add(i, i * 107, 107)

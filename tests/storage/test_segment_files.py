@@ -1,4 +1,4 @@
-"""Segment files byte for byte against PROTOCOL.md §7, and the roll rules with a fake clock."""
+"""Segment files byte for byte against docs/protocol.md §7, and the roll rules with a fake clock."""
 
 import os
 import random

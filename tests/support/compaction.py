@@ -1,6 +1,6 @@
 """Compaction tests' helpers: workloads, an independent reference model, and TANK-format checks of segment files.
 
-The model is written from PROTOCOL.md §10 and the issue, not from tiered.storage.compaction_plan: over the
+The model is written from docs/protocol.md §10 and the issue, not from tiered.storage.compaction_plan: over the
 compacted range (every sealed segment), keyless messages (no key or an empty one) stay; of a key's messages only
 the one with the highest seq stays; a latest message with an empty value (a tombstone) stays until
 `retention_ms` after the first pass that saw it; if nothing at all would stay, the range's last message does.
@@ -130,7 +130,7 @@ def _message_flags(message_set: bytes, count: int, sparse: bool) -> list[int]:
 
 
 def check_segment_file(path: str, base: int, name_last: int | None, interval: int, index_bytes: bytes) -> list[int]:
-    """Byte-level checks of one segment and its index against PROTOCOL.md §4 and §7; returns its message seqs."""
+    """Byte-level checks of one segment and its index against docs/protocol.md §4 and §7; returns its message seqs."""
     with open(path, "rb") as f:
         data = f.read()
     builder = IndexBuilder(interval)

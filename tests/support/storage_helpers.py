@@ -11,7 +11,7 @@ from tiered.protocol.bundle import Message, encode_bundle
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig
 
-# The creation time in PROTOCOL.md §7's observed file name `events/0/1_1795352546.log`.
+# The creation time in docs/protocol.md §7's observed file name `events/0/1_1795352546.log`.
 OBSERVED_TS = 1795352546
 
 

@@ -1,4 +1,5 @@
-"""Blocks and their runs: the intent row, the commit, lookups by seq, pruning, the sweep (DESIGN.md steps 3-8).
+"""Blocks and their runs: the intent row, the commit, lookups by seq, pruning, the sweep
+(docs/architecture.md, data path steps 3-8).
 
 A block's life (tiered.catalog.states): `insert_pending_block` before the PUT; `commit_block` after it (or
 `abandon_block` when the commit failed); `prune_runs_in` when a remote segment answering for the same seqs is

@@ -1,4 +1,4 @@
-"""The catalog schema as SQLAlchemy 2 declarative models (DESIGN.md, "Catalog").
+"""The catalog schema as SQLAlchemy 2 declarative models (docs/architecture.md, "Catalog").
 
 The migrations in migrations/versions/ are written by hand and must build exactly this schema
 (tests/catalog/test_migrations.py compares them). Query modules use the tables through these classes.

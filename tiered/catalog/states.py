@@ -3,12 +3,12 @@
 Every state change in the catalog goes through `Transitions.check` (one row) or `Transitions.sources` (a bulk
 UPDATE's `WHERE state IN (...)`), so the tables below are the whole truth about what may follow what.
 
-Blocks (DESIGN.md, data path steps 3 and 8):
+Blocks (docs/architecture.md, data path steps 3 and 8):
 
     pending ──commit──> committed ──all runs pruned──> deleting ──swept──> (row deleted)
        └──────────abandoned (commit failed)─────────────^
 
-Remote segments (Kafka's RemoteLogSegmentState; DESIGN.md steps 5 and 7):
+Remote segments (Kafka's RemoteLogSegmentState; docs/architecture.md steps 5 and 7):
 
     COPY_STARTED ──> COPY_FINISHED ──> DELETE_STARTED ──> DELETE_FINISHED
       │   ^  │                                ^

@@ -8,7 +8,7 @@ with its file position whenever it breaks any of that. TANK's format carries no 
 a message's content or timestamp (in a compressed set too: a snappy literal) yields another valid message; only a
 copy elsewhere (the bucket's) could tell. An index is checked entry by entry against the log beside it: entries
 strictly increase and each one points at the start of the bundle whose first seq it names. Exit status 1 when any
-file has a problem. Unlike `tank verify`, message counts are exact (PROTOCOL.md §16.8).
+file has a problem. Unlike `tank verify`, message counts are exact (docs/protocol.md §16.8).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One connection to one broker: requests pipelined and matched to responses by request id.
 
 A long-poll consume may be answered after later requests, so answers are matched by id, not by order. The broker's
-PING (sent once on accept, PROTOCOL.md §1) is skipped. When the connection ends, every request waiting on it fails
+PING (sent once on accept, docs/protocol.md §1) is skipped. When the connection ends, every request waiting on it fails
 with the reason; `call` on an ended connection raises NotSent, since nothing was written.
 """
 

@@ -7,7 +7,7 @@
  * the broker reads a produce request in one native call; on a framing fault it answers None and the reference
  * reader names the fault.
  *
- * Bundle layout (PROTOCOL.md section 4; bundle.py has the same table):
+ * Bundle layout (docs/protocol.md section 4; bundle.py has the same table):
  *
  *     flags          u8: bits 0-1 codec (0 none, 1 snappy), bits 2-5 message count if 1..15, bit 6 SPARSE,
  *                    bit 7 reserved (never set)

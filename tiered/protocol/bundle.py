@@ -1,4 +1,4 @@
-"""Bundles: TANK's batches of messages, identical on the wire and on disk (PROTOCOL.md §4).
+"""Bundles: TANK's batches of messages, identical on the wire and on disk (docs/protocol.md §4).
 
 Bundle layout:
 

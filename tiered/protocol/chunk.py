@@ -1,4 +1,4 @@
-"""Reading a consume chunk as TANK's client does (PROTOCOL.md §9, `process_consume`).
+"""Reading a consume chunk as TANK's client does (docs/protocol.md §9, `process_consume`).
 
 A chunk is `{bundle_len:varint, bundle}` repeated; its first non-sparse bundle starts at the response's base seq,
 later non-sparse bundles continue from the previous bundle's last seq + 1, sparse bundles carry their own range.

@@ -1,6 +1,6 @@
-"""TANK's status codes and flags (PROTOCOL.md §8, TANK v4 `common.h`), and the IPv4 endpoint they carry.
+"""TANK's status codes and flags (docs/protocol.md §8, TANK v4 `common.h`), and the IPv4 endpoint they carry.
 
-Endpoint layout (PROTOCOL.md §0; follows the codes 0xfc "other leader" in produce, consume and discover responses):
+Endpoint layout (docs/protocol.md §0; follows the codes 0xfc "other leader" in produce, consume and discover responses):
 
     addr4   4 bytes   the octets a.b.c.d in order (TANK copies a network-order in_addr raw)
     port    u16       little-endian (a host-order uint16_t copied raw)

@@ -1,4 +1,4 @@
-"""Consume (0x02) response: a header, then the chunks it describes (PROTOCOL.md §3.4).
+"""Consume (0x02) response: a header, then the chunks it describes (docs/protocol.md §3.4).
 
 Payload layout:
 

@@ -1,4 +1,4 @@
-"""Discovery responses: which partitions, topics and brokers exist (PROTOCOL.md §3.6, §3.10, §3.11).
+"""Discovery responses: which partitions, topics and brokers exist (docs/protocol.md §3.6, §3.10, §3.11).
 
 DiscoverPartitions (0x06):
 

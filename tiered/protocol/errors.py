@@ -2,7 +2,7 @@
 
 
 class ProtocolError(ValueError):
-    """Bytes that do not follow PROTOCOL.md. The message names what was being read and where."""
+    """Bytes that do not follow docs/protocol.md. The message names what was being read and where."""
 
     def __init__(self, what: str, position: int | None = None):
         self.what = what

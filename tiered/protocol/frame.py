@@ -1,4 +1,4 @@
-"""Frames: every TANK message in both directions (PROTOCOL.md §1, §2).
+"""Frames: every TANK message in both directions (docs/protocol.md §1, §2).
 
 Frame layout:
 

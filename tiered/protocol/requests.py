@@ -1,4 +1,4 @@
-"""Request payloads sent by clients (PROTOCOL.md §3.1, §3.3, §3.6-§3.11). The frame header is not part of them.
+"""Request payloads sent by clients (docs/protocol.md §3.1, §3.3, §3.6-§3.11). The frame header is not part of them.
 
 Produce (0x01) / ProduceWithSeqnum (0x05):
 

@@ -1,4 +1,4 @@
-"""Response payloads sent by a broker (PROTOCOL.md §3.2, §3.4, §3.6-§3.11). The frame header is not part of them.
+"""Response payloads sent by a broker (docs/protocol.md §3.2, §3.4, §3.6-§3.11). The frame header is not part of them.
 
 This module holds produce, create topic, reload conf and status; consume lives in consume_response.py and the
 discovery responses in discovery.py; all are re-exported here.

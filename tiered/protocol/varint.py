@@ -1,4 +1,4 @@
-"""Unsigned 32-bit LEB128 varints (PROTOCOL.md §5).
+"""Unsigned 32-bit LEB128 varints (docs/protocol.md §5).
 
 7 bits per byte, least significant group first, 0x80 marks a continuation; 1 to 5 bytes. TANK's decoder does not
 mask the fifth byte; we refuse a value that does not fit in 32 bits instead of wrapping it silently.

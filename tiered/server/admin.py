@@ -1,6 +1,6 @@
 """The administrative requests: DiscoverPartitions, CreateTopic, ReloadConf, Status, DiscoverTopics, DiscoverTopology.
 
-Where TANK has a bug we answer properly instead (PROTOCOL.md §16): an explicit partition list in DiscoverPartitions
+Where TANK has a bug we answer properly instead (docs/protocol.md §16): an explicit partition list in DiscoverPartitions
 gets real ranges in standalone mode, and an unknown partition in that list is answered with the system-error reason
 (0xfb: a definite "this partition cannot be served") instead of aborting the broker. ReloadConf re-reads the
 partition's `config` file (TANK's rule and error codes) and applies it over the topic's layers, not instead of them.

@@ -1,4 +1,4 @@
-"""Consume (0x02), as TANK answers it (PROTOCOL.md §3.3, §3.4).
+"""Consume (0x02), as TANK answers it (docs/protocol.md §3.3, §3.4).
 
 Each partition resolves to data (whole bundles from the one that holds the seq), a boundary fault, or EOF. Any
 partition that is not at EOF makes the response immediate; so does max_wait 0. Otherwise the request waits until

@@ -1,4 +1,4 @@
-"""Produce (0x01) and ProduceWithSeqnum (0x05), both answered with message id 0x01 (PROTOCOL.md §3.1, §3.2).
+"""Produce (0x01) and ProduceWithSeqnum (0x05), both answered with message id 0x01 (docs/protocol.md §3.1, §3.2).
 
 Every bundle of the request is validated completely (read_checked_produce: header, snappy block, every message,
 count, no trailing bytes) before the request reaches this handler, so a malformed request changes nothing: its

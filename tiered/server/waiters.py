@@ -3,7 +3,7 @@
 A consume whose partitions are all at their tail waits until the bytes that become visible on those partitions add
 up to `min_bytes` (any visible append when it is 0), or until its deadline. A waiter remembers, per partition, the
 seq it is waiting for; when it fires, the response reads from there. On a durable topic bytes become visible when
-their block is committed, not when they are appended (DESIGN.md, "Visibility follows durability").
+their block is committed, not when they are appended (docs/architecture.md, "Visibility follows durability").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""tiered.spark: replaying a topic's history from the bucket, on Spark (DESIGN.md "Replay on Spark").
+"""tiered.spark: replaying a topic's history from the bucket, on Spark (docs/architecture.md "Replay on Spark").
 
     from tiered.spark import TieredDataSource
     spark.dataSource.register(TieredDataSource)

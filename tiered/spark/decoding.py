@@ -1,6 +1,6 @@
 """Replay decoding: the bytes of a segment range or a block run in, messages and Arrow record batches out. Pure.
 
-The bytes are whole `{varint bundle_len, bundle}` records (PROTOCOL.md §4, §7), decoded by tiered.protocol.bundle,
+The bytes are whole `{varint bundle_len, bundle}` records (docs/protocol.md §4, §7), decoded by tiered.protocol.bundle,
 the broker's own code: plain and snappy message sets, sparse bundles. A non-sparse bundle's messages continue from
 the seq after the previous bundle's last (the first record's seq is known from the catalog or the index); a sparse
 bundle carries its own first and last seq. Bundles wholly outside the wanted seqs are skipped from their header,

@@ -1,6 +1,6 @@
 """Replay planning: catalog rows in, splits out. Pure: no catalog, no store, no Spark.
 
-A replay of one partition reads two kinds of objects (DESIGN.md "Replay on Spark"):
+A replay of one partition reads two kinds of objects (docs/architecture.md "Replay on Spark"):
 - remote segments (COPY_FINISHED), TANK `.ilog` files with their `.index`; everything at or below the partition's
   highest copied seq lives in them (runs are pruned only once a segment holding them is COPY_FINISHED);
 - block runs, for the tail above the highest copied seq that is not sealed and copied yet.

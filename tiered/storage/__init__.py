@@ -1,4 +1,4 @@
-"""tiered.storage: local partition logs kept exactly as TANK keeps them (PROTOCOL.md §7, §10, §12).
+"""tiered.storage: local partition logs kept exactly as TANK keeps them (docs/protocol.md §7, §10, §12).
 
 Synchronous file I/O only; no network, no asyncio. The server owns one PartitionLog per local partition.
 """

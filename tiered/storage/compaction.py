@@ -1,4 +1,4 @@
-"""Key compaction of a partition's sealed local segments: TANK's `log.cleanup.policy=cleanup` (PROTOCOL.md §10).
+"""Key compaction of a partition's sealed local segments: TANK's `log.cleanup.policy=cleanup` (docs/protocol.md §10).
 
 Entry points, both synchronous and meant for a worker thread (they read and write files for seconds; the log's lock
 is only taken for snapshots and for each group's swap, a handful of renames):

@@ -1,9 +1,9 @@
 """What a compaction pass keeps and which sealed segments it rewrites together: TANK's CLEANUP policy
-(PROTOCOL.md §10), as pure functions over messages and segment sizes.
+(docs/protocol.md §10), as pure functions over messages and segment sizes.
 
 What is kept, over the compacted range (a run of the oldest sealed segments; the active segment is never part of it):
 - every message without a key. As in TANK, an empty key is no key (`strwlen8_t` is falsy when empty). TANK's own
-  pass also drops keyless messages with an empty value; PROTOCOL.md keeps every keyless message, and so do we;
+  pass also drops keyless messages with an empty value; docs/protocol.md keeps every keyless message, and so do we;
 - of the messages with a key, the one with the highest seq in the range (the latest value), unless it is a
   tombstone (an empty value) whose retention has passed: `delete_retention_ms` after the first pass that compacted
   it (compaction_checkpoint.py). Earlier messages of a key are removed whatever they hold.

@@ -1,4 +1,4 @@
-"""Swapping a group's compacted output in for its input segments, crash-safe (PROTOCOL.md §7 compaction files).
+"""Swapping a group's compacted output in for its input segments, crash-safe (docs/protocol.md §7 compaction files).
 
 The steps, each one a rename or unlink, with the directory fsynced between the stages:
 

@@ -1,4 +1,4 @@
-"""Writing one group's compacted output: sealed segments with TANK's names, records and index (PROTOCOL.md §4, §7).
+"""Writing one group's compacted output: sealed segments with TANK's names, records and index (docs/protocol.md §4, §7).
 
 Output segments tile the group's seq range: the first is based at the group's base, each next one right after the
 last seq of the one before, and the last one ends at the group's last seq. A name may therefore cover seqs that no

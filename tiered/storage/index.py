@@ -1,4 +1,4 @@
-"""The sparse index of one segment: `<base>.index` (PROTOCOL.md §7).
+"""The sparse index of one segment: `<base>.index` (docs/protocol.md §7).
 
 Index file layout, a sequence of fixed entries:
 

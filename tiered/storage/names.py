@@ -1,4 +1,4 @@
-"""File names inside a partition directory (PROTOCOL.md §7).
+"""File names inside a partition directory (docs/protocol.md §7).
 
     <base>_<createdTS>.log              the active segment; older form <base>.log still accepted
     <base>-<last>_<freezeTS>.ilog       a sealed segment; older form <base>-<last>.ilog still accepted

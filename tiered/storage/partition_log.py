@@ -1,6 +1,6 @@
 """One partition's local log: sealed segments, the active segment, and the seq bookkeeping around them.
 
-Seqs (PROTOCOL.md §3.1, §3.3, §10):
+Seqs (docs/protocol.md §3.1, §3.3, §10):
 - `last_assigned`: the highest seq ever given out (0 when nothing ever was). A plain produce gets last_assigned+1;
   a 0x05 produce names its first seq; a sparse bundle names first and last in its header. Explicit seqs must be
   above last_assigned (else InvalidSeqnums); jumps are allowed and leave a gap. No seq exceeds MAX_SEQ (2**63 - 1).
@@ -349,7 +349,7 @@ class PartitionLog:
 
     def read(self, seq: int, fetch_size: int, hwmark: int, *, across_gaps: bool = True) -> ReadRange | None:
         """Whole records from the one holding `seq` (or, in a gap, the next one), ending at a record boundary near
-        `fetch_size` and never past `hwmark` (PROTOCOL.md §3.4). None when the log holds no visible record at or
+        `fetch_size` and never past `hwmark` (docs/protocol.md §3.4). None when the log holds no visible record at or
         after `seq`, or when `seq` falls between two segments and `across_gaps` is False: a gap between segments
         may hold seqs a lower tier has (a disk behind the catalog), while a gap inside a segment is a jump in seqs
         this log made itself."""

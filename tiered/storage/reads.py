@@ -1,4 +1,4 @@
-"""Consume reads inside one segment: where a chunk starts and where it ends (PROTOCOL.md §3.4, §10).
+"""Consume reads inside one segment: where a chunk starts and where it ends (docs/protocol.md §3.4, §10).
 
 A chunk is a byte range of a segment file made of whole records, so it can be streamed with sendfile:
 - it starts at the record holding the requested seq (index floor lookup, then a short walk of record headers);

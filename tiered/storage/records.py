@@ -1,6 +1,6 @@
 """Walking the records of a segment file.
 
-Segment file layout (PROTOCOL.md §7), nothing else in the file:
+Segment file layout (docs/protocol.md §7), nothing else in the file:
 
     { bundle_len varint, bundle }   repeated; the bundle header is read with read_bundle_header()
 

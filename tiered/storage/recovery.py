@@ -1,4 +1,4 @@
-"""Opening a partition directory after a clean stop or a crash (PROTOCOL.md §7 "Startup recovery").
+"""Opening a partition directory after a clean stop or a crash (docs/protocol.md §7 "Startup recovery").
 
 What is checked and repaired, in order:
 0. A compaction swap that a crash interrupted is rolled back or forward (compaction_swap.py), so that the

@@ -1,4 +1,4 @@
-"""Which sealed segments retention deletes: TANK's DELETE policy (PROTOCOL.md §10), as a pure function.
+"""Which sealed segments retention deletes: TANK's DELETE policy (docs/protocol.md §10), as a pure function.
 
 The oldest segments go first, while any limit is exceeded: more than `retention.segments.count` sealed segments,
 more than `log.retention.bytes` of them, or the oldest frozen more than `log.retention.secs` ago (0 disables a

@@ -1,5 +1,5 @@
 """Segments: the appendable ActiveSegment (`<base>_<createdTS>.log`) and immutable SealedSegments
-(`<base>-<last>_<freezeTS>.ilog`), each with its `<base>.index` (names.py, index.py, PROTOCOL.md §7).
+(`<base>-<last>_<freezeTS>.ilog`), each with its `<base>.index` (names.py, index.py, docs/protocol.md §7).
 
 Readers get one shared read-only file object per segment (`reader()`); they must read with explicit positions
 (os.pread, os.sendfile) and never close it. It survives the roll (a rename keeps the inode). Retention only drops

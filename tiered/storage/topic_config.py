@@ -1,4 +1,4 @@
-"""Topic and partition configuration: TANK's `key=value` files (PROTOCOL.md §12) plus our own keys.
+"""Topic and partition configuration: TANK's `key=value` files (docs/protocol.md §12) plus our own keys.
 
 File format (TANK `parse_partition_config()`):
 

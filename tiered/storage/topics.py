@@ -1,4 +1,4 @@
-"""The data directory: one directory per topic, one per partition (PROTOCOL.md §3.7, §7).
+"""The data directory: one directory per topic, one per partition (docs/protocol.md §3.7, §7).
 
     <base>/<topic>/config          topic-level overrides (written by CreateTopic when non-empty)
     <base>/<topic>/<p>/            partitions 0..N-1, contiguous

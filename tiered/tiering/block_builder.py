@@ -1,4 +1,4 @@
-"""The block builder: one per broker, shared by every partition it leads (DESIGN.md, data path step 2).
+"""The block builder: one per broker, shared by every partition it leads (docs/architecture.md, data path step 2).
 
 Appended records wait here until their block closes: when the oldest pending record is `max_age_ms` old, or when
 the pending bytes reach `max_bytes`. A block is never empty. Records are grouped by partition in first-appended

@@ -1,4 +1,5 @@
-"""The block object: one partition's records per run, then a footer that describes the runs (DESIGN.md "Objects").
+"""The block object: one partition's records per run, then a footer that describes the runs
+(docs/architecture.md "Objects").
 
 Byte layout (all integers little-endian, as in TANK's files):
 

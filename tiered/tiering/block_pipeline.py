@@ -1,4 +1,4 @@
-"""Upload and commit of closed blocks (DESIGN.md, data path steps 3 and 4).
+"""Upload and commit of closed blocks (docs/architecture.md, data path steps 3 and 4).
 
 For each block, in this order: the intent row (`pending`) in the catalog, so no object can exist that the catalog
 does not know; the PUT; then, once every earlier block is committed, one commit transaction that checks the leader

@@ -1,4 +1,4 @@
-"""Every object key format, and only here (DESIGN.md "Objects").
+"""Every object key format, and only here (docs/architecture.md "Objects").
 
 Keys are relative to the object store's own prefix (`s3://bucket/<prefix>/`, or the local store's directory): the
 store adds it, so nothing outside `tiering/` ever sees or builds a full key.

@@ -1,4 +1,4 @@
-"""Rebuilding the catalog from the bucket alone: `tiered catalog rebuild` (DESIGN.md "Objects").
+"""Rebuilding the catalog from the bucket alone: `tiered catalog rebuild` (docs/architecture.md "Objects").
 
 Blocks are self-describing (their footer lists each run) and remote segment keys carry topic, partition, seq range
 and freeze time, so the bucket holds everything the catalog indexes except what was never in it:

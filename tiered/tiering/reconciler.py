@@ -1,4 +1,4 @@
-"""Deletion in two phases, and the orphan reconciler (DESIGN.md, data path step 8).
+"""Deletion in two phases, and the orphan reconciler (docs/architecture.md, data path step 8).
 
 Three bounded passes, each taking a store, a catalog and a `now` (tests pass a fake clock):
 

@@ -1,4 +1,4 @@
-"""Serving seqs the local disk no longer holds, from the bucket (DESIGN.md, data path step 6).
+"""Serving seqs the local disk no longer holds, from the bucket (docs/architecture.md, data path step 6).
 
 A remote segment is tried first: its catalog row (cached per partition) and its index object (fetched once and
 cached) give the byte position of the bundle holding the seq, and one range GET reads whole bundles from there.

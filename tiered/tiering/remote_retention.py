@@ -1,5 +1,5 @@
-"""Remote retention: remote segments expire by `remote.retention.secs` and `remote.retention.bytes` (DESIGN.md, data
-path step 7), through DELETE_STARTED -> objects deleted -> DELETE_FINISHED.
+"""Remote retention: remote segments expire by `remote.retention.secs` and `remote.retention.bytes`
+(docs/architecture.md, data path step 7), through DELETE_STARTED -> objects deleted -> DELETE_FINISHED.
 
 Which segments expire (tiered.catalog.segments.segments_for_remote_retention): the oldest readable ones, as a
 prefix of the partition's history, while

@@ -1,5 +1,5 @@
 """The remote tier: sealed segments copied to the bucket, reads below the local disk, remote retention, and the
-two-phase deletion with its orphan reconciler (DESIGN.md, data path steps 5 to 8).
+two-phase deletion with its orphan reconciler (docs/architecture.md, data path steps 5 to 8).
 
 Its loops run under the broker's supervisor: the copier continuously, retention and reconciliation as periodic
 passes. Everything it learns that changes what a partition serves (a segment copied, the first available seq moved)

@@ -1,5 +1,5 @@
 """The segment copier: each sealed segment goes to the bucket unchanged, its `.ilog` and its `.index`
-(DESIGN.md, data path step 5; Kafka's KIP-405 RemoteLogSegmentState).
+(docs/architecture.md, data path step 5; Kafka's KIP-405 RemoteLogSegmentState).
 
 For one segment: COPY_STARTED in the catalog, then both uploads (multipart above a threshold), then COPY_FINISHED,
 which in the same transaction prunes the block runs the segment now answers for (blocks left without runs are

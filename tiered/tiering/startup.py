@@ -5,7 +5,7 @@ history since the epoch this disk last applied) and this disk's id, it decides. 
 (truncate, continue from the catalog's high-water mark, record the epoch as applied) and the tier then uploads the
 records past the high-water mark, if the plan keeps them, before they become visible.
 
-The rule (DESIGN.md, data path step 9; the durability promise):
+The rule (docs/architecture.md, data path step 9; the durability promise):
 - The disk's records up to the end of the last epoch it applied agree with the catalog: that epoch's leader was
   this disk, and it committed records in append order.
 - If every claim since that epoch was this disk's own (a restart, or a claim that crashed before it was applied,

@@ -11,8 +11,8 @@ config (retention, `produce.ack`, ...). So the broker writes each topic's catalo
          "config_text": "produce.ack=durable\\n",   the topic's config file as created (may be "")
          "created_ms": 1700000000000}   when the topic was created, ms since the epoch
 
-Written after the catalog row, wherever a topic is created or its config changes (TieringService.create_topic), and
-at start for every catalog topic that has none yet (a topic created before these objects existed, or whose PUT
+Written after the catalog row, wherever a topic is created (TieringService.create_topic; a topic's catalog config does
+not change after that: a partition's local `config` file and ReloadConf change one broker's view only), and at start for every catalog topic that has none yet (a topic created before these objects existed, or whose PUT
 failed). A failed PUT is logged and does not fail the creation: the catalog row and the local directories are the
 truth the broker serves from; the object is the copy a rebuild reads, caught up at the next start.
 """

@@ -42,6 +42,11 @@ class Settings:
     read_only: bool = False
     block_max_bytes: int = 8 << 20
     block_max_age_ms: int = 250
+    # The latency-first block policy (tiered.tiering.durable): with no upload in flight a block may close once its
+    # oldest record is `block_linger_ms` old (None: off, blocks wait out their age limit), at most
+    # `block_max_puts_per_s` times a second, so that the PUTs it adds stay bounded.
+    block_linger_ms: int | None = None
+    block_max_puts_per_s: float = 10.0
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
     produce_ack_timeout_ms: int = 10_000
@@ -211,6 +216,8 @@ _CONVERTERS = {
     "read_only": parse_bool,
     "block_max_bytes": _at_least(parse_size, 1024, "1 KiB"),
     "block_max_age_ms": _at_least(int, 1, "1 ms"),
+    "block_linger_ms": _at_least(int, 0, "0 ms"),
+    "block_max_puts_per_s": _at_least(float, 0.01, "0.01"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
     "shutdown_timeout_s": _finite_seconds,
     "advertise": lambda v: _advertised(str(v)),
@@ -251,6 +258,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("-r", "--read-only", dest="read_only", action="store_const", const=True, help="refuse produce and create")
     a("--block-max-bytes", dest="block_max_bytes", help="close a block at this size (default 8MiB)")
     a("--block-max-age-ms", dest="block_max_age_ms", help="close a block this long after its oldest record")
+    a("--block-linger-ms", dest="block_linger_ms",
+      help="with no upload in flight, close a block this long after its oldest record (default: off)")
+    a("--block-max-puts-per-s", dest="block_max_puts_per_s",
+      help="at most this many blocks a second closed early by --block-linger-ms (default 10)")
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")

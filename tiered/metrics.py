@@ -130,6 +130,8 @@ DISCONTINUOUS_COMMITS = _declare("tiered_discontinuous_commits_total",
 TAKEOVERS = _declare("tiered_takeovers_total", "partitions this broker claimed (a start, a takeover, a handover)")
 HANDOVERS = _declare("tiered_handovers_total", "partitions this broker handed to another cleanly")
 LEASE_RENEWAL_FAILURES = _declare("tiered_lease_renewal_failures_total", "membership lease renewals that failed")
+BLOCKS_CLOSED_EARLY = _declare("tiered_blocks_closed_early_total",
+                                "blocks closed before their age limit by the latency-first policy (block_linger_ms)")
 REDIRECTS = _declare("tiered_redirects_total", "partitions answered 0xfc (led elsewhere) or 0xfd (no leader yet)")
 
 COMMIT_SECONDS = _declare_timing("tiered_commit_seconds", "block commit latency")

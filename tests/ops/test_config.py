@@ -44,6 +44,8 @@ SAMPLES = {
     "read_only": ("true", "1", True),
     "block_max_bytes": ('"512kb"', "512KiB", 512 << 10),
     "block_max_age_ms": ("100", "100", 100),
+    "block_linger_ms": ("5", "5", 5),
+    "block_max_puts_per_s": ("2.5", "2.5", 2.5),
     "produce_ack_timeout_ms": ("2500", "2500", 2500),
     "shutdown_timeout_s": ("12.5", "12.5", 12.5),
     "advertise": ('"10.1.2.3:11011"', "10.1.2.3:11011", "10.1.2.3:11011"),
@@ -58,7 +60,7 @@ OTHER = {
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
     "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
-    "cluster_lease_ms": ("2000", 2000),
+    "cluster_lease_ms": ("2000", 2000), "block_linger_ms": ("0", 0), "block_max_puts_per_s": ("50", 50.0),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
 }
 BARE_FLAGS = {"s3_path_style", "read_only"}
@@ -126,6 +128,9 @@ def _documented_defaults() -> Settings:
         elif name == "advertise":
             assert default == "the listen address"
             values[name] = ""
+        elif name == "block_linger_ms":
+            assert default == "off"  # blocks wait out block_max_age_ms
+            values[name] = None
         elif name in SAMPLES:
             values[name] = load_settings({name: default}, {}).__getattribute__(name)
     return Settings(**values)

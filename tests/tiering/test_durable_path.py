@@ -66,8 +66,7 @@ def appended(first: int, data: bytes, base: int = 1) -> AppendResult:
     return AppendResult(first, first, base, 0, len(data), data, validate_bundle(data[1:]))
 
 
-@pytest.fixture
-async def path(tmp_path):
+async def durable_path(tmp_path, **policy):
     url = f"sqlite:///{tmp_path}/c.db"
     upgrade(url)
     catalog = Catalog.open(url)
@@ -78,7 +77,7 @@ async def path(tmp_path):
     store = GatedStore(tmp_path / "objects")
     access = AsyncCatalog(catalog)
     durable = DurablePath(store, access, 1, sink, metrics=Metrics(), max_bytes=1 << 20, max_age_ms=250,
-                          grace=catalog_blocks.DEFAULT_DELETE_GRACE, clock=clock)
+                          grace=catalog_blocks.DEFAULT_DELETE_GRACE, clock=clock, **policy)
     for p, epoch in epochs.items():
         durable.lead("t", p, epoch, 0)
     timer = asyncio.ensure_future(durable.block_timer())
@@ -89,6 +88,20 @@ async def path(tmp_path):
         gate.set()
     await durable.stop()
     access.close()
+
+
+@pytest.fixture
+async def path(tmp_path):
+    """Cost-first, the default policy."""
+    async for made in durable_path(tmp_path):
+        yield made
+
+
+@pytest.fixture
+async def lingering(tmp_path):
+    """Latency-first: 5 ms of linger, early closes at most 20 a second (50 ms apart)."""
+    async for made in durable_path(tmp_path, linger_ms=5, max_puts_per_s=20):
+        yield made
 
 
 async def settle(path, until, what: str, turns: int = 400):
@@ -167,3 +180,64 @@ async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkey
     path.store.gates[0].set()
     assert await asyncio.wait_for(ack, 5) is AckOutcome.COMMITTED
     assert path.metrics.count(m.PUT_ERRORS) == 3
+
+
+async def test_latency_first_an_idle_pipeline_closes_a_block_after_its_linger(lingering):
+    ack = lingering.durable.appended("t", 0, appended(1, record()), durable=True)
+    await settle(lingering, lambda: lingering.clock.sleeping == 1, "the timer waiting for the linger")
+    lingering.clock.advance(0.004)
+    await lingering.clock.settle()
+    assert lingering.pipeline.in_flight == 0  # 4 ms: still lingering
+    lingering.clock.advance(0.002)
+    await settle(lingering, lambda: len(lingering.store.gates) == 1, "closed after 5 ms, not 250")
+    lingering.store.gates[0].set()
+    assert await asyncio.wait_for(ack, 5) is AckOutcome.COMMITTED
+    assert lingering.metrics.count(m.BLOCKS_CLOSED_EARLY) == 1
+
+
+async def test_latency_first_records_gather_while_a_block_uploads_then_go_at_once(lingering):
+    first = lingering.durable.appended("t", 0, appended(1, record()), durable=True)
+    lingering.clock.advance(0.005)
+    await settle(lingering, lambda: len(lingering.store.gates) == 1, "the first block uploading")
+    second = lingering.durable.appended("t", 0, appended(2, record()), durable=True)
+    third = lingering.durable.appended("t", 1, appended(1, record()), durable=True)
+    lingering.clock.advance(0.1)  # long past the linger and the spacing: the upload in flight holds them
+    await lingering.clock.settle()
+    await asyncio.sleep(0.02)
+    assert len(lingering.store.gates) == 1 and lingering.builder.pending_bytes > 0
+    lingering.store.gates[0].set()  # the upload ends: the gathered block closes at once, both records in it
+    assert await asyncio.wait_for(first, 5) is AckOutcome.COMMITTED
+    await settle(lingering, lambda: len(lingering.store.gates) == 2, "the gathered block uploading")
+    assert lingering.builder.pending_bytes == 0
+    lingering.store.gates[1].set()
+    assert await asyncio.wait_for(second, 5) is AckOutcome.COMMITTED and (await third) is AckOutcome.COMMITTED
+    assert lingering.sink.commits == [("t", 0, 1, 1), ("t", 0, 2, 2), ("t", 1, 1, 1)]
+
+
+async def test_latency_first_early_closes_are_spaced_by_the_put_cap(lingering):
+    first = lingering.durable.appended("t", 0, appended(1, record()), durable=True)
+    lingering.clock.advance(0.005)
+    await settle(lingering, lambda: len(lingering.store.gates) == 1, "the first block uploading")
+    lingering.store.gates[0].set()
+    assert await asyncio.wait_for(first, 5) is AckOutcome.COMMITTED
+    lingering.durable.appended("t", 0, appended(2, record()), durable=True)
+    lingering.clock.advance(0.010)  # lingered, but only 10 ms after the last early close: 50 ms apart at most
+    await lingering.clock.settle()
+    await asyncio.sleep(0.02)
+    assert len(lingering.store.gates) == 1
+    lingering.clock.advance(0.039)
+    await lingering.clock.settle()
+    await asyncio.sleep(0.02)
+    assert len(lingering.store.gates) == 1  # 49 ms after
+    lingering.clock.advance(0.002)
+    await settle(lingering, lambda: len(lingering.store.gates) == 2, "closed 50 ms after the first early close")
+    assert lingering.metrics.count(m.BLOCKS_CLOSED_EARLY) == 2
+
+
+async def test_cost_first_never_closes_early_even_with_an_idle_pipeline(path):
+    path.durable.appended("t", 0, appended(1, record()), durable=True)
+    path.clock.advance(0.2)
+    await path.clock.settle()
+    await asyncio.sleep(0.02)
+    assert path.pipeline.in_flight == 0 and path.durable.due_ms() == path.builder.opened_ms + 250
+    assert path.metrics.count(m.BLOCKS_CLOSED_EARLY) == 0

@@ -50,6 +50,7 @@ class BlockPipeline:
         grace,
         max_in_flight: int = 8,
         clock: Clock = SYSTEM_CLOCK,
+        on_done: Callable[[], None] | None = None,
     ):
         self.store = store
         self.catalog = catalog
@@ -57,6 +58,7 @@ class BlockPipeline:
         self.metrics = metrics
         self.on_committed = on_committed
         self.on_fenced = on_fenced
+        self.on_done = on_done  # after each block leaves the pipeline (committed, fenced or failed)
         self.grace = grace
         self.max_in_flight = max_in_flight
         self.clock = clock
@@ -116,6 +118,8 @@ class BlockPipeline:
             if block is not None:
                 self._answer(block, (), AckOutcome.NOT_CONFIRMED)
         self._room.set()
+        if self.on_done is not None:
+            self.on_done()
 
     async def drain(self, timeout_s: float) -> bool:
         """Waits for every block in flight; True when all are committed (or dropped as fenced) in time."""

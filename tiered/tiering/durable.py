@@ -1,9 +1,17 @@
 """The durable path: every appended record reaches the bucket and the catalog within the block window.
 
 Appended records go to the block builder (tiered.tiering.block_builder); a timer closes the block when its oldest
-record is `block.max_age_ms` old (or at once when it is full) and hands it to the pipeline
+record is `block_max_age_ms` old (or at once when it is full) and hands it to the pipeline
 (tiered.tiering.block_pipeline), which uploads and commits blocks in order. Commits are reported to the server's
 sink (records become visible, durable acks are answered); a refused commit fences the partition.
+
+Two block policies, one setting apart:
+- cost-first (the default, `block_linger_ms` = the age limit): a block waits out its age limit, so at low rates
+  every ack waits ~250 ms, and PUTs stay at most a few a second (and ~128 per GiB at high rates);
+- latency-first (`block_linger_ms` below the age limit): while no block is uploading, the open block closes once
+  its oldest record is `block_linger_ms` old, so a lone produce is acked after linger + one PUT + one commit. While
+  a block uploads, records gather as under cost-first (an upload is the natural batch window), and early closes are
+  spaced at least 1/`block_max_puts_per_s` apart, so the PUTs this adds per second stay bounded.
 """
 
 from __future__ import annotations
@@ -28,15 +36,18 @@ log = logging.getLogger("tiered.tiering")
 class DurablePath:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, broker_id: int, sink: TierSink, *,
                  metrics: Metrics, max_bytes: int, max_age_ms: int, grace, clock: Clock = SYSTEM_CLOCK,
-                 on_committed=None):
+                 on_committed=None, linger_ms: int | None = None, max_puts_per_s: float = 10.0):
         self.sink = sink
         self.metrics = metrics
         self.clock = clock
         self.builder = BlockBuilder(max_bytes, max_age_ms)
         self._extra_on_committed = on_committed
         self.pipeline = BlockPipeline(store, catalog, broker_id, metrics=metrics, on_committed=self._committed,
-                                      on_fenced=self._fenced, grace=grace, clock=clock)
+                                      on_fenced=self._fenced, grace=grace, clock=clock, on_done=self._upload_done)
         self._kick = asyncio.Event()
+        self.linger_ms = max_age_ms if linger_ms is None else min(linger_ms, max_age_ms)
+        self.early_close_spacing_ms = 1000.0 / max_puts_per_s
+        self._last_early_close_ms = float("-inf")
         self.committed_to: dict[TopicPartition, int] = {}  # the catalog's high-water mark, as this broker knows it
 
     # -- leadership ------------------------------------------------------------------------------------------------
@@ -92,20 +103,39 @@ class DurablePath:
         if block is not None:
             self.pipeline.submit(block)
 
+    def due_ms(self) -> float | None:
+        """When the open block closes by time (None: nothing is open): at its age limit, or, latency-first and with no
+        upload in flight, once it has lingered and the last early close is far enough back."""
+        by_age = self.builder.due_ms()
+        if by_age is None or self.linger_ms >= self.builder.max_age_ms or self.pipeline.in_flight:
+            return by_age
+        opened = self.builder.opened_ms or 0.0
+        early = max(opened + self.linger_ms, self._last_early_close_ms + self.early_close_spacing_ms)
+        return min(by_age, early)
+
     async def block_timer(self) -> None:
-        """Closes the open block when it is due (run under the supervisor)."""
+        """Closes the open block when it is due (run under the supervisor). It looks again at every append to an
+        empty builder and at the end of every upload (latency-first: an idle pipeline may make the block due)."""
         while True:
-            due = self.builder.due_ms()
+            due = self.due_ms()
             if due is None:
                 await self._kick.wait()
                 self._kick.clear()
                 continue
             now = self.clock.now_ms()
-            if self.builder.should_close(now):
+            if now >= due or self.builder.should_close(now):
+                by_age = self.builder.should_close(now)
                 self._close_block()
+                if not by_age:
+                    self._last_early_close_ms = now
+                    self.metrics.inc(m.BLOCKS_CLOSED_EARLY)
                 continue
             if await wait_for_event(self.clock, self._kick, (due - now) / 1000.0):
                 self._kick.clear()
+
+    def _upload_done(self) -> None:
+        if self.linger_ms < self.builder.max_age_ms:
+            self._kick.set()
 
     def _committed(self, runs: list[PendingRun]) -> None:
         for run in runs:

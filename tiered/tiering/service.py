@@ -104,7 +104,9 @@ class TieringService:
         self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
         self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, metrics=self.metrics,
                                    max_bytes=self.settings.block_max_bytes, max_age_ms=self.settings.block_max_age_ms,
-                                   grace=self.grace, clock=self.clock, on_committed=self._commits_advanced)
+                                   grace=self.grace, clock=self.clock, on_committed=self._commits_advanced,
+                                   linger_ms=self.settings.block_linger_ms,
+                                   max_puts_per_s=self.settings.block_max_puts_per_s)
         self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, epoch_of=self._epoch_of,
                                  committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
                                  grace=self.grace, clock=self.clock)

@@ -42,6 +42,8 @@ class Settings:
     read_only: bool = False
     block_max_bytes: int = 8 << 20
     block_max_age_ms: int = 250
+    # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
+    remote_read_budget_bytes: int = 256 << 20
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
     produce_ack_timeout_ms: int = 10_000
@@ -211,6 +213,7 @@ _CONVERTERS = {
     "read_only": parse_bool,
     "block_max_bytes": _at_least(parse_size, 1024, "1 KiB"),
     "block_max_age_ms": _at_least(int, 1, "1 ms"),
+    "remote_read_budget_bytes": _at_least(parse_size, 1 << 20, "1 MiB"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
     "shutdown_timeout_s": _finite_seconds,
     "advertise": lambda v: _advertised(str(v)),
@@ -251,6 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("-r", "--read-only", dest="read_only", action="store_const", const=True, help="refuse produce and create")
     a("--block-max-bytes", dest="block_max_bytes", help="close a block at this size (default 8MiB)")
     a("--block-max-age-ms", dest="block_max_age_ms", help="close a block this long after its oldest record")
+    a("--remote-read-budget-bytes", dest="remote_read_budget_bytes",
+      help="memory for reads from the bucket: GET buffers, read-ahead, caches (default 256MiB)")
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")

@@ -107,7 +107,8 @@ class TieringService:
                                    grace=self.grace, clock=self.clock, on_committed=self._commits_advanced)
         self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, epoch_of=self._epoch_of,
                                  committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
-                                 grace=self.grace, clock=self.clock)
+                                 grace=self.grace, read_budget_bytes=self.settings.remote_read_budget_bytes,
+                                 clock=self.clock)
         await self._warm_store()
         self._register_metrics()
         sup = self.supervisor
@@ -166,6 +167,8 @@ class TieringService:
         await self.supervisor.stop()
         if hasattr(self, "durable"):
             await self.durable.stop()
+        if hasattr(self, "remote"):
+            self.remote.reader.close()
         if hasattr(self, "store"):
             await self.store.close()
         if hasattr(self, "catalog"):

@@ -139,8 +139,9 @@ async def test_a_replay_is_read_ahead_and_gets_little_more_than_it_answers(tiere
             seq = got.messages[-1].seq + 1
             fetches += 1
     segments = len(_copied(tiered_broker.catalog_url))
-    # Every fetch after the first is served by the GET started ahead of it (at a segment's end, from the next one).
-    assert counters["tiered_remote_read_ahead_hits_total"] >= fetches - 1
+    # Once the second fetch shows the consumer reads in order, every fetch is served by the GET started ahead of it
+    # (at a segment's end, from the next segment).
+    assert counters["tiered_remote_read_ahead_hits_total"] >= fetches - 2
     assert counters["tiered_remote_catalog_queries_total"] <= segments
     read = store.get_bytes - get_bytes
     assert read / (counters["tiered_remote_bytes_total"] - answered) <= 1.25

@@ -5,8 +5,9 @@ cached) give the window to GET (`segment_window`): from the index entry at or be
 within `fetch_size`, so a GET reads little more than it answers. The GET streams (tiered.tiering.range_reads): once
 the whole bundle holding the seq is in, the chunk's extent is known from the index (`chunk_end`), the answer's head
 can leave, and the rest of the chunk follows as it arrives. Each chunk ends at an index entry, so the next seq a
-consumer asks for starts at one: the GET of that next window starts as soon as a chunk is known (read-ahead), while
-the chunk is sent and the consumer decodes it. Read-aheads are kept a few per partition for AHEAD_TTL_S, and only
+consumer asks for starts at one: once a consumer reads in order (it asks for the seq after an earlier answer), the
+GET of the window after each answer starts as soon as the answer is known (read-ahead), while the answer is sent
+and the consumer decodes it. Read-aheads are kept a few per partition for AHEAD_TTL_S, and only
 within the read budget.
 
 Seqs not in a remote segment come from the block run that answers for them (one index scan, one range GET of the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_right
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Callable
@@ -239,6 +241,9 @@ class RemoteReader:
         self.highest_copied = highest_copied
         self._slots = asyncio.Semaphore(max_concurrency)  # GETs in flight, read-aheads included
         self._ahead: dict[tuple[str, int], list[_Ahead]] = {}
+        # The seqs that would continue recent answers, per partition: a fetch asking one of them reads in order,
+        # and only such fetches are read ahead (a random read would waste the GET).
+        self._expected: dict[tuple[str, int], deque[int]] = {}
 
     @property
     def buffered_bytes(self) -> int:
@@ -358,8 +363,7 @@ class RemoteReader:
             next_seq = last + 1
         else:
             next_seq = self._next_seq(index, row, first, end)
-        if self.read_ahead:
-            self._start_ahead(topic, partition, next_seq, fetch_size)
+        self._continue(topic, partition, seq, next_seq, fetch_size, sequential=ahead is not None)
         return RemoteChunk(RangeChunk(read, first.start, end), first.first_seq, first.sparse)
 
     @staticmethod
@@ -403,6 +407,19 @@ class RemoteReader:
                 except Exception:  # the read-ahead failed: the fetch reads for itself
                     return None
         return None
+
+    def _continue(self, topic: str, partition: int, seq: int, next_seq: int, fetch_size: int,
+                  sequential: bool) -> None:
+        """Reads the window after this answer ahead when this fetch continued an earlier answer; otherwise only
+        remembers where this answer ends."""
+        expected = self._expected.setdefault((topic, partition), deque(maxlen=AHEAD_PER_PARTITION))
+        if seq in expected:
+            expected.remove(seq)
+            sequential = True
+        if sequential and self.read_ahead:
+            self._start_ahead(topic, partition, next_seq, fetch_size)
+        else:
+            expected.append(next_seq)
 
     def _start_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> None:
         copied = self.highest_copied(topic, partition)

@@ -25,6 +25,12 @@ Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five
 
 The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
 project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order.
+
+Then isolation: a second client process produces one small message every PROBE_INTERVAL_S with durable acks and
+tails the same partition, timing each ack and each delivery, first with the broker otherwise idle, then while
+replays run back to back. The last table puts the figures issue 14 sets goals for next to their references from the
+same run: replay against sequential range GETs of the same objects, first byte against a bare GET's, bytes GET per
+byte answered, produce ack and tail delivery p99 during replays against idle.
 """
 
 from __future__ import annotations

@@ -280,13 +280,18 @@ class _Session:
                         if time.perf_counter() > stop + 10:
                             return
 
-                tailing = asyncio.create_task(tail())
-                while time.perf_counter() < stop:
-                    before = time.perf_counter()
+                async def one(before: float) -> None:
                     await prod.produce(topic, 0, [Message(repr(before).encode(), None, int(time.time() * 1000))])
                     acks.append(time.perf_counter() - before)
+
+                tailing = asyncio.create_task(tail())
+                producing = []
+                while time.perf_counter() < stop:  # one produce every interval, each waiting for its own ack
+                    before = time.perf_counter()
+                    producing.append(asyncio.create_task(one(before)))
                     sent += 1
                     await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - before)))
+                await asyncio.gather(*producing)
                 await tailing
             return acks, deliveries
 

@@ -282,3 +282,8 @@ async def test_the_first_bundle_is_found_in_whole_records_and_bad_bytes_are_refu
         except (ProtocolError, EOFError):
             pass
     assert budget.used == 0
+
+
+async def test_the_s3_client_is_open_before_the_broker_is_ready(tiered_broker):
+    app = await tiered_broker()  # the first remote fetch does not pay for creating it
+    assert app.broker.ready and app.tier.store._client is not None

@@ -44,6 +44,7 @@ SAMPLES = {
     "read_only": ("true", "1", True),
     "block_max_bytes": ('"512kb"', "512KiB", 512 << 10),
     "block_max_age_ms": ("100", "100", 100),
+    "remote_read_budget_bytes": ('"64MiB"', "64MiB", 64 << 20),
     "produce_ack_timeout_ms": ("2500", "2500", 2500),
     "shutdown_timeout_s": ("12.5", "12.5", 12.5),
     "advertise": ('"10.1.2.3:11011"', "10.1.2.3:11011", "10.1.2.3:11011"),
@@ -58,7 +59,7 @@ OTHER = {
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
     "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
-    "cluster_lease_ms": ("2000", 2000),
+    "cluster_lease_ms": ("2000", 2000), "remote_read_budget_bytes": ("32m", 32 << 20),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
 }
 BARE_FLAGS = {"s3_path_style", "read_only"}

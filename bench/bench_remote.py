@@ -25,6 +25,12 @@ Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five
 
 The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
 project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order.
+
+Then isolation: a second client process produces one small message every PROBE_INTERVAL_S with durable acks and
+tails the same partition, timing each ack and each delivery, first with the broker otherwise idle, then while
+replays run back to back. The last table puts the figures issue 14 sets goals for next to their references from the
+same run: replay against sequential range GETs of the same objects, first byte against a bare GET's, bytes GET per
+byte answered, produce ack and tail delivery p99 during replays against idle.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ LATENCY_CONFIG = {"log.segment.bytes": "4m", "retention.segments.count": "2"}
 # Replay data: every sealed segment leaves the local disk once copied; only the active one stays.
 REPLAY_CONFIG = {"log.retention.bytes": "128"}
 COUNTERS = ("tiered_remote_gets_total", "tiered_remote_catalog_queries_total", "tiered_remote_cache_hits_total",
-            "tiered_remote_cache_misses_total", "tiered_remote_bytes_total")
+            "tiered_remote_cache_misses_total", "tiered_remote_bytes_total", "tiered_remote_read_ahead_hits_total")
 
 
 def log(text: str) -> None:
@@ -85,25 +91,28 @@ async def start_broker(data_dir: Path, catalog_url: str, bucket: str):
 
 
 class ReaderProbe:
-    """Wall time inside the remote reader's fetch and the store's get_range, and the bytes the GETs returned: the
-    two bound methods are wrapped on their instances (the broker's code is not changed)."""
+    """Wall time inside the remote reader's fetch and the store's GETs (whole or streamed), and the bytes the GETs
+    returned (the store's own counter): the bound methods are wrapped on their instances (the broker's code is not
+    changed)."""
 
     def __init__(self, reader) -> None:
         self.seconds = {"fetch": 0.0, "get_range": 0.0}
-        self.get_bytes = 0
-        for owner, name in ((reader, "fetch"), (reader.store, "get_range")):
-            setattr(owner, name, self._timed(getattr(owner, name), name))
+        self.store = reader.store
+        for owner, name, key in ((reader, "fetch", "fetch"), (reader.store, "get_range", "get_range"),
+                                 (reader.store, "read_range_into", "get_range")):
+            setattr(owner, name, self._timed(getattr(owner, name), key))
 
-    def _timed(self, method, name: str):
+    @property
+    def get_bytes(self) -> int:
+        return self.store.counters.get_bytes
+
+    def _timed(self, method, key: str):
         async def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
-                got = await method(*args, **kwargs)
-                if name == "get_range":
-                    self.get_bytes += len(got)
-                return got
+                return await method(*args, **kwargs)
             finally:
-                self.seconds[name] += time.perf_counter() - started
+                self.seconds[key] += time.perf_counter() - started
         return timed
 
 
@@ -259,7 +268,9 @@ class Replay:
     cache_hits: int
     cache_misses: int
     reader_s: float  # wall time inside RemoteReader.fetch
-    get_s: float  # of which inside the object store's get_range
+    get_s: float  # wall time inside the object store's GETs (they overlap the fetches with read-ahead)
+    get_bytes: int  # bytes the GETs returned
+    ahead_hits: int
     moto_ceiling_mb_s: float = 0.0
 
 
@@ -268,7 +279,7 @@ async def replay(app, client: ClientProcess, moto: Moto, ranges: dict) -> Replay
     before = {name: counters[name] for name in COUNTERS}
     cpu0, moto0 = own_cpu_s(), moto.cpu_s()
     probe = app.probe
-    reader_s, get_s = probe.seconds["fetch"], probe.seconds["get_range"]
+    reader_s, get_s, get_bytes = probe.seconds["fetch"], probe.seconds["get_range"], probe.get_bytes
     messages, payload, seconds, fetches, client_cpu = await client.call(
         "drain", app.broker.port, REPLAY_TOPIC, ranges["remote_first"], ranges["remote_last"], REPLAY_FETCH_BYTES)
     if messages != ranges["remote_last"] - ranges["remote_first"] + 1:
@@ -279,7 +290,8 @@ async def replay(app, client: ClientProcess, moto: Moto, ranges: dict) -> Replay
                   int(delta["tiered_remote_gets_total"]), int(delta["tiered_remote_catalog_queries_total"]), fetches,
                   own_cpu_s() - cpu0, moto.cpu_s() - moto0, client_cpu, int(delta["tiered_remote_cache_hits_total"]),
                   int(delta["tiered_remote_cache_misses_total"]), probe.seconds["fetch"] - reader_s,
-                  probe.seconds["get_range"] - get_s)
+                  probe.seconds["get_range"] - get_s, probe.get_bytes - get_bytes,
+                  int(delta["tiered_remote_read_ahead_hits_total"]))
 
 
 async def moto_ceiling(client: ClientProcess, moto_url: str, bucket: str, segments: list) -> float:
@@ -294,6 +306,40 @@ async def moto_ceiling(client: ClientProcess, moto_url: str, bucket: str, segmen
     return total / seconds / 1e6
 
 
+# -- isolation -----------------------------------------------------------------------------------------------------
+
+PROBE_TOPIC = "probe"
+PROBE_INTERVAL_S = 0.02
+
+
+@dataclass
+class Isolation:
+    idle_acks: list[float]
+    idle_deliveries: list[float]
+    busy_acks: list[float]
+    busy_deliveries: list[float]
+    replays: int
+    replay_mb_s: float
+
+
+async def isolation(app, client: ClientProcess, prober: ClientProcess, moto: Moto, ranges: dict,
+                    seconds: float) -> Isolation:
+    """A producer with durable acks and a tail consumer on their own topic (bench/remote_processes.py "probe"), for
+    `seconds` with the broker otherwise idle, then for `seconds` while full-speed replays run back to back."""
+    port = app.broker.port
+    await prober.call("create_topic", port, PROBE_TOPIC, {})
+    idle_acks, idle_deliveries = await prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S)
+    probing = asyncio.ensure_future(prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S))
+    replays, mb, replay_s = 0, 0.0, 0.0
+    while not probing.done():
+        r = await replay(app, client, moto, ranges)
+        replays += 1
+        mb += r.remote_bytes / 1e6
+        replay_s += r.seconds
+    busy_acks, busy_deliveries = await probing
+    return Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, mb / replay_s)
+
+
 # -- report --------------------------------------------------------------------------------------------------------
 
 def ms(seconds: float) -> str:
@@ -302,7 +348,7 @@ def ms(seconds: float) -> str:
 
 def latency_table(backend: str, rows: list[Row]) -> str:
     head = (f"{'fetch (' + backend + ')':<24}{'n':>4}{'first byte p50':>15}{'p99':>7}{'full p50':>9}{'p99':>7}"
-            f"{'MB/s':>6}{'GETs/fetch':>14}{'queries/fetch':>15}{'KiB read/fetch':>16}")
+            f"{'MB/s':>6}{'GETs/fetch':>14}{'queries/fetch':>15}{'KiB read/fetch':>16}{'GET/answer':>11}")
     lines = [head, "-" * len(head)]
     for row in rows:
         mb_s = row.bytes / sum(row.full_s) / 1e6
@@ -310,11 +356,12 @@ def latency_table(backend: str, rows: list[Row]) -> str:
             gets = f"{statistics.mean(row.gets):.2f} (max {max(row.gets)})"
             queries = f"{statistics.mean(row.queries):.2f} (max {max(row.queries)})"
             read = f"{row.read_bytes / row.fetches / 1024:.0f}"
+            ratio = f"{row.read_bytes / row.bytes:.2f}"
         else:
-            gets = queries = read = "-"
+            gets = queries = read = ratio = "-"
         lines.append(f"{row.name:<24}{row.fetches:>4}{ms(quantile(row.ttfb_s, .5)):>15}"
                      f"{ms(quantile(row.ttfb_s, .99)):>7}{ms(quantile(row.full_s, .5)):>9}"
-                     f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}{read:>16}")
+                     f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}{read:>16}{ratio:>11}")
     sizes = ", ".join(f"{row.name} {row.bytes // row.fetches >> 10}" for row in rows)
     lines.append(textwrap.fill(f"(times in ms; {FETCH_BYTES >> 20} MiB fetches; KiB per answer on average: {sizes})",
                                len(head)))
@@ -330,12 +377,50 @@ def replay_table(backend: str, segment_bytes: int, r: Replay) -> str:
         f"({r.payload_bytes / 1e6 / r.seconds:.0f} MB/s of message values)",
         f"  {r.fetches} fetches: {r.gets} GETs ({r.gets / r.fetches:.2f}/fetch), {r.queries} catalog queries "
         f"({r.queries / r.fetches:.2f}/fetch); segment-row cache {r.cache_hits} hits, {r.cache_misses} misses",
-        f"  wall time inside the broker's remote reader {r.reader_s:.2f} s, of which S3 GETs {r.get_s:.2f} s",
+        f"  {r.ahead_hits} fetches served by a read-ahead; GETs returned {r.get_bytes / 1e6:.0f} MB: "
+        f"{r.get_bytes / r.remote_bytes:.3f} bytes GET per byte answered",
+        f"  wall time inside the broker's remote reader {r.reader_s:.2f} s; inside S3 GETs {r.get_s:.2f} s "
+        f"(GETs overlap the fetches)",
         f"  CPU during the replay: broker {r.broker_cpu_s:.2f} s, moto {r.moto_cpu_s:.2f} s, client "
         f"{r.client_cpu_s:.2f} s (of {r.seconds:.2f} s wall, {os.cpu_count()} cores)",
         f"  moto alone, same objects, sequential {REPLAY_FETCH_BYTES >> 20} MiB range GETs with boto3: "
         f"{r.moto_ceiling_mb_s:.0f} MB/s",
     ])
+
+
+def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None) -> str:
+    """The figures issue 14 sets goals for, each against its reference measured in the same run."""
+    by = {row.name: row for row in rows}
+    warm, bare, run = by["remote warm"], by["moto GET (no broker)"], by["block run (empty disk)"]
+    replay_mb_s = r.remote_bytes / 1e6 / r.seconds
+    lines = [f"remote reads against the goals of issue 14 ({backend}; every reference measured in the same run)",
+             f"  {'figure':<58}{'measured':>10}{'reference':>11}{'ratio':>7}  goal"]
+
+    def line(name: str, measured: str, reference: str, ratio: str, goal: str) -> None:
+        lines.append(f"  {name:<58}{measured:>10}{reference:>11}{ratio:>7}  {goal}")
+
+    line(f"replay MB/s vs sequential {REPLAY_FETCH_BYTES >> 20} MiB range GETs of the same objects",
+         f"{replay_mb_s:.0f}", f"{r.moto_ceiling_mb_s:.0f}", f"{replay_mb_s / r.moto_ceiling_mb_s:.2f}", ">= 0.8")
+    a, b = quantile(warm.ttfb_s, .5), quantile(bare.ttfb_s, .5)
+    line("first byte p50 (ms), 1 MiB warm remote fetch vs a bare GET", ms(a), ms(b), f"{a / b:.2f}", "<= 1.2")
+    a = quantile(by["remote cold"].ttfb_s, .5)
+    line("first byte p50 (ms), 1 MiB cold remote fetch vs a bare GET", ms(a), ms(b), f"{a / b:.2f}", "-")
+    first = by["first after restart"]
+    line("first byte (ms), first remote fetch after a restart vs a bare GET", ms(first.ttfb_s[0]), ms(b),
+         f"{first.ttfb_s[0] / b:.2f}", "no cold start")
+    line("bytes GET per byte answered: replay", f"{r.get_bytes / r.remote_bytes:.3f}", "", "", "<= 1.25")
+    for row in (by["remote warm"], by["remote cold"], run):
+        line(f"bytes GET per byte answered: {row.name}", f"{row.read_bytes / row.bytes:.3f}", "", "", "<= 1.25")
+    if iso is not None:
+        for name, idle, busy in (("durable produce ack", iso.idle_acks, iso.busy_acks),
+                                 ("tail consumer delivery", iso.idle_deliveries, iso.busy_deliveries)):
+            a, b = quantile(busy, .99), quantile(idle, .99)
+            line(f"{name} p99 (ms), during replay vs idle (n={len(busy)}/{len(idle)})", ms(a), ms(b),
+                 f"{a / b:.2f}", "<= 1.10")
+            a, b = quantile(busy, .5), quantile(idle, .5)
+            line(f"{name} p50 (ms), during replay vs idle", ms(a), ms(b), f"{a / b:.2f}", "-")
+        lines.append(f"  (during the probe: {iso.replays} replays back to back at {iso.replay_mb_s:.0f} MB/s)")
+    return "\n".join(lines)
 
 
 def profile_table(title: str, profile: cProfile.Profile, top: int = 12) -> str:
@@ -362,8 +447,8 @@ def profile_table(title: str, profile: cProfile.Profile, top: int = 12) -> str:
 
 # -- the run -------------------------------------------------------------------------------------------------------
 
-async def run_backend(backend: str, catalog_url: str, moto: Moto, client: ClientProcess, bucket: str, args,
-                      workdir: Path) -> list[str]:
+async def run_backend(backend: str, catalog_url: str, moto: Moto, client: ClientProcess, prober: ClientProcess,
+                      bucket: str, args, workdir: Path) -> list[str]:
     samples = 30 if args.quick else 100
     rng = random.Random(5)
     out = []
@@ -396,6 +481,9 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         result = await replay(app, client, moto, ranges)
         result.moto_ceiling_mb_s = await moto_ceiling(client, moto.url, bucket, ranges["segments"])
         out.append(replay_table(backend, segment, result))
+        log(f"{backend}: produce and tail latency, idle then during replays ...")
+        iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0)
+        out.append(goals_table(backend, rows, result, iso))
         if args.profile:
             log(f"{backend}: replaying again under cProfile ...")
             profile = cProfile.Profile()
@@ -420,6 +508,7 @@ async def main_async(args) -> list[str]:
                        "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true",
                        "AWS_ENDPOINT_URL": moto.url})
     client = ClientProcess()
+    prober = ClientProcess()
     workdir = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     postgres = None
     out = []
@@ -433,9 +522,10 @@ async def main_async(args) -> list[str]:
                 catalog_url = postgres.url()
             else:
                 catalog_url = f"sqlite:///{workdir / 'catalog.db'}"
-            out.extend(await run_backend(backend, catalog_url, moto, client, bucket, args, workdir))
+            out.extend(await run_backend(backend, catalog_url, moto, client, prober, bucket, args, workdir))
     finally:
         client.stop()
+        prober.stop()
         moto.stop()
         if postgres is not None:
             postgres.stop()

@@ -14,6 +14,7 @@
     ("fetch", topic, seq, fetch_bytes)                        -> (first_byte_s, full_s, chunk_bytes)
     ("s3get", endpoint_url, bucket, object_key, start, end)   -> (first_byte_s, full_s, bytes)
     ("drain", port, topic, first_seq, last_seq, fetch_bytes)  -> (messages, value_bytes, seconds, fetches, cpu_s)
+    ("probe", port, topic, seconds, interval_s)               -> (ack latencies, tail delivery latencies) in s
     ("stop",)
 
 "fetch" times one consume request on a blocking socket: first byte is when the first byte of the response frame
@@ -255,6 +256,46 @@ class _Session:
         messages, value_bytes, seconds, fetches = asyncio.run(go())
         done = os.times()
         return messages, value_bytes, seconds, fetches, done.user + done.system - cpu.user - cpu.system
+
+    def probe(self, port: int, topic: str, seconds: float, interval_s: float):
+        """A producer sending one small message every `interval_s` with durable acks, timing each ack, and a tail
+        consumer long-polling the same partition, timing each message from its send to its delivery."""
+        async def go():
+            acks: list[float] = []
+            deliveries: list[float] = []
+            async with await Client.connect("127.0.0.1", port) as prod, \
+                    await Client.connect("127.0.0.1", port) as cons:
+                start_seq = (await cons.consume(topic, 0, 0, fetch_bytes=1)).hwmark + 1
+                stop = time.perf_counter() + seconds
+                sent = 0
+
+                async def tail() -> None:
+                    seq = start_seq
+                    while len(deliveries) < sent or time.perf_counter() < stop:
+                        got = await cons.consume(topic, 0, seq, fetch_bytes=1 << 16, max_wait_ms=500)
+                        now = time.perf_counter()
+                        for m in got.messages:
+                            deliveries.append(now - float(m.value))
+                            seq = m.seq + 1
+                        if time.perf_counter() > stop + 10:
+                            return
+
+                async def one(before: float) -> None:
+                    await prod.produce(topic, 0, [Message(repr(before).encode(), None, int(time.time() * 1000))])
+                    acks.append(time.perf_counter() - before)
+
+                tailing = asyncio.create_task(tail())
+                producing = []
+                while time.perf_counter() < stop:  # one produce every interval, each waiting for its own ack
+                    before = time.perf_counter()
+                    producing.append(asyncio.create_task(one(before)))
+                    sent += 1
+                    await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - before)))
+                await asyncio.gather(*producing)
+                await tailing
+            return acks, deliveries
+
+        return asyncio.run(go())
 
     # -- raw, for timing -----------------------------------------------------------------------------------------
 

@@ -47,6 +47,8 @@ class Settings:
     # `block_max_puts_per_s` times a second, so that the PUTs it adds stay bounded.
     block_linger_ms: int | None = None
     block_max_puts_per_s: float = 10.0
+    # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
+    remote_read_budget_bytes: int = 256 << 20
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
     produce_ack_timeout_ms: int = 10_000
@@ -218,6 +220,7 @@ _CONVERTERS = {
     "block_max_age_ms": _at_least(int, 1, "1 ms"),
     "block_linger_ms": _at_least(int, 0, "0 ms"),
     "block_max_puts_per_s": _at_least(float, 0.01, "0.01"),
+    "remote_read_budget_bytes": _at_least(parse_size, 1 << 20, "1 MiB"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
     "shutdown_timeout_s": _finite_seconds,
     "advertise": lambda v: _advertised(str(v)),
@@ -262,6 +265,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="with no upload in flight, close a block this long after its oldest record (default: off)")
     a("--block-max-puts-per-s", dest="block_max_puts_per_s",
       help="at most this many blocks a second closed early by --block-linger-ms (default 10)")
+    a("--remote-read-budget-bytes", dest="remote_read_budget_bytes",
+      help="memory for reads from the bucket: GET buffers, read-ahead, caches (default 256MiB)")
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")

@@ -118,6 +118,10 @@ REMOTE_CACHE_HITS = _declare("tiered_remote_cache_hits_total", "remote reads ser
 REMOTE_CACHE_MISSES = _declare("tiered_remote_cache_misses_total", "remote reads that needed a catalog lookup")
 REMOTE_RUN_CACHE_HITS = _declare("tiered_remote_run_cache_hits_total",
                                 "remote reads served from a cached block run (no GET)")
+REMOTE_READ_AHEAD_HITS = _declare("tiered_remote_read_ahead_hits_total",
+                                  "remote reads served by a range GET started ahead of them")
+REMOTE_READ_AHEAD_DROPPED = _declare("tiered_remote_read_ahead_dropped_total",
+                                     "range GETs read ahead that no fetch took in time")
 REMOTE_MISSING_OBJECTS = _declare("tiered_remote_missing_objects_total",
                                  "objects the catalog names but the bucket lacks")
 
@@ -149,6 +153,8 @@ BLOCK_PENDING_BYTES = Gauge("tiered_block_pending_bytes", "bytes waiting for the
 BLOCKS_IN_FLIGHT = Gauge("tiered_blocks_in_flight", "blocks uploading or committing")
 SEGMENTS_PENDING_UPLOAD = Gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied")
 UPLOAD_LAG_BYTES = Gauge("tiered_upload_lag_bytes", "bytes appended locally and not yet in the bucket")
+REMOTE_READ_BYTES = Gauge("tiered_remote_read_bytes",
+                          "memory of remote reads: range GET buffers and caches (within remote_read_budget_bytes)")
 LEADERSHIPS = Gauge("tiered_leaderships", "partitions this broker leads")
 LEASE_HELD = Gauge("tiered_lease_held", "1 while this broker's membership lease is renewed in time (it may acknowledge)")
 UPLOAD_LAG_SECONDS = Gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket")

@@ -15,7 +15,7 @@ and calls a `TierSink`; tiered.server implements `TierSink` and calls a `Tier`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, Sequence
@@ -97,9 +97,21 @@ class Leader:
     endpoint: str  # "a.b.c.d:port", its advertised TANK endpoint
 
 
+class ChunkStream(Protocol):
+    """A chunk whose bytes are still arriving (a streamed range GET): its length is known, its bytes come in order."""
+
+    size: int
+
+    def pieces(self) -> AsyncIterator[memoryview]:
+        """The chunk's bytes in order, each piece as soon as it is in; raises if the bytes stop coming."""
+
+    def close(self) -> None:
+        """Gives its memory back; called once the chunk is sent, or instead of sending it."""
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteChunk:
-    data: bytes  # whole {varint len, bundle} records
+    data: bytes | ChunkStream  # whole {varint len, bundle} records
     first_bundle_seq: int
     first_bundle_sparse: bool
 

@@ -3,6 +3,7 @@
 Fixtures:
     s3_server     (session) the moto server and the proxy in front of it.
     s3_faults     the FaultProxy: fail_next(n, status), stall_next(n, seconds), drop_next(n), go_away()/come_back(),
+                  hold_body_next(n, after_bytes)/release_bodies() (an answer's head and first bytes, the rest later),
                   black_hole()/come_back() (connections accepted, nothing ever answered, not even "100 Continue").
                   Faults are cleared after each test, and botocore's retry backoff is capped at 50 ms during it.
     s3_endpoint   the proxy's URL, with dummy AWS credentials and region us-east-1 in the environment (and the AWS
@@ -45,8 +46,9 @@ _ERROR_CODES = {500: "InternalError", 502: "BadGateway", 503: "SlowDown", 504: "
 
 @dataclass(frozen=True)
 class _Fault:
-    kind: str  # "fail", "stall" or "drop"
+    kind: str  # "fail", "stall", "drop" or "hold" (the body after `after_bytes` waits for release_bodies())
     status: int = 0
+    after_bytes: int = 0
     seconds: float = 0.0
     match: Callable[[str, str], bool] | None = None  # (method, path) -> whether this fault hits that request
 
@@ -63,6 +65,8 @@ class FaultProxy:
         self._away = False
         self._black_hole = threading.Event()  # set while every request is held unanswered
         self._released = threading.Event()
+        self._bodies_released = threading.Event()  # cleared while "hold" answers wait for release_bodies()
+        self._bodies_released.set()
         self._wake = threading.Event()  # set to cut stalls short (reset)
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request received
         self.faults_served = 0
@@ -88,6 +92,15 @@ class FaultProxy:
     def drop_next(self, n: int, *, match: Callable[[str, str], bool] | None = None) -> None:
         """Close the connection of the next n requests without answering."""
         self._enqueue(n, _Fault("drop", match=match))
+
+    def hold_body_next(self, n: int, after_bytes: int, *, match: Callable[[str, str], bool] | None = None) -> None:
+        """Answer the next n requests with their head and first `after_bytes` body bytes, and the rest of the body
+        only once release_bodies() is called (at most two minutes later)."""
+        self._bodies_released.clear()
+        self._enqueue(n, _Fault("hold", after_bytes=after_bytes, match=match))
+
+    def release_bodies(self) -> None:
+        self._bodies_released.set()
 
     def pending(self) -> int:
         """Faults queued and not served yet."""
@@ -123,6 +136,7 @@ class FaultProxy:
     def reset(self) -> None:
         self._black_hole.clear()
         self._released.set()
+        self._bodies_released.set()
         with self._lock:
             self._queue.clear()
             self._away = False
@@ -192,7 +206,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
-        if fault is not None:
+        if fault is not None and fault.kind != "hold":
             code = _ERROR_CODES.get(fault.status, "InternalError")
             payload = (
                 f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
@@ -213,6 +227,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":  # a HEAD answer keeps moto's Content-Length: the object's size
             response_headers = [(k, v) for k, v in response_headers if k.lower() != "content-length"]
             response_headers.append(("Content-Length", str(len(data))))
+        if fault is not None:  # "hold": the head and the first bytes now, the rest once released
+            self._respond(response.status, response_headers, data, hold_after=fault.after_bytes,
+                          release=proxy._bodies_released)
+            return
         self._respond(response.status, response_headers, data)
 
     def _read_body(self) -> bytes:
@@ -228,7 +246,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def _respond(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+    def _respond(self, status: int, headers: list[tuple[str, str]], data: bytes, hold_after: int | None = None,
+                 release: threading.Event | None = None) -> None:
         self.send_response(status)
         has_length = False
         for k, v in headers:
@@ -238,6 +257,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
+            if hold_after is not None and release is not None:
+                self.wfile.write(data[:hold_after])
+                self.wfile.flush()
+                release.wait(120)
+                data = data[hold_after:]
             self.wfile.write(data)
 
 

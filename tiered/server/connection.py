@@ -31,7 +31,7 @@ from tiered.protocol import requests as rq
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 
-from tiered.server.fetch import FileChunk
+from tiered.server.fetch import Chunk, FileChunk, StreamChunk, release
 from tiered.server.limits import REQUEST_DEADLINE_S
 
 log = logging.getLogger("tiered.server")
@@ -432,24 +432,53 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(b"".join(self._pending) if len(self._pending) > 1 else self._pending[0])
         self._pending.clear()
 
-    async def send_consume(self, head: bytes, chunks) -> None:
-        """A consume response: the frame head with the partition header, then every chunk in header order."""
-        async with self.write_lock:
-            if self.closed:
-                return
-            self._flush()  # queued responses go first, in order
-            self.transport.write(head)
-            for chunk in chunks:
-                if isinstance(chunk, FileChunk):
-                    sent = await self.loop.sendfile(self.transport, chunk.file, chunk.start, chunk.size)
-                    if sent != chunk.size:
-                        # The frame length is already on the wire: a short chunk would desynchronise the client.
-                        log.error("sendfile sent %d of %d bytes to %s; closing", sent, chunk.size, self.peer)
-                        self.abort()
-                        return
-                else:
-                    self.transport.write(chunk.data)
-            await self._drain()
+    async def send_consume(self, head: bytes, chunks: list[Chunk]) -> None:
+        """A consume response: the frame head with the partition header, then every chunk in header order. A
+        streamed chunk is written piece by piece as its bytes arrive, waiting for the client to read when the
+        transport's buffer is full, so what a stream holds stays bounded by its read. Chunks not sent (the
+        connection closed, or a stream failed) are released."""
+        try:
+            async with self.write_lock:
+                if self.closed:
+                    return
+                self._flush()  # queued responses go first, in order
+                self.transport.write(head)
+                for chunk in chunks:
+                    if isinstance(chunk, FileChunk):
+                        sent = await self.loop.sendfile(self.transport, chunk.file, chunk.start, chunk.size)
+                        if sent != chunk.size:
+                            # The frame length is already on the wire: a short chunk would desynchronise the client.
+                            log.error("sendfile sent %d of %d bytes to %s; closing", sent, chunk.size, self.peer)
+                            self.abort()
+                            return
+                    elif isinstance(chunk, StreamChunk):
+                        if not await self._send_stream(chunk):
+                            return
+                    else:
+                        self.transport.write(chunk.data)
+                await self._drain()
+        finally:
+            release(chunks)
+
+    async def _send_stream(self, chunk: StreamChunk) -> bool:
+        """Writes a streamed chunk whole; a stream that stops short closes the connection (its length is on the
+        wire already), and says so."""
+        sent = 0
+        try:
+            async for piece in chunk.stream.pieces():
+                if self.closed:
+                    return False
+                self.transport.write(piece)
+                sent += len(piece)
+                await self._drain()
+        except Exception as exc:  # whatever stopped the bytes, the length is on the wire: only closing is left
+            log.error("a remote chunk for %s stopped after %d of %d bytes (%s); closing", self.peer, sent,
+                      chunk.size, exc)
+            self.abort()
+            return False
+        finally:
+            chunk.stream.close()
+        return True
 
     async def _drain(self) -> None:
         if not self._writing_paused or self.closed:

@@ -25,7 +25,8 @@ from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopi
 from tiered.protocol.requests import ConsumeRequest
 
 from tiered.bounds import Boundary, Eof
-from tiered.server.fetch import Found, Resolved
+from tiered.server.fetch import Chunk, Found, Resolved, release
+from tiered.server.registry import Partition
 from tiered.server.leaders import LedElsewhere, endpoint_of
 from tiered.server.waiters import Waiter, wakeup_deadline_ms
 from tiered.tier_interface import Unreadable
@@ -47,28 +48,37 @@ class ConsumeHandler:
         broker = self.broker
         min_bytes = min(req.min_bytes, MAX_MIN_BYTES)
         topics = []
-        chunks = []
+        chunks: list[Chunk] = []
         tails: dict[tuple[str, int], int] = {}
         fetch_sizes: dict[tuple[str, int], int] = {}
         immediate = req.max_wait_ms == 0 or broker.stopping  # no new long-polls while shutting down
+        # What the request names, looked up once; the partitions are then read at once (remote ones GET in
+        # parallel), the response budget shared out beforehand in request order by fetch size.
+        named = [(topic, None if broker.registry.topics.get(topic.name) is None else
+                  [(p, broker.registry.get(topic.name, p.partition)) for p in topic.partitions])
+                 for topic in req.topics]
         budget = RESPONSE_BUDGET_BYTES
-        for topic in req.topics:
-            known = broker.registry.topics.get(topic.name)
-            if known is None:
+        reads = []
+        for _, partitions in named:
+            for p, part in partitions or ():
+                if part is not None:
+                    share = min(p.fetch_size, MAX_FETCH_BYTES, budget)
+                    budget -= share
+                    reads.append((part, p.seq, max(1, share)))
+        resolved = iter(await self._resolve_all(reads))
+        for topic, partitions in named:
+            if partitions is None:
                 topics.append(ConsumeTopicResult(topic.name, None, len(topic.partitions)))
                 immediate = True
                 continue
             results = []
-            for p in topic.partitions:
-                part = broker.registry.get(topic.name, p.partition)
+            for p, part in partitions:
                 if part is None:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.UNKNOWN_PARTITION))
                     immediate = True
                     continue
-                fetch_size = min(p.fetch_size, MAX_FETCH_BYTES)
-                got = await broker.fetch.resolve(part, p.seq, max(1, min(fetch_size, budget)))
+                got = next(resolved)
                 if isinstance(got, Found):
-                    budget -= got.chunk.size
                     chunks.append(got.chunk)
                 if not isinstance(got, Eof):
                     if isinstance(got, LedElsewhere):
@@ -79,7 +89,7 @@ class ConsumeHandler:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
                     tail = p.seq if p.seq not in (0, UINT64_MAX) else got.hwmark + 1
                     tails[(topic.name, p.partition)] = tail
-                    fetch_sizes[(topic.name, p.partition)] = fetch_size
+                    fetch_sizes[(topic.name, p.partition)] = min(p.fetch_size, MAX_FETCH_BYTES)
             topics.append(ConsumeTopicResult(topic.name, tuple(results), len(topic.partitions)))
         if immediate or not tails:
             broker.metrics.consumed(topics)
@@ -94,6 +104,26 @@ class ConsumeHandler:
                 waiter.first_seen.setdefault((name, partition), tail)
                 waiter.fire("data")
         conn.spawn(self._wait(conn, req, waiter, fetch_sizes))
+
+    async def _resolve_all(self, reads: list[tuple[Partition, int, int]]) -> list[Resolved]:
+        """Each (partition, seq, fetch size) resolved, all at once. Should this be cancelled or one of them fail,
+        what the others found is released (a streamed chunk holds read buffers) before the error goes on."""
+        resolve = self.broker.fetch.resolve
+        if len(reads) == 1:
+            return [await resolve(*reads[0])]
+        tasks = [asyncio.ensure_future(resolve(*read)) for read in reads]
+        try:
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+                task.add_done_callback(_release_found)
+            raise
+        failed = next((got for got in done if isinstance(got, BaseException)), None)
+        if failed is not None:
+            release([got.chunk for got in done if isinstance(got, Found)])
+            raise failed
+        return done
 
     async def _wait(self, conn, req: ConsumeRequest, waiter: Waiter, fetch_sizes) -> None:
         broker = self.broker
@@ -134,6 +164,11 @@ class ConsumeHandler:
                 topics.append(ConsumeTopicResult(topic.name, tuple(results), len(results)))
         broker.metrics.consumed(topics)
         await conn.send_consume(encode_consume_head(req.request_id, topics), chunks)
+
+
+def _release_found(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is None and isinstance(task.result(), Found):
+        release([task.result().chunk])
 
 
 def _result(partition: int, got: Resolved) -> ConsumePartitionResult:

@@ -3,7 +3,8 @@
 Local: whole bundles of one segment file, streamed with sendfile. The local log may turn the choice down when the
 seq falls between two local segments (seqs a disk behind the catalog never held): then the tier below answers.
 Remote: the tier reads the bucket; a seq it cannot read (no location, or a missing object) is answered as a system
-error for that partition, never skipped.
+error for that partition, never skipped. A remote chunk may still be arriving (StreamChunk): its length is known, and
+its bytes are written as they come.
 A partition led elsewhere serves its history here; at or past the catalog's high-water mark the leader answers
 (tiered.server.leaders).
 """
@@ -16,7 +17,7 @@ from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, local_m
 from tiered.server.leaders import LedElsewhere
 from tiered.server.registry import Partition, Role
 from tiered.storage.segment import SegmentReader
-from tiered.tier_interface import RemoteChunk, Tier, Unreadable
+from tiered.tier_interface import ChunkStream, RemoteChunk, Tier, Unreadable
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,27 @@ class BytesChunk:
 
 
 @dataclass(frozen=True)
+class StreamChunk:
+    stream: ChunkStream
+
+    @property
+    def size(self) -> int:
+        return self.stream.size
+
+
+Chunk = FileChunk | BytesChunk | StreamChunk
+
+
+def release(chunks: list[Chunk]) -> None:
+    """Gives back what unsent chunks hold (the streams' read buffers)."""
+    for chunk in chunks:
+        if isinstance(chunk, StreamChunk):
+            chunk.stream.close()
+
+
+@dataclass(frozen=True)
 class Found:
-    chunk: FileChunk | BytesChunk
+    chunk: Chunk
     first_bundle_seq: int
     first_bundle_sparse: bool
     hwmark: int
@@ -77,7 +97,8 @@ class FetchResolver:
     async def _remote(self, part: Partition, seq: int, fetch_size: int, bounds: PartitionBounds) -> Resolved:
         got = await self.tier.read(part.topic, part.partition, seq, fetch_size, bounds)
         if isinstance(got, RemoteChunk):
-            return Found(BytesChunk(got.data), got.first_bundle_seq, got.first_bundle_sparse, bounds.hwmark)
+            chunk = BytesChunk(got.data) if isinstance(got.data, bytes) else StreamChunk(got.data)
+            return Found(chunk, got.first_bundle_seq, got.first_bundle_sparse, bounds.hwmark)
         if isinstance(got, Unreadable):
             return got
         return Boundary(bounds.first_available, bounds.hwmark)

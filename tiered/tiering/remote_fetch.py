@@ -1,13 +1,22 @@
 """Serving seqs the local disk no longer holds, from the bucket (docs/architecture.md, data path step 6).
 
 A remote segment is tried first: its catalog row (cached per partition) and its index object (fetched once and
-cached) give the byte position of the bundle holding the seq, and one range GET reads whole bundles from there.
-Seqs not in a remote segment come from the block run that answers for them (one index scan, one range GET). A
-location answers for [from_seq, last_seq]: a seq in a jump before its first record reads from that record, as in
-TANK, but a seq that no location answers for is reported (Unreadable), never served from a later location. The
-chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary near
-`fetch_size`, so a TANK client cannot tell it from a local read. Remote reads run under their own concurrency limit, apart from the
-produce path and local reads, so that a replaying consumer cannot stall producers or tail consumers.
+cached) give the window to GET (`segment_window`): from the index entry at or before the seq to the last index entry
+within `fetch_size`, so a GET reads little more than it answers. The GET streams (tiered.tiering.range_reads): once
+the whole bundle holding the seq is in, the chunk's extent is known from the index (`chunk_end`), the answer's head
+can leave, and the rest of the chunk follows as it arrives. Each chunk ends at an index entry, so the next seq a
+consumer asks for starts at one: once a consumer reads in order (it asks for the seq after an earlier answer), the
+GET of the window after each answer starts as soon as the answer is known (read-ahead), while the answer is sent
+and the consumer decodes it. Read-aheads are kept a few per partition for AHEAD_TTL_S, and only
+within the read budget.
+
+Seqs not in a remote segment come from the block run that answers for them (one index scan, one range GET of the
+run, cached). A location answers for [from_seq, last_seq]: a seq in a jump before its first record reads from that
+record, as in TANK, but a seq that no location answers for is reported (Unreadable), never served from a later
+location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
+within `fetch_size` (or after that first bundle when it alone is larger), as a local read does. GETs run under their
+own concurrency limit, apart from the produce path and local reads, so that a replaying consumer cannot stall
+producers or tail consumers.
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_right
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Callable
 
 from tiered import metrics as m
@@ -25,13 +37,20 @@ from tiered.catalog.segments import SegmentRow
 from tiered.metrics import Metrics
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
+from tiered.protocol.varint import maybe_varint
 from tiered.storage.index import SparseIndex
 from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.store import ObjectNotFound, ObjectStore
+from tiered.tiering.range_reads import RangeRead, ReadBudget
+from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
+
+DEFAULT_READ_BUDGET_BYTES = 256 << 20
+AHEAD_PER_PARTITION = 4  # read-aheads kept per partition (one per consumer reading it in order)
+AHEAD_TTL_S = 30.0  # a read-ahead nobody took by then is dropped
+_EVERY_REL_SEQ = 0xFFFF_FFFF  # every record of a remote segment is visible
 
 
 def trim_chunk(data: bytes, first_seq: int, seq: int, fetch_size: int) -> tuple[bytes, int, bool] | None:
@@ -66,42 +85,193 @@ def trim_chunk(data: bytes, first_seq: int, seq: int, fetch_size: int) -> tuple[
     return bytes(view[start:end]), head_seq, head_sparse
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The range GET for a seq in a remote segment: [floor, end), floor the index entry at or before the seq (its
+    bundle starts at floor_seq), end far enough for any answer a local read of the segment would give."""
+
+    floor_seq: int
+    floor: int
+    end: int
+
+
+def segment_window(index: SparseIndex, base_seq: int, size: int, seq: int, fetch_size: int) -> Window:
+    """The GET window of `seq` in a segment of `size` bytes whose first seq is `base_seq`.
+
+    Otherwise the bundle holding the seq (the first whose last seq is >= seq) starts at or after the floor entry i and no later
+    than entry i + 1 (that entry's bundle starts past the seq), so it ends by entry i + 2; the answer ends within
+    `fetch_size` of its start, so by entry i + 1 plus `fetch_size`."""
+    positions = index.positions
+    i = bisect_right(index.rel_seqs, seq - base_seq) - 1 if seq >= base_seq else -1
+    floor, floor_seq = (positions[i], base_seq + index.rel_seqs[i]) if i >= 0 else (0, base_seq)
+    if i >= 0 and floor_seq == seq:
+        # The floor bundle starts at the seq, so the answer starts there (a consumer reading on asks for such seqs):
+        # the window is the answer itself, unless the records up to fetch_size must be walked.
+        if size - floor <= fetch_size:
+            return Window(floor_seq, floor, size)
+        last_entry = positions[bisect_right(positions, floor + fetch_size) - 1]
+        if last_entry > floor:
+            return Window(floor_seq, floor, last_entry)
+        next_entry = positions[i + 1] if i + 1 < len(positions) else size
+        return Window(floor_seq, floor, min(size, max(floor + fetch_size, next_entry)))
+    latest_start = positions[i + 1] if i + 1 < len(positions) else size
+    hold_end = positions[i + 2] if i + 2 < len(positions) else size
+    return Window(floor_seq, floor, min(size, max(latest_start + fetch_size, hold_end)))
+
+
+def indexed_end(index: SparseIndex, size: int, start: int, first_end: int, fetch_size: int) -> int | None:
+    """Where the answer starting at `start` (its first bundle ending at `first_end`) ends, by the rule of local reads
+    (tiered.storage.reads.range_end, every record of a remote segment being visible): the segment's end when it is
+    within `fetch_size`, else the last index entry within it; None when no entry past the first bundle is, and the
+    records up to `start + fetch_size` must be walked (`walked_end`)."""
+    if size - start <= fetch_size:
+        return size
+    end = index.ceiling_position(start, min(size, start + fetch_size), _EVERY_REL_SEQ)
+    return end if end is not None and end >= first_end else None
+
+
+async def walked_end(read: RangeRead, first: FirstBundle, ceiling: int) -> tuple[int, int]:
+    """(end, last seq) of the whole records from `first` that end by `ceiling`, once they have arrived."""
+    arrived = await read.until(ceiling)
+    view = read.view(read.start, arrived)
+    end, last = first.end, first.last_seq
+    while end < ceiling:
+        got = maybe_record(view, end - read.start)
+        if got is None or got[1] + read.start > ceiling:
+            break
+        bundle_start, bundle_end = got
+        last = bundle_seq_range(read_bundle_header(view[bundle_start:bundle_end]), last + 1)[1]
+        end = bundle_end + read.start
+    return end, last
+
+
+@dataclass(frozen=True, slots=True)
+class FirstBundle:
+    start: int  # position of its length prefix
+    end: int
+    first_seq: int
+    last_seq: int
+    sparse: bool
+
+
+async def find_first_bundle(read: RangeRead, floor: int, floor_seq: int, seq: int) -> FirstBundle | None:
+    """The first bundle of `read` from `floor` whose last seq is >= `seq`, once it has arrived whole; None if the
+    read holds none. Raises ProtocolError on bytes that are not whole records, and what the GET failed with."""
+    position, next_seq = floor, floor_seq
+    while position < read.end:
+        arrived = await read.until(position + 5)  # a varint is at most 5 bytes
+        got = maybe_varint(read.view(position, arrived), 0)
+        if got is None:
+            raise ProtocolError("a remote segment ends inside a record length", position)
+        size, skip = got
+        if size == 0:
+            raise ProtocolError("zero-length bundle in a remote segment", position)
+        bundle_start, bundle_end = position + skip, position + skip + size
+        if bundle_end > read.end or await read.until(bundle_end) < bundle_end:
+            raise ProtocolError("a remote segment ends inside a record", position)
+        header = read_bundle_header(read.view(bundle_start, bundle_end))
+        first, last = bundle_seq_range(header, next_seq)
+        if last >= seq:
+            return FirstBundle(position, bundle_end, first, last, header.sparse)
+        position, next_seq = bundle_end, last + 1
+    return None
+
+
+class RangeChunk:
+    """A chunk [start, end) of a streamed range GET (tier_interface.ChunkStream); closing it closes the GET."""
+
+    def __init__(self, read: RangeRead, start: int, end: int):
+        self.read = read
+        self.start = start
+        self.end = end
+        self.size = end - start
+
+    async def pieces(self) -> AsyncIterator[memoryview]:
+        position = self.start
+        while position < self.end:
+            arrived = min(await self.read.until(position + 1), self.end)
+            if arrived <= position:
+                raise EOFError(f"object {self.read.object_key} ended at {arrived}, inside a chunk ending at {self.end}")
+            yield self.read.view(position, arrived)
+            position = arrived
+
+    def close(self) -> None:
+        self.read.close()
+
+
+class _Ahead:
+    """A read-ahead: the task that locates the next window and starts its GET, for the consumer asking `seq`."""
+
+    def __init__(self, seq: int, task: asyncio.Task):
+        self.seq = seq
+        self.task = task
+        self.expiry: asyncio.TimerHandle | None = None
+
+    def drop(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+        if not self.task.done():
+            self.task.cancel()
+        elif not self.task.cancelled() and self.task.exception() is None and self.task.result() is not None:
+            self.task.result().close()
+
+
 class RemoteReader:
-    """Remote segments first (cached segment rows and index objects, one range GET of whole bundles), then block
-    runs (one catalog query, one range GET). A seq that neither answers for is Unreadable, never skipped."""
+    """Remote segments first (cached segment rows and index objects, a streamed range GET of whole bundles, the
+    next window read ahead), then block runs (one catalog query, one range GET). A seq that neither answers for is
+    Unreadable, never skipped."""
 
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, metrics: Metrics, *, max_concurrency: int = 8,
+                 budget: ReadBudget | None = None, read_ahead: bool = True,
                  highest_copied: Callable[[str, int], int | None] = lambda topic, partition: None):
         self.store = store
         self.catalog = catalog
         self.metrics = metrics
+        self.budget = budget if budget is not None else ReadBudget(DEFAULT_READ_BUDGET_BYTES)
+        self.read_ahead = read_ahead
         self.segments: RangeCache[SegmentRow] = RangeCache()
-        self.indexes: SizedLru[str, SparseIndex] = SizedLru(64 << 20, lambda index: index.size_bytes)
+        self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
+                                                            lambda index: index.size_bytes)
         self.runs: RangeCache[RunLocation] = RangeCache()  # same grace-period argument as segment rows
         # A run is read whole (the catalog does not know where its bundles start), so a consumer reading a run in
         # fetches smaller than the run would otherwise GET the whole run once per fetch. Runs never change.
-        self.run_bytes: SizedLru[tuple[str, int], bytes] = SizedLru(64 << 20, len)
+        self.run_bytes: SizedLru[tuple[str, int], bytes] = SizedLru(self.budget.cache_bytes // 2, len)
         # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
         # only be in a block run, so the segment lookup is skipped.
         self.highest_copied = highest_copied
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._slots = asyncio.Semaphore(max_concurrency)  # GETs in flight, read-aheads included
+        self._ahead: dict[tuple[str, int], list[_Ahead]] = {}
+        # The seqs that would continue recent answers, per partition: a fetch asking one of them reads in order,
+        # and only such fetches are read ahead (a random read would waste the GET).
+        self._expected: dict[tuple[str, int], deque[int]] = {}
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held by GET buffers and the caches, all within the read budget."""
+        return self.budget.used + self.indexes.size_bytes + self.run_bytes.size_bytes
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
-        async with self._slots:
-            copied = self.highest_copied(topic, partition)
-            got: RemoteChunk | Unreadable | None = None
-            if copied is None or seq <= copied:
-                got = await self._from_segment(topic, partition, seq, fetch_size)
-            if got is None:
-                got = await self._from_run(topic, partition, seq, fetch_size)
-            if got is None:
-                self.metrics.inc(m.UNLOCATED_READS)
-                log.error("%s/%d: no remote segment or block run answers for seq %d, below the high-water mark: "
-                          "the catalog has a hole (run `tiered catalog check`)", topic, partition, seq)
-                return Unreadable(f"no location holds seq {seq}")
-            if isinstance(got, RemoteChunk):
-                self.metrics.inc(m.REMOTE_BYTES, len(got.data))
-            return got
+        copied = self.highest_copied(topic, partition)
+        got: RemoteChunk | Unreadable | None = None
+        if copied is None or seq <= copied:
+            got = await self._from_segment(topic, partition, seq, fetch_size)
+        if got is None:
+            got = await self._from_run(topic, partition, seq, fetch_size)
+        if got is None:
+            self.metrics.inc(m.UNLOCATED_READS)
+            log.error("%s/%d: no remote segment or block run answers for seq %d, below the high-water mark: "
+                      "the catalog has a hole (run `tiered catalog check`)", topic, partition, seq)
+            return Unreadable(f"no location holds seq {seq}")
+        if isinstance(got, RemoteChunk):
+            self.metrics.inc(m.REMOTE_BYTES, len(got.data) if isinstance(got.data, bytes) else got.data.size)
+        return got
+
+    def close(self) -> None:
+        """Drops every read-ahead (the broker stops)."""
+        for entries in self._ahead.values():
+            for entry in entries:
+                entry.drop()
+        self._ahead.clear()
 
     async def _query(self, fn, *args):
         self.metrics.inc(m.REMOTE_CATALOG_QUERIES)
@@ -110,22 +280,30 @@ class RemoteReader:
     async def _get(self, object_key: str, start: int, end: int) -> bytes | None:
         self.metrics.inc(m.REMOTE_GETS)
         try:
-            return await self.store.get_range(object_key, start, end)
+            async with self._slots:
+                return await self.store.get_range(object_key, start, end)
         except ObjectNotFound:
-            log.error("object %s named by the catalog is missing from the bucket", object_key)
-            self.metrics.inc(m.REMOTE_MISSING_OBJECTS)
+            self._missing(object_key)
             return None
 
-    async def _from_segment(self, topic: str, partition: int, seq: int,
-                            fetch_size: int) -> RemoteChunk | Unreadable | None:
+    def _missing(self, object_key: str) -> None:
+        log.error("object %s named by the catalog is missing from the bucket", object_key)
+        self.metrics.inc(m.REMOTE_MISSING_OBJECTS)
+
+    # -- remote segments --------------------------------------------------------------------------------------------
+
+    async def _segment_for(self, topic: str, partition: int, seq: int,
+                           count: bool = True) -> tuple[SegmentRow, SparseIndex] | Unreadable | None:
+        """The remote segment answering for `seq` and its index (cached), None if no remote segment does."""
         row = self.segments.get(topic, partition, seq)
         if row is None:
-            self.metrics.inc(m.REMOTE_CACHE_MISSES)
+            if count:
+                self.metrics.inc(m.REMOTE_CACHE_MISSES)
             row = await self._query(catalog_segments.find_remote_segment, topic, partition, seq)
             if row is None or not row.holds(seq):
                 return None  # no remote segment answers for it (a block run may)
             self.segments.put(row)
-        else:
+        elif count:
             self.metrics.inc(m.REMOTE_CACHE_HITS)
         index = self.indexes.get(row.index_object_key)
         if index is None:
@@ -134,16 +312,149 @@ class RemoteReader:
                 return Unreadable(f"index object {row.index_object_key} is missing")
             index, _ = SparseIndex.from_bytes(data)
             self.indexes.put(row.index_object_key, index)
-        floor = index.floor(seq - row.base_seq) if seq >= row.base_seq else None
-        rel_seq, start = floor if floor is not None else (0, 0)
-        # End at an index entry past start + fetch_size (bundle boundaries), or the end of the segment.
-        i = bisect_right(index.positions, start + fetch_size)
-        end = index.positions[i] if i < len(index.positions) else row.size_bytes
-        data = await self._get(row.object_key, start, end)
-        if data is None:
-            return Unreadable(f"segment object {row.object_key} is missing")
-        trimmed = trim_chunk(data, row.base_seq + rel_seq, seq, fetch_size)
-        return RemoteChunk(*trimmed) if trimmed is not None else None
+        return row, index
+
+    async def _from_segment(self, topic: str, partition: int, seq: int,
+                            fetch_size: int) -> RemoteChunk | Unreadable | None:
+        ahead = await self._ahead_for(topic, partition, seq)
+        try:
+            located = await self._segment_for(topic, partition, seq)
+        except BaseException:
+            if ahead is not None:
+                ahead.close()
+            raise
+        if not isinstance(located, tuple):
+            if ahead is not None:
+                ahead.close()
+            return located
+        row, index = located
+        window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
+        read = ahead
+        if read is not None and (read.object_key != row.object_key or read.start != window.floor
+                                 or read.end < window.end):
+            read.close()  # made for another window: the consumer moved, or asks for more
+            read = None
+        if read is None:
+            self.metrics.inc(m.REMOTE_GETS)
+            read = await RangeRead.open(self.store, row.object_key, window.floor, window.end, self.budget,
+                                        self._slots)
+        else:
+            self.metrics.inc(m.REMOTE_READ_AHEAD_HITS)
+            read.adopt()
+        try:
+            first = await find_first_bundle(read, window.floor, window.floor_seq, seq)
+        except BaseException as exc:
+            read.close()
+            if not isinstance(exc, Exception):
+                raise
+            return self._failed(topic, partition, seq, row.object_key, exc)
+        if first is None:
+            read.close()
+            return None
+        end = indexed_end(index, row.size_bytes, first.start, first.end, fetch_size)
+        if end is None:
+            try:
+                end, last = await walked_end(read, first, first.start + fetch_size)
+            except BaseException as exc:
+                read.close()
+                if not isinstance(exc, Exception):
+                    raise
+                return self._failed(topic, partition, seq, row.object_key, exc)
+            next_seq = last + 1
+        else:
+            next_seq = self._next_seq(index, row, first, end)
+        self._continue(topic, partition, seq, next_seq, fetch_size, sequential=ahead is not None)
+        return RemoteChunk(RangeChunk(read, first.start, end), first.first_seq, first.sparse)
+
+    @staticmethod
+    def _next_seq(index: SparseIndex, row: SegmentRow, first: FirstBundle, end: int) -> int:
+        """The seq a consumer asks for after a chunk ending at `end` (a bundle boundary)."""
+        if end == first.end:
+            return first.last_seq + 1
+        if end >= row.size_bytes:
+            return row.last_seq + 1
+        i = bisect_right(index.positions, end) - 1
+        return row.base_seq + index.rel_seqs[i]  # chunks end at index entries: the next bundle's first seq
+
+    def _failed(self, topic: str, partition: int, seq: int, object_key: str, exc: Exception) -> Unreadable:
+        if isinstance(exc, ObjectNotFound):
+            self._missing(object_key)
+            return Unreadable(f"segment object {object_key} is missing")
+        if not isinstance(exc, (StoreError, EOFError, ProtocolError)):
+            raise exc
+        log.error("%s/%d: reading seq %d from %s failed: %s", topic, partition, seq, object_key, exc)
+        return Unreadable(f"segment object {object_key}: {exc}")
+
+    # -- read-ahead -------------------------------------------------------------------------------------------------
+
+    async def _ahead_for(self, topic: str, partition: int, seq: int) -> RangeRead | None:
+        """The read-ahead made for a consumer asking `seq` now (it is taken), or None."""
+        entries = self._ahead.get((topic, partition))
+        if not entries:
+            return None
+        for i, entry in enumerate(entries):
+            if entry.seq == seq:
+                del entries[i]
+                if entry.expiry is not None:
+                    entry.expiry.cancel()
+                try:
+                    return await asyncio.shield(entry.task)
+                except asyncio.CancelledError:
+                    if entry.task.cancelled():
+                        return None
+                    entry.drop()  # this fetch is cancelled: nobody takes the read-ahead
+                    raise
+                except Exception:  # the read-ahead failed: the fetch reads for itself
+                    return None
+        return None
+
+    def _continue(self, topic: str, partition: int, seq: int, next_seq: int, fetch_size: int,
+                  sequential: bool) -> None:
+        """Reads the window after this answer ahead when this fetch continued an earlier answer; otherwise only
+        remembers where this answer ends."""
+        expected = self._expected.setdefault((topic, partition), deque(maxlen=AHEAD_PER_PARTITION))
+        if seq in expected:
+            expected.remove(seq)
+            sequential = True
+        if sequential and self.read_ahead:
+            self._start_ahead(topic, partition, next_seq, fetch_size)
+        else:
+            expected.append(next_seq)
+
+    def _start_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> None:
+        copied = self.highest_copied(topic, partition)
+        if copied is not None and seq > copied:
+            return  # not in a remote segment
+        entries = self._ahead.setdefault((topic, partition), [])
+        if any(entry.seq == seq for entry in entries):
+            return
+        task = asyncio.get_running_loop().create_task(self._read_ahead(topic, partition, seq, fetch_size))
+        entry = _Ahead(seq, task)
+        entry.expiry = asyncio.get_running_loop().call_later(AHEAD_TTL_S, self._expire, topic, partition, entry)
+        entries.append(entry)
+        while len(entries) > AHEAD_PER_PARTITION:
+            entries.pop(0).drop()
+
+    def _expire(self, topic: str, partition: int, entry: _Ahead) -> None:
+        entries = self._ahead.get((topic, partition), [])
+        if entry in entries:
+            entries.remove(entry)
+            entry.expiry = None
+            entry.drop()
+            self.metrics.inc(m.REMOTE_READ_AHEAD_DROPPED)
+
+    async def _read_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> RangeRead | None:
+        located = await self._segment_for(topic, partition, seq, count=False)
+        if not isinstance(located, tuple):
+            return None
+        row, index = located
+        window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
+        read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots)
+        if read is not None:
+            self.metrics.inc(m.REMOTE_GETS)
+        return read
+
+    # -- block runs -------------------------------------------------------------------------------------------------
 
     async def _from_run(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
         run = self.runs.get(topic, partition, seq)

@@ -20,7 +20,8 @@ from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
-from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.range_reads import ReadBudget
+from tiered.tiering.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
 from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore
@@ -35,7 +36,7 @@ class RemoteTier:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, sink: TierSink, *, metrics: Metrics,
                  epoch_of: Callable[[str, int], int | None], committed_up_to: Callable[[str, int], int],
                  on_fenced: Callable[[tuple[str, int], int, str], None], grace: timedelta,
-                 clock: Clock = SYSTEM_CLOCK):
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES, clock: Clock = SYSTEM_CLOCK):
         self.store = store
         self.catalog = catalog
         self.sink = sink
@@ -47,7 +48,8 @@ class RemoteTier:
                                     grace=grace, clock=clock)
         # What the copier knows of copied segments is the whole truth only for a partition led here (a partition led
         # elsewhere gets its segments copied by its leader): otherwise unknown, and remote segments are looked up.
-        self.reader = RemoteReader(store, catalog, metrics, highest_copied=lambda t, p: (
+        self.reader = RemoteReader(store, catalog, metrics, budget=ReadBudget(read_budget_bytes),
+                                   highest_copied=lambda t, p: (
             self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
         self._reconcile_cursor: str | None = None
 
@@ -108,3 +110,4 @@ class RemoteTier:
 
     def register_metrics(self) -> None:
         self.metrics.gauge(m.SEGMENTS_PENDING_UPLOAD, lambda: self.copier.pending)
+        self.metrics.gauge(m.REMOTE_READ_BYTES, lambda: self.reader.buffered_bytes)

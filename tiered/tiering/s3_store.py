@@ -20,7 +20,7 @@ import contextlib
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -29,6 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_object_key
 
+STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
 MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -119,6 +120,21 @@ class S3ObjectStore(ObjectStore):
                 raise
             async with response["Body"] as body:
                 return await body.read()
+
+    async def _read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+        client = await self._connected()
+        with self._errors(object_key):
+            try:
+                response = await client.get_object(Bucket=self.bucket, Key=self._key(object_key),
+                                                   Range=f"bytes={start}-{end - 1}")
+            except ClientError as e:
+                if _code(e) == "InvalidRange":
+                    return
+                raise
+            async with response["Body"] as body:
+                # read(n) answers with what has arrived (up to n bytes), so each piece goes on as soon as it is in.
+                while piece := await body.read(STREAM_PIECE_BYTES):
+                    sink(piece)
 
     async def _head(self, object_key: str) -> ObjectInfo:
         client = await self._connected()

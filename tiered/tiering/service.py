@@ -109,7 +109,8 @@ class TieringService:
                                    max_puts_per_s=self.settings.block_max_puts_per_s)
         self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, epoch_of=self._epoch_of,
                                  committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
-                                 grace=self.grace, clock=self.clock)
+                                 grace=self.grace, read_budget_bytes=self.settings.remote_read_budget_bytes,
+                                 clock=self.clock)
         await self._warm_store()
         self._register_metrics()
         sup = self.supervisor
@@ -168,6 +169,8 @@ class TieringService:
         await self.supervisor.stop()
         if hasattr(self, "durable"):
             await self.durable.stop()
+        if hasattr(self, "remote"):
+            self.remote.reader.close()
         if hasattr(self, "store"):
             await self.store.close()
         if hasattr(self, "catalog"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -132,6 +132,24 @@ class ObjectStore(abc.ABC):
         self.counters.get_bytes += len(data)
         return data
 
+    async def read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None]) -> int:
+        """Bytes [start, end) of the object handed to `sink` piece by piece as they arrive (a streamed range GET),
+        under the same deadline as get_range for the whole range; returns the bytes received (fewer past the end
+        of the object, as get_range). `sink` runs on the event loop and must not block."""
+        if not 0 <= start < end:
+            raise ValueError(f"bad byte range [{start}, {end})")
+        received = 0
+
+        def counted(piece: bytes) -> None:
+            nonlocal received
+            received += len(piece)
+            self.counters.get_bytes += len(piece)
+            sink(piece)
+
+        await self._counted(self._read_range_into(object_key, start, end, counted), end - start)
+        self.counters.gets += 1
+        return received
+
     async def head(self, object_key: str) -> ObjectInfo:
         return await self._counted(self._head(object_key))
 
@@ -184,6 +202,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def _get_range(self, object_key: str, start: int, end: int | None) -> bytes:
         """end None: to the end of the object."""
+
+    async def _read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+        """A backend that can stream overrides this; by default the range is read whole, then handed over."""
+        data = await self._get_range(object_key, start, end)
+        if data:
+            sink(data)
 
     @abc.abstractmethod
     async def _head(self, object_key: str) -> ObjectInfo: ...

@@ -1,5 +1,5 @@
-"""`tiered cluster status|rebalance` and `tiered topic describe` against a running service, as an operator runs
-them; and a SQLite catalog refusing a second live broker."""
+"""`tiered cluster status|rebalance`, `tiered topic describe` and `tiered topic config` against a running service,
+as an operator runs them; and a SQLite catalog refusing a second live broker."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.cluster.conftest import LEASE_MS
 from tests.support.broker import BrokerProcess
-from tests.support.cli import tiered
+from tests.support.cli import one_line_error, tiered
 
 
 def bootstrap(cluster) -> str:
@@ -76,3 +76,37 @@ def test_a_sqlite_catalog_refuses_a_second_live_broker_naming_postgresql(tmp_pat
         second.kill()
     finally:
         first.kill()
+
+
+def test_a_topic_config_change_reaches_every_broker_and_the_bucket(cluster, s3_bucket):
+    """`tiered topic config` writes the catalog and the bucket's topic object; each broker applies the change at its
+    next look at the catalog and keeps it on its disk for the next start."""
+    for broker_id in range(2):
+        cluster.start(broker_id)
+    tiered("topic", "create", "-b", bootstrap(cluster), "ev", "2", "-o", "produce.ack=durable")
+    cluster.wait_for_leaders("ev", {0, 1})
+    flags = ("--catalog", cluster.catalog_url, "--store", cluster.store_url, "--s3-path-style")
+    env = {"AWS_ENDPOINT_URL": cluster.s3_endpoint}
+    changed = tiered("topic", "config", "ev", "-o", "remote.retention.secs=7d,log.segment.bytes=1m", *flags, env=env)
+    assert "topic ev: produce.ack=durable, remote.retention.secs=7d, log.segment.bytes=1m" in changed.stdout.decode()
+    expected = "produce.ack=durable\nremote.retention.secs=7d\nlog.segment.bytes=1m\n"
+    files = [cluster.brokers[b].data_dir / "ev" / "config" for b in range(2)]
+    deadline = time.monotonic() + 10
+    while not all(f.exists() and f.read_text() == expected for f in files):
+        assert time.monotonic() < deadline, [f.read_text() if f.exists() else None for f in files]
+        time.sleep(0.1)
+    assert cluster.logs().count("topic ev: configuration applied from the catalog") >= 2
+
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=cluster.s3_endpoint)
+    body = s3.get_object(Bucket=s3_bucket, Key="cluster/topics/ev.json")["Body"].read().decode()
+    assert "remote.retention.secs=7d" in body
+
+    shown = tiered("topic", "config", "ev", "--unset", "log.segment.bytes", *flags, env=env).stdout.decode()
+    assert "topic ev: produce.ack=durable, remote.retention.secs=7d\n" in shown
+    refused = tiered("topic", "config", "ev", "-o", "log.retention.secs=soon", *flags, env=env, check=False)
+    assert "invalid value 'soon' for 'log.retention.secs'" in one_line_error(refused, "topic config")
+    assert "unknown topic 'nosuch'" in one_line_error(
+        tiered("topic", "config", "nosuch", *flags, env=env, check=False), "topic config")
+    cluster.check("ev")

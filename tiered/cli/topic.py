@@ -1,4 +1,6 @@
-"""`tiered topic create|list|describe`: topics through the broker's own requests, as tank-cli does."""
+"""`tiered topic create|list|describe`: topics through the broker's own requests, as tank-cli does.
+`tiered topic config`: a topic's configuration in the catalog (and its copy in the bucket), which every broker
+applies at its next look at the catalog (docs/cluster.md, "Topic configuration")."""
 
 from __future__ import annotations
 
@@ -35,6 +37,23 @@ def register(sub) -> None:
     d.add_argument("--catalog", dest="catalog_url", metavar="URL",
                    help="the brokers' catalog (also TIERED_CATALOG_URL), to show the topic's config and acks")
     d.set_defaults(func=lambda a: run(describe(a), "topic describe"))
+
+    text = "show or change a topic's configuration; every broker applies a change within about a second"
+    cfg = groups.add_parser("config", help=text, description=text)
+    cfg.add_argument("name")
+    cfg.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                     help="set a key, repeatable or comma separated (e.g. -o remote.retention.secs=7d)")
+    cfg.add_argument("--unset", action="append", default=[], metavar="KEY",
+                     help="remove a key (the brokers' topic_defaults or TANK's default applies again)")
+    cfg.add_argument("--catalog", dest="catalog_url", metavar="URL",
+                     help="the brokers' catalog (also TIERED_CATALOG_URL or the config file)")
+    cfg.add_argument("--store", dest="store_url", metavar="URL",
+                     help="the brokers' object store, which keeps a copy of every topic's configuration")
+    cfg.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
+                     help="path-style S3 addressing (MinIO, moto)")
+    cfg.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
+    cfg.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog and store)")
+    cfg.set_defaults(func=cmd_config)
 
 
 def parse_options(options: list[str]) -> str:
@@ -101,3 +120,79 @@ def ack_meaning(config_text: str) -> str:
     origin = "" if ack else " (the default, unless the brokers' topic_defaults say otherwise)"
     return (f"produce.ack=durable{origin}: acknowledged once in the bucket and the catalog; survives the loss of "
             f"any broker")
+
+
+def changed_config(config_text: str, options: list[str], unset: list[str]) -> str:
+    """The configuration text after setting `options` (KEY=VALUE) and removing `unset` keys, one `key=value` line
+    each, in their first order. Raises UsageError for a key to remove that is not set, ConfigError for a value the
+    broker would refuse."""
+    from tiered.topic_rules import check_config_text
+
+    values, _ = parse_config_text(config_text)
+    values.update(parse_config_text(parse_options(options))[0])
+    for key in unset:
+        if values.pop(key.strip().lower(), None) is None:
+            raise UsageError(f"--unset {key}: the topic's configuration does not set it")
+    text = "".join(f"{key}={value}\n" for key, value in values.items())
+    check_config_text(text)
+    return text
+
+
+def cmd_config(args) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tiered.catalog import CatalogError
+    from tiered.config import SettingsError, load_settings
+    from tiered.storage.topic_config import ConfigError
+    from tiered.tiering.store import StoreError
+
+    try:
+        settings = load_settings(args)
+        outcome = asyncio.run(_config(settings, args))
+    except (UsageError, ConfigError, SettingsError, CatalogError, SQLAlchemyError, StoreError, ValueError,
+            OSError) as error:
+        print(f"tiered topic config: {error}", file=sys.stderr)
+        return 1
+    print(outcome.text)
+    return outcome.status
+
+
+class _Outcome:
+    def __init__(self, text: str, status: int = 0):
+        self.text, self.status = text, status
+
+
+async def _config(settings, args) -> _Outcome:
+    from tiered.catalog import Catalog
+    from tiered.catalog.topics import get_topic, update_topic_config
+    from tiered.tiering.store import open_store
+    from tiered.tiering.topic_objects import put_topic_config
+
+    catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)
+    try:
+        row = await asyncio.to_thread(get_topic, catalog, args.name)
+        if row is None:
+            raise UsageError(f"unknown topic {args.name!r}")
+        if not args.option and not args.unset:
+            return _Outcome(_describe_config(args.name, row.config_text))
+        text = changed_config(row.config_text, args.option, args.unset)
+        await asyncio.to_thread(update_topic_config, catalog, args.name, text)
+    finally:
+        await asyncio.to_thread(catalog.close)
+    shown = _describe_config(args.name, text)
+    path_style = {"path_style": bool(settings.s3_path_style)} if settings.effective_store_url.startswith("s3") else {}
+    store = open_store(settings.effective_store_url, **path_style)
+    try:
+        stored = await put_topic_config(store, args.name, row.partitions, text, row.created_at)
+    finally:
+        await store.close()
+    done = f"{shown}\nevery broker applies it at its next look at the catalog (within about a second)"
+    if not stored:
+        return _Outcome(f"{done}\nbut its copy in the object store was not written (see the error above): run the "
+                        f"command again, or `tiered catalog rebuild` would restore the previous configuration", 1)
+    return _Outcome(done)
+
+
+def _describe_config(name: str, config_text: str) -> str:
+    keys = [line.strip() for line in config_text.splitlines() if line.strip()]
+    return f"topic {name}: {', '.join(keys) if keys else 'no keys set (the defaults apply)'}\n{ack_meaning(config_text)}"

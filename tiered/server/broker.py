@@ -207,6 +207,14 @@ class Broker:
             self.waiters.visible(part.topic, part.partition, appended.first_seq, len(appended.record))
         return ack
 
+    def apply_topic_config(self, name: str, config_text: str) -> None:
+        """The catalog's configuration of a topic changed (`tiered topic config`): every partition follows it, and the
+        tier for those it leads. Raises ConfigError when it cannot be used here (nothing changes)."""
+        for part in self.registry.reconfigure_topic(name, config_text):
+            self.tier.reconfigured(name, part.partition, part.config)
+        log.info("topic %s: configuration applied from the catalog (%s)", name,
+                 ", ".join(line.strip() for line in config_text.splitlines() if line.strip()) or "no keys")
+
     async def create_topic(self, name: str, partitions: int, config_text: str) -> None:
         """Raises TopicExists (the catalog has it) or TopicDirExists (the disk has it)."""
         plans = await self.tier.create_topic(name, partitions, config_text)

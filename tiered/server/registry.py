@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 from tiered.bounds import PartitionBounds
 from tiered.storage import topics as topic_dirs
 from tiered.storage.partition_log import PartitionLog
-from tiered.storage.topic_config import TopicConfig, parse_config_text
+from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
 from tiered.tier_interface import Leader, LocalPartition, LocalTopic, Tier
 
 log = logging.getLogger("tiered.server")
@@ -123,16 +123,35 @@ class Registry:
         config = self.topic_config(config_text)
         topic = Topic(name, config_text, config)
         for p in range(partitions):
-            part_config = config
-            try:
-                values, _ = topic_dirs.read_partition_config(str(self.data_dir), name, p)
-                part_config = self.topic_config(config_text, values)
-            except topic_dirs.PartitionConfigError as exc:
-                if exc.kind != "missing":
-                    log.warning("partition config of %s/%d not applied: %s", name, p, exc)
-            topic.partitions.append(self._open_partition(name, p, part_config, tier))
+            topic.partitions.append(self._open_partition(name, p, self._partition_config(name, p, config_text), tier))
         self.topics[name] = topic
         return topic
+
+    def _partition_config(self, name: str, partition: int, config_text: str) -> TopicConfig:
+        """The topic's layers and the partition's own `config` file over them; a file that cannot be used is
+        logged and left out."""
+        try:
+            values, _ = topic_dirs.read_partition_config(str(self.data_dir), name, partition)
+            return self.topic_config(config_text, values)
+        except topic_dirs.PartitionConfigError as exc:
+            if exc.kind != "missing":
+                log.warning("partition config of %s/%d not applied: %s", name, partition, exc)
+        except ConfigError as exc:
+            log.warning("partition config of %s/%d not applied: %s", name, partition, exc)
+        return self.topic_config(config_text)
+
+    def reconfigure_topic(self, name: str, config_text: str) -> list[Partition]:
+        """Applies a new topic-level configuration (the catalog's, changed by `tiered topic config`) to every
+        partition, under each partition's own file as at open, and keeps it on disk for the next start. Raises
+        ConfigError (nothing changed) when it cannot be used. Returns the partitions reconfigured."""
+        topic = self.topics[name]
+        config = self.topic_config(config_text)
+        topic_dirs.write_topic_config(str(self.data_dir), name, config_text)
+        topic.config_text, topic.config = config_text, config
+        for part in topic.partitions:
+            part.config = self._partition_config(name, part.partition, config_text)
+            part.log.reconfigure(part.config)
+        return list(topic.partitions)
 
     def _open_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier) -> Partition:
         plog = PartitionLog.open(

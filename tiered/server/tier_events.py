@@ -9,7 +9,8 @@ partition serves, here and only here.
 - lead: plans for partitions the tier claimed, carried out by the broker (Broker.apply_plans).
 - follow: the partition is led by another broker, or by nobody yet: history up to the catalog's high-water mark is
   served here, the tail and produces go to the leader (0xfc) or wait for one (0xfd).
-- topics_known: topics another broker created are created locally, so that any broker serves any topic.
+- topics_known: topics another broker created are created locally, so that any broker serves any topic; a topic
+  whose configuration changed in the catalog (`tiered topic config`) is reconfigured here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from tiered.server.registry import Registry, Role
 from tiered.server.waiters import Waiters
+from tiered.storage.topic_config import ConfigError
 from tiered.tier_interface import Leader, LocalPartition, NewLocalTopic, PartitionPlan
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ class TierEvents:
         self.waiters = waiters
         self._broker: Broker | None = None  # bound once it exists: it is built after the tier that reports here
         self._unservable: set[str] = set()  # topics that could not be created here (said once)
+        self._refused_configs: dict[str, str] = {}  # topic -> a catalog configuration refused here (said once)
 
     def bind(self, broker: Broker) -> None:
         self._broker = broker
@@ -92,7 +95,12 @@ class TierEvents:
 
     async def topics_known(self, topics: Sequence[NewLocalTopic]) -> None:
         for topic in topics:
-            if topic.name in self.registry.topics or topic.name in self._unservable:
+            known = self.registry.topics.get(topic.name)
+            if known is not None:
+                if known.config_text != topic.config_text:
+                    self._reconfigure(topic.name, topic.config_text)
+                continue
+            if topic.name in self._unservable:
                 continue
             log.info("topic %s (%d partitions) is in the catalog: creating it here", topic.name, topic.partitions)
             try:
@@ -100,6 +108,18 @@ class TierEvents:
             except Exception as exc:
                 self._unservable.add(topic.name)
                 log.error("topic %s cannot be created here and is not served: %s", topic.name, exc)
+
+    def _reconfigure(self, name: str, config_text: str) -> None:
+        if self._refused_configs.get(name) == config_text:
+            return  # said once
+        try:
+            self.broker.apply_topic_config(name, config_text)
+        except (ConfigError, OSError) as exc:
+            self._refused_configs[name] = config_text
+            log.error("topic %s: the catalog's configuration cannot be applied here, the previous one stays: %s",
+                      name, exc)
+        else:
+            self._refused_configs.pop(name, None)
 
     def local_partition(self, topic: str, partition: int) -> LocalPartition | None:
         part = self.registry.get(topic, partition)

@@ -100,6 +100,21 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     return final
 
 
+def write_topic_config(base: str, name: str, config_text: str) -> None:
+    """Replaces `<base>/<name>/config` atomically (written aside, fsynced, renamed; removed when the text is empty),
+    so that a restart opens the topic with the configuration the catalog gave it last."""
+    path = os.path.join(topic_path(base, name), TOPIC_CONFIG)
+    if not config_text.strip():
+        if os.path.lexists(path):
+            os.remove(path)
+            fsync_dir(os.path.dirname(path))
+        return
+    staging = path + ".new"
+    _write_synced(staging, config_text)
+    os.replace(staging, path)
+    fsync_dir(os.path.dirname(path))
+
+
 def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
     """The topics under `base` (sorted by name) and the problems found, each a sentence naming the path."""
     topics: list[TopicDir] = []

@@ -142,3 +142,28 @@ async def test_a_rolling_restart_under_durable_produce_loses_and_duplicates_noth
     await read_back(cluster, "ev", producers, duplicates_allowed=False)
     stalls = [s for log in producers.logs.values() for s in log.stalls]
     assert max(stalls, default=0) < 5.0, sorted(stalls)[-5:]
+
+
+async def test_a_second_process_with_the_same_broker_id_fences_the_first(cluster):
+    """An operator's mistake: broker 1 started again on another disk while the first broker 1 still runs. The newer
+    process takes the id over (the first's lease renewals fail from then on) and claims broker 1's partitions with a
+    new epoch, so the first one's later commits are refused: nothing it acknowledges can be lost or overwritten."""
+    cluster.start(0)
+    first = cluster.start(1)
+    async with await Client.connect_any([f"127.0.0.1:{cluster.brokers[0].port}"]) as client:
+        await client.create_topic("ev", 2, DURABLE)
+        assert cluster.wait_for_leaders("ev", {0, 1}) == {0: 0, 1: 1}
+        producers = Producers(client, "ev", 2)
+        try:
+            await producers.wait_for_acks(5)
+            cluster.start(1, disk="disk1-again")  # the first process keeps running
+            await producers.wait_for_acks(10, timeout_s=LEASE_MS / 1000 + 20)
+            assert first.proc.poll() is None  # not stopped: fenced
+            epochs = {a.partition: a.leader_epoch for a in cluster.assignments("ev")}
+            await producers.wait_for_acks(5)
+            first.kill()
+            await producers.wait_for_acks(5, timeout_s=LEASE_MS / 1000 + 20)
+        finally:
+            await producers.stop()
+        assert epochs[1] > 1 and {a.partition: a.leader_broker for a in cluster.assignments("ev")}[1] == 1
+    await read_back(cluster, "ev", producers)

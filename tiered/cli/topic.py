@@ -116,7 +116,7 @@ def ack_meaning(config_text: str) -> str:
     ack = values.get("produce.ack")
     if ack == "local":
         return ("produce.ack=local: acknowledged once appended on the leader's disk; a leader that dies loses what "
-                "it had not uploaded yet (at most its last block window of this topic)")
+                "it had not uploaded yet (its last block window, or more while the store is down: docs/cluster.md)")
     origin = "" if ack else " (the default, unless the brokers' topic_defaults say otherwise)"
     return (f"produce.ack=durable{origin}: acknowledged once in the bucket and the catalog; survives the loss of "
             f"any broker")

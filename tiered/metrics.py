@@ -141,6 +141,14 @@ COMPACTION_BYTES_AFTER = _declare("tiered_compaction_bytes_after_total",
                                   "segment and index bytes of the groups compacted, after")
 COMPACTION_TOMBSTONES_DROPPED = _declare("tiered_compaction_tombstones_dropped_total",
                                          "tombstones removed by compaction (superseded or past their retention)")
+REMOTE_COMPACTION_GROUPS = _declare("tiered_remote_compaction_groups_total",
+                                    "groups of remote segments replaced by compacted ones")
+REMOTE_COMPACTION_BYTES_BEFORE = _declare("tiered_remote_compaction_bytes_before_total",
+                                          "object and index bytes of the remote segments replaced")
+REMOTE_COMPACTION_BYTES_AFTER = _declare("tiered_remote_compaction_bytes_after_total",
+                                         "object and index bytes of the compacted remote segments")
+REMOTE_COMPACTION_FAILURES = _declare("tiered_remote_compaction_failures_total",
+                                      "remote compaction passes that failed (the bucket or the catalog)")
 
 COMMIT_SECONDS = _declare_timing("tiered_commit_seconds", "block commit latency")
 DURABLE_ACK_SECONDS = _declare_timing("tiered_durable_ack_seconds", "time from a block's first record to its commit")

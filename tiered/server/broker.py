@@ -66,7 +66,7 @@ class Broker:
         self.now_s = now_s
         self.fetch = FetchResolver(tier)
         self.supervisor = Supervisor(metrics, clock=clock)
-        self.compactor = Compactor(registry, metrics, clock=clock, now_s=now_s)
+        self.compactor = Compactor(registry, metrics, tier, clock=clock, now_s=now_s)
         self.handlers = Handlers(ProduceHandler(self), ConsumeHandler(self), AdminHandler(self))
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None

@@ -13,6 +13,10 @@ Consumers are never handed a file mid-swap: a group's swap runs under the partit
 (PartitionLog.replace_sealed), the lock every read takes to pick its segment and open file; a read already
 streaming an input segment keeps its open (unlinked) file, as with retention.
 
+With a tier below, the tier's copy follows (Tier.compact_remote: the bucket's remote segments replaced by compacted
+ones) after each local pass, after a compaction asked for by hand, and once after the broker starts, on the event
+loop within the same deadline; a failure there is counted and retried with the next pass.
+
 A compaction asked for by hand gets a ticket per partition; the partition's `finished` ticket reaches it once a
 pass that began after the request has ended (run or skipped), which is how `tiered topic compact` waits.
 """
@@ -30,6 +34,7 @@ from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.server.registry import Partition, Registry, Role
 from tiered.storage.compaction import CompactionReport, compact_partition, compaction_due
+from tiered.tier_interface import RemoteCompactionReport, Tier
 
 log = logging.getLogger("tiered.server")
 
@@ -78,16 +83,23 @@ class PartitionCompaction:
     bytes_after: int = 0
     last: Progress | None = None  # the latest pass that ended
     current: Progress | None = None  # the pass running now, so far
+    remote_groups: int = 0  # remote compaction: groups of remote segments swapped since the broker started
+    remote_bytes_before: int = 0
+    remote_bytes_after: int = 0
+    remote_failures: int = 0
+    remote_last: str | None = None  # what the latest remote pass did, in words
 
     def view(self) -> dict:
         return asdict(self)
 
 
 class Compactor:
-    def __init__(self, registry: Registry, metrics: Metrics, *, clock: Clock = SYSTEM_CLOCK,
+    def __init__(self, registry: Registry, metrics: Metrics, tier: Tier, *, clock: Clock = SYSTEM_CLOCK,
                  now_s: Callable[[], float] = time.time):
         self.registry = registry
         self.metrics = metrics
+        self.tier = tier
+        self._remote_synced: set[tuple[str, int]] = set()  # led partitions whose tier copy had a pass since start
         self.clock = clock
         self.now_s = now_s
         self.interval_s = COMPACTION_INTERVAL_S
@@ -176,7 +188,8 @@ class Compactor:
                       if (p.topic, p.partition) not in chosen and p.role is Role.LEADER
                       and p.config.log_cleanup_policy == "cleanup"]
         # Reading the checkpoints touches the disk: off the event loop.
-        due = await asyncio.to_thread(lambda: [p for p in candidates if _due_safely(p)])
+        due = await asyncio.to_thread(lambda: [p for p in candidates if _due_safely(p)
+                                               or (p.lower_tier and (p.topic, p.partition) not in self._remote_synced)])
         return asked + [(p, False) for p in due]
 
     async def compact(self, part: Partition, *, force: bool = False) -> CompactionReport | None:
@@ -224,8 +237,39 @@ class Compactor:
         finally:
             self._running = None
         self._record(part, state, report, started_at)
+        key = (part.topic, part.partition)
+        if part.lower_tier and not report.needs_reopen and (report.passes or force or key not in self._remote_synced):
+            await self._compact_remote(part, state, deadline, force)
         self._answer(state, asked, Progress.of(report, started_at))
         return report
+
+    async def _compact_remote(self, part: Partition, state: PartitionCompaction, deadline: float,
+                              force: bool) -> None:
+        """The tier's copy follows the local pass, within what is left of the pass's deadline."""
+        try:
+            remote = await asyncio.wait_for(self.tier.compact_remote(part.topic, part.partition, part.log, force),
+                                            max(1.0, deadline - self.clock.monotonic()))
+        except Exception as exc:  # the bucket or the catalog: counted, shown, and tried again with the next pass
+            self.metrics.inc(m.REMOTE_COMPACTION_FAILURES)
+            state.remote_failures += 1
+            state.remote_last = f"failed: {type(exc).__name__}: {exc}"
+            log.warning("remote compaction of %s/%d failed: %s; tried again with the next pass", part.topic,
+                        part.partition, state.remote_last)
+            return
+        self._remote_synced.add((part.topic, part.partition))
+        if remote is not None:
+            self._record_remote(state, remote)
+
+    def _record_remote(self, state: PartitionCompaction, remote: RemoteCompactionReport) -> None:
+        self.metrics.inc(m.REMOTE_COMPACTION_GROUPS, remote.groups)
+        self.metrics.inc(m.REMOTE_COMPACTION_BYTES_BEFORE, remote.bytes_before)
+        self.metrics.inc(m.REMOTE_COMPACTION_BYTES_AFTER, remote.bytes_after)
+        state.remote_groups += remote.groups
+        state.remote_bytes_before += remote.bytes_before
+        state.remote_bytes_after += remote.bytes_after
+        state.remote_last = (f"{remote.groups} groups, {remote.segments_before} -> {remote.segments_after} remote "
+                             f"segments, {remote.bytes_before} -> {remote.bytes_after} bytes"
+                             + (f" (stopped: {remote.stopped})" if remote.stopped else ""))
 
     def _answer(self, state: PartitionCompaction, asked: int, progress: Progress) -> None:
         state.last = progress

@@ -18,6 +18,9 @@ from tests.server.test_compaction_consume import CONFIG, consume_all, produce_hi
 from tests.support.broker import free_port, local_settings
 from tests.support.compaction import Model, rows
 from tests.support.polling import eventually
+from tests.tiering.test_remote_compaction import decode_segment
+from tiered.catalog import Catalog
+from tiered.catalog.compaction import readable_segments
 from tiered.client import Client
 from tiered.protocol.bundle import Message
 from tiered.server.app import App
@@ -189,6 +192,19 @@ async def test_topic_compact_against_a_broker_process(broker_process):
     m = await scrape(http_port)
     assert m.value("tiered_compaction_passes_total") == 1
     assert m.value("tiered_compaction_bytes_before_total") > m.value("tiered_compaction_bytes_after_total") > 0
+    # The bucket's copy followed: its readable segments hold the model's messages, and the catalog check passes.
+    assert m.value("tiered_remote_compaction_groups_total") >= 1
+    assert 0 < m.value("tiered_remote_compaction_bytes_after_total") < m.value(
+        "tiered_remote_compaction_bytes_before_total")
+    (state,) = json.loads(http_get_body(http_port, "/v1/compaction"))
+    assert state["remote_groups"] >= 1 and state["remote_failures"] == 0
+    state_dir = bp.data_dir / ".tiered"
+    with Catalog.open(f"sqlite:///{state_dir / 'catalog.db'}") as cat:
+        remote = [msg for row in readable_segments(cat, "compacted", 0)
+                  for msg in decode_segment((state_dir / "objects" / row.object_key).read_bytes(), row.base_seq)]
+    assert same_messages(remote, [msg for msg in expected if msg.seq <= sealed_last])
+    check = await asyncio.to_thread(run_cli, "catalog", "check", "-p", str(bp.data_dir))
+    assert check.returncode == 0, check.stdout + check.stderr
     status = await asyncio.to_thread(run_cli, "tier", "status", "-P", endpoint)
     assert status.returncode == 0, status.stderr
     header, row = status.stdout.splitlines()

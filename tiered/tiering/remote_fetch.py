@@ -89,9 +89,12 @@ class RemoteReader:
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
         async with self._slots:
             copied = self.highest_copied(topic, partition)
-            got: RemoteChunk | Unreadable | None = None
-            if copied is None or seq <= copied:
+            got: RemoteChunk | Unreadable | int | None = None
+            while copied is None or seq <= copied:
                 got = await self._from_segment(topic, partition, seq, fetch_size)
+                if not isinstance(got, int):
+                    break
+                seq, got = got, None  # compaction removed the segment's messages from seq on: the next one answers
             if got is None:
                 got = await self._from_run(topic, partition, seq, fetch_size)
             if got is None:
@@ -117,7 +120,9 @@ class RemoteReader:
             return None
 
     async def _from_segment(self, topic: str, partition: int, seq: int,
-                            fetch_size: int) -> RemoteChunk | Unreadable | None:
+                            fetch_size: int) -> RemoteChunk | Unreadable | int | None:
+        """The chunk from the segment holding `seq`; None when no segment answers for it; the seq after the
+        segment when it answers for `seq` but holds no message at or after it (compaction removed them)."""
         row = self.segments.get(topic, partition, seq)
         if row is None:
             self.metrics.inc(m.REMOTE_CACHE_MISSES)
@@ -143,7 +148,9 @@ class RemoteReader:
         if data is None:
             return Unreadable(f"segment object {row.object_key} is missing")
         trimmed = trim_chunk(data, row.base_seq + rel_seq, seq, fetch_size)
-        return RemoteChunk(*trimmed) if trimmed is not None else None
+        if trimmed is None:
+            return row.last_seq + 1 if end >= row.size_bytes else None
+        return RemoteChunk(*trimmed)
 
     async def _from_run(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
         run = self.runs.get(topic, partition, seq)

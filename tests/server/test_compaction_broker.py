@@ -215,3 +215,58 @@ async def test_topic_compact_against_a_broker_process(broker_process):
     assert again.returncode == 0 and again.stdout.startswith("compacted/0: ")
     refused = await asyncio.to_thread(run_cli, "topic", "compact", "nope", "-P", endpoint)
     assert refused.returncode == 1 and "no topic nope" in refused.stderr
+
+
+async def test_kill_9_during_passes_leaves_one_set_and_a_restart_finishes(broker_process, tmp_path):
+    """kill -9 at random moments of local and remote passes: after each restart the catalog check passes and a
+    consumer reads original messages only, every message compaction keeps among them; in the end the disk and the
+    bucket both hold exactly the model's messages."""
+    rng = random.Random(17)
+    data_dir = tmp_path / "data"
+    config = CONFIG.replace("log.segment.bytes=2kb", "log.segment.bytes=1kb")
+    produced: list[Message] = []  # every message, with the seq the broker gave it (plain produces: 1, 2, 3, ...)
+    http_port = free_port()
+    bp = broker_process("-P", f"127.0.0.1:{http_port}", data_dir=data_dir)
+    async with await Client.connect("127.0.0.1", bp.port) as client:
+        await client.create_topic("compacted", 1, config)
+
+    def copied() -> dict | None:
+        (p,) = json.loads(http_get_body(http_port, "/v1/tier"))
+        return p if p["pending_segments"] == 0 and p["remote_segments_last"] else None
+
+    for round_ in range(3):
+        async with await Client.connect("127.0.0.1", bp.port) as client:
+            for _ in range(40):
+                batch = [Message(rng.randbytes(rng.randint(20, 60)) if rng.random() > 0.1 else b"",
+                                 b"key-%d" % rng.randrange(30), 1000) for _ in range(rng.randint(5, 15))]
+                await client.produce("compacted", 0, batch)
+                base = len(produced) + 1
+                produced.extend([Message(m.value, m.key, m.ts_ms, base + i) for i, m in enumerate(batch)])
+        await eventually(copied, what="the sealed segments to be copied")  # so that the pass has work
+        await asyncio.to_thread(run_cli, "topic", "compact", "compacted", "-P", f"127.0.0.1:{http_port}",
+                                "--no-wait")
+        await asyncio.sleep(rng.uniform(0.0, 0.15))
+        bp.kill()
+        http_port = free_port()
+        bp = broker_process("-P", f"127.0.0.1:{http_port}", data_dir=data_dir)
+        check = await asyncio.to_thread(run_cli, "catalog", "check", "-p", str(data_dir))
+        assert check.returncode == 0, (round_, check.stdout, check.stderr)
+        async with await Client.connect("127.0.0.1", bp.port) as client:
+            got = await consume_all(client)
+        original = {m.seq: (m.key, m.value) for m in produced}
+        assert all(original[m.seq] == (m.key, m.value) for m in got), round_
+        latest = {m.key: m.seq for m in produced}
+        assert {s for s in latest.values() if produced[s - 1].value} <= {m.seq for m in got}, round_
+
+    sealed_last = (await eventually(copied, what="the sealed segments to be copied"))["remote_segments_last"]
+    done = await asyncio.to_thread(run_cli, "topic", "compact", "compacted", "-P", f"127.0.0.1:{http_port}")
+    assert done.returncode == 0, done.stderr
+    expected = Model(86_400_000).compact([m for m in produced if m.seq <= sealed_last], int(time.time() * 1000))
+    expected += [m for m in produced if m.seq > sealed_last]
+    async with await Client.connect("127.0.0.1", bp.port) as client:
+        assert same_messages(await consume_all(client), expected)
+    state_dir = data_dir / ".tiered"
+    with Catalog.open(f"sqlite:///{state_dir / 'catalog.db'}") as cat:
+        remote = [msg for row in readable_segments(cat, "compacted", 0)
+                  for msg in decode_segment((state_dir / "objects" / row.object_key).read_bytes(), row.base_seq)]
+    assert same_messages(remote, [m for m in expected if m.seq <= sealed_last])

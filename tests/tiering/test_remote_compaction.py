@@ -165,7 +165,8 @@ async def test_local_copies_replace_the_remote_segments(s3_store, cat, acat, tmp
     new_rows = readable_segments(cat, "t", 0)
     state = catalog_partitions.get_partition_states(cat, "t")[0]
     assert state.remote_bytes == sum(r.total_bytes for r in new_rows)
-    assert [(r.base_seq, r.last_seq, r.size_bytes) for r in new_rows] == [(s.base, s.last, s.size) for s in plog.segments]
+    assert [(r.base_seq, r.last_seq, r.size_bytes) for r in new_rows] == [(s.base, s.last, s.size)
+                                                                          for s in plog.segments]
 
     # The old objects wait for their grace period as `deleting` blocks; a reader that looked them up still reads them.
     replaced = [r for r in old_rows if r.object_key not in {n.object_key for n in new_rows}]
@@ -308,8 +309,8 @@ def test_the_swap_checks_the_rows_and_the_tiling(cat):
         swap([1, 11], [meta(1, 20, "f")])  # a retry after it landed: the rows are gone
     assert catalog_partitions.get_partition_states(cat, "t")[0].remote_bytes == 22
     due = catalog_blocks.blocks_to_sweep(cat, at(NOW_S) + GRACE, 10)
-    assert sorted(b.object_key for b in due if b.object_key.startswith("segments/")) == sorted(f"segments/t/0/{name}{s}" for name in ("old1", "old11", "e")
-                                                       for s in (".ilog", ".index"))
+    swept = sorted(b.object_key for b in due if b.object_key.startswith("segments/"))
+    assert swept == sorted(f"segments/t/0/{name}{s}" for name in ("old1", "old11", "e") for s in (".ilog", ".index"))
 
 
 async def read_through(reader: RemoteReader, topic: str, first: int, last: int) -> list:

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from tiered import metrics as m
 from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
@@ -89,7 +89,7 @@ class PartitionCompaction:
     remote_failures: int = 0
     remote_last: str | None = None  # what the latest remote pass did, in words
 
-    def view(self) -> dict:
+    def view(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -110,11 +110,14 @@ class Compactor:
         self._running: asyncio.Future[CompactionReport] | None = None
         self._stopping = False
         metrics.gauge(m.COMPACTION_RUNNING, lambda: 1 if self._running is not None else 0)
-        metrics.gauge(m.COMPACTION_KEYS, lambda: sum(p.last.keys for p in self._with_passes()))
-        metrics.gauge(m.COMPACTION_TOMBSTONES, lambda: sum(p.last.tombstones_kept for p in self._with_passes()))
+        metrics.gauge(m.COMPACTION_KEYS, lambda: sum(last.keys for last in self._latest_passes()))
+        metrics.gauge(m.COMPACTION_TOMBSTONES, lambda: sum(last.tombstones_kept for last in self._latest_passes()))
 
-    def _with_passes(self) -> Iterator[PartitionCompaction]:
-        return (p for p in self.partitions.values() if p.last is not None and p.last.skipped is None)
+    def _latest_passes(self) -> Iterator[Progress]:
+        """Each partition's latest pass that ran (not skipped)."""
+        for state in self.partitions.values():
+            if state.last is not None and state.last.skipped is None:
+                yield state.last
 
     # -- what operators ask ------------------------------------------------------------------------------------
 
@@ -124,21 +127,22 @@ class Compactor:
             return None
         return self.partitions.setdefault((part.topic, part.partition), PartitionCompaction())
 
-    def ask(self, topic: str, partitions: list[int] | None = None) -> dict:
+    def ask(self, topic: str, partitions: list[int] | None = None) -> dict[str, Any]:
         """A compaction asked for by hand: every partition of `topic` (or those named) led here gets a ticket.
         Raises KeyError for an unknown topic or partition, ValueError for a topic that is not compacted."""
         t = self.registry.topics.get(topic)
         if t is None:
             raise KeyError(f"no topic {topic}")
         chosen = range(len(t.partitions)) if partitions is None else partitions
-        answer: dict = {"topic": topic, "partitions": [], "not_led": []}
+        answer: dict[str, Any] = {"topic": topic, "partitions": [], "not_led": []}
         for p in chosen:
             part = self.registry.get(topic, p)
             if part is None:
                 raise KeyError(f"topic {topic} has no partition {p}")
             state = self.status(part)
             if state is None:
-                raise ValueError(f"topic {topic} is not compacted (log.cleanup.policy={part.config.log_cleanup_policy})")
+                policy = part.config.log_cleanup_policy
+                raise ValueError(f"topic {topic} is not compacted (log.cleanup.policy={policy})")
             if part.role is not Role.LEADER:
                 leader = part.leader.endpoint if part.leader is not None else ""
                 answer["not_led"].append({"partition": p, "leader": leader})
@@ -152,7 +156,7 @@ class Compactor:
         self._wake.set()
         return answer
 
-    def view(self, topic: str | None = None) -> list[dict]:
+    def view(self, topic: str | None = None) -> list[dict[str, Any]]:
         """`/v1/compaction`: every compacted partition (of `topic`), with its state and latest pass."""
         out = []
         for part in self.registry.all_partitions():

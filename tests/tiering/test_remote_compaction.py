@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -28,7 +29,11 @@ from tiered.storage.partition_log import PartitionLog
 from tiered.tiering import keys
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.reconciler import reconcile, sweep_deleted_blocks
-from tiered.tiering.remote_compaction import RemoteCompactor
+from tiered.tiering.remote_compaction import RemoteCompactor, _groups_from_local
+from tiered.tiering.segment_copier import CopyJob, SegmentCopier
+from tiered.storage.index import SparseIndex
+from tiered.storage.segment import SealedSegment
+from tiered.catalog.segments import SegmentRow
 from tiered.tiering.remote_fetch import RemoteReader
 from tiered.tier_interface import RemoteChunk
 from tiered.metrics import Metrics
@@ -358,4 +363,61 @@ async def test_consumers_of_the_bucket_read_a_consistent_history_across_a_swap(s
     # reads the compacted history.
     assert rows(await read_through(planned, "t", 1, last)) == rows(before)
     assert rows(await read_through(RemoteReader(s3_store, acat, Metrics()), "t", 1, last)) == rows(expected)
+    plog.close()
+
+
+def test_runs_of_local_segments_are_matched_with_runs_of_remote_ones():
+    def row(from_seq: int, base: int, last: int, size: int = 100) -> SegmentRow:
+        index_size = SparseIndex([(0, 0)]).size_bytes
+        return SegmentRow("t", 0, base, last, f"o{base}", f"i{base}", size, index_size, 0, 0, at(NOW_S), 1,
+                          "COPY_FINISHED", at(NOW_S), from_seq)
+
+    def seg(base: int, last: int, size: int = 50) -> SealedSegment:
+        return SealedSegment("/nonexistent", base, last, 1, size, index=SparseIndex([(0, 0)]))
+
+    rows_ = [row(1, 1, 10), row(11, 11, 20), row(21, 24, 30), row(31, 31, 40, size=50), row(41, 41, 60)]
+    local = [seg(1, 20),  # merged two remote segments
+             seg(24, 27), seg(28, 30),  # one remote segment (after a jump) cut in two
+             seg(31, 40),  # the bucket's copy already: same seqs and sizes
+             seg(41, 45), seg(46, 60)]  # past cleaned_upto: not compacted yet
+    groups = _groups_from_local(rows_, local, cleaned_upto=40)
+    assert [([r.base_seq for r in g.old], [(s.base, s.last) for s in g.new]) for g in groups] == [
+        ([1, 11], [(1, 20)]), ([24], [(24, 27), (28, 30)])]
+    # A local segment whose seqs end inside a remote one with nothing local after: no group.
+    assert _groups_from_local([row(1, 1, 20)], [seg(1, 10)], cleaned_upto=40) == []
+
+
+async def test_the_copier_leaves_a_segment_whose_seqs_the_bucket_holds(s3_store, cat, acat, tmp_path):
+    plog, _ = history(tmp_path, seed=6, bundles=40)
+    epoch = await copy_history(s3_store, cat, "t", plog)
+    before = readable_segments(cat, "t", 0)
+    copier = SegmentCopier(s3_store, acat, metrics=Metrics(), epoch_of=lambda t, p: epoch,
+                           committed_up_to=lambda t, p: 10**9, on_copied=lambda job: None,
+                           on_fenced=lambda key, expected, reason: None, grace=GRACE)
+    # A compaction output based inside a copied segment (a large group cut in two): already in the bucket.
+    inner = plog.segments[1]
+    cut = SealedSegment(inner.directory, inner.base + 1, inner.last, inner.freeze_ts, inner.size,
+                        filename=inner.filename, index=inner.index)
+    await copier.copy(CopyJob("t", 0, cut))
+    assert readable_segments(cat, "t", 0) == before and copier.is_copied("t", 0, cut.base)
+    assert check_partition(cat, "t", 0).problems == []
+    plog.close()
+
+
+async def test_local_outputs_cut_smaller_than_the_remote_segments_replace_them(s3_store, cat, acat, tmp_path):
+    plog = PartitionLog.open(str(tmp_path / "local"), replace(CONFIG, log_segment_bytes=4000), now_s=FakeClock())
+    append_workload(plog, random_workload(random.Random(7), 80, 200))  # many keys: a pass keeps a lot
+    plog.seal_active()
+    before = log_messages(plog)
+    epoch = await copy_history(s3_store, cat, "t", plog)
+    plog.reconfigure(CONFIG)  # smaller segments now: a group's output is cut into several
+    compact_partition(plog, NOW_S, force=True)
+    assert len(plog.segments) > len(readable_segments(cat, "t", 0))
+    report = await compactor(s3_store, acat, tmp_path).compact("t", 0, plog, epoch)
+    assert report.groups and report.segments_after > report.segments_before
+    expected = Model(RETENTION_S * 1000).compact(before, int(NOW_S * 1000))
+    assert rows(await remote_messages(s3_store, cat, "t")) == rows(expected)
+    assert check_partition(cat, "t", 0).problems == []
+    assert [(r.base_seq, r.last_seq) for r in readable_segments(cat, "t", 0)] == [(s.base, s.last)
+                                                                                 for s in plog.segments]
     plog.close()

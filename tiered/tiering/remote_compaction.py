@@ -175,25 +175,48 @@ class RemoteCompactor:
 
 
 def _groups_from_local(rows: Sequence[SegmentRow], local: Sequence[SealedSegment], cleaned_upto: int) -> list[_Group]:
-    """Each local segment a local pass compacted, with the remote segments that tile exactly its seqs, unless the
-    bucket holds it already (one remote segment of the same seqs and sizes)."""
-    bases = [r.base_seq for r in rows]
+    """Runs of local segments a local pass compacted, each with the run of remote segments that answers for exactly
+    its seqs (a run starts at the same seq on both sides and ends at the same seq), unless the bucket holds it
+    already (one remote segment of the same seqs and sizes). A local group's output is usually one segment over
+    several remote ones, but a large group is cut into several outputs, so both sides may hold several."""
+    compacted = [s for s in local if s.last <= cleaned_upto]
+    at_base = {r.base_seq: i for i, r in enumerate(rows)}
     groups = []
-    for segment in local:
-        if segment.last > cleaned_upto:
-            break
-        start = bisect_left(bases, segment.base)
-        end = bisect_right(bases, segment.last)
-        covered = list(rows[start:end])
-        if not covered or covered[0].base_seq != segment.base or covered[-1].last_seq != segment.last:
+    j = 0
+    while j < len(compacted):
+        k = at_base.get(compacted[j].base)
+        if k is None:
+            j += 1
             continue
-        if any(b.from_seq != a.last_seq + 1 for a, b in zip(covered, covered[1:])):
+        end = _aligned_end(rows, k, compacted, j)
+        if end is None:
+            j += 1
             continue
-        sizes = (segment.size, segment.index.size_bytes)
-        if len(covered) == 1 and (covered[0].size_bytes, covered[0].index_size_bytes) == sizes:
-            continue  # the bucket has it already
-        groups.append(_Group(covered, [segment]))
+        k_end, j_end = end
+        old, new = list(rows[k:k_end]), compacted[j:j_end]
+        j = j_end
+        same = (len(old) == len(new) == 1 and (old[0].last_seq, old[0].size_bytes, old[0].index_size_bytes)
+                == (new[0].last, new[0].size, new[0].index.size_bytes))
+        if not same:  # else the bucket has it already
+            groups.append(_Group(old, new))
     return groups
+
+
+def _aligned_end(rows: Sequence[SegmentRow], k: int, local: Sequence[SealedSegment], j: int) -> tuple[int, int] | None:
+    """(end of the remote run, end of the local run), both exclusive, from rows[k] and local[j] (same base) to the
+    first seq where both sides end together; None if they never do, or a side has a hole before that."""
+    row_last, local_last = rows[k].last_seq, local[j].last
+    k, j = k + 1, j + 1
+    while row_last != local_last:
+        if row_last < local_last:
+            if k == len(rows) or rows[k].from_seq != row_last + 1:
+                return None
+            row_last, k = rows[k].last_seq, k + 1
+        else:
+            if j == len(local) or local[j].base > row_last:
+                return None  # local segments keep their inputs' seqs: a jump here is not covered by them
+            local_last, j = local[j].last, j + 1
+    return k, j
 
 
 def _write_file(path: str, data: bytes) -> None:

@@ -327,7 +327,10 @@ class TieringService:
         epoch = self._epoch_of(topic, partition)
         if led is None or epoch is None or not led.config.remote_copy:
             return None
-        return await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
+        report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
+        if report.groups:  # the compacted local segments now in the bucket may leave the disk's veto list
+            await self.remote.copier.load_copied(topic, partition)
+        return report
 
     async def remote_retention_pass(self) -> int:
         led = [(t, p, lead.config) for (t, p), lead in self.led.items() if self._epoch_of(t, p) is not None]

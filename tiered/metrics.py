@@ -138,9 +138,28 @@ BLOCKS_CLOSED_EARLY = _declare("tiered_blocks_closed_early_total",
                                 "blocks closed before their age limit by the latency-first policy (block_linger_ms)")
 REDIRECTS = _declare("tiered_redirects_total", "partitions answered 0xfc (led elsewhere) or 0xfd (no leader yet)")
 
+COMPACTION_PASSES = _declare("tiered_compaction_passes_total", "key compaction passes over local segments")
+COMPACTION_FAILURES = _declare("tiered_compaction_failures_total", "key compaction passes that failed")
+COMPACTION_GROUPS = _declare("tiered_compaction_groups_total", "groups of segments compacted and swapped in")
+COMPACTION_BYTES_BEFORE = _declare("tiered_compaction_bytes_before_total",
+                                   "segment and index bytes of the groups compacted, before")
+COMPACTION_BYTES_AFTER = _declare("tiered_compaction_bytes_after_total",
+                                  "segment and index bytes of the groups compacted, after")
+COMPACTION_TOMBSTONES_DROPPED = _declare("tiered_compaction_tombstones_dropped_total",
+                                         "tombstones removed by compaction (superseded or past their retention)")
+REMOTE_COMPACTION_GROUPS = _declare("tiered_remote_compaction_groups_total",
+                                    "groups of remote segments replaced by compacted ones")
+REMOTE_COMPACTION_BYTES_BEFORE = _declare("tiered_remote_compaction_bytes_before_total",
+                                          "object and index bytes of the remote segments replaced")
+REMOTE_COMPACTION_BYTES_AFTER = _declare("tiered_remote_compaction_bytes_after_total",
+                                         "object and index bytes of the compacted remote segments")
+REMOTE_COMPACTION_FAILURES = _declare("tiered_remote_compaction_failures_total",
+                                      "remote compaction passes that failed (the bucket or the catalog)")
+
 COMMIT_SECONDS = _declare_timing("tiered_commit_seconds", "block commit latency")
 DURABLE_ACK_SECONDS = _declare_timing("tiered_durable_ack_seconds", "time from a block's first record to its commit")
 LEASE_RENEWAL_SECONDS = _declare_timing("tiered_lease_renewal_seconds", "membership lease renewal latency")
+COMPACTION_PASS_SECONDS = _declare_timing("tiered_compaction_pass_seconds", "duration of a key compaction pass")
 
 
 # Read at scrape time.
@@ -158,6 +177,10 @@ REMOTE_READ_BYTES = Gauge("tiered_remote_read_bytes",
 LEADERSHIPS = Gauge("tiered_leaderships", "partitions this broker leads")
 LEASE_HELD = Gauge("tiered_lease_held", "1 while this broker's membership lease is renewed in time (it may acknowledge)")
 UPLOAD_LAG_SECONDS = Gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket")
+COMPACTION_RUNNING = Gauge("tiered_compaction_running", "1 while a key compaction pass runs")
+COMPACTION_KEYS = Gauge("tiered_compaction_keys", "distinct keys kept by the latest compaction pass of each partition")
+COMPACTION_TOMBSTONES = Gauge("tiered_compaction_tombstones",
+                              "tombstones kept by the latest compaction pass of each partition")
 NATIVE_BUNDLE_SCAN = Gauge("tiered_native_bundle_scan", "1 when produce requests are read by the native extension, "
                            "0 when by the pure-Python fallback")
 

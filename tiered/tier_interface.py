@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Protocol, Sequence
 
 from tiered.bounds import PartitionBounds
-from tiered.storage.partition_log import AppendResult, StoredRecord
+from tiered.storage.partition_log import AppendResult, PartitionLog, StoredRecord
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 
@@ -124,6 +124,22 @@ class Unreadable:
     reason: str
 
 
+@dataclass
+class RemoteCompactionReport:
+    """What one pass of remote compaction did (tiered.tiering.remote_compaction)."""
+
+    topic: str
+    partition: int
+    groups: int = 0  # groups swapped in
+    segments_before: int = 0
+    segments_after: int = 0
+    bytes_before: int = 0  # object and index bytes of the remote segments replaced
+    bytes_after: int = 0
+    downloaded_bytes: int = 0  # remote-only history read from the bucket
+    stopped: str | None = None  # why the pass ended before its last group
+    swapped: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (old object keys, new object keys)
+
+
 class TierSink(Protocol):
     def committed(self, topic: str, partition: int, first_seq: int, last_seq: int, size_bytes: int) -> None:
         """Records [first_seq, last_seq] of the partition are in the bucket and the catalog."""
@@ -203,6 +219,11 @@ class Tier(Protocol):
     def partition_status(self, topic: str, partition: int) -> dict[str, int]:
         """Counters of the partition's tier for /v1/tier (name -> value)."""
 
+    async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
+                             force: bool = False) -> RemoteCompactionReport | None:
+        """Brings the tier's copy of a compacted partition led here to what `log`'s compaction keeps (`force`: a
+        pass asked for by hand); None when the tier holds no copy of it to compact, or it is not led here."""
+
 
 class LocalOnly:
     """The tier of a plain TANK broker: nothing below the local disk."""
@@ -264,3 +285,7 @@ class LocalOnly:
 
     def partition_status(self, topic: str, partition: int) -> dict[str, int]:
         return {}
+
+    async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
+                             force: bool = False) -> RemoteCompactionReport | None:
+        return None

@@ -51,12 +51,12 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
     assert header[:3] == ["topic", "p", "local"]
     by_key = {(r[0], int(r[1])): r for r in rows}
     assert sorted(by_key) == [("hist", 0), ("orders", 0), ("orders", 1), ("orders", 2)]
-    # topic, p, local, local bytes, remote, committed, hwmark, pending segs, pending bytes
+    # topic, p, local, local bytes, remote, committed, hwmark, pending segs, pending bytes, compaction
     files = lambda t, p: sum(f.stat().st_size for f in (app.settings.data_dir / t / str(p)).glob("*log"))  # noqa: E731
-    assert by_key[("orders", 0)] == ["orders", "0", "1..5", str(files("orders", 0)), "1..5", "5", "5", "0", "0"]
-    assert by_key[("orders", 1)] == ["orders", "1", "-", "0", "-", "0", "0", "0", "0"]
-    assert by_key[("orders", 2)] == ["orders", "2", "1..2", str(files("orders", 2)), "1..2", "2", "2", "0", "0"]
-    assert by_key[("hist", 0)] == ["hist", "0", "1..60", str(files("hist", 0)), "1..60", "60", "60", "0", "0"]
+    assert by_key[("orders", 0)] == ["orders", "0", "1..5", str(files("orders", 0)), "1..5", "5", "5", "0", "0", "-"]
+    assert by_key[("orders", 1)] == ["orders", "1", "-", "0", "-", "0", "0", "0", "0", "-"]
+    assert by_key[("orders", 2)] == ["orders", "2", "1..2", str(files("orders", 2)), "1..2", "2", "2", "0", "0", "-"]
+    assert by_key[("hist", 0)] == ["hist", "0", "1..60", str(files("hist", 0)), "1..60", "60", "60", "0", "0", "-"]
 
     proc = await tier_status("-P", endpoint, "--json")
     assert proc.returncode == 0, proc.stderr

@@ -188,6 +188,45 @@ def test_a_removed_seq_resolves_to_the_next_kept_message_and_a_removed_tail_to_e
     log.close()
 
 
+def test_a_seq_removed_from_a_segments_end_is_answered_locally_under_a_lower_tier(tmp_path):
+    """With a tier below, a seq between two local segments is the tier's (across_gaps=False); a seq compaction
+    removed from the end of a segment is not: the next segment answers, never the bucket's uncompacted copy."""
+    log = open_log(tmp_path / "p", storage_config(log_segment_bytes=64, log_cleanup_policy="cleanup"))
+    value = b"v" * 40
+    log.append(encode_bundle([Message(value, b"k", 1), Message(value, None, 1), Message(value, b"k", 1)]))
+    log.seal_active()
+    log.append(encode_bundle([Message(value, b"k", 1), Message(value, None, 1)]))
+    log.seal_active()
+    log.append(encode_bundle([Message(b"f", None, 1)]))
+    report = compact_partition(log, NOW, force=True, stop_check=lambda: None)
+    assert report.groups == 1 and [(s.base, s.last) for s in log.segments] == [(1, 3), (4, 5)]
+    assert [m.seq for m in log_messages(log)] == [2, 4, 5, 6]
+    got = log.read(3, 4096, log.last_assigned, across_gaps=False)
+    assert got is not None and got.first_bundle_seq == 4
+    # Segment names keep covering the seqs they replace; a real gap between segments is still the tier's.
+    log.ensure_next_seq(20)
+    log.append(encode_bundle([Message(b"g", None, 1)]))
+    assert log.read(10, 4096, log.last_assigned, across_gaps=False) is None
+    log.close()
+
+
+def test_a_stop_check_ends_a_pass_before_its_next_group(tmp_path):
+    log = open_log(tmp_path / "p", storage_config(log_segment_bytes=64, log_cleanup_policy="cleanup"))
+    for i in range(4):
+        log.append(encode_bundle([Message(b"v" * 40, b"k%d" % i, 1)] * 2))
+        log.seal_active()
+    asked = []
+
+    def stop_after_one() -> str | None:
+        asked.append(1)
+        return "enough" if len(asked) > 1 else None
+
+    report = compact_partition(log, NOW, force=True, stop_check=stop_after_one)
+    assert report.groups == 1 and report.stopped == "enough" and report.error is None
+    assert read_checkpoint(log.directory).cleaned_upto < log.segments[-1].last
+    log.close()
+
+
 def test_tail_removed_with_no_later_message_answers_eof(tmp_path):
     log = open_log(tmp_path / "p")
     log.append(encode_bundle([Message(b"a", b"k", 1), Message(b"b", b"j", 1), Message(b"c", b"k", 1)]))

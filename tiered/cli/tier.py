@@ -1,4 +1,5 @@
-"""`tiered tier status`: per partition, the local range, the remote range, and what is still being uploaded.
+"""`tiered tier status`: per partition, the local range, the remote range, what is still being uploaded, and the
+state of its key compaction (compacted topics).
 
 It asks the broker's HTTP endpoint (`-P`, default 127.0.0.1:9102) for `/v1/tier`.
 """
@@ -16,7 +17,7 @@ from tiered.config import DEFAULT_HTTP_PORT, SettingsError, parse_endpoint
 COLUMNS = (
     ("topic", "topic"), ("p", "partition"), ("local", None), ("local bytes", "local_bytes"), ("remote", None),
     ("committed", "committed"), ("hwmark", "hwmark"), ("pending segs", "pending_segments"),
-    ("pending bytes", "pending_segment_bytes"),
+    ("pending bytes", "pending_segment_bytes"), ("compaction", "compaction"),
 )
 
 
@@ -25,7 +26,7 @@ def register(sub) -> None:
     groups = p.add_subparsers(dest="tier_command", metavar="ACTION")
     groups.required = True
     s = groups.add_parser("status", help="local and remote seq ranges and pending uploads, per partition")
-    s.add_argument("-P", "--http", default=f"127.0.0.1:{DEFAULT_HTTP_PORT}", help="the broker's HTTP endpoint")
+    add_http_argument(s)
     s.add_argument("--json", action="store_true", help="print the raw JSON")
     s.set_defaults(func=status)
 
@@ -34,24 +35,47 @@ def _range(first: int, last: int) -> str:
     return f"{first}..{last}" if first else "-"
 
 
+def compaction_cell(state: dict | None) -> str:
+    """`-` for a topic that is not compacted; else the state, the passes and the bytes they rewrote."""
+    if state is None:
+        return "-"
+    cell = f"{state['state']}, {state['passes']} passes"
+    if state["bytes_before"]:
+        cell += f", {state['bytes_before']}->{state['bytes_after']} bytes"
+    if state["failures"]:
+        cell += f", {state['failures']} failed"
+    return cell
+
+
 def rows(partitions: list[dict]) -> list[list[str]]:
     out = []
     for p in partitions:
-        remote_last = max(p["remote_segments_last"], p["committed"])
+        # A broker without a tier below (a plain TANK broker) reports no remote fields.
+        committed = p.get("committed", 0)
+        remote_last = max(p.get("remote_segments_last", 0), committed)
         role = "" if p["role"] == "leader" else f" {p['role'].upper()}"  # led elsewhere, or being opened
         out.append([
             p["topic"], str(p["partition"]), _range(p["local_first"], p["local_last"]), str(p["local_bytes"]),
-            _range(p["remote_first"], remote_last), str(p["committed"]), str(p["hwmark"]),
-            str(p["pending_segments"]), str(p["pending_segment_bytes"]) + role,
+            _range(p["remote_first"], remote_last), str(committed), str(p["hwmark"]),
+            str(p.get("pending_segments", 0)), str(p.get("pending_segment_bytes", 0)) + role,
+            compaction_cell(p.get("compaction")),
         ])  # fmt: skip
     return out
 
 
-def status_url(endpoint: str) -> str:
-    """The /v1/tier URL of a broker's `-P` endpoint: an any-address (`:9102`, `0.0.0.0`, `::`) means this host."""
+def broker_url(endpoint: str, path: str) -> str:
+    """The URL of `path` at a broker's `-P` endpoint: an any-address (`:9102`, `0.0.0.0`, `::`) means this host."""
     host, port = parse_endpoint(endpoint, DEFAULT_HTTP_PORT)
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"http://[{host}]:{port}/v1/tier" if ":" in host else f"http://{host}:{port}/v1/tier"
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+
+
+def status_url(endpoint: str) -> str:
+    return broker_url(endpoint, "/v1/tier")
+
+
+def add_http_argument(parser) -> None:
+    parser.add_argument("-P", "--http", default=f"127.0.0.1:{DEFAULT_HTTP_PORT}", help="the broker's HTTP endpoint")
 
 
 def status(args) -> int:

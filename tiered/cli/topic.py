@@ -1,14 +1,21 @@
 """`tiered topic create|list|describe`: topics through the broker's own requests, as tank-cli does.
 `tiered topic config`: a topic's configuration in the catalog (and its copy in the bucket), which every broker
-applies at its next look at the catalog (docs/cluster.md, "Topic configuration")."""
+applies at its next look at the catalog (docs/cluster.md, "Topic configuration").
+`tiered topic compact`: a key compaction asked of a broker's HTTP endpoint (`-P`), whose progress it shows."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
 
 from tiered.cli.common import UsageError, add_broker_argument, connect, plural, run
+from tiered.cli.tier import add_http_argument, broker_url
 from tiered.protocol.codes import CreateTopicStatus
 from tiered.storage.topic_config import parse_config_text
 
@@ -54,6 +61,15 @@ def register(sub) -> None:
     cfg.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
     cfg.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog and store)")
     cfg.set_defaults(func=cmd_config)
+    k = groups.add_parser("compact", help="compact a topic's local segments now (log.cleanup.policy=cleanup), "
+                                          "showing the progress of each partition")
+    k.add_argument("name")
+    add_http_argument(k)
+    k.add_argument("--partition", type=int, help="only this partition")
+    k.add_argument("--no-wait", action="store_true", help="ask for the compaction and return at once")
+    k.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="give up waiting after this long (the passes go on; default 3600)")
+    k.set_defaults(func=compact)
 
 
 def parse_options(options: list[str]) -> str:
@@ -196,3 +212,84 @@ async def _config(settings, args) -> _Outcome:
 def _describe_config(name: str, config_text: str) -> str:
     keys = [line.strip() for line in config_text.splitlines() if line.strip()]
     return f"topic {name}: {', '.join(keys) if keys else 'no keys set (the defaults apply)'}\n{ack_meaning(config_text)}"
+POLL_INTERVAL_S = 0.3
+
+
+def _http_json(url: str, method: str = "GET") -> tuple[int, object]:
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def _pass_line(name: str, p: dict, which: str = "last") -> str:
+    last = p[which] or {}
+    head = f"{name}/{p['partition']}:"
+    if last.get("error"):
+        return f"{head} failed: {last['error']}"
+    if last.get("skipped"):
+        return f"{head} nothing done: {last['skipped']}"
+    line = (f"{head} {plural(last['groups'], 'group')}, {plural(last['segments_before'], 'segment')} -> "
+            f"{last['segments_after']}, {last['bytes_before']:,} -> {last['bytes_after']:,} bytes, "
+            f"{last['messages_before']:,} -> {last['messages_after']:,} messages, {plural(last['keys'], 'key')}, "
+            f"{plural(last['tombstones_kept'], 'tombstone')} kept, {last['tombstones_dropped']:,} dropped, "
+            f"{last['seconds']:.1f} s")
+    return line + (f" (stopped: {last['stopped']})" if last.get("stopped") else "")
+
+
+def compact(args) -> int:
+    """Asks for a pass over every partition led by the broker at `-P`, then prints each one's progress (stderr)
+    and result (stdout) until every pass asked for has ended. Exit 1 when a pass failed or cannot be asked for."""
+    where = f"/v1/compact?topic={quote(args.name)}"
+    if args.partition is not None:
+        where += f"&partition={args.partition}"
+    try:
+        status, answer = _http_json(broker_url(args.http, where), "POST")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"tiered topic compact: cannot reach {args.http}: {exc}", file=sys.stderr)
+        return 1
+    if status != 202 or not isinstance(answer, dict):
+        error = answer.get("error") if isinstance(answer, dict) else answer
+        print(f"tiered topic compact: {error}", file=sys.stderr)
+        return 1
+    for p in answer["not_led"]:
+        print(f"tiered topic compact: {args.name}/{p['partition']} is led by another broker "
+              f"({p['leader'] or 'none yet'}): ask its HTTP endpoint", file=sys.stderr)
+    tickets = {p["partition"]: p["ticket"] for p in answer["partitions"]}
+    print(f"compaction of {args.name} asked for: {plural(len(tickets), 'partition')}", file=sys.stderr)
+    if args.no_wait or not tickets:
+        return 1 if answer["not_led"] else 0
+    return _follow(args, tickets, bool(answer["not_led"]))
+
+
+def _follow(args, tickets: dict[int, int], failed: bool) -> int:
+    deadline = time.monotonic() + args.timeout
+    shown: dict[int, object] = {}
+    url = broker_url(args.http, "/v1/compaction")
+    while tickets:
+        try:
+            _, partitions = _http_json(url)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            print(f"tiered topic compact: cannot read {url}: {exc}", file=sys.stderr)
+            return 1
+        for p in partitions:  # type: ignore[union-attr]
+            n = p["partition"]
+            if p["topic"] != args.name or n not in tickets:
+                continue
+            if p["finished"] >= tickets[n]:
+                print(_pass_line(args.name, p))
+                failed = failed or bool((p["last"] or {}).get("error"))
+                del tickets[n]
+            elif p["current"] is not None and p["current"] != shown.get(n):
+                shown[n] = p["current"]
+                print(f"{args.name}/{n}: running, {_pass_line(args.name, p, 'current').split(': ', 1)[1]}",
+                      file=sys.stderr)
+        if tickets and time.monotonic() > deadline:
+            print(f"tiered topic compact: still running after {args.timeout:.0f} s: "
+                  f"partitions {sorted(tickets)}", file=sys.stderr)
+            return 1
+        if tickets:
+            time.sleep(POLL_INTERVAL_S)
+    return 1 if failed else 0

@@ -53,9 +53,9 @@ class App:
         self.broker = Broker(settings, self.registry, self.waiters, self.metrics, self.tier, local_state=local_state,
                              clock=clock, now_s=now_s)
         events.bind(self.broker)
-        routes = {"/v1/tier": self.tier_status} if self.tier.lower_tier else {}
+        routes = {"/v1/tier": self.tier_status, "/v1/compaction": self.broker.compactor.view}
         self.http = HttpEndpoint(self.metrics.render, self.broker.check_ready, lambda: not self.broker.stopping,
-                                 routes)
+                                 routes, {"/v1/compact": self.compact})
 
     def tier_status(self) -> list[dict]:
         """Per partition: what the local disk holds, what the bucket holds, and what is still on its way there."""
@@ -74,8 +74,21 @@ class App:
                 "role": part.role.value,
                 "leader": part.leader.endpoint if part.leader is not None else "",
                 **self.tier.partition_status(part.topic, part.partition),
+                "compaction": compaction.view() if (compaction := self.broker.compactor.status(part)) else None,
             })  # fmt: skip
         return out
+
+    def compact(self, query: dict[str, str]) -> tuple[int, object]:
+        """`POST /v1/compact?topic=NAME[&partition=N]`: a compaction asked for by hand (tiered topic compact)."""
+        raw = query.get("partition")
+        if raw is not None and not raw.isdigit():
+            return 400, {"error": f"bad partition {raw!r}: want a number"}
+        try:
+            return 202, self.broker.compactor.ask(query.get("topic", ""), [int(raw)] if raw is not None else None)
+        except KeyError as exc:
+            return 404, {"error": exc.args[0]}
+        except ValueError as exc:
+            return 409, {"error": str(exc)}
 
     async def start(self) -> None:
         # Health first: /healthz answers (and /readyz says "not ready") while local recovery runs.

@@ -26,6 +26,7 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.server.admin import AdminHandler
+from tiered.server.compaction import Compactor
 from tiered.server.connection import IDLE_TIMEOUT_S, Connection, advertised_endpoint, bind_listener, serve
 from tiered.server.consume import ConsumeHandler
 from tiered.server.fetch import FetchResolver
@@ -65,6 +66,7 @@ class Broker:
         self.now_s = now_s
         self.fetch = FetchResolver(tier)
         self.supervisor = Supervisor(metrics, clock=clock)
+        self.compactor = Compactor(registry, metrics, tier, clock=clock, now_s=now_s)
         self.handlers = Handlers(ProduceHandler(self), ConsumeHandler(self), AdminHandler(self))
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -100,6 +102,7 @@ class Broker:
         loop.set_exception_handler(AcceptErrors(loop.get_exception_handler()))
         self.server = await serve(self, sock)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
+        self.supervisor.start("compaction", self.compactor.run)
         self.ready = True
         log.info(
             "serving %d topics, %d partitions on %s",
@@ -185,6 +188,7 @@ class Broker:
         self.stopping = True
         if self.server is not None:
             self.server.close()
+        await self.compactor.stop(deadline)  # before the logs close under a pass
         await self.supervisor.stop()
         self.waiters.wake_all("shutdown")
         await self.tier.flush(deadline)

@@ -1,7 +1,8 @@
-"""The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness), and read-only
-JSON views such as `/v1/tier` (what `tiered tier status` prints).
+"""The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (liveness), `/readyz` (readiness), read-only
+JSON views such as `/v1/tier` (what `tiered tier status` prints), and a few actions (`POST /v1/compact`).
 
-Like TANK's `-P` listener it answers GET only (405 otherwise), refuses request bodies (413) and unknown paths (404).
+Like TANK's `-P` listener it answers GET only (405 otherwise; POST on an action's path), refuses request bodies
+(413; an action's arguments are its query string) and unknown paths (404).
 Readiness is true only once the broker serves and the catalog and object store have answered (`ready_check`).
 """
 
@@ -11,6 +12,10 @@ import asyncio
 import json
 import logging
 from typing import Awaitable, Callable
+from urllib.parse import parse_qsl
+
+# An action: the query's arguments -> (HTTP status, JSON answer).
+Action = Callable[[dict[str, str]], tuple[int, object]]
 
 log = logging.getLogger("tiered.server")
 
@@ -23,11 +28,13 @@ READY_TIMEOUT_S = 2.5
 class HttpEndpoint:
     def __init__(self, metrics_text: Callable[[], str], ready_check: Callable[[], Awaitable[tuple[bool, str]]],
                  alive_check: Callable[[], bool] = lambda: True,
-                 json_routes: dict[str, Callable[[], object]] | None = None):
+                 json_routes: dict[str, Callable[[], object]] | None = None,
+                 actions: dict[str, Action] | None = None):
         self.metrics_text = metrics_text
         self.ready_check = ready_check
         self.alive_check = alive_check
         self.json_routes = json_routes or {}
+        self.actions = actions or {}
         self.server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -70,11 +77,14 @@ class HttpEndpoint:
             return 400, "bad request\n", "text/plain"
         method, target, _ = parts
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-        if method != "GET":
+        path, _, query = target.partition("?")
+        if method != ("POST" if path in self.actions else "GET"):
             return 405, "method not allowed\n", "text/plain"
         if headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers:
             return 413, "request bodies are not accepted\n", "text/plain"
-        path = target.split("?", 1)[0]
+        if path in self.actions:
+            status, answer = self.actions[path](dict(parse_qsl(query)))
+            return status, json.dumps(answer) + "\n", "application/json"
         if path.startswith("/metrics"):
             return 200, self.metrics_text(), "text/plain; version=0.0.4; charset=utf-8"
         if path == "/healthz":
@@ -90,5 +100,5 @@ class HttpEndpoint:
         return 404, "not found\n", "text/plain"
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}

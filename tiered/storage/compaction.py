@@ -6,7 +6,8 @@ is only taken for snapshots and for each group's swap, a handful of renames):
     compaction_due(log)                       TANK's trigger: the dirty share of sealed bytes reached
                                               `log.cleaner.min.cleanable.ratio`
     compact_partition(log, now_s)             one pass if due; `force=True` runs it regardless of the ratio (a
-                                              compaction asked for by hand); returns a CompactionReport
+                                              compaction asked for by hand); `stop_check` ends it between groups
+                                              (a deadline, a lost leadership, a shutdown); returns a CompactionReport
 
 A pass (one at a time per log):
 1. The range: the oldest sealed segments that the log's `may_delete` allows to go (the tiering layer keeps a
@@ -78,6 +79,7 @@ class CompactionReport:
     skipped: str | None = None
     stopped: str | None = None
     needs_reopen: bool = False  # a swap failed after its commit: reopen the partition (recovery finishes it)
+    error: str | None = None  # the pass failed (an I/O error, damaged input, an unfinished swap); None otherwise
     swapped: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (input files, output files)
 
     @property
@@ -102,9 +104,11 @@ def compact_partition(
     force: bool = False,
     on_step: StepHook | None = None,
     on_progress: Callable[[CompactionReport], None] | None = None,
+    stop_check: Callable[[], str | None] | None = None,
 ) -> CompactionReport:
     """One compaction pass over `log` if it is due (or `force`). `on_step` is called before each change to the
-    directory (tests crash there); `on_progress` after each group swapped in, with the report so far."""
+    directory (tests crash there); `on_progress` after each group swapped in, with the report so far; `stop_check`
+    before each group: a reason ends the pass there (`stopped`), the groups already swapped in stay."""
     report = CompactionReport(log.directory)
     guard = _guard(log)
     if not guard.acquire(blocking=False):
@@ -112,7 +116,7 @@ def compact_partition(
         return report
     started = time.monotonic()
     try:
-        _run(log, now_s, force, on_step, on_progress, report)
+        _run(log, now_s, force, on_step, on_progress, stop_check, report)
     finally:
         guard.release()
         report.seconds = time.monotonic() - started
@@ -128,7 +132,8 @@ def _guard(log: PartitionLog) -> threading.Lock:
 
 
 def _run(log: PartitionLog, now_s: float, force: bool, on_step: StepHook | None,
-         on_progress: Callable[[CompactionReport], None] | None, report: CompactionReport) -> None:
+         on_progress: Callable[[CompactionReport], None] | None, stop_check: Callable[[], str | None] | None,
+         report: CompactionReport) -> None:
     config = log.config
     if config.log_cleanup_policy != "cleanup":
         report.skipped = f"log.cleanup.policy is {config.log_cleanup_policy}, not cleanup"
@@ -143,7 +148,7 @@ def _run(log: PartitionLog, now_s: float, force: bool, on_step: StepHook | None,
     try:
         leftovers = discard_uncommitted(log.directory)
     except SwapError as exc:
-        report.skipped = str(exc)
+        report.skipped = report.error = str(exc)
         logger.error("%s", exc)
         return
     if leftovers:
@@ -154,7 +159,7 @@ def _run(log: PartitionLog, now_s: float, force: bool, on_step: StepHook | None,
     try:
         keys, tallies = _read_keys(log, segments)
     except (OSError, ValueError) as exc:
-        report.skipped = f"the sealed segments could not be read: {exc}"
+        report.skipped = report.error = f"the sealed segments could not be read: {exc}"
         logger.error("compaction of %s: %s", log.directory, report.skipped)
         return
     rule = kept_per_segment(tallies, KeepRule(keys, checkpoint, now_ms, retention_ms))
@@ -164,17 +169,23 @@ def _run(log: PartitionLog, now_s: float, force: bool, on_step: StepHook | None,
     cleaned_upto = checkpoint.cleaned_upto
     for group in plan_groups(tallies, config.log_segment_bytes):
         if group.changes_something:
+            reason = stop_check() if stop_check is not None else None
+            if reason:
+                report.stopped = reason
+                break
             try:
                 if not _rewrite(log, group, rule, on_step, report):
                     report.stopped = "the segments changed during the pass (retention or a reopen)"
                     break
             except SwapIncomplete as exc:
-                report.stopped = str(exc)
+                report.stopped = report.error = str(exc)
                 report.needs_reopen = True
                 logger.error("compaction of %s: %s; reopen the partition to finish the swap", log.directory, exc)
                 break
             except (OutputTooLarge, OSError, ValueError) as exc:
                 report.stopped = f"group {group.base}-{group.last}: {exc}"
+                if not isinstance(exc, OutputTooLarge):  # a planned limit, not a failure
+                    report.error = report.stopped
                 logger.error("compaction of %s stopped at group %d-%d: %s", log.directory, group.base, group.last, exc)
                 break
             if on_progress is not None:

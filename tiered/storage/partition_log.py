@@ -352,7 +352,9 @@ class PartitionLog:
         `fetch_size` and never past `hwmark` (docs/protocol.md §3.4). None when the log holds no visible record at or
         after `seq`, or when `seq` falls between two segments and `across_gaps` is False: a gap between segments
         may hold seqs a lower tier has (a disk behind the catalog), while a gap inside a segment is a jump in seqs
-        this log made itself."""
+        this log made itself. So is a seq that compaction removed from the end of a sealed segment: the next
+        segment answers when it starts right after that one (the lower tier may still hold the removed message
+        itself, which a compacted partition must not show again)."""
         with self._lock:
             self._check_open()
             found = self._find(seq)
@@ -361,16 +363,17 @@ class PartitionLog:
             segment, last, start = found
             if start.last_seq > hwmark:
                 return None
-            if seq < segment.base and not across_gaps:
+            if seq < segment.base and not across_gaps and not self._continues_sealed(seq, segment.base):
                 return None
             reader = segment.reader()
             end = range_end(segment, reader.fileno(), start, segment.size, last, max(fetch_size, 0), hwmark)
             return ReadRange(segment, reader, start.position, end, start.first_seq, start.sparse, hwmark)
 
-    def _inside_sealed(self, seq: int) -> bool:
-        """Whether `seq` is inside a sealed segment's [base, last], held or compacted away."""
+    def _continues_sealed(self, seq: int, next_base: int) -> bool:
+        """Whether `seq` is inside a sealed segment's [base, last] (held or compacted away) and the segment at
+        `next_base` starts right after that one: no seq between them is held anywhere else."""
         i = bisect_right(self._bases, seq) - 1
-        return i >= 0 and self._sealed[i].last >= seq
+        return i >= 0 and self._sealed[i].last >= seq and self._sealed[i].last + 1 == next_base
 
     def _segments_with_data(self) -> list[Segment]:
         segments: list[Segment] = list(self._sealed)

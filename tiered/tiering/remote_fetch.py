@@ -252,9 +252,12 @@ class RemoteReader:
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
         copied = self.highest_copied(topic, partition)
-        got: RemoteChunk | Unreadable | None = None
-        if copied is None or seq <= copied:
+        got: RemoteChunk | Unreadable | int | None = None
+        while copied is None or seq <= copied:
             got = await self._from_segment(topic, partition, seq, fetch_size)
+            if not isinstance(got, int):
+                break
+            seq, got = got, None  # compaction removed the segment's messages from seq on: the next one answers
         if got is None:
             got = await self._from_run(topic, partition, seq, fetch_size)
         if got is None:
@@ -315,7 +318,9 @@ class RemoteReader:
         return row, index
 
     async def _from_segment(self, topic: str, partition: int, seq: int,
-                            fetch_size: int) -> RemoteChunk | Unreadable | None:
+                            fetch_size: int) -> RemoteChunk | Unreadable | int | None:
+        """The chunk from the segment holding `seq`; None when no segment answers for it; the seq after the
+        segment when it answers for `seq` but holds no message at or after it (compaction removed them)."""
         ahead = await self._ahead_for(topic, partition, seq)
         try:
             located = await self._segment_for(topic, partition, seq)
@@ -350,7 +355,9 @@ class RemoteReader:
             return self._failed(topic, partition, seq, row.object_key, exc)
         if first is None:
             read.close()
-            return None
+            # No bundle of the window reaches the seq: the window runs to the segment's end (an index entry past the
+            # floor would have started such a bundle), so compaction removed every message from the seq on.
+            return row.last_seq + 1 if window.end >= row.size_bytes else None
         end = indexed_end(index, row.size_bytes, first.start, first.end, fetch_size)
         if end is None:
             try:

@@ -187,6 +187,14 @@ class SegmentCopier:
         epoch = self.epoch_of(job.topic, job.partition)
         if epoch is None:
             raise NotLeader(job.topic, job.partition)
+        held = await self.catalog.read(catalog_segments.find_remote_segment, job.topic, job.partition, seg.base)
+        if held is not None and held.holds(seg.base):
+            # Its seqs are in the bucket already: a segment that compaction wrote from copied ones (the remote
+            # pass replaces those), never a newly rolled one. Copying it would give its seqs two locations.
+            self.copied.add((job.topic, job.partition, seg.base))
+            log.info("%s/%d segment %s is not copied: remote segment %d-%d holds its seqs", job.topic,
+                     job.partition, seg.filename, held.base_seq, held.last_seq)
+            return
         freeze_ts = seg.freeze_ts
         object_key = keys.segment_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
         index_key = keys.segment_index_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)

@@ -29,7 +29,7 @@ from tiered.catalog.migrate import upgrade
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.config import Settings
 from tiered.metrics import Metrics
-from tiered.storage.partition_log import AppendResult, StoredRecord
+from tiered.storage.partition_log import AppendResult, PartitionLog, StoredRecord
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tasks import OUTAGES, Supervisor
@@ -39,12 +39,14 @@ from tiered.tier_interface import (
     OpenPlan,
     PartitionPlan,
     RemoteChunk,
+    RemoteCompactionReport,
     TierSink,
     Unreadable,
 )
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.coordinator import Coordinator, Endpoints
 from tiered.tiering.durable import DurablePath
+from tiered.tiering.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.startup import plan_partition
 from tiered.tiering.store import ObjectStore, StoreError, open_store
@@ -86,6 +88,7 @@ class TieringService:
         self.catalog: AsyncCatalog
         self.durable: DurablePath
         self.remote: RemoteTier
+        self.remote_compactor: RemoteCompactor
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
@@ -111,6 +114,9 @@ class TieringService:
                                  committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
                                  grace=self.grace, read_budget_bytes=self.settings.remote_read_budget_bytes,
                                  clock=self.clock)
+        self.remote_compactor = RemoteCompactor(self.store, self.catalog, broker_id=self.broker_id,
+                                                workdir=str(self.settings.state_dir / "compaction"), grace=self.grace,
+                                                clock=self.clock)
         await self._warm_store()
         self._register_metrics()
         sup = self.supervisor
@@ -318,6 +324,18 @@ class TieringService:
     async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
         return await self.remote.read(topic, partition, seq, fetch_size)
+
+    async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
+                             force: bool = False) -> RemoteCompactionReport | None:
+        """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.remote_compaction)."""
+        led = self.led.get((topic, partition))
+        epoch = self._epoch_of(topic, partition)
+        if led is None or epoch is None or not led.config.remote_copy:
+            return None
+        report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
+        if report.groups:  # the compacted local segments now in the bucket may leave the disk's veto list
+            await self.remote.copier.load_copied(topic, partition)
+        return report
 
     async def remote_retention_pass(self) -> int:
         led = [(t, p, lead.config) for (t, p), lead in self.led.items() if self._epoch_of(t, p) is not None]

@@ -1,0 +1,209 @@
+"""Remote compaction benchmark (issue 15, remote half): throughput of a pass over a partition's remote segments and
+the space it reclaims in the bucket, on a workload with 10% distinct keys.
+
+    python -m bench.bench_remote_compaction            64 MiB of history (about 15 seconds)
+    python -m bench.bench_remote_compaction --quick    16 MiB
+    python -m bench --only remote_compaction [--quick]
+
+moto's S3 server runs in a child process (bench/remote_processes.Moto), the catalog is SQLite. The history is
+written with tiered.storage.PartitionLog (`log.segment.bytes=8mb`, bundles of 100 messages of 100 B random values,
+keys drawn uniformly from one tenth of the message count), then recorded as the durable path and the copier leave
+it: a committed block run per segment, then each segment uploaded and COPY_FINISHED. Two passes are timed, each on
+its own copy of that history (two topics):
+- from local copies: the local pass runs first (not timed here: bench_compaction measures it), then the remote
+  pass uploads the compacted local segments and swaps them in (tiered.tiering.remote_compaction);
+- from the bucket: the broker's disk holds none of it; the remote pass downloads the remote segments, compacts them
+  in its work directory, uploads the outputs and swaps them in.
+MB/s is the remote bytes replaced (segment and index objects) per second of wall time; "reclaimed" is the share of
+those bytes the compacted segments no longer take (once the old objects' grace period is over). `tiered catalog
+check`'s consistency check runs after each pass and must find nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from bench import format_table
+from bench.bench_compaction import MESSAGE_OVERHEAD, NOW, PER_BUNDLE, fill, log
+from bench.remote_processes import Moto
+from tiered.catalog import Catalog
+from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import partitions as catalog_partitions
+from tiered.catalog import segments as catalog_segments
+from tiered.catalog import topics as catalog_topics
+from tiered.catalog.blocks import RunRow
+from tiered.catalog.check import check_partition
+from tiered.catalog.migrate import upgrade
+from tiered.catalog.segments import SegmentMeta
+from tiered.storage import PartitionLog, TopicConfig
+from tiered.storage.compaction import compact_partition
+from tiered.tiering import keys
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.remote_compaction import RemoteCompactor
+from tiered.tiering.s3_store import S3ObjectStore
+from tiered.tiering.segment_copier import segment_timestamp_bounds
+
+REGION = "us-east-1"
+SEGMENT_BYTES = 8 << 20
+VALUE_BYTES = 100
+CONFIG = TopicConfig(log_segment_bytes=SEGMENT_BYTES, log_cleanup_policy="cleanup", produce_ack="local")
+BROKER = 1
+
+
+@dataclass
+class Result:
+    source: str
+    segments_in: int
+    segments_out: int
+    bytes_in: int
+    bytes_out: int
+    downloaded_bytes: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_in / 1e6 / self.seconds
+
+    @property
+    def reclaimed(self) -> float:
+        return 1 - self.bytes_out / self.bytes_in
+
+
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+class _Clock:
+    def now_ms(self) -> float:
+        return NOW * 1000
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+async def copy_history(store: S3ObjectStore, cat: Catalog, topic: str, partition: PartitionLog) -> int:
+    """What the durable path and the copier leave in the catalog and the bucket; returns the leader epoch."""
+    catalog_topics.create_topic(cat, topic, 1, now=_at(NOW))
+    epoch = catalog_partitions.claim_partitions(cat, BROKER, topic, [0])[0]
+    committed = 0
+    for s in partition.segments:
+        block_id = catalog_blocks.insert_pending_block(cat, f"blocks/{topic}-{s.base}.blk", BROKER, 1, now=_at(NOW))
+        run = RunRow(topic, 0, committed + 1, s.base, s.last, 1, 0, 0, epoch, 0, 1)
+        catalog_blocks.commit_block(cat, block_id, BROKER, [run], {(topic, 0): epoch}, now=_at(NOW))
+        committed = s.last
+        low, high = segment_timestamp_bounds(s.path, s.base, s.size)
+        meta = SegmentMeta(topic, 0, s.base, s.last, keys.segment_key(topic, 0, s.base, s.last, s.freeze_ts),
+                           keys.segment_index_key(topic, 0, s.base, s.last, s.freeze_ts), s.size, s.index.size_bytes,
+                           low, high, _at(s.freeze_ts), epoch)
+        catalog_segments.segment_copy_started(cat, meta, now=_at(NOW))
+        await store.put_file(meta.object_key, s.path)
+        await store.put_file(meta.index_object_key, s.index_path)
+        catalog_segments.segment_copy_finished(cat, topic, 0, s.base, epoch, now=_at(NOW))
+    return epoch
+
+
+async def timed_pass(source: str, compactor: RemoteCompactor, cat: Catalog, topic: str, partition: PartitionLog,
+                     epoch: int) -> Result:
+    started, cpu = time.perf_counter(), time.process_time()
+    report = await compactor.compact(topic, 0, partition, epoch, force=True)
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    if report.stopped or not report.groups:
+        raise RuntimeError(f"{source}: the pass did not complete: {report.stopped or 'no group swapped'}")
+    problems = check_partition(cat, topic, 0).problems
+    if problems:
+        raise RuntimeError(f"{source}: the catalog check failed after the pass: {problems}")
+    return Result(source, report.segments_before, report.segments_after, report.bytes_before, report.bytes_after,
+                  report.downloaded_bytes, seconds, cpu_seconds)
+
+
+async def run(total_bytes: int, root: Path) -> list[Result]:
+    import boto3
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        del os.environ[name]
+    moto = Moto()
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION,
+                       "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+                       "AWS_EC2_METADATA_DISABLED": "true"})
+    catalog_url = f"sqlite:///{root / 'catalog.db'}"
+    upgrade(catalog_url)
+    cat = Catalog.open(catalog_url)
+    access = AsyncCatalog(cat)
+    boto3.client("s3", endpoint_url=moto.url, region_name=REGION).create_bucket(Bucket="bench")
+    store = S3ObjectStore("bench", "tiered", endpoint_url=moto.url, region=REGION, path_style=True)
+    compactor = RemoteCompactor(store, access, broker_id=BROKER, workdir=str(root / "work"), grace=timedelta(0),
+                                clock=_Clock())
+    results = []
+    try:
+        messages = total_bytes // (VALUE_BYTES + MESSAGE_OVERHEAD) // PER_BUNDLE * PER_BUNDLE
+        local = PartitionLog.open(str(root / "local"), CONFIG)
+        log(f"remote compaction: writing {messages} messages ...")
+        fill(local, messages, messages // 10, VALUE_BYTES, False, random.Random(1))
+        log(f"remote compaction: copying {len(local.segments)} segments to two topics ...")
+        epochs = {topic: await copy_history(store, cat, topic, local) for topic in ("fromlocal", "frombucket")}
+        compact_partition(local, NOW, force=True)
+        log("remote compaction: from local copies ...")
+        results.append(await timed_pass("from local copies", compactor, cat, "fromlocal", local, epochs["fromlocal"]))
+        empty = PartitionLog.open(str(root / "empty"), CONFIG)
+        log("remote compaction: from the bucket ...")
+        results.append(await timed_pass("from the bucket", compactor, cat, "frombucket", empty, epochs["frombucket"]))
+        local.close()
+        empty.close()
+    finally:
+        await store.close()
+        access.shutdown()
+        cat.close()
+        moto.stop()
+    return results
+
+
+def report(results: list[Result], total_bytes: int) -> str:
+    title = (f"Remote compaction: {total_bytes >> 20} MiB of history, 10% distinct keys, 100 B values, "
+             f"{SEGMENT_BYTES >> 20} MiB segments, moto S3 (child process) and SQLite; {os.cpu_count()} cores")
+    return format_table(
+        ("source", "MB in", "MB out", "reclaimed", "segments", "MB downloaded", "seconds", "MB/s in", "CPU s"),
+        [(r.source, r.bytes_in / 1e6, r.bytes_out / 1e6, f"{r.reclaimed:.1%}", f"{r.segments_in} -> {r.segments_out}",
+          r.downloaded_bytes / 1e6, r.seconds, r.mb_per_s, r.cpu_seconds) for r in results],
+        title,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_remote_compaction", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="16 MiB of history")
+    parser.add_argument("--mib", type=int, help="MiB of history (default 64, 16 with --quick)")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    total = (args.mib or (16 if args.quick else 64)) << 20
+    load = os.getloadavg()[0]
+    root = Path(tempfile.mkdtemp(prefix="tiered-bench-remote-compaction-"))
+    try:
+        results = asyncio.run(run(total, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(report(results, total))
+    print(f"load average before the run: {load:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps([{**asdict(r), "mb_per_s": r.mb_per_s, "reclaimed": r.reclaimed}
+                                         for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -318,13 +318,23 @@ def test_the_swap_checks_the_rows_and_the_tiling(cat):
     assert swept == sorted(f"segments/t/0/{name}{s}" for name in ("old1", "old11", "e") for s in (".ilog", ".index"))
 
 
+async def chunk_bytes(chunk: RemoteChunk) -> bytes:
+    """A remote chunk's bytes: a block run's are in memory, a remote segment's stream in (and give their memory back)."""
+    if isinstance(chunk.data, bytes):
+        return chunk.data
+    try:
+        return b"".join([bytes(piece) async for piece in chunk.data.pieces()])
+    finally:
+        chunk.data.close()
+
+
 async def read_through(reader: RemoteReader, topic: str, first: int, last: int) -> list:
     """Every message a consumer reading the bucket from `first` to `last` gets, chunk by chunk."""
     out, seq = [], first
     while seq <= last:
         chunk = await reader.fetch(topic, 0, seq, 4096)
         assert isinstance(chunk, RemoteChunk), chunk
-        got = [m for m in decode_segment(chunk.data, chunk.first_bundle_seq) if m.seq >= seq]
+        got = [m for m in decode_segment(await chunk_bytes(chunk), chunk.first_bundle_seq) if m.seq >= seq]
         if got:
             out.extend(got)
             seq = got[-1].seq + 1

@@ -11,7 +11,6 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog import partitions as catalog_partitions
@@ -21,25 +20,10 @@ from tiered.catalog.blocks import RunRow
 from tiered.catalog.segments import SegmentMeta
 from tiered.tiering import keys
 from tiered.tiering.reconciler import abandon_stale_pending, is_our_key, reconcile, sweep_deleted_blocks
-from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.store import ObjectNotFound
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=10)
-
-
-@pytest.fixture
-def cat(catalog_url):
-    catalog = Catalog.open(catalog_url)
-    yield catalog
-    catalog.close()
-
-
-@pytest.fixture
-def acat(cat):
-    access = AsyncCatalog(cat)
-    yield access
-    access.shutdown()
 
 
 def _block_key(broker_id: int = 1) -> str:

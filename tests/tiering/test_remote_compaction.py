@@ -13,7 +13,6 @@ import pytest
 
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows
 from tests.support.storage_helpers import FakeClock, storage_config
-from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
@@ -27,7 +26,6 @@ from tiered.protocol.varint import read_varint
 from tiered.storage.compaction import compact_partition
 from tiered.storage.partition_log import PartitionLog
 from tiered.tiering import keys
-from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.reconciler import reconcile, sweep_deleted_blocks
 from tiered.tiering.remote_compaction import RemoteCompactor, _groups_from_local
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
@@ -62,20 +60,6 @@ class FixedClock:
 
     async def sleep(self, seconds: float) -> None:
         self.now_s += seconds
-
-
-@pytest.fixture
-def cat(catalog_url):
-    catalog = Catalog.open(catalog_url)
-    yield catalog
-    catalog.close()
-
-
-@pytest.fixture
-def acat(cat):
-    access = AsyncCatalog(cat)
-    yield access
-    access.shutdown()
 
 
 def at(seconds: float) -> datetime:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tiered.catalog import Catalog, SegmentState
+from tiered.catalog import SegmentState
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
@@ -15,7 +15,6 @@ from tiered.catalog.blocks import RunRow
 from tiered.catalog.segments import SegmentMeta
 from tiered.storage.topic_config import TopicConfig
 from tiered.tiering import keys
-from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.remote_retention import enforce_remote_retention
 from tiered.tiering.store import ObjectNotFound, StoreError
 
@@ -25,20 +24,6 @@ TOPIC = "logs"
 # Three remote segments of seqs 1-10, 11-20, 21-30, frozen an hour apart; 1100 bytes each (.ilog and .index).
 SEGMENTS = [(1, 10, T0), (11, 20, T0 + timedelta(hours=1)), (21, 30, T0 + timedelta(hours=2))]
 ILOG_BYTES, INDEX_BYTES = 1000, 100
-
-
-@pytest.fixture
-def cat(catalog_url):
-    catalog = Catalog.open(catalog_url)
-    yield catalog
-    catalog.close()
-
-
-@pytest.fixture
-def acat(cat):
-    access = AsyncCatalog(cat)
-    yield access
-    access.shutdown()
 
 
 async def _history(store, cat) -> dict[int, SegmentMeta]:

@@ -312,6 +312,66 @@ PROBE_TOPIC = "probe"
 PROBE_INTERVAL_S = 0.02
 
 
+class HotPathProbe:
+    """Where a durable ack's time goes, block by block: the block's age when it was closed (the age limit plus the
+    block timer's lateness), the intent row, the PUT and the commit (waiting for the earlier block's commit
+    included). The pipeline's store and catalog are wrapped for the pipeline alone (the copier and the remote
+    reader keep the originals), so only the hot path's own calls are timed."""
+
+    STEPS = ("age at close", "intent row", "PUT", "commit", "loop lag")
+    LAG_TICK_S = 0.005
+
+    def __init__(self, durable) -> None:
+        self.samples: dict[str, list[float]] = {step: [] for step in self.STEPS}
+        pipeline = durable.pipeline
+        probe = self
+
+        class Store:
+            def __getattr__(self, name):
+                return getattr(pipeline_store, name)
+
+            async def put(self, *args, **kwargs):
+                return await probe._timed("PUT", pipeline_store.put(*args, **kwargs))
+
+        class Catalog:
+            def __getattr__(self, name):
+                return getattr(pipeline_catalog, name)
+
+            async def write(self, fn, *args, **kwargs):
+                step = "commit" if getattr(fn, "__name__", "") == "commit_block" else "intent row"
+                return await probe._timed(step, pipeline_catalog.write(fn, *args, **kwargs))
+
+        pipeline_store, pipeline_catalog, submit = pipeline.store, pipeline.catalog, pipeline.submit
+        pipeline.store, pipeline.catalog = Store(), Catalog()
+
+        def submitted(block):
+            self.samples["age at close"].append(max(0.0, durable.clock.now_ms() - block.opened_ms) / 1000)
+            return submit(block)
+        pipeline.submit = submitted
+        self._lag = asyncio.ensure_future(self._lag_loop())
+
+    async def _lag_loop(self) -> None:
+        """How late the broker's event loop wakes from a LAG_TICK_S sleep: what any ready callback waits."""
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(self.LAG_TICK_S)
+            self.samples["loop lag"].append(max(0.0, time.perf_counter() - started - self.LAG_TICK_S))
+
+    def stop(self) -> None:
+        self._lag.cancel()
+
+    async def _timed(self, step: str, awaitable):
+        started = time.perf_counter()
+        try:
+            return await awaitable
+        finally:
+            self.samples[step].append(time.perf_counter() - started)
+
+    def take(self) -> dict[str, list[float]]:
+        taken, self.samples = self.samples, {step: [] for step in self.STEPS}
+        return taken
+
+
 @dataclass
 class Isolation:
     idle_acks: list[float]
@@ -320,6 +380,8 @@ class Isolation:
     busy_deliveries: list[float]
     replays: int
     replay_mb_s: float
+    idle_steps: dict[str, list[float]] = field(default_factory=dict)
+    busy_steps: dict[str, list[float]] = field(default_factory=dict)
 
 
 async def isolation(app, client: ClientProcess, prober: ClientProcess, moto: Moto, ranges: dict,
@@ -328,7 +390,9 @@ async def isolation(app, client: ClientProcess, prober: ClientProcess, moto: Mot
     `seconds` with the broker otherwise idle, then for `seconds` while full-speed replays run back to back."""
     port = app.broker.port
     await prober.call("create_topic", port, PROBE_TOPIC, {})
+    steps = HotPathProbe(app.tier.durable)
     idle_acks, idle_deliveries = await prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S)
+    idle_steps = steps.take()
     probing = asyncio.ensure_future(prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S))
     replays, mb, replay_s = 0, 0.0, 0.0
     while not probing.done():
@@ -337,7 +401,9 @@ async def isolation(app, client: ClientProcess, prober: ClientProcess, moto: Mot
         mb += r.remote_bytes / 1e6
         replay_s += r.seconds
     busy_acks, busy_deliveries = await probing
-    return Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, mb / replay_s)
+    steps.stop()
+    return Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, mb / replay_s, idle_steps,
+                     steps.take())
 
 
 # -- report --------------------------------------------------------------------------------------------------------
@@ -420,6 +486,13 @@ def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None)
             a, b = quantile(busy, .5), quantile(idle, .5)
             line(f"{name} p50 (ms), during replay vs idle", ms(a), ms(b), f"{a / b:.2f}", "-")
         lines.append(f"  (during the probe: {iso.replays} replays back to back at {iso.replay_mb_s:.0f} MB/s)")
+        lines.append(f"  where a durable ack's time goes, per block (ms), idle -> during replay (loop lag: how late the "
+                     f"broker's loop wakes from a {HotPathProbe.LAG_TICK_S * 1000:.0f} ms sleep, per wake):")
+        for step in HotPathProbe.STEPS:
+            idle, busy = iso.idle_steps.get(step) or [0.0], iso.busy_steps.get(step) or [0.0]
+            lines.append(f"    {step:<14} p50 {ms(quantile(idle, .5)):>6} -> {ms(quantile(busy, .5)):>6}   "
+                         f"p99 {ms(quantile(idle, .99)):>6} -> {ms(quantile(busy, .99)):>6}   "
+                         f"(blocks {len(iso.idle_steps.get(step, []))} -> {len(iso.busy_steps.get(step, []))})")
     return "\n".join(lines)
 
 

@@ -42,7 +42,7 @@ from tiered.storage.index import SparseIndex
 from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.range_reads import RangeRead, ReadBudget
+from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
 from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
@@ -222,13 +222,14 @@ class RemoteReader:
     Unreadable, never skipped."""
 
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, metrics: Metrics, *, max_concurrency: int = 8,
-                 budget: ReadBudget | None = None, read_ahead: bool = True,
+                 budget: ReadBudget | None = None, read_ahead: bool = True, pace: Pace | None = None,
                  highest_copied: Callable[[str, int], int | None] = lambda topic, partition: None):
         self.store = store
         self.catalog = catalog
         self.metrics = metrics
         self.budget = budget if budget is not None else ReadBudget(DEFAULT_READ_BUDGET_BYTES)
         self.read_ahead = read_ahead
+        self.pace = pace  # GETs of segment windows take in their bytes when it lets them (hot_path.HotPathGate)
         self.segments: RangeCache[SegmentRow] = RangeCache()
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
@@ -337,7 +338,7 @@ class RemoteReader:
         if read is None:
             self.metrics.inc(m.REMOTE_GETS)
             read = await RangeRead.open(self.store, row.object_key, window.floor, window.end, self.budget,
-                                        self._slots)
+                                        self._slots, self.pace)
         else:
             self.metrics.inc(m.REMOTE_READ_AHEAD_HITS)
             read.adopt()
@@ -449,7 +450,8 @@ class RemoteReader:
             return None
         row, index = located
         window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
-        read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots)
+        read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots,
+                               self.pace)
         if read is not None:
             self.metrics.inc(m.REMOTE_GETS)
         return read

@@ -24,7 +24,8 @@ Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five
                   remote segment holds yet; the first such fetch is shown alone.
 
 The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
-project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order.
+project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order; once at each
+read-ahead depth of REPLAY_DEPTHS (the broker's default last, whose figures are the replay table's).
 
 Then isolation: a second client process produces one small message every PROBE_INTERVAL_S with durable acks and
 tails the same partition, timing each ack and each delivery, first with the broker otherwise idle, then while
@@ -61,6 +62,7 @@ TOPIC = "lat"
 REPLAY_TOPIC = "replay"
 FETCH_BYTES = 1 << 20
 REPLAY_FETCH_BYTES = 16 << 20
+REPLAY_DEPTHS = (1, 2, 3)  # read-ahead depths the replay is run at (the reader's default among them)
 VALUE_BYTES = 1000
 PER_BUNDLE = 64  # ~64 KiB bundles
 MSGS_PER_FETCH = FETCH_BYTES // (VALUE_BYTES + 16)  # each message costs its value and about 16 bytes of framing
@@ -454,6 +456,18 @@ def replay_table(backend: str, segment_bytes: int, r: Replay) -> str:
     ])
 
 
+def depth_table(by_depth: dict, default: int, ceiling_mb_s: float) -> str:
+    lines = [f"replay by read-ahead depth (windows read ahead of the consumer; {default} is the default), one after "
+             f"another in this run", f"  {'depth':>5}{'MB/s':>7}{'x seq. GETs':>13}{'GETs':>6}{'ahead hits':>12}"
+             f"{'in GETs s':>11}{'broker CPU s':>14}"]
+    for depth in sorted(by_depth):
+        r = by_depth[depth]
+        mb_s = r.remote_bytes / 1e6 / r.seconds
+        lines.append(f"  {depth:>5}{mb_s:>7.0f}{mb_s / ceiling_mb_s:>13.2f}{r.gets:>6}{r.ahead_hits:>12}"
+                     f"{r.get_s:>11.2f}{r.broker_cpu_s:>14.2f}")
+    return "\n".join(lines)
+
+
 def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None) -> str:
     """The figures issue 14 sets goals for, each against its reference measured in the same run."""
     by = {row.name: row for row in rows}
@@ -551,9 +565,17 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         ranges = await produce_and_tier(app, client, REPLAY_TOPIC, config, size + segment // 2)
         log(f"{backend}: produced and tiered in {time.monotonic() - started:.0f} s; replaying "
             f"{ranges['remote_first']}..{ranges['remote_last']} ...")
-        result = await replay(app, client, moto, ranges)
+        from tiered.tiering.remote_fetch import AHEAD_DEPTH
+
+        reader = app.tier.remote.reader
+        by_depth = {}
+        for depth in (*[d for d in REPLAY_DEPTHS if d != AHEAD_DEPTH], AHEAD_DEPTH):  # the default's last
+            reader.ahead_depth = depth
+            by_depth[depth] = await replay(app, client, moto, ranges)
+        result = by_depth[AHEAD_DEPTH]
         result.moto_ceiling_mb_s = await moto_ceiling(client, moto.url, bucket, ranges["segments"])
         out.append(replay_table(backend, segment, result))
+        out.append(depth_table(by_depth, AHEAD_DEPTH, result.moto_ceiling_mb_s))
         log(f"{backend}: produce and tail latency, idle then during replays ...")
         iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0)
         out.append(goals_table(backend, rows, result, iso))

@@ -384,28 +384,49 @@ class Isolation:
     replay_mb_s: float
     idle_steps: dict[str, list[float]] = field(default_factory=dict)
     busy_steps: dict[str, list[float]] = field(default_factory=dict)
+    off_acks: list[float] = field(default_factory=list)  # during replays that do not give way (--yield-off)
+    off_deliveries: list[float] = field(default_factory=list)
+    off_replay_mb_s: float = 0.0
 
 
 async def isolation(app, client: ClientProcess, prober: ClientProcess, moto: Moto, ranges: dict,
-                    seconds: float) -> Isolation:
+                    seconds: float, yield_off: bool) -> Isolation:
     """A producer with durable acks and a tail consumer on their own topic (bench/remote_processes.py "probe"), for
-    `seconds` with the broker otherwise idle, then for `seconds` while full-speed replays run back to back."""
+    `seconds` with the broker otherwise idle, then for `seconds` while full-speed replays run back to back, then
+    (`yield_off`) for `seconds` more with replays that do not give way to the hot path (remote_read_yield_ms 0)."""
     port = app.broker.port
     await prober.call("create_topic", port, PROBE_TOPIC, {})
     steps = HotPathProbe(app.tier.durable)
     idle_acks, idle_deliveries = await prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S)
     idle_steps = steps.take()
-    probing = asyncio.ensure_future(prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S))
+    busy_acks, busy_deliveries, replays, replay_mb_s = await probe_during_replays(app, client, prober, moto, ranges,
+                                                                                   seconds)
+    iso = Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, replay_mb_s, idle_steps,
+                    steps.take())
+    if yield_off:
+        gate = app.tier.hot_path
+        max_pause_s, gate.max_pause_s = gate.max_pause_s, 0.0
+        try:
+            iso.off_acks, iso.off_deliveries, _, iso.off_replay_mb_s = await probe_during_replays(
+                app, client, prober, moto, ranges, seconds)
+        finally:
+            gate.max_pause_s = max_pause_s
+    steps.stop()
+    return iso
+
+
+async def probe_during_replays(app, client: ClientProcess, prober: ClientProcess, moto: Moto, ranges: dict,
+                               seconds: float) -> tuple[list[float], list[float], int, float]:
+    """The probe's acks and deliveries while replays run back to back, how many replays, and their MB/s."""
+    probing = asyncio.ensure_future(prober.call("probe", app.broker.port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S))
     replays, mb, replay_s = 0, 0.0, 0.0
     while not probing.done():
         r = await replay(app, client, moto, ranges)
         replays += 1
         mb += r.remote_bytes / 1e6
         replay_s += r.seconds
-    busy_acks, busy_deliveries = await probing
-    steps.stop()
-    return Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, mb / replay_s, idle_steps,
-                     steps.take())
+    acks, deliveries = await probing
+    return acks, deliveries, replays, mb / replay_s
 
 
 # -- report --------------------------------------------------------------------------------------------------------
@@ -500,6 +521,12 @@ def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None)
             a, b = quantile(busy, .5), quantile(idle, .5)
             line(f"{name} p50 (ms), during replay vs idle", ms(a), ms(b), f"{a / b:.2f}", "-")
         lines.append(f"  (during the probe: {iso.replays} replays back to back at {iso.replay_mb_s:.0f} MB/s)")
+        if iso.off_acks:
+            for name, idle, off in (("durable produce ack", iso.idle_acks, iso.off_acks),
+                                    ("tail consumer delivery", iso.idle_deliveries, iso.off_deliveries)):
+                a, b = quantile(off, .99), quantile(idle, .99)
+                line(f"{name} p99 (ms), replays not giving way, vs idle", ms(a), ms(b), f"{a / b:.2f}", "-")
+            lines.append(f"  (replays not giving way ran at {iso.off_replay_mb_s:.0f} MB/s)")
         lines.append(f"  where a durable ack's time goes, per block (ms), idle -> during replay (loop lag: how late the "
                      f"broker's loop wakes from a {HotPathProbe.LAG_TICK_S * 1000:.0f} ms sleep, per wake):")
         for step in HotPathProbe.STEPS:
@@ -577,7 +604,7 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         out.append(replay_table(backend, segment, result))
         out.append(depth_table(by_depth, AHEAD_DEPTH, result.moto_ceiling_mb_s))
         log(f"{backend}: produce and tail latency, idle then during replays ...")
-        iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0)
+        iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0, args.yield_off)
         out.append(goals_table(backend, rows, result, iso))
         if args.profile:
             log(f"{backend}: replaying again under cProfile ...")
@@ -646,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"),
                         help="catalog backend (repeatable; default: both; the replay runs on the first)")
     parser.add_argument("--profile", action="store_true", help="cProfile the broker over warm fetches and a replay")
+    parser.add_argument("--yield-off", action="store_true",
+                        help="probe produce and tail latency once more during replays that do not give way to the "
+                             "hot path (remote_read_yield_ms 0)")
     args = parser.parse_args(argv)
     args.backend = args.backend or ["sqlite", "postgresql"]
     args.replay_backend = args.backend[0]

@@ -16,8 +16,8 @@ run, cached). A location answers for [from_seq, last_seq]: a seq in a jump befor
 record, as in TANK, but a seq that no location answers for is reported (Unreadable), never served from a later
 location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
 within `fetch_size` (or after that first bundle when it alone is larger), as a local read does. GETs run under their
-own concurrency limit, apart from the produce path and local reads, so that a replaying consumer cannot stall
-producers or tail consumers.
+own concurrency limit, apart from the produce path and local reads, and give way to blocks in flight
+(tiered.tiering.hot_path), so that a replaying consumer cannot stall producers or tail consumers.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five
                   remote segment holds yet; the first such fetch is shown alone.
 
 The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
-project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order.
+project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order; once at each
+read-ahead depth of REPLAY_DEPTHS (the broker's default last, whose figures are the replay table's).
 
 Then isolation: a second client process produces one small message every PROBE_INTERVAL_S with durable acks and
 tails the same partition, timing each ack and each delivery, first with the broker otherwise idle, then while
@@ -61,6 +62,7 @@ TOPIC = "lat"
 REPLAY_TOPIC = "replay"
 FETCH_BYTES = 1 << 20
 REPLAY_FETCH_BYTES = 16 << 20
+REPLAY_DEPTHS = (1, 2, 3)  # read-ahead depths the replay is run at (the reader's default among them)
 VALUE_BYTES = 1000
 PER_BUNDLE = 64  # ~64 KiB bundles
 MSGS_PER_FETCH = FETCH_BYTES // (VALUE_BYTES + 16)  # each message costs its value and about 16 bytes of framing
@@ -312,6 +314,66 @@ PROBE_TOPIC = "probe"
 PROBE_INTERVAL_S = 0.02
 
 
+class HotPathProbe:
+    """Where a durable ack's time goes, block by block: the block's age when it was closed (the age limit plus the
+    block timer's lateness), the intent row, the PUT and the commit (waiting for the earlier block's commit
+    included). The pipeline's store and catalog are wrapped for the pipeline alone (the copier and the remote
+    reader keep the originals), so only the hot path's own calls are timed."""
+
+    STEPS = ("age at close", "intent row", "PUT", "commit", "loop lag")
+    LAG_TICK_S = 0.005
+
+    def __init__(self, durable) -> None:
+        self.samples: dict[str, list[float]] = {step: [] for step in self.STEPS}
+        pipeline = durable.pipeline
+        probe = self
+
+        class Store:
+            def __getattr__(self, name):
+                return getattr(pipeline_store, name)
+
+            async def put(self, *args, **kwargs):
+                return await probe._timed("PUT", pipeline_store.put(*args, **kwargs))
+
+        class Catalog:
+            def __getattr__(self, name):
+                return getattr(pipeline_catalog, name)
+
+            async def write(self, fn, *args, **kwargs):
+                step = "commit" if getattr(fn, "__name__", "") == "commit_block" else "intent row"
+                return await probe._timed(step, pipeline_catalog.write(fn, *args, **kwargs))
+
+        pipeline_store, pipeline_catalog, submit = pipeline.store, pipeline.catalog, pipeline.submit
+        pipeline.store, pipeline.catalog = Store(), Catalog()
+
+        def submitted(block):
+            self.samples["age at close"].append(max(0.0, durable.clock.now_ms() - block.opened_ms) / 1000)
+            return submit(block)
+        pipeline.submit = submitted
+        self._lag = asyncio.ensure_future(self._lag_loop())
+
+    async def _lag_loop(self) -> None:
+        """How late the broker's event loop wakes from a LAG_TICK_S sleep: what any ready callback waits."""
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(self.LAG_TICK_S)
+            self.samples["loop lag"].append(max(0.0, time.perf_counter() - started - self.LAG_TICK_S))
+
+    def stop(self) -> None:
+        self._lag.cancel()
+
+    async def _timed(self, step: str, awaitable):
+        started = time.perf_counter()
+        try:
+            return await awaitable
+        finally:
+            self.samples[step].append(time.perf_counter() - started)
+
+    def take(self) -> dict[str, list[float]]:
+        taken, self.samples = self.samples, {step: [] for step in self.STEPS}
+        return taken
+
+
 @dataclass
 class Isolation:
     idle_acks: list[float]
@@ -320,24 +382,51 @@ class Isolation:
     busy_deliveries: list[float]
     replays: int
     replay_mb_s: float
+    idle_steps: dict[str, list[float]] = field(default_factory=dict)
+    busy_steps: dict[str, list[float]] = field(default_factory=dict)
+    off_acks: list[float] = field(default_factory=list)  # during replays that do not give way (--yield-off)
+    off_deliveries: list[float] = field(default_factory=list)
+    off_replay_mb_s: float = 0.0
 
 
 async def isolation(app, client: ClientProcess, prober: ClientProcess, moto: Moto, ranges: dict,
-                    seconds: float) -> Isolation:
+                    seconds: float, yield_off: bool) -> Isolation:
     """A producer with durable acks and a tail consumer on their own topic (bench/remote_processes.py "probe"), for
-    `seconds` with the broker otherwise idle, then for `seconds` while full-speed replays run back to back."""
+    `seconds` with the broker otherwise idle, then for `seconds` while full-speed replays run back to back, then
+    (`yield_off`) for `seconds` more with replays that do not give way to the hot path (remote_read_yield_ms 0)."""
     port = app.broker.port
     await prober.call("create_topic", port, PROBE_TOPIC, {})
+    steps = HotPathProbe(app.tier.durable)
     idle_acks, idle_deliveries = await prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S)
-    probing = asyncio.ensure_future(prober.call("probe", port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S))
+    idle_steps = steps.take()
+    busy_acks, busy_deliveries, replays, replay_mb_s = await probe_during_replays(app, client, prober, moto, ranges,
+                                                                                   seconds)
+    iso = Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, replay_mb_s, idle_steps,
+                    steps.take())
+    if yield_off:
+        gate = app.tier.hot_path
+        max_pause_s, gate.max_pause_s = gate.max_pause_s, 0.0
+        try:
+            iso.off_acks, iso.off_deliveries, _, iso.off_replay_mb_s = await probe_during_replays(
+                app, client, prober, moto, ranges, seconds)
+        finally:
+            gate.max_pause_s = max_pause_s
+    steps.stop()
+    return iso
+
+
+async def probe_during_replays(app, client: ClientProcess, prober: ClientProcess, moto: Moto, ranges: dict,
+                               seconds: float) -> tuple[list[float], list[float], int, float]:
+    """The probe's acks and deliveries while replays run back to back, how many replays, and their MB/s."""
+    probing = asyncio.ensure_future(prober.call("probe", app.broker.port, PROBE_TOPIC, seconds, PROBE_INTERVAL_S))
     replays, mb, replay_s = 0, 0.0, 0.0
     while not probing.done():
         r = await replay(app, client, moto, ranges)
         replays += 1
         mb += r.remote_bytes / 1e6
         replay_s += r.seconds
-    busy_acks, busy_deliveries = await probing
-    return Isolation(idle_acks, idle_deliveries, busy_acks, busy_deliveries, replays, mb / replay_s)
+    acks, deliveries = await probing
+    return acks, deliveries, replays, mb / replay_s
 
 
 # -- report --------------------------------------------------------------------------------------------------------
@@ -388,6 +477,18 @@ def replay_table(backend: str, segment_bytes: int, r: Replay) -> str:
     ])
 
 
+def depth_table(by_depth: dict, default: int, ceiling_mb_s: float) -> str:
+    lines = [f"replay by read-ahead depth (windows read ahead of the consumer; {default} is the default), one after "
+             f"another in this run", f"  {'depth':>5}{'MB/s':>7}{'x seq. GETs':>13}{'GETs':>6}{'ahead hits':>12}"
+             f"{'in GETs s':>11}{'broker CPU s':>14}"]
+    for depth in sorted(by_depth):
+        r = by_depth[depth]
+        mb_s = r.remote_bytes / 1e6 / r.seconds
+        lines.append(f"  {depth:>5}{mb_s:>7.0f}{mb_s / ceiling_mb_s:>13.2f}{r.gets:>6}{r.ahead_hits:>12}"
+                     f"{r.get_s:>11.2f}{r.broker_cpu_s:>14.2f}")
+    return "\n".join(lines)
+
+
 def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None) -> str:
     """The figures issue 14 sets goals for, each against its reference measured in the same run."""
     by = {row.name: row for row in rows}
@@ -420,6 +521,19 @@ def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None)
             a, b = quantile(busy, .5), quantile(idle, .5)
             line(f"{name} p50 (ms), during replay vs idle", ms(a), ms(b), f"{a / b:.2f}", "-")
         lines.append(f"  (during the probe: {iso.replays} replays back to back at {iso.replay_mb_s:.0f} MB/s)")
+        if iso.off_acks:
+            for name, idle, off in (("durable produce ack", iso.idle_acks, iso.off_acks),
+                                    ("tail consumer delivery", iso.idle_deliveries, iso.off_deliveries)):
+                a, b = quantile(off, .99), quantile(idle, .99)
+                line(f"{name} p99 (ms), replays not giving way, vs idle", ms(a), ms(b), f"{a / b:.2f}", "-")
+            lines.append(f"  (replays not giving way ran at {iso.off_replay_mb_s:.0f} MB/s)")
+        lines.append(f"  where a durable ack's time goes, per block (ms), idle -> during replay (loop lag: how late the "
+                     f"broker's loop wakes from a {HotPathProbe.LAG_TICK_S * 1000:.0f} ms sleep, per wake):")
+        for step in HotPathProbe.STEPS:
+            idle, busy = iso.idle_steps.get(step) or [0.0], iso.busy_steps.get(step) or [0.0]
+            lines.append(f"    {step:<14} p50 {ms(quantile(idle, .5)):>6} -> {ms(quantile(busy, .5)):>6}   "
+                         f"p99 {ms(quantile(idle, .99)):>6} -> {ms(quantile(busy, .99)):>6}   "
+                         f"(blocks {len(iso.idle_steps.get(step, []))} -> {len(iso.busy_steps.get(step, []))})")
     return "\n".join(lines)
 
 
@@ -478,11 +592,19 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         ranges = await produce_and_tier(app, client, REPLAY_TOPIC, config, size + segment // 2)
         log(f"{backend}: produced and tiered in {time.monotonic() - started:.0f} s; replaying "
             f"{ranges['remote_first']}..{ranges['remote_last']} ...")
-        result = await replay(app, client, moto, ranges)
+        from tiered.tiering.remote_fetch import AHEAD_DEPTH
+
+        reader = app.tier.remote.reader
+        by_depth = {}
+        for depth in (*[d for d in REPLAY_DEPTHS if d != AHEAD_DEPTH], AHEAD_DEPTH):  # the default's last
+            reader.ahead_depth = depth
+            by_depth[depth] = await replay(app, client, moto, ranges)
+        result = by_depth[AHEAD_DEPTH]
         result.moto_ceiling_mb_s = await moto_ceiling(client, moto.url, bucket, ranges["segments"])
         out.append(replay_table(backend, segment, result))
+        out.append(depth_table(by_depth, AHEAD_DEPTH, result.moto_ceiling_mb_s))
         log(f"{backend}: produce and tail latency, idle then during replays ...")
-        iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0)
+        iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0, args.yield_off)
         out.append(goals_table(backend, rows, result, iso))
         if args.profile:
             log(f"{backend}: replaying again under cProfile ...")
@@ -551,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"),
                         help="catalog backend (repeatable; default: both; the replay runs on the first)")
     parser.add_argument("--profile", action="store_true", help="cProfile the broker over warm fetches and a replay")
+    parser.add_argument("--yield-off", action="store_true",
+                        help="probe produce and tail latency once more during replays that do not give way to the "
+                             "hot path (remote_read_yield_ms 0)")
     args = parser.parse_args(argv)
     args.backend = args.backend or ["sqlite", "postgresql"]
     args.replay_backend = args.backend[0]

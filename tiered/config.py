@@ -49,6 +49,8 @@ class Settings:
     block_max_puts_per_s: float = 10.0
     # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
     remote_read_budget_bytes: int = 256 << 20
+    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.hot_path; 0: never).
+    remote_read_yield_ms: int = 200
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
     produce_ack_timeout_ms: int = 10_000
@@ -221,6 +223,7 @@ _CONVERTERS = {
     "block_linger_ms": _at_least(int, 0, "0 ms"),
     "block_max_puts_per_s": _at_least(float, 0.01, "0.01"),
     "remote_read_budget_bytes": _at_least(parse_size, 1 << 20, "1 MiB"),
+    "remote_read_yield_ms": _at_least(int, 0, "0 ms"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
     "shutdown_timeout_s": _finite_seconds,
     "advertise": lambda v: _advertised(str(v)),
@@ -267,6 +270,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="at most this many blocks a second closed early by --block-linger-ms (default 10)")
     a("--remote-read-budget-bytes", dest="remote_read_budget_bytes",
       help="memory for reads from the bucket: GET buffers, read-ahead, caches (default 256MiB)")
+    a("--remote-read-yield-ms", dest="remote_read_yield_ms",
+      help="remote reads pause at most this long at a time while a block uploads or commits (default 200; 0: never)")
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")

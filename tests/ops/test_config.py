@@ -47,6 +47,7 @@ SAMPLES = {
     "block_linger_ms": ("5", "5", 5),
     "block_max_puts_per_s": ("2.5", "2.5", 2.5),
     "remote_read_budget_bytes": ('"64MiB"', "64MiB", 64 << 20),
+    "remote_read_yield_ms": ("50", "50", 50),
     "produce_ack_timeout_ms": ("2500", "2500", 2500),
     "shutdown_timeout_s": ("12.5", "12.5", 12.5),
     "advertise": ('"10.1.2.3:11011"', "10.1.2.3:11011", "10.1.2.3:11011"),
@@ -62,7 +63,7 @@ OTHER = {
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
     "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
     "cluster_lease_ms": ("2000", 2000), "block_linger_ms": ("0", 0), "block_max_puts_per_s": ("50", 50.0),
-    "remote_read_budget_bytes": ("32m", 32 << 20),
+    "remote_read_budget_bytes": ("32m", 32 << 20), "remote_read_yield_ms": ("0", 0),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
 }
 BARE_FLAGS = {"s3_path_style", "read_only"}

@@ -20,7 +20,7 @@ from tiered.protocol.frame import FRAME_HEADER, MsgType, encode_frame
 from tiered.storage.index import SparseIndex
 from tiered.tiering.local_store import LocalObjectStore
 from tiered.tiering.range_reads import RangeRead, ReadBudget
-from tiered.tiering.remote_fetch import find_first_bundle, indexed_end, segment_window
+from tiered.tiering.remote_fetch import AHEAD_DEPTH, find_first_bundle, indexed_end, segment_window
 
 from tests.support.polling import eventually
 from tests.tiering.test_remote_reads import _copied, tiered_broker  # noqa: F401 (the fixture)
@@ -145,6 +145,30 @@ async def test_a_replay_is_read_ahead_and_gets_little_more_than_it_answers(tiere
     assert counters["tiered_remote_catalog_queries_total"] <= segments
     read = store.get_bytes - get_bytes
     assert read / (counters["tiered_remote_bytes_total"] - answered) <= 1.25
+
+
+async def test_a_consumer_reading_in_order_has_several_windows_read_ahead(tiered_broker):
+    app = await tiered_broker()
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        await _fill(app, c, 1, 1500)
+    app, _ = await _from_the_bucket_only(app, tiered_broker)
+    reader = app.tier.remote.reader
+    counters = app.broker.metrics.counters
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        seq = 1
+        for _ in range(3):
+            got = await c.consume("hist", 0, seq, fetch_bytes=2500)
+            seq = got.messages[-1].seq + 1
+        entries = reader._ahead[("hist", 0)]
+        await eventually(lambda: len(entries) >= AHEAD_DEPTH and all(e.task.done() for e in entries),
+                         what="the windows ahead located")
+        assert [e.seq for e in entries[:2]] == [seq, entries[0].follow]
+        hits = counters["tiered_remote_read_ahead_hits_total"]
+        for _ in range(AHEAD_DEPTH):
+            got = await c.consume("hist", 0, seq, fetch_bytes=2500)
+            assert [m.value for m in got.messages] == [value(m.seq - 1) for m in got.messages]
+            seq = got.messages[-1].seq + 1
+        assert counters["tiered_remote_read_ahead_hits_total"] - hits == AHEAD_DEPTH  # each answer was read ahead
 
 
 async def test_the_head_leaves_before_the_get_is_done(tiered_broker, s3_faults):

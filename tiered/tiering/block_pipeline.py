@@ -29,6 +29,7 @@ from tiered.tiering import keys
 from tiered.tiering.block_builder import ClosedBlock, PendingRun, TopicPartition
 from tiered.tiering.block_format import encode_block
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.retrying import Retrying
 from tiered.tiering.store import ObjectStore
 
@@ -51,6 +52,7 @@ class BlockPipeline:
         max_in_flight: int = 8,
         clock: Clock = SYSTEM_CLOCK,
         on_done: Callable[[], None] | None = None,
+        hot_path: HotPathGate | None = None,
     ):
         self.store = store
         self.catalog = catalog
@@ -60,6 +62,7 @@ class BlockPipeline:
         self.on_fenced = on_fenced
         self.on_done = on_done  # after each block leaves the pipeline (committed, fenced or failed)
         self.grace = grace
+        self.hot_path = hot_path  # told while a block is in flight, so that remote reads give way
         self.max_in_flight = max_in_flight
         self.clock = clock
         self.retry = Retrying(metrics, clock=clock)
@@ -105,12 +108,16 @@ class BlockPipeline:
         task = loop.create_task(self._run(block, previous, committed))
         self._tasks.add(task)
         self._open[task] = block
+        if self.hot_path is not None:
+            self.hot_path.enter()
         task.add_done_callback(self._done)
         return task
 
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         block = self._open.pop(task, None)
+        if self.hot_path is not None:
+            self.hot_path.leave()
         if not task.cancelled() and task.exception() is not None:
             # Never expected (every failure is retried or handled): answer its producers and say so loudly.
             log.error("block pipeline task failed", exc_info=task.exception())

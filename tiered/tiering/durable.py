@@ -27,6 +27,7 @@ from tiered.storage.partition_log import AppendResult, StoredRecord
 from tiered.tier_interface import TierSink
 from tiered.tiering.block_builder import BlockBuilder, PendingRun, TopicPartition
 from tiered.tiering.block_pipeline import BlockPipeline
+from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.store import ObjectStore
 
@@ -36,14 +37,16 @@ log = logging.getLogger("tiered.tiering")
 class DurablePath:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, broker_id: int, sink: TierSink, *,
                  metrics: Metrics, max_bytes: int, max_age_ms: int, grace, clock: Clock = SYSTEM_CLOCK,
-                 on_committed=None, linger_ms: int | None = None, max_puts_per_s: float = 10.0):
+                 on_committed=None, linger_ms: int | None = None, max_puts_per_s: float = 10.0,
+                 hot_path: HotPathGate | None = None):
         self.sink = sink
         self.metrics = metrics
         self.clock = clock
         self.builder = BlockBuilder(max_bytes, max_age_ms)
         self._extra_on_committed = on_committed
         self.pipeline = BlockPipeline(store, catalog, broker_id, metrics=metrics, on_committed=self._committed,
-                                      on_fenced=self._fenced, grace=grace, clock=clock, on_done=self._upload_done)
+                                      on_fenced=self._fenced, grace=grace, clock=clock, on_done=self._upload_done,
+                                      hot_path=hot_path)
         self._kick = asyncio.Event()
         self.linger_ms = max_age_ms if linger_ms is None else min(linger_ms, max_age_ms)
         self.early_close_spacing_ms = 1000.0 / max_puts_per_s
@@ -112,6 +115,11 @@ class DurablePath:
         opened = self.builder.opened_ms or 0.0
         early = max(opened + self.linger_ms, self._last_early_close_ms + self.early_close_spacing_ms)
         return min(by_age, early)
+
+    def due_in_s(self) -> float | None:
+        """Seconds until the open block closes by time (None: nothing is open; at most 0 when overdue)."""
+        due = self.due_ms()
+        return None if due is None else (due - self.clock.now_ms()) / 1000.0
 
     async def block_timer(self) -> None:
         """Closes the open block when it is due (run under the supervisor). It looks again at every append to an

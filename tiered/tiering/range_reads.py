@@ -8,15 +8,19 @@
   larger.
 - `RangeRead`: one range GET [start, end) of an object, read by a task of its own into a buffer of its final size
   (allocated once, so slices of it stay valid while bytes keep arriving). Readers wait for a position to arrive
-  (`until`) and take zero-copy views of what has. The buffer's bytes are held from the budget until `close`.
+  (`until`) and take zero-copy views of what has. The buffer's bytes are held from the budget until `close`. The
+  GET takes in each piece when `pace` lets it (the hot path first, tiered.tiering.hot_path).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from tiered.tiering.store import ObjectStore
+
+Pace = Callable[[], Awaitable[None]]  # awaited before each piece of a GET is taken in (tiered.tiering.hot_path)
 
 
 class ReadBudget:
@@ -81,7 +85,7 @@ class RangeRead:
     """One streamed range GET; `close` cancels it if still running and gives its bytes back to the budget."""
 
     def __init__(self, store: ObjectStore, object_key: str, start: int, end: int, budget: ReadBudget, *,
-                 ahead: bool, slots: asyncio.Semaphore):
+                 ahead: bool, slots: asyncio.Semaphore, pace: Pace | None = None):
         self.object_key = object_key
         self.start = start
         self.end = end
@@ -93,31 +97,31 @@ class RangeRead:
         self._ahead = ahead
         self._closed = False
         self._arrived: asyncio.Future | None = None
-        self._task = asyncio.get_running_loop().create_task(self._run(store, slots))
+        self._task = asyncio.get_running_loop().create_task(self._run(store, slots, pace))
 
     @classmethod
     async def open(cls, store: ObjectStore, object_key: str, start: int, end: int, budget: ReadBudget,
-                   slots: asyncio.Semaphore) -> RangeRead:
+                   slots: asyncio.Semaphore, pace: Pace | None = None) -> RangeRead:
         """A fetch's GET: waits for its bytes of the budget first."""
         await budget.acquire(end - start)
-        return cls(store, object_key, start, end, budget, ahead=False, slots=slots)
+        return cls(store, object_key, start, end, budget, ahead=False, slots=slots, pace=pace)
 
     @classmethod
     def ahead(cls, store: ObjectStore, object_key: str, start: int, end: int, budget: ReadBudget,
-              slots: asyncio.Semaphore) -> RangeRead | None:
+              slots: asyncio.Semaphore, pace: Pace | None = None) -> RangeRead | None:
         """A read-ahead GET, or None when the budget has no room for it now."""
         if not budget.try_acquire_ahead(end - start):
             return None
-        return cls(store, object_key, start, end, budget, ahead=True, slots=slots)
+        return cls(store, object_key, start, end, budget, ahead=True, slots=slots, pace=pace)
 
     @property
     def size(self) -> int:
         return self.end - self.start
 
-    async def _run(self, store: ObjectStore, slots: asyncio.Semaphore) -> None:
+    async def _run(self, store: ObjectStore, slots: asyncio.Semaphore, pace: Pace | None) -> None:
         try:
             async with slots:
-                await store.read_range_into(self.object_key, self.start, self.end, self._received)
+                await store.read_range_into(self.object_key, self.start, self.end, self._received, pace)
             if self.filled < self.size:
                 raise EOFError(f"object {self.object_key} ends at {self.start + self.filled}, before {self.end}")
         except asyncio.CancelledError:

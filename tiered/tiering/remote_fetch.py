@@ -6,17 +6,18 @@ within `fetch_size`, so a GET reads little more than it answers. The GET streams
 the whole bundle holding the seq is in, the chunk's extent is known from the index (`chunk_end`), the answer's head
 can leave, and the rest of the chunk follows as it arrives. Each chunk ends at an index entry, so the next seq a
 consumer asks for starts at one: once a consumer reads in order (it asks for the seq after an earlier answer), the
-GET of the window after each answer starts as soon as the answer is known (read-ahead), while the answer is sent
-and the consumer decodes it. Read-aheads are kept a few per partition for AHEAD_TTL_S, and only
-within the read budget.
+GETs of the AHEAD_DEPTH windows after each answer start as soon as the answer is known (read-ahead), while the
+answer is sent and the consumer decodes it: a window ending at an index entry tells the seq the consumer asks for
+next, so the window after it can be read ahead too, and the consumer has several GETs in flight. Read-aheads are
+kept a few per partition for AHEAD_TTL_S, and only within the read budget.
 
 Seqs not in a remote segment come from the block run that answers for them (one index scan, one range GET of the
 run, cached). A location answers for [from_seq, last_seq]: a seq in a jump before its first record reads from that
 record, as in TANK, but a seq that no location answers for is reported (Unreadable), never served from a later
 location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
 within `fetch_size` (or after that first bundle when it alone is larger), as a local read does. GETs run under their
-own concurrency limit, apart from the produce path and local reads, so that a replaying consumer cannot stall
-producers or tail consumers.
+own concurrency limit, apart from the produce path and local reads, and give way to blocks in flight
+(tiered.tiering.hot_path), so that a replaying consumer cannot stall producers or tail consumers.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ from tiered.storage.index import SparseIndex
 from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.range_reads import RangeRead, ReadBudget
+from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
 from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
 
 DEFAULT_READ_BUDGET_BYTES = 256 << 20
-AHEAD_PER_PARTITION = 4  # read-aheads kept per partition (one per consumer reading it in order)
+AHEAD_DEPTH = 2  # windows read ahead of a consumer reading in order: that many GETs in flight while it decodes
+AHEAD_PER_PARTITION = 8  # read-aheads kept per partition (AHEAD_DEPTH per consumer reading it in order)
 AHEAD_TTL_S = 30.0  # a read-ahead nobody took by then is dropped
+SEND_PIECE_BYTES = 1 << 20  # the most of a remote answer written to a connection at once
 _EVERY_REL_SEQ = 0xFFFF_FFFF  # every record of a remote segment is visible
 
 
@@ -178,20 +181,26 @@ async def find_first_bundle(read: RangeRead, floor: int, floor_seq: int, seq: in
 
 
 class RangeChunk:
-    """A chunk [start, end) of a streamed range GET (tier_interface.ChunkStream); closing it closes the GET."""
+    """A chunk [start, end) of a streamed range GET (tier_interface.ChunkStream); closing it closes the GET.
 
-    def __init__(self, read: RangeRead, start: int, end: int):
+    Pieces are at most SEND_PIECE_BYTES (a larger write would be copied into the transport's buffer at once, holding
+    the loop) and each waits for `pace` first: an answer being sent gives way to the hot path as its GET does."""
+
+    def __init__(self, read: RangeRead, start: int, end: int, pace: Pace | None = None):
         self.read = read
         self.start = start
         self.end = end
         self.size = end - start
+        self.pace = pace
 
     async def pieces(self) -> AsyncIterator[memoryview]:
         position = self.start
         while position < self.end:
-            arrived = min(await self.read.until(position + 1), self.end)
+            arrived = min(await self.read.until(position + 1), self.end, position + SEND_PIECE_BYTES)
             if arrived <= position:
                 raise EOFError(f"object {self.read.object_key} ended at {arrived}, inside a chunk ending at {self.end}")
+            if self.pace is not None:
+                await self.pace()
             yield self.read.view(position, arrived)
             position = arrived
 
@@ -200,11 +209,15 @@ class RangeChunk:
 
 
 class _Ahead:
-    """A read-ahead: the task that locates the next window and starts its GET, for the consumer asking `seq`."""
+    """A read-ahead: the task that locates the next window and starts its GET, for the consumer asking `seq`; once
+    located, `follow` is the seq the consumer asks for after this window (None: not known from the index), and
+    `chain` how many windows after it to read ahead as well."""
 
-    def __init__(self, seq: int, task: asyncio.Task):
+    def __init__(self, seq: int, chain: int):
         self.seq = seq
-        self.task = task
+        self.chain = chain
+        self.follow: int | None = None
+        self.task: asyncio.Task | None = None
         self.expiry: asyncio.TimerHandle | None = None
 
     def drop(self) -> None:
@@ -222,13 +235,16 @@ class RemoteReader:
     Unreadable, never skipped."""
 
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, metrics: Metrics, *, max_concurrency: int = 8,
-                 budget: ReadBudget | None = None, read_ahead: bool = True,
+                 budget: ReadBudget | None = None, read_ahead: bool = True, ahead_depth: int = AHEAD_DEPTH,
+                 pace: Pace | None = None,
                  highest_copied: Callable[[str, int], int | None] = lambda topic, partition: None):
         self.store = store
         self.catalog = catalog
         self.metrics = metrics
         self.budget = budget if budget is not None else ReadBudget(DEFAULT_READ_BUDGET_BYTES)
         self.read_ahead = read_ahead
+        self.ahead_depth = ahead_depth  # windows read ahead of a consumer reading in order
+        self.pace = pace  # GETs of segment windows take in their bytes when it lets them (hot_path.HotPathGate)
         self.segments: RangeCache[SegmentRow] = RangeCache()
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
@@ -342,7 +358,7 @@ class RemoteReader:
         if read is None:
             self.metrics.inc(m.REMOTE_GETS)
             read = await RangeRead.open(self.store, row.object_key, window.floor, window.end, self.budget,
-                                        self._slots)
+                                        self._slots, self.pace)
         else:
             self.metrics.inc(m.REMOTE_READ_AHEAD_HITS)
             read.adopt()
@@ -371,7 +387,7 @@ class RemoteReader:
         else:
             next_seq = self._next_seq(index, row, first, end)
         self._continue(topic, partition, seq, next_seq, fetch_size, sequential=ahead is not None)
-        return RemoteChunk(RangeChunk(read, first.start, end), first.first_seq, first.sparse)
+        return RemoteChunk(RangeChunk(read, first.start, end, self.pace), first.first_seq, first.sparse)
 
     @staticmethod
     def _next_seq(index: SparseIndex, row: SegmentRow, first: FirstBundle, end: int) -> int:
@@ -424,19 +440,33 @@ class RemoteReader:
             expected.remove(seq)
             sequential = True
         if sequential and self.read_ahead:
-            self._start_ahead(topic, partition, next_seq, fetch_size)
+            self._extend_ahead(topic, partition, next_seq, fetch_size)
         else:
             expected.append(next_seq)
 
-    def _start_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> None:
+    def _extend_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> None:
+        """Makes sure the `ahead_depth` windows from `seq` on are read ahead: follows the read-aheads already made
+        from window to window and starts the first one missing (which starts the rest once it is located)."""
+        entries = self._ahead.setdefault((topic, partition), [])
+        for depth in range(self.ahead_depth):
+            entry = next((e for e in entries if e.seq == seq), None)
+            if entry is None:
+                self._start_ahead(topic, partition, seq, fetch_size, self.ahead_depth - 1 - depth)
+                return
+            if entry.follow is None:  # not located yet (it starts its chain then), or the end is not known
+                entry.chain = max(entry.chain, self.ahead_depth - 1 - depth)
+                return
+            seq = entry.follow
+
+    def _start_ahead(self, topic: str, partition: int, seq: int, fetch_size: int, chain: int) -> None:
         copied = self.highest_copied(topic, partition)
         if copied is not None and seq > copied:
             return  # not in a remote segment
         entries = self._ahead.setdefault((topic, partition), [])
         if any(entry.seq == seq for entry in entries):
             return
-        task = asyncio.get_running_loop().create_task(self._read_ahead(topic, partition, seq, fetch_size))
-        entry = _Ahead(seq, task)
+        entry = _Ahead(seq, chain)
+        entry.task = asyncio.get_running_loop().create_task(self._read_ahead(topic, partition, entry, fetch_size))
         entry.expiry = asyncio.get_running_loop().call_later(AHEAD_TTL_S, self._expire, topic, partition, entry)
         entries.append(entry)
         while len(entries) > AHEAD_PER_PARTITION:
@@ -450,16 +480,37 @@ class RemoteReader:
             entry.drop()
             self.metrics.inc(m.REMOTE_READ_AHEAD_DROPPED)
 
-    async def _read_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> RangeRead | None:
+    async def _read_ahead(self, topic: str, partition: int, entry: _Ahead, fetch_size: int) -> RangeRead | None:
+        seq = entry.seq
         located = await self._segment_for(topic, partition, seq, count=False)
         if not isinstance(located, tuple):
             return None
         row, index = located
         window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
-        read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots)
-        if read is not None:
-            self.metrics.inc(m.REMOTE_GETS)
+        read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots,
+                               self.pace)
+        if read is None:
+            return None
+        self.metrics.inc(m.REMOTE_GETS)
+        entry.follow = self._follow(index, row, window, seq, fetch_size)
+        if entry.chain > 0 and entry.follow is not None:
+            self._start_ahead(topic, partition, entry.follow, fetch_size, entry.chain - 1)
         return read
+
+    @staticmethod
+    def _follow(index: SparseIndex, row: SegmentRow, window: Window, seq: int, fetch_size: int) -> int | None:
+        """The seq a consumer asks for after the answer to `seq` from `window`, when the index alone tells it: the
+        answer starts at the window's floor (the seq starts an index entry) and ends where the window does, at an
+        index entry or the segment's end."""
+        if window.floor_seq != seq:
+            return None
+        if window.end >= row.size_bytes:
+            return row.last_seq + 1
+        end = indexed_end(index, row.size_bytes, window.floor, window.floor + 1, fetch_size)
+        if end != window.end:
+            return None
+        i = bisect_right(index.positions, end) - 1
+        return row.base_seq + index.rel_seqs[i] if index.positions[i] == end else None
 
     # -- block runs -------------------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
 from tiered.tiering.range_reads import ReadBudget
 from tiered.tiering.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
@@ -36,7 +37,8 @@ class RemoteTier:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, sink: TierSink, *, metrics: Metrics,
                  epoch_of: Callable[[str, int], int | None], committed_up_to: Callable[[str, int], int],
                  on_fenced: Callable[[tuple[str, int], int, str], None], grace: timedelta,
-                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES, clock: Clock = SYSTEM_CLOCK):
+                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES, clock: Clock = SYSTEM_CLOCK,
+                 hot_path: HotPathGate | None = None):
         self.store = store
         self.catalog = catalog
         self.sink = sink
@@ -49,6 +51,7 @@ class RemoteTier:
         # What the copier knows of copied segments is the whole truth only for a partition led here (a partition led
         # elsewhere gets its segments copied by its leader): otherwise unknown, and remote segments are looked up.
         self.reader = RemoteReader(store, catalog, metrics, budget=ReadBudget(read_budget_bytes),
+                                   pace=hot_path.turn if hot_path is not None else None,
                                    highest_copied=lambda t, p: (
             self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
         self._reconcile_cursor: str | None = None

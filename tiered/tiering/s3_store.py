@@ -20,7 +20,7 @@ import contextlib
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -121,7 +121,8 @@ class S3ObjectStore(ObjectStore):
             async with response["Body"] as body:
                 return await body.read()
 
-    async def _read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+    async def _read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None],
+                               pace: Callable[[], Awaitable[None]] | None) -> None:
         client = await self._connected()
         with self._errors(object_key):
             try:
@@ -133,7 +134,13 @@ class S3ObjectStore(ObjectStore):
                 raise
             async with response["Body"] as body:
                 # read(n) answers with what has arrived (up to n bytes), so each piece goes on as soon as it is in.
-                while piece := await body.read(STREAM_PIECE_BYTES):
+                # While `pace` holds the read, aiohttp stops reading the socket once its buffer is full.
+                while True:
+                    if pace is not None:
+                        await pace()
+                    piece = await body.read(STREAM_PIECE_BYTES)
+                    if not piece:
+                        break
                     sink(piece)
 
     async def _head(self, object_key: str) -> ObjectInfo:

@@ -44,6 +44,7 @@ from tiered.tier_interface import (
     Unreadable,
 )
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.coordinator import Coordinator, Endpoints
 from tiered.tiering.durable import DurablePath
 from tiered.tiering.remote_compaction import RemoteCompactor
@@ -105,15 +106,17 @@ class TieringService:
             catalog = await asyncio.to_thread(Catalog.open, url)
         self.catalog = AsyncCatalog(catalog)
         self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
+        self.hot_path = HotPathGate(self.settings.remote_read_yield_ms / 1000)
         self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, metrics=self.metrics,
                                    max_bytes=self.settings.block_max_bytes, max_age_ms=self.settings.block_max_age_ms,
                                    grace=self.grace, clock=self.clock, on_committed=self._commits_advanced,
                                    linger_ms=self.settings.block_linger_ms,
-                                   max_puts_per_s=self.settings.block_max_puts_per_s)
+                                   max_puts_per_s=self.settings.block_max_puts_per_s, hot_path=self.hot_path)
+        self.hot_path.due_in_s = self.durable.due_in_s
         self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, epoch_of=self._epoch_of,
                                  committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
                                  grace=self.grace, read_budget_bytes=self.settings.remote_read_budget_bytes,
-                                 clock=self.clock)
+                                 clock=self.clock, hot_path=self.hot_path)
         self.remote_compactor = RemoteCompactor(self.store, self.catalog, broker_id=self.broker_id,
                                                 workdir=str(self.settings.state_dir / "compaction"), grace=self.grace,
                                                 clock=self.clock)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -132,10 +132,13 @@ class ObjectStore(abc.ABC):
         self.counters.get_bytes += len(data)
         return data
 
-    async def read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None]) -> int:
+    async def read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None],
+                              pace: Callable[[], Awaitable[None]] | None = None) -> int:
         """Bytes [start, end) of the object handed to `sink` piece by piece as they arrive (a streamed range GET),
         under the same deadline as get_range for the whole range; returns the bytes received (fewer past the end
-        of the object, as get_range). `sink` runs on the event loop and must not block."""
+        of the object, as get_range). `sink` runs on the event loop and must not block. `pace`, when given, is
+        awaited before each piece is taken in (the read pauses, and the store stops sending, while it waits); it
+        may hold the read up to half of the time (tiered.tiering.hot_path), so the deadline is twice as long."""
         if not 0 <= start < end:
             raise ValueError(f"bad byte range [{start}, {end})")
         received = 0
@@ -146,7 +149,10 @@ class ObjectStore(abc.ABC):
             self.counters.get_bytes += len(piece)
             sink(piece)
 
-        await self._counted(self._read_range_into(object_key, start, end, counted), end - start)
+        if pace is None:
+            await self._counted(self._read_range_into(object_key, start, end, counted, None), end - start)
+        else:
+            await self._counted(self._read_range_into(object_key, start, end, counted, pace), end - start, 2.0)
         self.counters.gets += 1
         return received
 
@@ -203,8 +209,11 @@ class ObjectStore(abc.ABC):
     async def _get_range(self, object_key: str, start: int, end: int | None) -> bytes:
         """end None: to the end of the object."""
 
-    async def _read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+    async def _read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None],
+                               pace: Callable[[], Awaitable[None]] | None) -> None:
         """A backend that can stream overrides this; by default the range is read whole, then handed over."""
+        if pace is not None:
+            await pace()
         data = await self._get_range(object_key, start, end)
         if data:
             sink(data)
@@ -222,8 +231,8 @@ class ObjectStore(abc.ABC):
     async def _close(self) -> None:
         return None
 
-    async def _counted(self, awaitable, size_bytes: int = 0):
-        deadline = self.deadline_base_s + size_bytes / DEADLINE_FLOOR_BYTES_PER_S
+    async def _counted(self, awaitable, size_bytes: int = 0, stretch: float = 1.0):
+        deadline = (self.deadline_base_s + size_bytes / DEADLINE_FLOOR_BYTES_PER_S) * stretch
         try:
             return await asyncio.wait_for(awaitable, deadline)
         except asyncio.TimeoutError:

@@ -168,6 +168,9 @@ class TierSink(Protocol):
     def local_partition(self, topic: str, partition: int) -> LocalPartition | None:
         """What the local disk holds of the partition now (for the plan of a claim), None if it is not open."""
 
+    def evicted(self, reason: str) -> None:
+        """Another process took this broker's id over: this one must stop serving (and exit)."""
+
 
 class Tier(Protocol):
     lower_tier: bool  # whether reads below the local disk can be answered

@@ -96,7 +96,9 @@ class Cluster:
             bp.kill()
 
     def logs(self) -> str:
-        return "\n".join(f"--- broker {bid} ---\n{bp.output()[-4000:]}" for bid, bp in self.brokers.items())
+        current = [(f"broker {bid}", bp) for bid, bp in self.brokers.items()]
+        retired = [(f"broker process {bp.port} (replaced)", bp) for bp in self.retired]
+        return "\n".join(f"--- {name} ---\n{bp.output()[-4000:]}" for name, bp in current + retired)
 
 
 @pytest.fixture

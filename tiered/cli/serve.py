@@ -129,7 +129,11 @@ async def serve(settings: Settings) -> int:
         log.error("could not start: %s", exc, exc_info=settings.log_level == "debug")
         await app.stop()
         return 1
-    await stop.wait()
+    signalled = asyncio.ensure_future(stop.wait())
+    requested = asyncio.ensure_future(app.broker.stop_requested.wait())
+    await asyncio.wait({signalled, requested}, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in (signalled, requested):
+        waiting.cancel()
     log.info("shutting down (budget %.0f s)", settings.shutdown_timeout_s)
     await app.stop()
-    return 0
+    return app.broker.exit_code

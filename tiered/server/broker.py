@@ -80,6 +80,9 @@ class Broker:
         self.max_connections = max_connections()
         self.connections_refused = Throttled("connection limit reached ({limit} open): refused {count} connection(s)")
         self._stop_started = False
+        # Set when the broker must stop by itself (another process took its broker id); `exit_code` is then 1.
+        self.stop_requested = asyncio.Event()
+        self.exit_code = 0
         self._creating = asyncio.Lock()  # one local topic creation at a time (a request, or the catalog's view)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -173,6 +176,12 @@ class Broker:
     @property
     def port(self) -> int:
         return self.server.sockets[0].getsockname()[1]
+
+    def request_stop(self, reason: str) -> None:
+        """Stops the broker as SIGTERM does, and makes its process exit 1 (`tiered serve` waits for this too)."""
+        log.error("stopping: %s", reason)
+        self.exit_code = 1
+        self.stop_requested.set()
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Graceful: stop accepting, answer waiters, finish in-flight work, commit the open block, close."""

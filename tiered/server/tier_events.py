@@ -9,6 +9,7 @@ partition serves, here and only here.
 - lead: plans for partitions the tier claimed, carried out by the broker (Broker.apply_plans).
 - follow: the partition is led by another broker, or by nobody yet: history up to the catalog's high-water mark is
   served here, the tail and produces go to the leader (0xfc) or wait for one (0xfd).
+- evicted: another process took this broker's id over; this one stops (its clients reconnect to the others).
 - topics_known: topics another broker created are created locally, so that any broker serves any topic; a topic
   whose configuration changed in the catalog (`tiered topic config`) is reconfigured here.
 """
@@ -108,6 +109,9 @@ class TierEvents:
             except Exception as exc:
                 self._unservable.add(topic.name)
                 log.error("topic %s cannot be created here and is not served: %s", topic.name, exc)
+
+    def evicted(self, reason: str) -> None:
+        self.broker.request_stop(reason)
 
     def _reconfigure(self, name: str, config_text: str) -> None:
         if self._refused_configs.get(name) == config_text:

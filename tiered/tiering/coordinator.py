@@ -125,6 +125,9 @@ class Coordinator:
             for topic, partition in list(self.leadership.leading()):
                 self.leadership.lost(topic, partition)
                 self.sink.follow(topic, partition, None, None)
+            # It could only answer "no leader" from now on (the new leader has its id): it stops, and its clients
+            # find the new process through the other brokers' redirects.
+            self.sink.evicted(f"broker id {self.broker_id} was taken over by another process")
             return
         if not self._lease_fresh(started):
             self._lapsed = True

@@ -128,6 +128,13 @@ class AckClock:
     def first_ack_after(self, partition: int, moment: float) -> float | None:
         return next((t for t in self.acks[partition] if t > moment), None)
 
+    async def wait_first_acks(self, partitions: list[int], moment: float, timeout_s: float) -> list[float | None]:
+        """Each partition's first ack after `moment`, waiting until all have one or `timeout_s` has passed."""
+        deadline = time.monotonic() + timeout_s
+        while any(self.first_ack_after(p, moment) is None for p in partitions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return [self.first_ack_after(p, moment) for p in partitions]
+
     def longest_gap(self, partition: int, start: float, end: float) -> float:
         times = [start, *(t for t in self.acks[partition] if start < t < end), end]
         return max(b - a for a, b in zip(times, times[1:]))
@@ -157,10 +164,7 @@ async def failover(service: Service, kills: int, log) -> list[float]:
             service.brokers[victim].proc.kill()
             service.brokers[victim].proc.wait(10)
             await service.wait_leaders(set(service.brokers) - {victim})
-            deadline = time.monotonic() + service.lease_ms / 1000 + 30
-            while any(clock.first_ack_after(p, killed_at) is None for p in theirs) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            took = [clock.first_ack_after(p, killed_at) for p in theirs]
+            took = await clock.wait_first_acks(theirs, killed_at, service.lease_ms / 1000 + 30)
             samples += [t - killed_at for t in took if t is not None]
             log(f"kill {i + 1}/{kills}: broker {victim}, partitions {theirs}: "
                 f"{', '.join(f'{t - killed_at:.2f}' if t else 'never' for t in took)} s")
@@ -188,10 +192,8 @@ async def rolling_restart(service: Service, log) -> list[float]:
             await asyncio.to_thread(service.brokers[broker_id].stop)
             # The stall ends at each partition's first ack after the broker is gone (bounded by 30 s).
             stopped = time.monotonic()
-            deadline = stopped + 30
-            while any(clock.first_ack_after(p, stopped) is None for p in theirs) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            ended = max([time.monotonic(), *(clock.first_ack_after(p, stopped) or 0 for p in theirs)])
+            firsts = await clock.wait_first_acks(theirs, stopped, 30)
+            ended = max([time.monotonic(), *(t or 0 for t in firsts)])
             gaps += [clock.longest_gap(p, started, ended) for p in theirs]
             log(f"SIGTERM broker {broker_id}: partitions {theirs}, longest gaps "
                 f"{', '.join(f'{g:.2f}' for g in gaps[-len(theirs):])} s")

@@ -131,8 +131,8 @@ class DurablePath:
                 self._kick.clear()
                 continue
             now = self.clock.now_ms()
-            if now >= due or self.builder.should_close(now):
-                by_age = self.builder.should_close(now)
+            by_age = self.builder.should_close(now)  # full, or at its age limit
+            if by_age or now >= due:
                 self._close_block()
                 if not by_age:
                     self._last_early_close_ms = now

@@ -20,6 +20,7 @@ from tiered.tiering.block_format import (
     block_tail_bytes,
     decode_block,
     encode_block,
+    encode_block_pieces,
     read_block_footer,
 )
 
@@ -301,3 +302,41 @@ def test_damaged_valid_blocks_raise_protocol_error_only(at, xor, cut):
     _only_protocol_errors(bytes(damaged))
     _only_protocol_errors(_VALID[:cut])
     _only_protocol_errors(_VALID[cut:])
+
+
+def _pieces_of(run: bytes) -> list[bytes]:
+    """A run cut into its records, as the block builder holds it."""
+    out, position = [], 0
+    while position < len(run):
+        start, end = maybe_record(run, position)
+        out.append(run[position:end])
+        position = end
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(run_metas, st.lists(st.binary(max_size=300), min_size=1, max_size=4)), min_size=1, max_size=6))
+def test_pieces_concatenate_to_the_joined_block(runs):
+    """The upload writes encode_block_pieces without joining them: the same bytes and rows as encode_block."""
+    unique = list({meta.partition: (meta, records(0, *values)) for meta, values in runs}.values())
+    pieces, rows = encode_block_pieces([(meta, _pieces_of(run)) for meta, run in unique])
+    assert (b"".join(pieces), rows) == encode_block(unique)
+
+
+def test_pieces_that_are_not_whole_records_are_refused():
+    good = records(0, b"x" * 150)  # a two-byte length
+    assert encode_block_pieces([(meta("t", 0, 0, 0, 1, 0, 0), [good])])[1][0].length_bytes == len(good)
+    for bad in (
+        b"",                              # nothing
+        b"\x00",                          # a zero-length bundle
+        b"\x03ab",                        # cut short
+        bytes([0xC7]) + b"y" * 199,       # a first byte equal to the length - 1 but with the continuation bit
+        b"\x03abc\x83",                   # a whole record, then a cut varint
+        good[:-1],                        # a two-byte length, cut short
+    ):  # fmt: skip
+        with pytest.raises(ProtocolError):
+            encode_block_pieces([(meta("t", 0, 0, 0, 1, 0, 0), [RECORD4, bad])])
+    with pytest.raises(ProtocolError, match="no records"):
+        encode_block_pieces([(meta("t", 0, 0, 0, 1, 0, 0), [])])
+    two_in_one = RECORD4 + RECORD4  # a piece may hold several whole records
+    assert encode_block_pieces([(meta("t", 0, 0, 1, 2, 0, 0), [two_in_one])])[1][0].length_bytes == 8

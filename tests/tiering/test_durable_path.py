@@ -51,11 +51,11 @@ class GatedStore(LocalObjectStore):
         super().__init__(root, fsync=False)
         self.gates: list[asyncio.Event] = []
 
-    async def _put(self, object_key: str, data: bytes) -> None:
+    async def _put(self, object_key: str, pieces: list[bytes]) -> None:
         gate = asyncio.Event()
         self.gates.append(gate)
         await gate.wait()
-        await super()._put(object_key, data)
+        await super()._put(object_key, pieces)
 
 
 def record(seq_count: int = 1) -> bytes:

@@ -203,3 +203,13 @@ async def test_keys_that_could_escape_are_refused(store, bad):
         await store.delete_many(["fine", bad])
     assert store.counters.errors == 3
     assert await keys_of(store) == []
+
+
+async def test_put_of_pieces_stores_their_concatenation(store):
+    """A block is put as its records, unjoined: more pieces than one vectored write takes, and empty ones."""
+    pieces = [bytes([i % 251]) * (i % 7) for i in range(2500)] + [b"tail"]
+    await store.put("blocks/p/1.blk", pieces)
+    assert await store.get("blocks/p/1.blk") == b"".join(pieces)
+    assert store.counters.puts == 1 and store.counters.put_bytes == len(b"".join(pieces))
+    await store.put("blocks/p/2.blk", [b"one piece"])
+    assert await store.get("blocks/p/2.blk") == b"one piece"

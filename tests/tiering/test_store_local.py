@@ -131,3 +131,24 @@ def test_an_unusable_root_is_a_store_error(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(StoreError):
         LocalObjectStore(tmp_path / "file" / "store")
+
+
+async def test_short_vectored_writes_are_finished(store, monkeypatch):
+    """writev may write less than asked (a signal, a full disk that clears): every byte still lands, in order."""
+    real_writev, real_write = os.writev, os.write
+    calls = {"writev": 0}
+
+    def short_writev(fd, buffers):
+        calls["writev"] += 1
+        joined = b"".join(buffers)
+        return real_writev(fd, [joined[: max(1, len(joined) // 3)]])
+
+    def short_write(fd, data):
+        return real_write(fd, bytes(data)[: max(1, len(data) // 2)])
+
+    monkeypatch.setattr(local_store.os, "writev", short_writev)
+    monkeypatch.setattr(local_store.os, "write", short_write)
+    pieces = [b"alpha", b"", b"beta" * 100, b"gamma" * 7, b"delta"]
+    await store.put("k/short", pieces)
+    assert (store.root / "k" / "short").read_bytes() == b"".join(pieces)
+    assert calls["writev"] == 1

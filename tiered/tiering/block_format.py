@@ -73,9 +73,17 @@ def encode_block(runs: Sequence[tuple[RunMeta, bytes]]) -> tuple[bytes, list[Run
     Each run's bytes must be whole `{varint len, bundle}` records (ProtocolError otherwise); bad metadata is a
     ValueError. A block has at least one run; runs of one partition come in increasing seq order.
     """
+    pieces, rows = encode_block_pieces([(meta, [records]) for meta, records in runs])
+    return b"".join(pieces), rows
+
+
+def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]]) -> tuple[list[bytes], list[RunRow]]:
+    """encode_block for runs given as lists of records, returned as the pieces whose concatenation is the object
+    (the records themselves, then footer and trailer): the upload writes them out without joining them."""
     if not runs:
         raise ValueError("a block needs at least one run")
     rows: list[RunRow] = []
+    pieces: list[bytes] = []
     footer = bytearray(FOOTER_HEADER.pack(len(runs)))
     last_of: dict[tuple[str, int], int] = {}
     position = 0
@@ -85,9 +93,9 @@ def encode_block(runs: Sequence[tuple[RunMeta, bytes]]) -> tuple[bytes, list[Run
         if before is not None and meta.from_seq <= before:
             raise ValueError(f"runs of {meta.topic}/{meta.partition} overlap or are out of order in one block")
         last_of[(meta.topic, meta.partition)] = meta.last_seq
-        _check_records(memoryview(records), 0, f"run {meta.topic}/{meta.partition}")
+        length = _check_record_pieces(records, f"run {meta.topic}/{meta.partition}")
         row = RunRow(**{f: getattr(meta, f) for f in RunMeta.__dataclass_fields__}, position=position,
-                     length_bytes=len(records))
+                     length_bytes=length)
         topic = meta.topic.encode("ascii")
         footer += TOPIC_LEN.pack(len(topic)) + topic
         footer += RUN_ENTRY.pack(
@@ -95,11 +103,13 @@ def encode_block(runs: Sequence[tuple[RunMeta, bytes]]) -> tuple[bytes, list[Run
             row.messages, row.min_ts_ms, row.max_ts_ms, row.leader_epoch,
         )  # fmt: skip
         rows.append(row)
-        position += len(records)
+        pieces.extend(records)
+        position += length
     if len(footer) > _MAX_U32:
         raise ValueError("block footer exceeds 4 GiB")
-    trailer = TRAILER.pack(len(footer), zlib.crc32(footer), FORMAT_VERSION, MAGIC)
-    return b"".join([*(records for _, records in runs), footer, trailer]), rows
+    pieces.append(bytes(footer))
+    pieces.append(TRAILER.pack(len(footer), zlib.crc32(footer), FORMAT_VERSION, MAGIC))
+    return pieces, rows
 
 
 def block_tail_bytes(tail) -> int:
@@ -211,6 +221,27 @@ def _read_footer(footer: memoryview, footer_start: int, version: int) -> list[Ru
     if expected_position != footer_start:
         raise ProtocolError(f"runs end at {expected_position} but the footer starts at {footer_start}", footer_start)
     return runs
+
+
+def _check_record_pieces(records: Sequence[bytes], what: str) -> int:
+    """Each piece is whole `{varint len, bundle}` records (at least one piece); returns their total length.
+
+    A piece that is exactly one record with a one- or two-byte length (what the append path hands over) is checked
+    inline; any other goes through _check_records.
+    """
+    if not records:
+        raise ProtocolError(f"{what}: no records", 0)
+    total = 0
+    for record in records:
+        size = len(record)
+        if size < 2 or not (
+            record[0] == size - 1 < 0x80
+            or (size > 2 and record[0] >= 0x80 and record[1] < 0x80
+                and (record[0] & 0x7F) | record[1] << 7 == size - 2)
+        ):  # fmt: skip
+            _check_records(memoryview(record), 0, what)
+        total += size
+    return total
 
 
 def _check_records(buf: memoryview, start: int, what: str, end: int | None = None) -> None:

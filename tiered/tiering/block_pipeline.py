@@ -27,7 +27,7 @@ from tiered.metrics import Metrics
 from tiered.tier_interface import AckOutcome
 from tiered.tiering import keys
 from tiered.tiering.block_builder import ClosedBlock, PendingRun, TopicPartition
-from tiered.tiering.block_format import encode_block
+from tiered.tiering.block_format import encode_block_pieces
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.retrying import Retrying
@@ -154,16 +154,17 @@ class BlockPipeline:
             if not runs:
                 self._answer(block, (), AckOutcome.REFUSED)
                 return
-            data, rows = encode_block([(r.meta(), b"".join(r.records)) for r in runs])
+            pieces, rows = encode_block_pieces([(r.meta(), r.records) for r in runs])
+            size = sum(len(p) for p in pieces)
             object_key = keys.block_key(self.broker_id, self._ids.next(int(self.clock.now_ms())))
             block_id = await self.retry(
                 f"intent row for {object_key}",
-                lambda: self.catalog.write(catalog_blocks.insert_pending_block, object_key, self.broker_id, len(data)),
+                lambda: self.catalog.write(catalog_blocks.insert_pending_block, object_key, self.broker_id, size),
                 m.CATALOG_ERRORS,
             )
-            await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, data), m.PUT_ERRORS)
+            await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces), m.PUT_ERRORS)
             self.metrics.inc(m.BLOCKS_UPLOADED)
-            self.metrics.inc(m.BLOCK_BYTES_UPLOADED, len(data))
+            self.metrics.inc(m.BLOCK_BYTES_UPLOADED, size)
             if previous is not None:
                 await asyncio.shield(previous)  # commits stay in block order
             epochs = {(r.topic, r.partition): r.leader_epoch for r in runs}

@@ -88,8 +88,10 @@ class S3ObjectStore(ObjectStore):
 
     # --- ObjectStore ----------------------------------------------------------------------------------------------
 
-    async def _put(self, object_key: str, data: bytes) -> None:
+    async def _put(self, object_key: str, pieces: list[bytes]) -> None:
         client = await self._connected()
+        # One request body: pieces are joined in a worker thread, off the event loop (a block is 8 MiB).
+        data = pieces[0] if len(pieces) == 1 else await asyncio.to_thread(b"".join, pieces)
         with self._errors(object_key):
             await client.put_object(Bucket=self.bucket, Key=self._key(object_key), Body=data)
 
@@ -101,7 +103,7 @@ class S3ObjectStore(ObjectStore):
         except OSError as e:
             raise StoreError(f"cannot upload {path}: {e}") from e
         if data is not None:
-            await self._put(object_key, data)
+            await self._put(object_key, [data])
             return len(data)
         await self._multipart_upload(object_key, key, path, size, max(part_bytes, -(-size // MAX_PARTS)))
         return size

@@ -9,6 +9,7 @@ import pytest
 from tests.support.storage_helpers import bundle_for_record, plain_bundle, segment_files, sparse_bundle, storage_config
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.storage import PartitionLog, RecoveryError
+from tiered.storage.segment import INDEX_WRITE_BATCH
 
 CONFIG = storage_config(log_index_interval_bytes=128)
 
@@ -53,6 +54,31 @@ def test_clean_reopen_continues_exactly(tmp_path):
     reference.close()
     assert read(a / "1.index") == read(b / "1.index")  # since_last_update survived the reopen
     assert read(active_log_path(a)) == read(active_log_path(b))
+
+
+def test_index_entries_a_kill_left_unwritten_are_re_added(tmp_path):
+    """Index entries reach the file in batches (segment.INDEX_WRITE_BATCH): a process killed between two batches
+    leaves a file short of its last entries, and the reopen re-adds them, giving TANK's index byte for byte."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    log = PartitionLog.open(str(a), CONFIG)
+    written = [log.append(bundle_for_record(107)) for _ in range(1100)]  # 550 entries: one batch written, 38 not
+    on_disk = read(a / "1.index")
+    assert len(on_disk) == INDEX_WRITE_BATCH
+    for w in written[::97]:  # reads use the in-memory index: unaffected
+        assert log.read(w.first_seq, 1, 1100).start_position == w.position
+    # Killed: the log is never closed; a second process opens the directory.
+    reopened = PartitionLog.open(str(a), CONFIG)
+    reference = PartitionLog.open(str(b), CONFIG)
+    try:
+        for _ in range(1100):
+            reference.append(bundle_for_record(107))
+        reference.close()
+        assert reopened.last_assigned == 1100
+        reopened.close()
+        assert read(a / "1.index") == read(b / "1.index")
+        assert read(a / "1.index")[:INDEX_WRITE_BATCH] == on_disk
+    finally:
+        log.close()
 
 
 def test_reopened_log_knows_its_records(tmp_path):
@@ -117,8 +143,8 @@ def test_torn_record_the_last_index_entry_points_at(tmp_path):
     # With 107-byte records and interval 128 every other record is indexed: cut into an indexed record.
     log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
     written = [log.append(bundle_for_record(107)) for _ in range(9)]
-    index_bytes = read(tmp_path / "p" / "1.index")
     log.close()
+    index_bytes = read(tmp_path / "p" / "1.index")
     assert log.segments == () and written[-1].position == 856
     os.truncate(active_log_path(tmp_path / "p"), 856 + 50)
     log = PartitionLog.open(str(tmp_path / "p"), CONFIG)
@@ -126,6 +152,7 @@ def test_torn_record_the_last_index_entry_points_at(tmp_path):
         assert log.recovery.bytes_cut == 50 and log.last_assigned == 8
         assert read(tmp_path / "p" / "1.index") == index_bytes[:-8]  # the entry at 856 is gone
         assert log.append(bundle_for_record(107)).position == 856
+        log.flush()
         assert read(tmp_path / "p" / "1.index") == index_bytes
     finally:
         log.close()

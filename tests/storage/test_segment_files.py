@@ -27,6 +27,7 @@ def test_first_records_are_tanks_bytes(open_storage_log, tmp_path):
     assert (result.first_seq, result.last_seq, result.segment_base) == (1, 1, 1)
     assert (result.position, result.end_position, result.record) == (0, 23, HELLO_RECORD)
     directory = tmp_path / "p"
+    log.flush()  # index entries reach the file in batches; a flush (or a clean stop) writes them
     assert segment_files(directory) == ["1.index", f"1_{OBSERVED_TS}.log"]
     assert read(directory / f"1_{OBSERVED_TS}.log") == HELLO_RECORD
     assert read(directory / "1.index") == bytes.fromhex("00000000 00000000")  # a one-bundle segment's index
@@ -48,6 +49,7 @@ def test_index_interval_128_with_107_byte_records(open_storage_log, tmp_path):
     for i in range(10):
         result = log.append(bundle_for_record(107))
         assert (result.first_seq, result.position) == (i + 1, i * 107)
+    log.flush()
     assert read(tmp_path / "p" / "1.index") == OBSERVED_INDEX
     assert os.path.getsize(tmp_path / "p" / f"1_{OBSERVED_TS}.log") == 1070
 

@@ -49,7 +49,7 @@ class SegmentReader(io.FileIO):
             self.close()
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | bytearray) -> None:
     written = os.write(fd, data)  # almost always all of it, at once
     if written == len(data):
         return

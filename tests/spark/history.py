@@ -76,9 +76,12 @@ class PartitionHistory:
     messages: list[Message] = field(default_factory=list)  # everything appended, with seqs
     segments: list[SegmentMeta] = field(default_factory=list)  # tiered ones
     runs: list[RunRow] = field(default_factory=list)  # committed ones (pruned ones included)
+    cleanup_policy: str = "delete"  # "cleanup": a compacted topic's log (compact_partition passes over it)
 
     def __post_init__(self) -> None:
-        config = TopicConfig(log_index_interval_bytes=self.index_interval_bytes, log_segment_bytes=1 << 30)
+        # Segments never roll by size: only tier_segment seals one, so every sealed segment gets copied.
+        config = TopicConfig(log_index_interval_bytes=self.index_interval_bytes, log_segment_bytes=1 << 30,
+                             log_cleanup_policy=self.cleanup_policy)
         self.log = PartitionLog.open(str(self.directory), config)
         self.epoch = catalog_partitions.claim_partitions(self.cat, BROKER_ID, self.topic, [self.partition])[
             self.partition

@@ -65,6 +65,16 @@ class Model:
         return kept
 
 
+def latest_per_key(messages: list[Message]) -> list[Message]:
+    """The snapshot of messages in seq order (docs/compaction.md): every keyless message, and the latest message of
+    each key unless its value is empty (a tombstone: the key is gone)."""
+    latest: dict[bytes, Message] = {}
+    for m in messages:
+        if m.key:
+            latest[m.key] = m
+    return [m for m in messages if not m.key or (latest[m.key] is m and m.value)]
+
+
 # ------------------------------------------------------------------------------------------------ workloads
 
 

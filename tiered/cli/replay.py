@@ -4,6 +4,11 @@
     tiered replay events -P 0,3 --starting-timestamp 2025-06-01T00:00 --ending-timestamp 2025-06-02T00:00 \\
         --parquet s3://analytics/events/2025-06-01
     tiered replay events --to-broker 10.0.0.7:11011 --to-topic events --keep-seqs   a copy, seqs kept
+    tiered replay users --latest-per-key --parquet ./users-snapshot       the latest value of every key
+
+With --latest-per-key the output is the snapshot of the range instead of every message: per partition, each key's
+latest message unless it is a tombstone (an empty value), and every keyless message, in seq order
+(docs/compaction.md). The splits are read twice: once to learn each key's latest seq, once to write what is kept.
 
 The catalog and store URLs come from the settings, as for `tiered serve` (--catalog, --store, TIERED_*, --config,
 else the data dir's defaults); S3 credentials and endpoint from the AWS environment. One process reads the splits
@@ -44,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--starting-timestamp", help="messages at or after this time (ms since the epoch, or ISO-8601)")
     p.add_argument("--ending-timestamp", help="messages before this time (exclusive)")
     p.add_argument("--max-split-bytes", help="most bytes of one split, one Parquet file (default 128MiB)")
+    p.add_argument("--latest-per-key", action="store_true",
+                   help="only the latest message of each key (tombstoned keys left out) and every keyless message")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--parquet", metavar="DEST",
                         help="write Parquet files to a local directory or s3://bucket/prefix")
@@ -102,7 +109,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         options = read_options(args)
         if args.parquet:
-            stats = replay.export_parquet(options, args.parquet, on_messages=progress.add)
+            stats = replay.export_parquet(options, args.parquet, latest_per_key=args.latest_per_key,
+                                          on_messages=progress.add)
             where = f"{plural(stats.files, 'Parquet file')} in {args.parquet}"
         else:
             stats = asyncio.run(_produce(args, options, progress, replay))
@@ -115,8 +123,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return fail("replay", exc)
     finally:
         progress.finish()
-    print(f"replayed {plural(stats.messages, 'message')} of {args.topic} ({plural(stats.splits, 'split')}) to {where}",
-          file=sys.stderr)
+    what = " (latest per key)" if args.latest_per_key else ""
+    print(f"replayed {plural(stats.messages, 'message')}{what} of {args.topic} ({plural(stats.splits, 'split')}) "
+          f"to {where}", file=sys.stderr)
     return 0
 
 
@@ -124,6 +133,6 @@ async def _produce(args, options, progress: Progress, replay):
     client = await connect_to(brokers(args.to_broker, "--to-broker"))
     async with client:
         return await replay.produce_replay(
-            options, client, args.to_topic, keep_seqs=args.keep_seqs, bundle_messages=args.bundle_size,
-            on_messages=progress.add,
+            options, client, args.to_topic, keep_seqs=args.keep_seqs, latest_per_key=args.latest_per_key,
+            bundle_messages=args.bundle_size, on_messages=progress.add,
         )  # fmt: skip

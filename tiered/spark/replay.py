@@ -8,6 +8,10 @@ source's columns; to a local directory or to `s3://bucket/prefix` (each file wri
 A destination that already holds files is refused, so two replays never mix. Spark reads the result back with
 `spark.read.parquet(dest)`.
 
+With `latest_per_key`, either output holds the snapshot of the range instead (tiered.spark.snapshot): per
+partition a first pass learns the latest seq of every key, then the splits holding anything kept are read again and
+filtered, so messages still come out in (partition, seq) order and a Parquet file still holds one split's messages.
+
 Producing keeps keys and timestamps. With `keep_seqs` every bundle goes out as ProduceWithSeqnum (a sparse bundle
 carrying each message's seq), so the target partition ends up with the same seqs, gaps included; the target must
 not already hold seqs at or above the first one replayed. Requests are pipelined on one connection, which the broker
@@ -19,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,8 @@ from tiered.spark.objects import (
     s3_client,
 )
 from tiered.spark.options import ReadOptions
+from tiered.spark.planning import Split
+from tiered.spark.snapshot import LatestPerKey, kept_batches, kept_messages, snapshot_splits
 
 PRODUCE_WINDOW = 8  # produce requests in flight on the connection
 
@@ -112,8 +118,16 @@ def _write_parquet(directory: Path, partition: int, batches: Iterable, publish: 
     return rows
 
 
-def export_parquet(options: ReadOptions, dest: str, *, on_messages: Callable[[int], None] = lambda n: None
-                   ) -> ReplayStats:
+def replayed_splits(reader: RangeReader, splits: list[Split], options: ReadOptions, latest_per_key: bool
+                    ) -> Iterator[tuple[Split, LatestPerKey | None]]:
+    """The splits to read, in order, each with the snapshot rule that filters it (None: keep everything)."""
+    if latest_per_key:
+        return snapshot_splits(reader, splits, options.times)
+    return ((split, None) for split in splits)
+
+
+def export_parquet(options: ReadOptions, dest: str, *, latest_per_key: bool = False,
+                   on_messages: Callable[[int], None] = lambda n: None) -> ReplayStats:
     destination = ParquetDestination(dest, options.s3_path_style)
     splits = plan_read(options)
     reader = source_reader(options)
@@ -124,8 +138,11 @@ def export_parquet(options: ReadOptions, dest: str, *, on_messages: Callable[[in
             on_messages(batch.num_rows)
             yield batch
 
-    for split in splits:
-        rows = destination.write(split.partition, counted(split_batches(reader, split, options.times)))
+    for split, rule in replayed_splits(reader, splits, options, latest_per_key):
+        batches = split_batches(reader, split, options.times)
+        if rule is not None:
+            batches = kept_batches(batches, rule)
+        rows = destination.write(split.partition, counted(batches))
         if rows:
             stats.messages += rows
             stats.files += 1
@@ -141,6 +158,7 @@ async def produce_replay(
     to_topic: str,
     *,
     keep_seqs: bool = False,
+    latest_per_key: bool = False,
     bundle_messages: int = 500,
     on_messages: Callable[[int], None] = lambda n: None,
 ) -> ReplayStats:
@@ -175,9 +193,10 @@ async def produce_replay(
         in_flight.append((asyncio.ensure_future(coro), partition, batch[-1].seq, len(batch)))
         await settle(PRODUCE_WINDOW - 1)
 
-    for split in splits:
+    for split, rule in replayed_splits(reader, splits, options, latest_per_key):
         batch: list[Message] = []
-        for message in split_messages(reader, split, options.times):
+        messages = split_messages(reader, split, options.times)
+        for message in messages if rule is None else kept_messages(messages, rule):
             batch.append(message)
             if len(batch) >= bundle_messages:
                 await send(split.partition, batch)

@@ -186,6 +186,32 @@ def test_replay_latest_per_key_equals_the_model(world, tmp_path, capsys, seed):
         assert got == snapshot_rows(parts, [p], last)
 
 
+async def test_replay_latest_per_key_into_a_broker_keeping_seqs(world, tmp_path):
+    """The snapshot produced with ProduceWithSeqnum: the copy holds exactly the model's messages, at their seqs."""
+    from tiered.client import Client
+    from tiered.server.app import App
+
+    from tests.support.broker import local_settings
+
+    url, objects, histories = world
+    parts = histories[topic(SEEDS[1])]
+    app = App(local_settings(tmp_path / "target"), local_only=True)
+    await app.start()
+    try:
+        async with await Client.connect("127.0.0.1", app.broker.port) as client:
+            await client.create_topic("snapshot", 3)
+        assert await asyncio.to_thread(main, [
+            "replay", topic(SEEDS[1]), "--catalog", url, "--store", objects.url, "--latest-per-key", "--keep-seqs",
+            "--to-broker", f"127.0.0.1:{app.broker.port}", "--to-topic", "snapshot", "--bundle-size", "7",
+        ]) == 0
+        async with await Client.connect("127.0.0.1", app.broker.port) as client:
+            copied = [(p, m.seq, m.ts_ms, m.key, m.value)
+                      for p in range(3) async for m in client.drain("snapshot", p, 0)]
+        assert copied == snapshot_rows(parts)
+    finally:
+        await app.stop()
+
+
 def test_the_second_pass_reads_only_splits_holding_something_kept():
     """A split whose messages were all superseded, and which holds no keyless one, is not read again."""
     import pyarrow as pa

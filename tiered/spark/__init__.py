@@ -6,7 +6,8 @@
 
 Modules: `planning` (catalog rows to splits) and `decoding` (bytes to Arrow) are pure; `listing` is the driver's
 catalog side, `objects` and `execution` the executors' reads; `datasource` and `streaming` are the Spark glue, the
-only modules that import pyspark (imported here on first use, so `tiered replay` runs without Spark).
+only modules that import pyspark (imported here on first use, so `tiered replay` runs without Spark); `snapshot`
+takes the latest value per key, on a DataFrame (importing pyspark when called) or in `tiered replay`.
 """
 
 __all__ = ["TieredDataSource", "TieredStreamReader"]

@@ -18,7 +18,7 @@ Two ways to take it:
   source cannot do it in the source: a partition's splits are separate tasks, and only a shuffle brings a key's
   messages together.
 - in one process (`tiered replay --latest-per-key`), `snapshot_splits`: per partition, a first pass over its splits
-  learns the latest seq of every key (`LatestPerKey`, in memory: about 100 bytes per distinct key plus the key's
+  learns the latest seq of every key (`LatestPerKey`, in memory: about 120 bytes per distinct key plus the key's
   length, as compaction's key index), then the splits that hold anything kept are read again and filtered. The
   messages come out in seq order, so the output is what a compaction of that range would leave.
 """

@@ -9,10 +9,11 @@
                                          benchmarks
     python -m bench --json PATH          also write every figure as JSON
 
-`--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only chaos`,
-`--only client`, `--only cluster` and `--only linger` run `python -m bench.bench_spark` / `bench.bench_remote` /
-`bench.bench_cli` / `bench.bench_compaction` / `bench.bench_remote_compaction` / `bench.chaos` / `bench.bench_client` /
-`bench.bench_cluster` / `bench.bench_linger` (modules of their own; `--quick` is passed on) when they exist.
+`--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only snapshot`,
+`--only chaos`, `--only client`, `--only cluster` and `--only linger` run `python -m bench.bench_spark` /
+`bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` / `bench.bench_remote_compaction` /
+`bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster` / `bench.bench_linger` (modules
+of their own; `--quick` is passed on) when they exist.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ PROFILED = {"broker": (bench_broker, "broker throughput (issue 3)"),
 # Benchmarks with a command of their own, run as `python -m <module> [--quick]`.
 DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli": "bench.bench_cli",
              "compaction": "bench.bench_compaction", "remote_compaction": "bench.bench_remote_compaction",
+             "snapshot": "bench.bench_snapshot",
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger"}
 NAMES = ("broker", "append", "durable", *DELEGATED)

@@ -172,8 +172,9 @@ def replay_parquet(url, objects, name: str, dest, *flags: str) -> list[tuple]:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_replay_latest_per_key_equals_the_model(world, tmp_path, capsys, seed):
+def test_replay_latest_per_key_equals_the_model(world, tmp_path, capsys, monkeypatch, seed):
     url, objects, histories = world
+    monkeypatch.setattr(LatestPerKey, "FOLD_ROWS", seed)  # the state folded every few batches, not only at the end
     parts = histories[topic(seed)]
     # File names sort in (partition, seq) order, and each partition's messages come out in seq order.
     assert replay_parquet(url, objects, topic(seed), tmp_path / "all") == snapshot_rows(parts)
@@ -212,8 +213,10 @@ async def test_replay_latest_per_key_into_a_broker_keeping_seqs(world, tmp_path)
         await app.stop()
 
 
-def test_the_second_pass_reads_only_splits_holding_something_kept():
-    """A split whose messages were all superseded, and which holds no keyless one, is not read again."""
+@pytest.mark.parametrize("fold_rows", [1, LatestPerKey.FOLD_ROWS])
+def test_the_second_pass_reads_only_splits_holding_something_kept(monkeypatch, fold_rows):
+    """A split whose messages were all superseded or deleted, and which holds no keyless one, is not read again;
+    the same whether the state is folded after every batch or once at the end."""
     import pyarrow as pa
 
     from tiered.spark.decoding import SCHEMA
@@ -223,14 +226,18 @@ def test_the_second_pass_reads_only_splits_holding_something_kept():
             [{"topic": "t", "partition": 0, "seq": s, "timestamp": None, "key": k, "value": v} for s, k, v in rows],
             SCHEMA)
 
+    monkeypatch.setattr(LatestPerKey, "FOLD_ROWS", fold_rows)
     rule = LatestPerKey()
-    rule.learn(0, batch([(1, b"a", b"1"), (2, b"b", b"1")]))
-    rule.learn(1, batch([(5, b"a", b"2"), (6, None, b"x")]))
+    rule.learn(0, batch([(1, b"a", b"1"), (2, b"b", b"1"), (3, b"", b"")]))
+    rule.learn(1, batch([(5, b"a", b"2")]))
     rule.learn(2, batch([(9, b"b", b""), (10, b"c", b"3")]))
-    rule.learn(3, batch([(12, b"c", b"4"), (13, b"", b"")]))
-    assert rule.to_read_again() == [1, 3]
-    kept = rule.filter(batch([(12, b"c", b"4"), (13, b"", b""), (9, b"b", b"")]))
-    assert kept.column(2).to_pylist() == [12, 13]
+    rule.learn(3, batch([(12, b"c", b"4"), (13, b"d", b"5"), (14, b"e", b"")]))
+    rule.finish()
+    assert rule.to_read_again() == [0, 1, 3]
+    kept = rule.filter(batch([(9, b"b", b""), (10, b"c", b"3"), (11, None, b"x"), (12, b"c", b"4"), (14, b"e", b"")]))
+    assert kept.column(2).to_pylist() == [11, 12]
+    assert [rule.keeps(seq, key) for seq, key in ((3, b""), (5, b"a"), (9, b"b"), (10, b"c"), (13, b"d"))] == [
+        True, True, False, False, True]
 
 
 # --------------------------------------------------------------------------------------------------- Spark

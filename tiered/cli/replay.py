@@ -8,7 +8,8 @@
 
 With --latest-per-key the output is the snapshot of the range instead of every message: per partition, each key's
 latest message unless it is a tombstone (an empty value), and every keyless message, in seq order
-(docs/compaction.md). The splits are read twice: once to learn each key's latest seq, once to write what is kept.
+(docs/compaction.md). The splits are read twice: all to learn each key's latest seq, then those holding anything
+kept to write it.
 
 The catalog and store URLs come from the settings, as for `tiered serve` (--catalog, --store, TIERED_*, --config,
 else the data dir's defaults); S3 credentials and endpoint from the AWS environment. One process reads the splits

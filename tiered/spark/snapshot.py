@@ -18,17 +18,17 @@ Two ways to take it:
   source cannot do it in the source: a partition's splits are separate tasks, and only a shuffle brings a key's
   messages together.
 - in one process (`tiered replay --latest-per-key`), `snapshot_splits`: per partition, a first pass over its splits
-  learns the latest seq of every key (`LatestPerKey`, in memory: about 120 bytes per distinct key plus the key's
-  length, as compaction's key index), then the splits that hold anything kept are read again and filtered. The
-  messages come out in seq order, so the output is what a compaction of that range would leave.
+  learns the latest seq of every key (`LatestPerKey`, in Arrow: about 35 bytes per distinct key with 12-byte keys,
+  up to about 200 while its table is folded), then the splits that hold anything kept are read again and filtered
+  with Arrow kernels. The messages come out in seq order, so the output is what a compaction of that range would
+  leave.
 """
 
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -59,48 +59,109 @@ def latest_per_key(df: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-@dataclass
 class LatestPerKey:
-    """One partition's snapshot rule, learnt from its messages in seq order: the latest seq of every key (negative
-    when that message is a tombstone), and for each split which seqs it held and whether a keyless message was
-    among them."""
+    """One partition's snapshot rule, learnt from all its messages (`learn`, then `finish`): the seqs of the keys'
+    latest messages that are not tombstones (the live seqs), and per split the seqs it held and whether a keyless
+    message was among them.
 
-    latest: dict[bytes, int] = field(default_factory=dict)
-    spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # split number -> (first seq, last seq) seen
-    keyless_in: set[int] = field(default_factory=set)  # split numbers
+    Everything stays in Arrow, so no Python object is made per message. While learning, the state is a table of
+    (key, its highest seq, its highest tombstone seq) with one row per key seen; each batch's keyed rows are
+    reduced the same way and queued, and the queue is folded into the state when it holds as many rows as the state
+    (at least FOLD_ROWS), so the work stays linear in the messages and the queue never outgrows the state. A key is
+    live when its highest seq is not its highest tombstone seq. The second pass needs only the live seqs (sorted,
+    8 bytes each): a message is kept when it is keyless or its seq is one of them.
+    """
+
+    FOLD_ROWS = 1 << 16
+
+    def __init__(self) -> None:
+        self._state: pa.Table | None = None
+        self._queued: list[pa.Table] = []
+        self._queued_rows = 0
+        self.spans: dict[int, tuple[int, int]] = {}  # split number -> (first seq, last seq) seen
+        self.keyless_in: set[int] = set()  # split numbers
+        self._live = pa.array([], pa.int64())  # sorted; set by finish()
+        self._live_view: memoryview = memoryview(b"").cast("q")
 
     def learn(self, split_number: int, batch: pa.RecordBatch) -> None:
+        """Messages must come in seq order."""
         if not batch.num_rows:
             return
-        seqs = batch.column(_SEQ).to_pylist()
-        keys = batch.column(_KEY).to_pylist()
-        lengths = pc.binary_length(batch.column(_VALUE)).to_pylist()
-        latest = self.latest
-        for seq, key, length in zip(seqs, keys, lengths):
-            if key:
-                latest[key] = seq if length else -seq
-            else:
-                self.keyless_in.add(split_number)
-        first, _ = self.spans.get(split_number, (seqs[0], 0))
-        self.spans[split_number] = (first, seqs[-1])
+        seqs, keys, values = batch.column(_SEQ), batch.column(_KEY), batch.column(_VALUE)
+        first, _ = self.spans.get(split_number, (seqs[0].as_py(), 0))
+        self.spans[split_number] = (first, seqs[-1].as_py())
+        keyless = _keyless(keys)
+        if pc.any(keyless).as_py():
+            self.keyless_in.add(split_number)
+        keyed = pa.table({"key": keys, "seq": seqs,
+                          "tomb": pc.if_else(pc.equal(pc.binary_length(values), 0), seqs, pa.scalar(None, pa.int64()))})
+        self._queue(_reduce(keyed.filter(pc.invert(keyless))))
+
+    def _queue(self, table: pa.Table) -> None:
+        self._queued.append(table)
+        self._queued_rows += table.num_rows
+        if self._queued_rows >= max(self.FOLD_ROWS, self._state.num_rows if self._state is not None else 0):
+            self._fold()
+
+    def _fold(self) -> None:
+        tables = ([self._state] if self._state is not None else []) + self._queued
+        if tables:
+            self._state = _reduce(pa.concat_tables(tables))
+        self._queued, self._queued_rows = [], 0
+
+    def finish(self) -> None:
+        """Ends learning: the live seqs, sorted, from the state (which is then dropped)."""
+        self._fold()
+        if self._state is not None:
+            latest, tomb = self._state.column("seq"), self._state.column("tomb")
+            live = pc.filter(latest, pc.fill_null(pc.not_equal(latest, tomb), True)).combine_chunks()
+            self._live = pc.take(live, pc.sort_indices(live))
+            self._state = None
+        self._live_view = _int64_view(self._live)
+
+    def _live_between(self, first: int, last: int) -> tuple[int, int]:
+        """The index range of the live seqs within [first, last]."""
+        return bisect_left(self._live_view, first), bisect_right(self._live_view, last)
 
     def keeps(self, seq: int, key: bytes | None) -> bool:
-        return not key or self.latest.get(key) == seq
+        low, high = self._live_between(seq, seq)
+        return not key or low < high
 
     def to_read_again(self) -> list[int]:
         """The split numbers holding a message the snapshot keeps, in order."""
-        live = sorted(seq for seq in self.latest.values() if seq > 0)
         wanted = []
         for number, (first, last) in sorted(self.spans.items()):
-            at = bisect_left(live, first)
-            if number in self.keyless_in or (at < len(live) and live[at] <= last):
+            low, high = self._live_between(first, last)
+            if number in self.keyless_in or low < high:
                 wanted.append(number)
         return wanted
 
     def filter(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        keys = batch.column(_KEY).to_pylist()
-        seqs = batch.column(_SEQ).to_pylist()
-        return batch.filter(pa.array([self.keeps(seq, key) for seq, key in zip(seqs, keys)], pa.bool_()))
+        if not batch.num_rows:
+            return batch
+        seqs = batch.column(_SEQ)
+        low, high = self._live_between(seqs[0].as_py(), seqs[-1].as_py())  # a batch's seqs are in order
+        live = pc.is_in(seqs, value_set=self._live.slice(low, high - low))
+        return batch.filter(pc.or_(_keyless(batch.column(_KEY)), live))
+
+
+def _keyless(keys: pa.Array) -> pa.Array:
+    """True where a message has no key or an empty one."""
+    return pc.fill_null(pc.equal(pc.binary_length(keys), 0), True)
+
+
+def _reduce(table: pa.Table) -> pa.Table:
+    """(key, seq, tomb) rows to one row per key: its highest seq and its highest tombstone seq (null: none)."""
+    reduced = table.group_by("key").aggregate([("seq", "max"), ("tomb", "max")])
+    return reduced.rename_columns(["key", "seq", "tomb"]).select(["key", "seq", "tomb"])
+
+
+def _int64_view(array: pa.Array) -> memoryview:
+    """The values of an int64 array without nulls, as a sequence bisect can search, without copying."""
+    if not len(array):
+        return memoryview(b"").cast("q")
+    data = memoryview(array.buffers()[1]).cast("q")
+    return data[array.offset:array.offset + len(array)]
 
 
 def snapshot_splits(reader: RangeReader, splits: Iterable[Split], times: TimeRange = TimeRange()
@@ -113,6 +174,7 @@ def snapshot_splits(reader: RangeReader, splits: Iterable[Split], times: TimeRan
         for number, split in enumerate(parts):
             for batch in split_batches(reader, split, times):
                 rule.learn(number, batch)
+        rule.finish()
         for number in rule.to_read_again():
             yield parts[number], rule
 

@@ -18,8 +18,8 @@ Two ways to take it:
   source cannot do it in the source: a partition's splits are separate tasks, and only a shuffle brings a key's
   messages together.
 - in one process (`tiered replay --latest-per-key`), `snapshot_splits`: per partition, a first pass over its splits
-  learns the latest seq of every key (`LatestPerKey`, in Arrow: about 35 bytes per distinct key with 12-byte keys,
-  up to about 200 while its table is folded), then the splits that hold anything kept are read again and filtered
+  learns the latest seq of every key (`LatestPerKey`, in Arrow: about 45 bytes per distinct key with 12-byte keys,
+  up to about 250 while its table is folded), then the splits that hold anything kept are read again and filtered
   with Arrow kernels. The messages come out in seq order, so the output is what a compaction of that range would
   leave.
 """

@@ -154,7 +154,7 @@ class BlockPipeline:
             if not runs:
                 self._answer(block, (), AckOutcome.REFUSED)
                 return
-            data, rows = encode_block([(r.meta(), b"".join(r.records)) for r in runs])
+            data, rows = encode_block([(r.meta(), b"".join(r.records)) for r in runs], [r.index for r in runs])
             object_key = keys.block_key(self.broker_id, self._ids.next(int(self.clock.now_ms())))
             block_id = await self.retry(
                 f"intent row for {object_key}",

@@ -11,10 +11,11 @@ answer is sent and the consumer decodes it: a window ending at an index entry te
 next, so the window after it can be read ahead too, and the consumer has several GETs in flight. Read-aheads are
 kept a few per partition for AHEAD_TTL_S, and only within the read budget.
 
-Seqs not in a remote segment come from the block run that answers for them (one index scan, one range GET of the
-run, cached). A location answers for [from_seq, last_seq]: a seq in a jump before its first record reads from that
-record, as in TANK, but a seq that no location answers for is reported (Unreadable), never served from a later
-location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
+Seqs not in a remote segment come from the block run that answers for them (one index scan, cached). A run of a
+block of version 3 is range-read by its bundle index (tiered.tiering.run_reads: the block's footer GET once, then a
+streamed window of little more than the answer); a run of an older block is GET whole and cached. A location answers
+for [from_seq, last_seq]: a seq in a jump before its first record reads from that record, as in TANK, but a seq that
+no location answers for is reported (Unreadable), never served from a later location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
 within `fetch_size` (or after that first bundle when it alone is larger), as a local read does. GETs run under their
 own concurrency limit, apart from the produce path and local reads, and give way to blocks in flight
 (tiered.tiering.hot_path), so that a replaying consumer cannot stall producers or tail consumers.
@@ -44,6 +45,7 @@ from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
+from tiered.tiering.run_reads import BlockIndexes, read_footer, run_window
 from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
@@ -249,9 +251,12 @@ class RemoteReader:
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
         self.runs: RangeCache[RunLocation] = RangeCache()  # same grace-period argument as segment rows
-        # A run is read whole (the catalog does not know where its bundles start), so a consumer reading a run in
-        # fetches smaller than the run would otherwise GET the whole run once per fetch. Runs never change.
-        self.run_bytes: SizedLru[tuple[str, int], bytes] = SizedLru(self.budget.cache_bytes // 2, len)
+        # The bundle indexes of each block's runs, from its footer (read once per block; version 3).
+        self.footers: SizedLru[str, BlockIndexes] = SizedLru(self.budget.cache_bytes // 4,
+                                                             lambda footer: footer.size_bytes)
+        # A run of a block without indexes is read whole, so a consumer reading such a run in fetches smaller than the
+        # run would otherwise GET the whole run once per fetch. Runs never change.
+        self.run_bytes: SizedLru[tuple[str, int], bytes] = SizedLru(self.budget.cache_bytes // 4, len)
         # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
         # only be in a block run, so the segment lookup is skipped.
         self.highest_copied = highest_copied
@@ -264,7 +269,7 @@ class RemoteReader:
     @property
     def buffered_bytes(self) -> int:
         """Bytes held by GET buffers and the caches, all within the read budget."""
-        return self.budget.used + self.indexes.size_bytes + self.run_bytes.size_bytes
+        return self.budget.used + self.indexes.size_bytes + self.footers.size_bytes + self.run_bytes.size_bytes
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
         copied = self.highest_copied(topic, partition)
@@ -399,14 +404,15 @@ class RemoteReader:
         i = bisect_right(index.positions, end) - 1
         return row.base_seq + index.rel_seqs[i]  # chunks end at index entries: the next bundle's first seq
 
-    def _failed(self, topic: str, partition: int, seq: int, object_key: str, exc: Exception) -> Unreadable:
+    def _failed(self, topic: str, partition: int, seq: int, object_key: str, exc: Exception,
+                what: str = "segment") -> Unreadable:
         if isinstance(exc, ObjectNotFound):
             self._missing(object_key)
-            return Unreadable(f"segment object {object_key} is missing")
+            return Unreadable(f"{what} object {object_key} is missing")
         if not isinstance(exc, (StoreError, EOFError, ProtocolError)):
             raise exc
         log.error("%s/%d: reading seq %d from %s failed: %s", topic, partition, seq, object_key, exc)
-        return Unreadable(f"segment object {object_key}: {exc}")
+        return Unreadable(f"{what} object {object_key}: {exc}")
 
     # -- read-ahead -------------------------------------------------------------------------------------------------
 
@@ -521,6 +527,41 @@ class RemoteReader:
             if run is None or not run.holds(seq):
                 return None
             self.runs.put(run)
+        footer = self.footers.get(run.object_key)
+        if footer is None:
+            try:
+                footer = await read_footer(self._get, run)
+            except ProtocolError as exc:
+                # Read the run whole, as from a block without indexes: its records are checked as they are trimmed.
+                log.error("block %s: unreadable footer (%s); reading the run whole", run.object_key, exc)
+                footer = BlockIndexes.of({})
+            if footer is None:
+                return Unreadable(f"block object {run.object_key} is missing")
+            self.footers.put(run.object_key, footer)
+        index = footer.by_position.get(run.position)
+        if index is None or index.length_bytes != run.length_bytes:
+            return await self._whole_run(run, seq, fetch_size)
+        window = run_window(index, seq, fetch_size)
+        base, run_end = run.position, run.position + run.length_bytes
+        self.metrics.inc(m.REMOTE_GETS)
+        read = await RangeRead.open(self.store, run.object_key, base + window.floor, base + window.end, self.budget,
+                                    self._slots, self.pace)
+        try:
+            first = await find_first_bundle(read, base + window.floor, window.floor_seq, seq)
+            if first is None:
+                read.close()
+                return None
+            end, _ = await walked_end(read, first, min(run_end, first.start + fetch_size))
+        except BaseException as exc:
+            read.close()
+            if not isinstance(exc, Exception):
+                raise
+            return self._failed(topic, partition, seq, run.object_key, exc, "block")
+        read.stop_at(end)  # the answer is whole once `end` is in: nothing after it is wanted
+        return RemoteChunk(RangeChunk(read, first.start, end, self.pace), first.first_seq, first.sparse)
+
+    async def _whole_run(self, run: RunLocation, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
+        """A run of a block without bundle indexes (version 1 or 2): GET whole once, cached, trimmed per fetch."""
         key = (run.object_key, run.position)
         data = self.run_bytes.get(key)
         if data is None:

@@ -187,7 +187,8 @@ def test_find_run_edges(cat, epochs):
     second, _ = commit(cat, epochs, "blk/2", run("a", 0, 11, 20, 64, 222))
     third, _ = commit(cat, epochs, "blk/3", run("a", 0, 31, 40, 0, 333, from_seq=21))
     hit = find_run(cat, "a", 0, 1)
-    assert hit == RunLocation("a", 0, 1, 1, 10, 0, 111, first, "blk/1", 1_700_000_000_001, 1_700_000_000_010)
+    assert hit == RunLocation("a", 0, 1, 1, 10, 0, 111, first, "blk/1", 1_700_000_000_001, 1_700_000_000_010,
+                              118)  # the block's size: both its runs
     assert find_run(cat, "a", 0, 10).block_id == first  # exactly the last seq of a run
     assert find_run(cat, "a", 0, 11).block_id == second  # exactly the first seq of the next
     hit = find_run(cat, "a", 0, 25)  # in the jump: the run that answers for it, which starts after the seq asked
@@ -208,7 +209,7 @@ def test_runs_for_range(cat, epochs):
     assert [(r.min_ts_ms, r.max_ts_ms) for r in found] == [(1_700_000_000_000 + f, 1_700_000_000_000 + f + 9)
                                                           for f in (11, 21, 31)]
     assert found[0] == RunLocation("a", 0, 11, 11, 20, 0, 100, found[0].block_id, "blk/1", 1_700_000_000_011,
-                                   1_700_000_000_020)
+                                   1_700_000_000_020, 100)
     assert runs_for_range(cat, "a", 0, 51, 3) == []
     assert len(runs_for_range(cat, "a", 0, 1, 100)) == 5
 

@@ -71,7 +71,7 @@ def test_committed_blocks_are_readable_without_a_leader(cat):
         BlockState.COMMITTED, 3, 200, T0, T0 + minutes(1))
     assert (first.delete_after, get_block(cat, ids[1]).broker_id) == (None, 4)
     assert find_run(cat, "t", 1, 1) == RunLocation("t", 1, 1, 1, 5, 100, 100, ids[0], "blk/1", 1_700_000_000_001,
-                                                   1_700_000_000_005)
+                                                   1_700_000_000_005, 200)
     assert [(r.first_seq, r.object_key) for r in runs_for_range(cat, "t", 0, 1, 10)] == [(1, "blk/1"), (11, "blk/2")]
     assert bounds(cat) == {("t", 0): (0, 0), ("t", 1): (0, 0)}  # restore_partition_bounds sets them
     assert insert_committed_blocks(cat, []) == []

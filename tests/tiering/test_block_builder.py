@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -10,7 +11,13 @@ from tiered.protocol.bundle import Message, encode_bundle, encode_record, valida
 from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.block_builder import BlockBuilder, NotLeading, record_stats
-from tiered.tiering.block_format import decode_block, encode_block
+from tiered.tiering.block_format import (
+    INDEX_EVERY_BYTES,
+    decode_block,
+    encode_block,
+    read_block_indexes,
+    run_index_of,
+)
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.remote_fetch import trim_chunk
 from tiered.storage.index import SparseIndex
@@ -179,3 +186,29 @@ def test_sized_lru_of_bytes_is_bounded_and_keeps_the_recent():
     assert cache.get(("b", 0)) is None and cache.get(("a", 0)) == b"1234" and cache.size_bytes == 8
     cache.put(("big", 0), b"x" * 11)  # larger than the cache: not kept
     assert cache.get(("big", 0)) is None
+
+
+def test_runs_keep_the_bundle_index_the_footer_would_read_from_their_bundles():
+    """The builder's index (one entry per INDEX_EVERY_BYTES, at record boundaries) is the one run_index_of reads
+    from the bundles, sparse bundles and seq jumps included; the footer stores it."""
+    builder = leading(("t", 0), committed=0)
+    rng = random.Random(5)
+    seq = 1
+    for i in range(300):
+        count = rng.randint(1, 4)
+        if i % 50 == 49:  # a sparse bundle, with a jump
+            messages = [Message(rng.randbytes(900), None, 1, seq + 5 * k) for k in range(count)]
+            data = encode_record(encode_bundle(messages, sparse=True))
+            first, last = seq, seq + 5 * (count - 1)
+        else:
+            data = encode_record(encode_bundle([Message(rng.randbytes(rng.randint(10, 2000)), None, 1)] * count))
+            first, last = seq, seq + count - 1
+        builder.add("t", 0, first, last, data, 1, now_ms=0)
+        seq = last + 1 + (7 if i % 60 == 59 else 0)
+    [run] = builder.close().runs
+    records = b"".join(run.records)
+    assert len(run.index) >= len(records) // INDEX_EVERY_BYTES - 1 > 3
+    assert run.index == run_index_of(records, run.first_seq)
+    data, _ = encode_block([(run.meta(), records)], [run.index])
+    [(_, index)] = read_block_indexes(data, len(data))
+    assert list(zip(index.seqs[1:], index.positions[1:])) == run.index

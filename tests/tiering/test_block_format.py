@@ -16,12 +16,17 @@ from tiered.catalog.blocks import RunMeta, RunRow
 from tiered.tiering.block_format import (
     FOOTER_TRAILER_BYTES,
     MAGIC,
+    INDEX_EVERY_BYTES,
+    RUN_ENTRY,
     RUN_ENTRY_V1,
+    RunIndex,
     block_tail_bytes,
     decode_block,
     encode_block,
     encode_block_pieces,
     read_block_footer,
+    read_block_indexes,
+    run_index_of,
 )
 
 
@@ -62,16 +67,33 @@ def forge(run_bytes: bytes, footer: bytes, *, version: int = 1, magic: bytes = M
 
 
 def test_the_byte_layout_is_exactly_as_documented():
-    run = records(1700000000000, b"hello")
-    data, rows = encode_block([(meta("t", 1, 10, 10, 1, 1700000000000, 1700000000000, from_seq=7, epoch=4), run)])
+    hello, world = records(1700000000000, b"hello"), records(1700000000001, b"world")
+    run = hello + world
+    m = meta("t", 1, 10, 300, 2, 1700000000000, 1700000000001, from_seq=7, epoch=4)
+    data, rows = encode_block([(m, run)], indexes=[[(300, len(hello))]])
     footer = (
         struct.pack("<I", 1)  # run_count
         + b"\x01t"  # topic str8
-        + struct.pack("<HQQQQQIQQQ", 1, 7, 10, 10, 0, len(run), 1, 1700000000000, 1700000000000, 4)
+        + struct.pack("<HQQQQQIQQQ", 1, 7, 10, 300, 0, len(run), 2, 1700000000000, 1700000000001, 4)
+        + b"\x01"  # index_count
+        + b"\xa2\x02" + bytes([len(hello)])  # seq delta 290 (a two-byte varint), position delta
     )
-    assert data == run + footer + struct.pack("<II", len(footer), zlib.crc32(footer)) + b"\x02" + b"TIEREDB1"
+    assert data == run + footer + struct.pack("<II", len(footer), zlib.crc32(footer)) + b"\x03" + b"TIEREDB1"
     assert FOOTER_TRAILER_BYTES == 17
-    assert rows == [RunRow("t", 1, 7, 10, 10, 1, 1700000000000, 1700000000000, 4, 0, len(run))]
+    assert rows == [RunRow("t", 1, 7, 10, 300, 2, 1700000000000, 1700000000001, 4, 0, len(run))]
+    [(row, index)] = read_block_indexes(data, len(data))
+    assert index == RunIndex((10, 300), (0, len(hello)), len(run))
+
+
+def test_version_2_blocks_still_read_without_a_bundle_index():
+    run = records(1700000000000, b"hello")
+    footer = (struct.pack("<I", 1) + b"\x01t"
+              + struct.pack("<HQQQQQIQQQ", 1, 7, 10, 10, 0, len(run), 1, 1700000000000, 1700000000000, 4))
+    block = forge(run, footer, version=2)
+    assert read_block_indexes(block, len(block)) == [
+        (RunRow("t", 1, 7, 10, 10, 1, 1700000000000, 1700000000000, 4, 0, len(run)), None)]
+    [(row, data)] = decode_block(block)
+    assert bytes(data) == run
 
 
 def test_version_1_blocks_still_read_answering_from_their_first_seq():
@@ -146,7 +168,7 @@ def test_corrupt_trailers_are_refused():
     bad_magic = data[:-1] + b"X"
     with pytest.raises(ProtocolError, match="magic"):
         decode_block(bad_magic)
-    bad_version = data[:-9] + b"\x03" + data[-8:]
+    bad_version = data[:-9] + b"\x04" + data[-8:]
     with pytest.raises(ProtocolError, match="version"):
         decode_block(bad_version)
     footer_len_at = len(data) - FOOTER_TRAILER_BYTES
@@ -304,6 +326,140 @@ def test_damaged_valid_blocks_raise_protocol_error_only(at, xor, cut):
     _only_protocol_errors(_VALID[cut:])
 
 
+# -- version 3: the bundle index ---------------------------------------------------------------------------------------
+
+def big_run(first_seq: int, sizes: list[int], per_bundle: int = 1) -> tuple[RunMeta, bytes]:
+    """A run of bundles of `per_bundle` messages whose values have the given sizes."""
+    rng = random.Random(len(sizes))
+    out, seq = [], first_seq
+    for size in sizes:
+        out.append(encode_record(encode_bundle([Message(rng.randbytes(size), ts_ms=seq)] * per_bundle)))
+        seq += per_bundle
+    return meta("t", 0, first_seq, seq - 1, seq - first_seq, first_seq, seq - 1), b"".join(out)
+
+
+def test_the_index_has_an_entry_every_interval_at_bundle_boundaries():
+    m, run = big_run(5, [3000 + i * 37 for i in range(200)], per_bundle=3)
+    data, [row] = encode_block([(m, run)])
+    [(_, index)] = read_block_indexes(data, len(data))
+    starts, seq, position, longest = {}, 5, 0, 0  # bundle position -> its first seq
+    while position < len(run):
+        starts[position] = seq
+        end = maybe_record(run, position)[1]
+        position, seq, longest = end, seq + 3, max(longest, end - position)
+    assert index.seqs[0] == 5 and index.positions[0] == 0
+    assert len(index.seqs) > 5
+    for seq, position in zip(index.seqs, index.positions):
+        assert starts[position] == seq
+    gaps = [b - a for a, b in zip(index.positions, index.positions[1:])]
+    assert all(INDEX_EVERY_BYTES <= gap < INDEX_EVERY_BYTES + longest for gap in gaps)
+    assert len(run) - index.positions[-1] < INDEX_EVERY_BYTES + longest
+    assert list(zip(index.seqs[1:], index.positions[1:])) == run_index_of(run, 5)
+    decode_block(data)  # every entry at a record boundary
+    footer_bytes = block_tail_bytes(data[-FOOTER_TRAILER_BYTES:]) - FOOTER_TRAILER_BYTES
+    assert footer_bytes < 2 + 4 + RUN_ENTRY.size + 1 + 5 * len(index.seqs)  # a few bytes an entry
+
+
+def test_sparse_bundles_are_indexed_at_their_own_first_seq():
+    rng = random.Random(2)
+    out, seqs = [], []
+    seq = 100
+    for _ in range(40):
+        bundle = encode_bundle([Message(rng.randbytes(5000), ts_ms=1, seq=seq), Message(b"", ts_ms=1, seq=seq + 1000)],
+                               sparse=True)
+        out.append(encode_record(bundle))
+        seqs.append(seq)
+        seq += 1000 + rng.randint(1, 2**40)  # jumps wider than 32 bits
+    run = b"".join(out)
+    m = meta("t", 0, 100, seqs[-1] + 1000, 80, 1, 1)
+    data, _ = encode_block([(m, run)])
+    [(_, index)] = read_block_indexes(data, len(data))
+    assert len(index.seqs) > 2 and set(index.seqs) <= set(seqs)
+
+
+@pytest.mark.parametrize("entries", [
+    [(10, 0)],  # the run's start is implicit
+    [(11, 5), (11, 9)],  # seqs must increase
+    [(11, 9), (12, 5)],  # positions must increase
+    [(9, 5)],  # below first_seq
+    [(21, 5)],  # past last_seq
+    [(11, 10**6)],  # past the run
+])
+def test_encode_refuses_bad_index_entries(entries):
+    m, run = big_run(10, [10] * 11)
+    with pytest.raises(ValueError):
+        encode_block([(m, run)], indexes=[entries])
+
+
+def test_encode_refuses_an_index_entry_inside_a_record():
+    m, run = big_run(10, [10] * 11)
+    first_end = maybe_record(run)[1]
+    encode_block([(m, run)], indexes=[[(11, first_end)]])
+    with pytest.raises(ProtocolError):
+        encode_block([(m, run)], indexes=[[(11, first_end + 1)]])
+
+
+def v3_forge(run_bytes: bytes, row_fields: tuple, index: bytes) -> bytes:
+    footer = struct.pack("<I", 1) + b"\x01t" + RUN_ENTRY.pack(*row_fields) + index
+    return forge(run_bytes, footer, version=3)
+
+
+@pytest.mark.parametrize("index, error", [
+    (b"", "too short"),
+    (b"\x01", "do not fit"),
+    (b"\x01\x01", "do not fit"),
+    (b"\x02\x01\x05\x01", "do not fit"),
+    (b"\x01\x00\x05", "does not follow"),  # seq delta 0
+    (b"\x01\x01\x00", "does not follow"),  # position delta 0
+    (b"\x01\x0b\x05", "does not follow"),  # past last_seq
+    (b"\x01\x01\x8f\x01", "does not follow"),  # past the run (143 bytes)
+    (b"\x01\x01\x02", "inside a record"),  # not at a boundary
+    (b"\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x05", "varint"),  # over 64 bits
+    (b"\x01\x01\x05\x00", "stray"),
+])
+def test_decode_refuses_bad_indexes(index, error):
+    run = records(0, *[b"x"] * 11)  # 11 records of 13 bytes
+    block = v3_forge(run, (0, 10, 10, 20, 0, len(run), 11, 0, 10, 0), index)
+    with pytest.raises(ProtocolError, match=error):
+        decode_block(block)
+
+
+def test_decode_reads_a_hand_made_index():
+    run = records(0, *[b"x"] * 11)
+    one = len(run) // 11
+    block = v3_forge(run, (0, 10, 10, 20, 0, len(run), 11, 0, 10, 0), b"\x02\x02" + bytes([2 * one]) + b"\x03"
+                     + bytes([3 * one]))
+    [(_, index)] = read_block_indexes(block, len(block))
+    assert index == RunIndex((10, 12, 15), (0, 2 * one, 5 * one), len(run))
+
+
+_BIG_VALID, _ = encode_block([big_run(1, [9000] * 30), big_run(500, [700] * 200)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, len(_BIG_VALID) - 1), st.integers(1, 255), st.integers(0, len(_BIG_VALID)))
+def test_damaged_indexed_blocks_raise_protocol_error_only(at, xor, cut):
+    damaged = bytearray(_BIG_VALID)
+    damaged[at] ^= xor
+    _only_protocol_errors(bytes(damaged))
+    _only_protocol_errors(_BIG_VALID[:cut])
+    _only_protocol_errors(_BIG_VALID[cut:])
+
+
+def test_damaged_index_bytes_raise_protocol_error_only():
+    """Every byte of the footer's indexes, seeded-random damage and oversized footers: ProtocolError or a valid read."""
+    size = block_tail_bytes(_BIG_VALID[-FOOTER_TRAILER_BYTES:])
+    rng = random.Random(14)
+    footer_at = len(_BIG_VALID) - size
+    for _ in range(400):
+        damaged = bytearray(_BIG_VALID)
+        at = rng.randrange(footer_at, len(_BIG_VALID) - FOOTER_TRAILER_BYTES)
+        damaged[at] = rng.randrange(256)
+        footer = bytes(damaged[footer_at : len(_BIG_VALID) - FOOTER_TRAILER_BYTES])
+        _only_protocol_errors(forge(bytes(damaged[:footer_at]), footer, version=3))  # CRC made valid
+        _only_protocol_errors(forge(bytes(damaged[:footer_at]), footer + rng.randbytes(rng.randint(1, 30)), version=3))
+
+
 def _pieces_of(run: bytes) -> list[bytes]:
     """A run cut into its records, as the block builder holds it."""
     out, position = [], 0
@@ -340,3 +496,17 @@ def test_pieces_that_are_not_whole_records_are_refused():
         encode_block_pieces([(meta("t", 0, 0, 0, 1, 0, 0), [])])
     two_in_one = RECORD4 + RECORD4  # a piece may hold several whole records
     assert encode_block_pieces([(meta("t", 0, 0, 1, 2, 0, 0), [two_in_one])])[1][0].length_bytes == 8
+
+
+def test_pieces_with_a_bundle_index_match_the_joined_block_and_check_its_boundaries():
+    run = records(0, *(random.Random(i).randbytes(10_000) for i in range(20)))  # 200 KB: entries every 64 KiB
+    pieces = _pieces_of(run)
+    run_meta = meta("t", 0, 1, 20, 20, 0, 19)
+    entries = run_index_of(run, 1)
+    assert entries
+    assert b"".join(encode_block_pieces([(run_meta, pieces)], [entries])[0]) == encode_block([(run_meta, run)])[0]
+    seq, position = entries[0]
+    with pytest.raises(ProtocolError, match="inside a record"):
+        encode_block_pieces([(run_meta, pieces)], [[(seq, position + 1)]])
+    with pytest.raises(ProtocolError, match="inside a record"):  # a multi-record piece goes through _check_records
+        encode_block_pieces([(run_meta, [run])], [[(seq, position + 1)]])

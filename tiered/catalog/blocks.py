@@ -59,7 +59,8 @@ class RunRow(RunMeta):
 @dataclass(frozen=True, slots=True)
 class RunLocation:
     """Where a committed run's bytes are: one range GET of `object_key` at [position, position + length_bytes).
-    It answers for the seqs [from_seq, last_seq]; its first record starts at first_seq."""
+    It answers for the seqs [from_seq, last_seq]; its first record starts at first_seq. The block object is
+    `block_size_bytes` long: its footer (and the run's bundle index) is at its end."""
 
     topic: str
     partition: int
@@ -72,6 +73,7 @@ class RunLocation:
     object_key: str
     min_ts_ms: int
     max_ts_ms: int
+    block_size_bytes: int
 
     def holds(self, seq: int) -> bool:
         return self.from_seq <= seq <= self.last_seq
@@ -105,7 +107,8 @@ _BLOCK_COLUMNS = (
     BlockModel.committed_at,
     BlockModel.delete_after,
 )
-# Only columns of ix_block_runs_lookup (PostgreSQL answers from the index alone), plus the block's object key.
+# Only columns of ix_block_runs_lookup (PostgreSQL answers from the index alone), plus the block's object key and size
+# (from the block row the join reads by primary key anyway).
 _LOCATION_COLUMNS = (
     BlockRunModel.from_seq,
     BlockRunModel.first_seq,
@@ -116,6 +119,7 @@ _LOCATION_COLUMNS = (
     BlockModel.object_key,
     BlockRunModel.min_ts_ms,
     BlockRunModel.max_ts_ms,
+    BlockModel.size_bytes,
 )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tiered.catalog.blocks import RunMeta
 from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
 from tiered.tier_interface import AckOutcome
+from tiered.tiering.block_format import INDEX_EVERY_BYTES
 
 TopicPartition = tuple[str, int]
 
@@ -40,6 +41,10 @@ class PendingRun:
     min_ts_ms: int = 0
     max_ts_ms: int = 0
     size_bytes: int = 0
+    # The run's bundle index as the block footer stores it (tiered.tiering.block_format, version 3): (first seq,
+    # position in the run) of each record starting at least INDEX_EVERY_BYTES past the previous entry.
+    index: list[tuple[int, int]] = field(default_factory=list)
+    indexed_at: int = 0  # position of the last entry (0: the run's start)
 
     def meta(self) -> RunMeta:
         return RunMeta(self.topic, self.partition, self.from_seq, self.first_seq, self.last_seq, self.messages,
@@ -149,6 +154,9 @@ class BlockBuilder:
             run = PendingRun(topic, partition, epoch, segment_base, next_from, first_seq, last_seq,
                              min_ts_ms=low, max_ts_ms=high)
             runs.append(run)
+        if run.size_bytes - run.indexed_at >= INDEX_EVERY_BYTES:
+            run.index.append((first_seq, run.size_bytes))
+            run.indexed_at = run.size_bytes
         run.last_seq = last_seq
         run.records.append(record)
         run.messages += messages

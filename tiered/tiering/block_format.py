@@ -19,6 +19,10 @@ Byte layout (all integers little-endian, as in TANK's files):
                    min_ts_ms:u64
                    max_ts_ms:u64
                    leader_epoch:u64                the epoch the uploading broker held (version 2) ... RUN_ENTRY
+                   index_count:varint              version 3: the run's bundle index, index_count ×
+                   {seq_delta:varint,                the first seq of an indexed bundle minus the previous entry's
+                    position_delta:varint}           (the first entry's: minus first_seq), and its position in the
+                                                     run minus the previous entry's (the first's: minus 0)
                }
     trailer := footer_bytes:u32                    TRAILER: the footer's length (trailer excluded)
                footer_crc32:u32                    zlib.crc32 of the footer bytes
@@ -26,14 +30,24 @@ Byte layout (all integers little-endian, as in TANK's files):
                magic:8s                            b"TIEREDB1", the object's last 8 bytes
 
 Version 1 (the first release) had no from_seq and no leader_epoch: its runs read as from_seq = first_seq and epoch 0.
+Version 2 has no bundle index: a reader of one of its runs reads the whole run.
+
+The bundle index (version 3) lets a reader range-GET part of a run (tiered.tiering.run_reads): an entry names a bundle
+boundary of the run, (first seq of the bundle there, its position in the run), one wherever at least
+INDEX_EVERY_BYTES have passed since the previous entry (or the run's start, itself the implicit entry
+(first_seq, 0)). A GET from the entry at or before a seq then reads at most INDEX_EVERY_BYTES (plus one bundle) before
+the bundle holding it, so a 1 MiB answer GETs about 1.07 bytes per byte answered; an 8 MiB block has about 128
+entries of 3 to 5 bytes each, under 1 KiB of footer.
 A partition may have several runs in one block (its records are split where a local segment rolled, so that each
 run lies inside one segment and a remote segment covers its runs exactly); they are in seq order.
 
 Invariants a reader checks, so a damaged or foreign object is refused rather than misread: the magic, the version,
 the footer CRC, at least one run, runs laid end to end from position 0 up to the footer in footer order,
 from_seq <= first_seq <= last_seq, runs of one partition in increasing seq order without overlap,
-1 <= messages <= last_seq - first_seq + 1 (sparse bundles leave gaps), min_ts_ms <= max_ts_ms. decode_block also
-checks that each run is whole records.
+1 <= messages <= last_seq - first_seq + 1 (sparse bundles leave gaps), min_ts_ms <= max_ts_ms; index entries in
+strictly increasing seq and position order, inside the run (first_seq < seq <= last_seq, 0 < position <
+length_bytes). decode_block also checks that each run is whole records and that every index entry is at a record
+boundary.
 
 Reading the footer of a stored block (what `tiered catalog rebuild` does) takes the tail of the object only: GET the
 last FOOTER_TRAILER_BYTES (or more, as a guess), ask block_tail_bytes() how many tail bytes the footer needs, GET
@@ -44,16 +58,20 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from tiered.catalog.blocks import RunMeta, RunRow
+from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import maybe_varint
 from tiered.storage.topics import is_valid_topic_name
 
 MAGIC = b"TIEREDB1"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
+INDEX_EVERY_BYTES = 64 << 10  # a bundle index entry once this many bytes of a run passed since the last one
 
 FOOTER_HEADER = struct.Struct("<I")  # run_count
 TOPIC_LEN = struct.Struct("<B")  # str8 length prefix
@@ -66,22 +84,59 @@ FOOTER_TRAILER_BYTES = TRAILER.size
 
 _MAX_U32 = 0xFFFF_FFFF
 
+IndexEntries = Sequence[tuple[int, int]]  # (first seq of a bundle, its position in the run), position > 0
 
-def encode_block(runs: Sequence[tuple[RunMeta, bytes]]) -> tuple[bytes, list[RunRow]]:
+
+@dataclass(frozen=True, slots=True)
+class RunIndex:
+    """A run's bundle index as a reader uses it: entry 0 is the run's start (first_seq, 0), then the footer's
+    entries; `seqs` and `positions` strictly increase, positions are relative to the run's start."""
+
+    seqs: tuple[int, ...]
+    positions: tuple[int, ...]
+    length_bytes: int  # of the run
+
+
+def run_index_of(records, first_seq: int, every: int = INDEX_EVERY_BYTES) -> list[tuple[int, int]]:
+    """The bundle index entries of a run's records (whole records whose first bundle starts at `first_seq`), by the
+    rule of the format: an entry at each bundle boundary at least `every` bytes past the previous entry. Reads
+    every bundle header; the block builder keeps the same entries as records arrive (PendingRun.index)."""
+    view = memoryview(records)
+    entries: list[tuple[int, int]] = []
+    position, last_entry, next_seq = 0, 0, first_seq
+    while position < len(view):
+        got = maybe_record(view, position)
+        if got is None:
+            raise ProtocolError("truncated record", position)
+        first, last = bundle_seq_range(read_bundle_header(view[got[0] : got[1]]), next_seq)
+        if position - last_entry >= every:
+            entries.append((first, position))
+            last_entry = position
+        position, next_seq = got[1], last + 1
+    return entries
+
+
+def encode_block(runs: Sequence[tuple[RunMeta, bytes]],
+                 indexes: Sequence[IndexEntries] | None = None) -> tuple[bytes, list[RunRow]]:
     """The block object holding `runs` in the given order, and each run as the footer lists it (with its position).
 
     Each run's bytes must be whole `{varint len, bundle}` records (ProtocolError otherwise); bad metadata is a
-    ValueError. A block has at least one run; runs of one partition come in increasing seq order.
+    ValueError. A block has at least one run; runs of one partition come in increasing seq order. `indexes`: each
+    run's bundle index entries as the builder kept them; without it they are read from the runs' bundles
+    (run_index_of). Entries must increase inside the run (ValueError) and be at record boundaries (ProtocolError).
     """
-    pieces, rows = encode_block_pieces([(meta, [records]) for meta, records in runs])
+    pieces, rows = encode_block_pieces([(meta, [records]) for meta, records in runs], indexes)
     return b"".join(pieces), rows
 
 
-def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]]) -> tuple[list[bytes], list[RunRow]]:
+def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]],
+                        indexes: Sequence[IndexEntries] | None = None) -> tuple[list[bytes], list[RunRow]]:
     """encode_block for runs given as lists of records, returned as the pieces whose concatenation is the object
     (the records themselves, then footer and trailer): the upload writes them out without joining them."""
     if not runs:
         raise ValueError("a block needs at least one run")
+    if indexes is not None and len(indexes) != len(runs):
+        raise ValueError(f"{len(indexes)} bundle indexes for {len(runs)} runs")
     rows: list[RunRow] = []
     pieces: list[bytes] = []
     footer = bytearray(FOOTER_HEADER.pack(len(runs)))
@@ -93,7 +148,15 @@ def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]]) -> tupl
         if before is not None and meta.from_seq <= before:
             raise ValueError(f"runs of {meta.topic}/{meta.partition} overlap or are out of order in one block")
         last_of[(meta.topic, meta.partition)] = meta.last_seq
-        length = _check_record_pieces(records, f"run {meta.topic}/{meta.partition}")
+        what = f"run {meta.topic}/{meta.partition}"
+        length = sum(len(record) for record in records)
+        if indexes is None:
+            # Runs under one index interval need no entry, so their bundles need no reading.
+            entries = run_index_of(b"".join(records), meta.first_seq) if length > INDEX_EVERY_BYTES else []
+        else:
+            entries = list(indexes[len(rows)])
+        _check_index(entries, meta.first_seq, meta.last_seq, length, what, ValueError)
+        _check_record_pieces(records, what, [entry_position for _, entry_position in entries])
         row = RunRow(**{f: getattr(meta, f) for f in RunMeta.__dataclass_fields__}, position=position,
                      length_bytes=length)
         topic = meta.topic.encode("ascii")
@@ -102,6 +165,11 @@ def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]]) -> tupl
             row.partition, row.from_seq, row.first_seq, row.last_seq, row.position, row.length_bytes,
             row.messages, row.min_ts_ms, row.max_ts_ms, row.leader_epoch,
         )  # fmt: skip
+        footer += _uvarint(len(entries))
+        seq, position_before = meta.first_seq, 0
+        for entry_seq, entry_position in entries:
+            footer += _uvarint(entry_seq - seq) + _uvarint(entry_position - position_before)
+            seq, position_before = entry_seq, entry_position
         rows.append(row)
         pieces.extend(records)
         position += length
@@ -120,6 +188,11 @@ def block_tail_bytes(tail) -> int:
 
 def read_block_footer(tail, object_size: int) -> list[RunRow]:
     """The runs of a block of `object_size` bytes, from its last bytes (`tail`: at least block_tail_bytes(tail))."""
+    return [row for row, _ in read_block_indexes(tail, object_size)]
+
+
+def read_block_indexes(tail, object_size: int) -> list[tuple[RunRow, RunIndex | None]]:
+    """read_block_footer's runs, each with its bundle index (None in a block of version 1 or 2)."""
     tail = memoryview(tail)
     if len(tail) > object_size:
         raise ProtocolError(f"block tail of {len(tail)} bytes is longer than the object ({object_size} bytes)")
@@ -140,10 +213,11 @@ def read_block_footer(tail, object_size: int) -> list[RunRow]:
 def decode_block(data) -> list[tuple[RunRow, memoryview]]:
     """Every run of a whole block object with its bytes (views into `data`), each checked to be whole records."""
     data = memoryview(data)
-    runs = read_block_footer(data, len(data))
     out = []
-    for info in runs:
-        _check_records(data, info.position, f"run {info.topic}/{info.partition}", info.position + info.length_bytes)
+    for info, index in read_block_indexes(data, len(data)):
+        boundaries = [info.position + p for p in index.positions[1:]] if index is not None else []
+        _check_records(data, info.position, f"run {info.topic}/{info.partition}", info.position + info.length_bytes,
+                       boundaries)
         out.append((info, data[info.position : info.position + info.length_bytes]))
     return out
 
@@ -155,7 +229,7 @@ def _read_trailer(tail, tail_start: int = 0) -> tuple[int, int, int]:
     footer_bytes, crc, version, magic = TRAILER.unpack_from(tail, trailer_start)
     if magic != MAGIC:
         raise ProtocolError(f"bad block magic {magic!r}", tail_start + len(tail) - len(MAGIC))
-    if version not in (1, FORMAT_VERSION):
+    if version not in READ_VERSIONS:
         raise ProtocolError(f"unknown block format version {version}", tail_start + trailer_start + 8)
     if footer_bytes < FOOTER_HEADER.size:
         raise ProtocolError(f"block footer length {footer_bytes} is too small", tail_start + trailer_start)
@@ -170,15 +244,17 @@ def _read_entry(footer: memoryview, at: int, topic: str, version: int) -> RunRow
     return RunRow(topic, partition, from_seq, first, last, messages, low, high, epoch, position, length)
 
 
-def _read_footer(footer: memoryview, footer_start: int, version: int) -> list[RunRow]:
-    entry = RUN_ENTRY if version == FORMAT_VERSION else RUN_ENTRY_V1
+def _read_footer(footer: memoryview, footer_start: int, version: int) -> list[tuple[RunRow, RunIndex | None]]:
+    entry = RUN_ENTRY_V1 if version == 1 else RUN_ENTRY
+    indexed = version >= 3
     (run_count,) = FOOTER_HEADER.unpack_from(footer, 0)
     if run_count == 0:
         raise ProtocolError("block footer lists no runs", footer_start)
-    # Each entry takes at least 2 + RUN_ENTRY bytes: refuse a count the footer cannot hold before looping on it.
-    if run_count * (TOPIC_LEN.size + 1 + entry.size) > len(footer) - FOOTER_HEADER.size:
+    # Each entry takes at least 2 + RUN_ENTRY bytes (+ 1 for an empty index): refuse a count the footer cannot hold
+    # before looping on it.
+    if run_count * (TOPIC_LEN.size + 1 + entry.size + indexed) > len(footer) - FOOTER_HEADER.size:
         raise ProtocolError(f"block footer too short for {run_count} runs", footer_start)
-    runs: list[RunRow] = []
+    runs: list[tuple[RunRow, RunIndex | None]] = []
     last_of: dict[tuple[str, int], int] = {}
     at = FOOTER_HEADER.size
     expected_position = 0
@@ -215,7 +291,10 @@ def _read_footer(footer: memoryview, footer_start: int, version: int) -> list[Ru
         if info.min_ts_ms > info.max_ts_ms:
             raise ProtocolError(f"{where}: min timestamp {info.min_ts_ms} > max {info.max_ts_ms}", entry_at)
         expected_position += info.length_bytes
-        runs.append(info)
+        index = None
+        if indexed:
+            index, at = _read_index(footer, at, footer_start, info, where)
+        runs.append((info, index))
     if at != len(footer):
         raise ProtocolError(f"{len(footer) - at} stray bytes after the last run entry", footer_start + at)
     if expected_position != footer_start:
@@ -223,29 +302,94 @@ def _read_footer(footer: memoryview, footer_start: int, version: int) -> list[Ru
     return runs
 
 
-def _check_record_pieces(records: Sequence[bytes], what: str) -> int:
-    """Each piece is whole `{varint len, bundle}` records (at least one piece); returns their total length.
+def _read_index(footer: memoryview, at: int, footer_start: int, info: RunRow,
+                where: str) -> tuple[RunIndex, int]:
+    """The bundle index of run `info` at footer position `at`, and the footer position after it."""
+    count, at = _read_uvarint(footer, at, footer_start, f"{where}: index length")
+    # Each entry takes at least 2 bytes: refuse a count the footer cannot hold before looping on it.
+    if count > (len(footer) - at) // 2:
+        raise ProtocolError(f"{where}: {count} index entries do not fit the footer", footer_start + at)
+    seqs, positions = [info.first_seq], [0]
+    for _ in range(count):
+        seq_delta, at = _read_uvarint(footer, at, footer_start, f"{where}: index entry")
+        position_delta, at = _read_uvarint(footer, at, footer_start, f"{where}: index entry")
+        seqs.append(seqs[-1] + seq_delta)
+        positions.append(positions[-1] + position_delta)
+    entries = list(zip(seqs[1:], positions[1:]))
+    _check_index(entries, info.first_seq, info.last_seq, info.length_bytes, where,
+                 lambda message: ProtocolError(message, footer_start + at))
+    return RunIndex(tuple(seqs), tuple(positions), info.length_bytes), at
 
-    A piece that is exactly one record with a one- or two-byte length (what the append path hands over) is checked
-    inline; any other goes through _check_records.
-    """
+
+def _check_index(entries: IndexEntries, first_seq: int, last_seq: int, length: int, what: str,
+                 error: Callable[[str], Exception]) -> None:
+    """Entries strictly increase in seq and position, inside the run: first_seq < seq <= last_seq and
+    0 < position < length (the run's start is the implicit entry, so it is never listed)."""
+    seq, position = first_seq, 0
+    for entry_seq, entry_position in entries:
+        if not seq < entry_seq <= last_seq or not position < entry_position < length:
+            raise error(f"{what}: index entry ({entry_seq}, {entry_position}) does not follow ({seq}, {position}) "
+                        f"inside seqs {first_seq}-{last_seq} and {length} bytes")
+        seq, position = entry_seq, entry_position
+
+
+def _uvarint(value: int) -> bytes:
+    """An unsigned LEB128 varint of up to 64 bits (the protocol's varints stop at 32, and seq deltas may not)."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_uvarint(buf: memoryview, at: int, base: int, what: str) -> tuple[int, int]:
+    value, shift = 0, 0
+    for i in range(at, min(at + 10, len(buf))):
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            if value > UINT64_MAX:
+                raise ProtocolError(f"{what}: varint exceeds 64 bits", base + at)
+            return value, i + 1
+        shift += 7
+    raise ProtocolError(f"{what}: truncated or overlong varint", base + at)
+
+
+def _check_record_pieces(records: Sequence[bytes], what: str, boundaries: Sequence[int]) -> None:
+    """_check_records over the concatenation of `records` (at least one piece, each whole records), without joining
+    them. A piece that is exactly one record with a one- or two-byte length (what the append path hands over) is
+    checked inline, and may hold a boundary only at its start; any other goes through _check_records."""
     if not records:
         raise ProtocolError(f"{what}: no records", 0)
-    total = 0
+    pending = list(boundaries)
+    at, offset = 0, 0
     for record in records:
         size = len(record)
-        if size < 2 or not (
+        end = offset + size
+        inside = []
+        while at < len(pending) and pending[at] < end:
+            inside.append(pending[at] - offset)
+            at += 1
+        single = size >= 2 and (
             record[0] == size - 1 < 0x80
             or (size > 2 and record[0] >= 0x80 and record[1] < 0x80
                 and (record[0] & 0x7F) | record[1] << 7 == size - 2)
-        ):  # fmt: skip
-            _check_records(memoryview(record), 0, what)
-        total += size
-    return total
+        )  # fmt: skip
+        if not single:
+            _check_records(memoryview(record), 0, what, boundaries=inside)
+        elif inside and inside != [0]:
+            bad = next(b for b in inside if b != 0) + offset
+            raise ProtocolError(f"{what}: index entry at {bad} is inside a record", bad)
+        offset = end
+    if at < len(pending):
+        raise ProtocolError(f"{what}: index entry at {pending[at]} is past the last record", pending[at])
 
 
-def _check_records(buf: memoryview, start: int, what: str, end: int | None = None) -> None:
-    """`buf[start:end]` is a non-empty sequence of whole `{varint len, bundle}` records.
+def _check_records(buf: memoryview, start: int, what: str, end: int | None = None,
+                   boundaries: Sequence[int] = ()) -> None:
+    """`buf[start:end]` is a non-empty sequence of whole `{varint len, bundle}` records, and every position of
+    `boundaries` (increasing, inside the range) is where one of them starts.
 
     Runs every block through, so the common one- and two-byte lengths are read inline (several times faster than calling
     maybe_record per record on an 8 MiB block); longer varints go through the shared reader.
@@ -255,7 +399,13 @@ def _check_records(buf: memoryview, start: int, what: str, end: int | None = Non
     if start >= end:
         raise ProtocolError(f"{what}: no records", start)
     position = start
+    pending = iter(boundaries)
+    boundary = next(pending, None)
     while position < end:
+        if boundary is not None and boundary <= position:
+            if boundary < position:
+                raise ProtocolError(f"{what}: index entry at {boundary} is inside a record", boundary)
+            boundary = next(pending, None)
         size = view[position]
         if size < 0x80:
             bundle_start = position + 1
@@ -272,6 +422,8 @@ def _check_records(buf: memoryview, start: int, what: str, end: int | None = Non
         if bundle_start + size > end:
             raise ProtocolError(f"{what}: truncated record", position)
         position = bundle_start + size
+    if boundary is not None:
+        raise ProtocolError(f"{what}: index entry at {boundary} is past the last record", boundary)
 
 
 def _check_meta(meta: RunMeta) -> None:

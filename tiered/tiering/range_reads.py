@@ -1,7 +1,7 @@
 """Range GETs streamed into memory, and the byte budget they and the remote reader's caches share.
 
 - `ReadBudget`: the broker's budget for remote reads (`remote_read_budget_bytes`, docs/configuration.md). A quarter
-  goes to the caches (index objects, block run bytes), the rest to the buffers of range GETs in flight. A fetch's
+  goes to the caches (index objects, block footers, block run bytes), the rest to the buffers of range GETs in flight. A fetch's
   GET waits for its bytes (`acquire`); a read-ahead takes them only if they are free and read-aheads hold less than
   half of the buffers (`try_acquire`), so read-ahead never holds up a fetch. A single GET larger than the buffers
   waits until they are all free and then takes them all: memory stays within the budget or one GET, whichever is
@@ -9,7 +9,8 @@
 - `RangeRead`: one range GET [start, end) of an object, read by a task of its own into a buffer of its final size
   (allocated once, so slices of it stay valid while bytes keep arriving). Readers wait for a position to arrive
   (`until`) and take zero-copy views of what has. The buffer's bytes are held from the budget until `close`. The
-  GET takes in each piece when `pace` lets it (the hot path first, tiered.tiering.hot_path).
+  GET takes in each piece when `pace` lets it (the hot path first, tiered.tiering.hot_path), and stops early once
+  the bytes a reader wants are in (`stop_at`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class RangeRead:
         self._budget = budget
         self._ahead = ahead
         self._closed = False
+        self._stop = end - start  # bytes wanted: the GET stops once they are in (stop_at)
         self._arrived: asyncio.Future | None = None
         self._task = asyncio.get_running_loop().create_task(self._run(store, slots, pace))
 
@@ -138,6 +140,17 @@ class RangeRead:
         self.buffer[self.filled : self.filled + n] = piece[:n]
         self.filled += n
         self._wake()
+        self._stop_if_full()
+
+    def stop_at(self, position: int) -> None:
+        """Nothing from object position `position` on is wanted: the GET stops as soon as the bytes before it are in
+        (readers asking past it get what arrived, then the abort)."""
+        self._stop = min(self._stop, max(0, position - self.start))
+        self._stop_if_full()
+
+    def _stop_if_full(self) -> None:
+        if self.filled >= self._stop and self.filled < self.size and not self.done and not self._task.done():
+            self._task.cancel()
 
     def _wake(self) -> None:
         if self._arrived is not None and not self._arrived.done():

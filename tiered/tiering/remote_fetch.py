@@ -11,10 +11,12 @@ answer is sent and the consumer decodes it: a window ending at an index entry te
 next, so the window after it can be read ahead too, and the consumer has several GETs in flight. Read-aheads are
 kept a few per partition for AHEAD_TTL_S, and only within the read budget.
 
-Seqs not in a remote segment come from the block run that answers for them (one index scan, one range GET of the
-run, cached). A location answers for [from_seq, last_seq]: a seq in a jump before its first record reads from that
-record, as in TANK, but a seq that no location answers for is reported (Unreadable), never served from a later
-location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
+Seqs not in a remote segment come from the block run that answers for them (one index scan, cached). A run of a
+block of version 3 is range-read by its bundle index (tiered.tiering.run_reads: the block's footer GET once, then a
+streamed window of little more than the answer; a fetch smaller than an index interval reads the run's pages between
+index entries, cached); a run of an older block is GET whole and cached. A location answers
+for [from_seq, last_seq]: a seq in a jump before its first record reads from that record, as in TANK, but a seq that
+no location answers for is reported (Unreadable), never served from a later location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
 within `fetch_size` (or after that first bundle when it alone is larger), as a local read does. GETs run under their
 own concurrency limit, apart from the produce path and local reads, and give way to blocks in flight
 (tiered.tiering.hot_path), so that a replaying consumer cannot stall producers or tail consumers.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -44,6 +46,8 @@ from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
+from tiered.tiering.block_format import INDEX_EVERY_BYTES, RunIndex
+from tiered.tiering.run_reads import BlockIndexes, RunWindow, read_footer, run_window
 from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
@@ -249,9 +253,13 @@ class RemoteReader:
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
         self.runs: RangeCache[RunLocation] = RangeCache()  # same grace-period argument as segment rows
-        # A run is read whole (the catalog does not know where its bundles start), so a consumer reading a run in
-        # fetches smaller than the run would otherwise GET the whole run once per fetch. Runs never change.
-        self.run_bytes: SizedLru[tuple[str, int], bytes] = SizedLru(self.budget.cache_bytes // 2, len)
+        # The bundle indexes of each block's runs, from its footer (read once per block; version 3).
+        self.footers: SizedLru[str, BlockIndexes] = SizedLru(self.budget.cache_bytes // 4,
+                                                             lambda footer: footer.size_bytes)
+        # A run of a block without indexes is read whole, so a consumer reading such a run in fetches smaller than the
+        # run would otherwise GET the whole run once per fetch; for the same reason small fetches of an indexed run
+        # read and keep its pages (by ("page", object key, position)). Runs never change.
+        self.run_bytes: SizedLru[tuple, bytes] = SizedLru(self.budget.cache_bytes // 4, len)
         # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
         # only be in a block run, so the segment lookup is skipped.
         self.highest_copied = highest_copied
@@ -264,7 +272,7 @@ class RemoteReader:
     @property
     def buffered_bytes(self) -> int:
         """Bytes held by GET buffers and the caches, all within the read budget."""
-        return self.budget.used + self.indexes.size_bytes + self.run_bytes.size_bytes
+        return self.budget.used + self.indexes.size_bytes + self.footers.size_bytes + self.run_bytes.size_bytes
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
         copied = self.highest_copied(topic, partition)
@@ -399,14 +407,15 @@ class RemoteReader:
         i = bisect_right(index.positions, end) - 1
         return row.base_seq + index.rel_seqs[i]  # chunks end at index entries: the next bundle's first seq
 
-    def _failed(self, topic: str, partition: int, seq: int, object_key: str, exc: Exception) -> Unreadable:
+    def _failed(self, topic: str, partition: int, seq: int, object_key: str, exc: Exception,
+                what: str = "segment") -> Unreadable:
         if isinstance(exc, ObjectNotFound):
             self._missing(object_key)
-            return Unreadable(f"segment object {object_key} is missing")
+            return Unreadable(f"{what} object {object_key} is missing")
         if not isinstance(exc, (StoreError, EOFError, ProtocolError)):
             raise exc
         log.error("%s/%d: reading seq %d from %s failed: %s", topic, partition, seq, object_key, exc)
-        return Unreadable(f"segment object {object_key}: {exc}")
+        return Unreadable(f"{what} object {object_key}: {exc}")
 
     # -- read-ahead -------------------------------------------------------------------------------------------------
 
@@ -521,6 +530,71 @@ class RemoteReader:
             if run is None or not run.holds(seq):
                 return None
             self.runs.put(run)
+        footer = self.footers.get(run.object_key)
+        if footer is None:
+            try:
+                footer = await read_footer(self._get, run)
+            except ProtocolError as exc:
+                # Read the run whole, as from a block without indexes: its records are checked as they are trimmed.
+                log.error("block %s: unreadable footer (%s); reading the run whole", run.object_key, exc)
+                footer = BlockIndexes.of({})
+            if footer is None:
+                return Unreadable(f"block object {run.object_key} is missing")
+            self.footers.put(run.object_key, footer)
+        index = footer.by_position.get(run.position)
+        if index is None or index.length_bytes != run.length_bytes:
+            return await self._whole_run(run, seq, fetch_size)
+        window = run_window(index, seq, fetch_size)
+        if fetch_size < INDEX_EVERY_BYTES:
+            return await self._from_pages(run, index, window, seq, fetch_size)
+        base, run_end = run.position, run.position + run.length_bytes
+        self.metrics.inc(m.REMOTE_GETS)
+        read = await RangeRead.open(self.store, run.object_key, base + window.floor, base + window.end, self.budget,
+                                    self._slots, self.pace)
+        try:
+            first = await find_first_bundle(read, base + window.floor, window.floor_seq, seq)
+            if first is None:
+                read.close()
+                return None
+            end, _ = await walked_end(read, first, min(run_end, first.start + fetch_size))
+        except BaseException as exc:
+            read.close()
+            if not isinstance(exc, Exception):
+                raise
+            return self._failed(topic, partition, seq, run.object_key, exc, "block")
+        read.stop_at(end)  # the answer is whole once `end` is in: nothing after it is wanted
+        return RemoteChunk(RangeChunk(read, first.start, end, self.pace), first.first_seq, first.sparse)
+
+    async def _from_pages(self, run: RunLocation, index: RunIndex, window: RunWindow, seq: int,
+                          fetch_size: int) -> RemoteChunk | Unreadable | None:
+        """A fetch smaller than an index interval, from the run's pages (the bytes between two index entries), GET
+        once and cached: a window would GET up to two intervals for each small answer, while a consumer reading a
+        run in order in small fetches GETs each page once. Missing pages of the window are read in one GET."""
+        bounds = (*index.positions, index.length_bytes)
+        first = bisect_right(bounds, window.floor) - 1
+        last = bisect_left(bounds, window.end) - 1  # the page holding byte window.end - 1
+        keys = [("page", run.object_key, run.position + bounds[p]) for p in range(first, last + 1)]
+        pages = [self.run_bytes.get(key) for key in keys]
+        missing = [i for i, page in enumerate(pages) if page is None]
+        if missing:
+            low, high = bounds[first + missing[0]], bounds[first + missing[-1] + 1]
+            data = await self._get(run.object_key, run.position + low, run.position + high)
+            if data is None:
+                return Unreadable(f"block object {run.object_key} is missing")
+            if len(data) != high - low:
+                return self._failed(run.topic, run.partition, seq, run.object_key,
+                                    EOFError(f"ends before position {run.position + high}"), "block")
+            for i in range(missing[0], missing[-1] + 1):
+                page = data[bounds[first + i] - low : bounds[first + i + 1] - low]
+                pages[i] = pages[i] or page
+                self.run_bytes.put(keys[i], page)
+        else:
+            self.metrics.inc(m.REMOTE_RUN_CACHE_HITS)
+        trimmed = trim_chunk(b"".join(pages), window.floor_seq, seq, fetch_size)
+        return RemoteChunk(*trimmed) if trimmed is not None else None
+
+    async def _whole_run(self, run: RunLocation, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
+        """A run of a block without bundle indexes (version 1 or 2): GET whole once, cached, trimmed per fetch."""
         key = (run.object_key, run.position)
         data = self.run_bytes.get(key)
         if data is None:

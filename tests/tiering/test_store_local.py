@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -152,3 +153,18 @@ async def test_short_vectored_writes_are_finished(store, monkeypatch):
     await store.put("k/short", pieces)
     assert (store.root / "k" / "short").read_bytes() == b"".join(pieces)
     assert calls["writev"] == 1
+
+
+@pytest.mark.parametrize("refusal", [None, errno.EXDEV, errno.ENOSYS])
+async def test_put_file_copies_in_the_kernel_or_through_a_buffer(store, tmp_path, monkeypatch, refusal):
+    """A sealed segment is copied with copy_file_range; a kernel or filesystem without it falls back to a buffer."""
+    source = tmp_path / "segment.ilog"
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    source.write_bytes(data)
+    if refusal is not None:
+        def refuse(*args):
+            raise OSError(refusal, os.strerror(refusal))
+        monkeypatch.setattr(local_store.os, "copy_file_range", refuse)
+    await store.put_file("segments/t/0/1-9.ilog", source)
+    assert (store.root / "segments" / "t" / "0" / "1-9.ilog").read_bytes() == data
+    assert store.counters.put_bytes == len(data)

@@ -7,16 +7,18 @@ each local pass (and when asked by hand). The compacted content comes from two s
   already (one remote segment of the same seqs and sizes). Local outputs keep the seqs of the segments they replace
   and the bucket's segments were copied from the same local segments, so local groups always tile remote ones;
 - the bucket itself: remote segments below the local disk's first seq (history this disk never held, e.g. after a
-  takeover by a broker with an empty disk) are downloaded into a work directory, compacted there by the local
-  machinery (tiered.storage.compaction, with the partition's checkpoint, so tombstone retention counts from the
-  same passes), and the outputs replace them. The work directory then holds that range once (the one place where
-  extra space is the whole range, not one group); it is removed after the pass.
+  takeover by a broker with an empty disk) are streamed from the bucket and compacted one group at a time
+  (tiered.tiering.bucket_compaction, with the partition's checkpoint, so tombstone retention counts from the same
+  passes): the local disk holds one group's output at a time, never the input.
 
 For each group, oldest first: the new segments are uploaded under keys the catalog does not know (a new object
 never overwrites an old one, which a reader may be streaming), then tiered.catalog.compaction.swap_compacted_segments
 swaps the rows in one transaction and hands the old objects to the two-phase deletion with its grace period.
 A crash before the swap leaves the old set readable and the new objects orphans (the reconciler deletes them after
-the grace period); after it, the new set. A swap the catalog refuses (retention, a new leader) stops the pass.
+the grace period); after it, the new set. A swap the catalog refuses (retention, a new leader) stops the pass, as
+does a group whose new segments would take more than OUTPUT_ALLOWANCE (1.2) times the bytes of the old ones: the
+bucket's extra space during a pass (the new objects, while the old ones wait for their grace period) is at most
+that much of what the pass rewrote.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import asyncio
 import logging
 import os
 import shutil
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -36,13 +37,13 @@ from tiered.catalog.compaction import SwapRefused
 from tiered.catalog.errors import StaleEpoch
 from tiered.catalog.segments import SegmentMeta, SegmentRow
 from tiered.clock import SYSTEM_CLOCK, Clock
-from tiered.storage.compaction import compact_partition
-from tiered.storage.compaction_checkpoint import read_checkpoint, write_checkpoint
-from tiered.storage.names import format_ilog_name, format_index_name
+from tiered.storage.compaction import OUTPUT_ALLOWANCE
+from tiered.storage.compaction_checkpoint import read_checkpoint
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.segment import SealedSegment
 from tiered.tier_interface import RemoteCompactionReport
 from tiered.tiering import keys
+from tiered.tiering.bucket_compaction import BucketPass, clear_workdir
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.segment_copier import segment_timestamp_bounds
 from tiered.tiering.store import ObjectStore
@@ -81,51 +82,36 @@ class RemoteCompactor:
         rows = await self.catalog.read(catalog_compaction.readable_segments, topic, partition)
         local_first = plog.segments[0].base if plog.segments else 0
         remote_only = [r for r in rows if not local_first or r.last_seq < local_first]
-        groups = _groups_from_local(rows, plog.segments, read_checkpoint(plog.directory).cleaned_upto)
-        work = os.path.join(self.workdir, f"{topic}.{partition}")
-        try:
-            if remote_only and (force or remote_only[-1].last_seq > read_checkpoint(plog.directory).cleaned_upto):
-                groups = await self._compact_downloaded(plog, remote_only, work, report) + groups
-            for group in groups:
-                if not await self._swap(topic, partition, epoch, group, step, report):
-                    break
-        finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
-        return report
+        cleaned_upto = (await asyncio.to_thread(read_checkpoint, plog.directory)).cleaned_upto
+        groups = _groups_from_local(rows, plog.segments, cleaned_upto)
 
-    async def _compact_downloaded(self, plog: PartitionLog, rows: list[SegmentRow], work: str,
-                                  report: RemoteCompactionReport) -> list[_Group]:
-        """Downloads `rows` into `work` as TANK files, compacts them there, and returns the groups to swap."""
-        await asyncio.to_thread(shutil.rmtree, work, True)
-        await asyncio.to_thread(os.makedirs, work)
-        for row in rows:
-            freeze_ts = int(row.freeze_ts.timestamp())
-            for object_key, name in ((row.object_key, format_ilog_name(row.base_seq, row.last_seq, freeze_ts)),
-                                     (row.index_object_key, format_index_name(row.base_seq))):
-                data = await self.store.get(object_key)
-                report.downloaded_bytes += len(data)
-                await asyncio.to_thread(_write_file, os.path.join(work, name), data)
-        now_s = self.clock.now_ms() / 1000
-        checkpoint = read_checkpoint(plog.directory)
-        await asyncio.to_thread(write_checkpoint, work, checkpoint)
-        downloaded = await asyncio.to_thread(PartitionLog.open, work, plog.config)
-        try:
-            result = await asyncio.to_thread(compact_partition, downloaded, now_s, force=True)
-            if result.error is not None:
-                raise OSError(f"compaction of the downloaded segments failed: {result.error}")
-            by_name = {format_ilog_name(r.base_seq, r.last_seq, int(r.freeze_ts.timestamp())): r for r in rows}
-            outputs = {s.filename: s for s in downloaded.segments}
-            groups = [_Group([by_name[name] for name in inputs], [outputs[name] for name in outputs_of])
-                      for inputs, outputs_of in result.swapped]
-            after = read_checkpoint(work)
-        finally:
-            await asyncio.to_thread(downloaded.close)
-        if after != checkpoint:  # tombstone retention of the range counts from this pass on
-            await asyncio.to_thread(write_checkpoint, plog.directory, after)
-        return groups
+        async def swap(old: list[SegmentRow], new: list[SealedSegment]) -> bool:
+            return await self._swap(topic, partition, epoch, _Group(old, new), step, report)
+
+        if remote_only and (force or remote_only[-1].last_seq > cleaned_upto):
+            work = os.path.join(self.workdir, f"{topic}.{partition}")
+            await asyncio.to_thread(clear_workdir, work)
+            try:
+                await BucketPass(self.store, remote_only, checkpoint_dir=plog.directory, work=work,
+                                 config=plog.config, now_ms=int(self.clock.now_ms()), swap=swap, step=step,
+                                 report=report).run()
+            finally:
+                await asyncio.to_thread(shutil.rmtree, work, True)
+        for group in groups if report.stopped is None else ():
+            if not await swap(group.old, group.new):
+                break
+        return report
 
     async def _swap(self, topic: str, partition: int, epoch: int, group: _Group, step: StepHook,
                     report: RemoteCompactionReport) -> bool:
+        """Uploads the group's new segments and swaps them for its old rows; False when the pass must stop."""
+        old_bytes = sum(r.total_bytes for r in group.old)
+        new_bytes = sum(s.size + s.index.size_bytes for s in group.new)
+        if new_bytes > OUTPUT_ALLOWANCE * old_bytes:  # the bucket's extra space stays within the bound
+            report.stopped = (f"segments {group.old[0].base_seq}-{group.old[-1].last_seq}: {new_bytes} bytes would "
+                              f"replace {old_bytes}, past {OUTPUT_ALLOWANCE} times")
+            log.warning("remote compaction of %s/%d stopped: %s", topic, partition, report.stopped)
+            return False
         metas = []
         for segment in group.new:
             meta = await self._upload(topic, partition, epoch, segment, step)
@@ -218,7 +204,3 @@ def _aligned_end(rows: Sequence[SegmentRow], k: int, local: Sequence[SealedSegme
             local_last, j = local[j].last, j + 1
     return k, j
 
-
-def _write_file(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)

@@ -11,15 +11,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows
 from tests.tiering.test_remote_compaction import (
-    CONFIG,
+    GRACE,
     NOW_S,
     RETENTION_S,
+    at,
     compactor,
     copy_history,
     decode_segment,
@@ -189,8 +191,6 @@ async def test_kill_9_at_every_step_of_a_pass_from_the_bucket(s3_store, s3_endpo
     assert check_partition(cat, "t", 0).problems == []
     # The killed passes' uploads that never got swapped in are orphans the reconciler deletes after the grace period;
     # the old objects are swapped out and swept: the bucket holds what the catalog names.
-    from tests.tiering.test_remote_compaction import GRACE, at
-    from datetime import timedelta
     later = at(NOW_S) + GRACE + timedelta(minutes=1)
     await sweep_deleted_blocks(s3_store, acat, later)
     await reconcile(s3_store, acat, later, grace=GRACE)

@@ -23,10 +23,10 @@ those bytes the compacted segments no longer take (once the old objects' grace p
 check`'s consistency check runs after each pass and must find nothing.
 
 Space during a pass, sampled at every step of it (before each group's write, each upload and each swap): "disk
-peak" is the most the pass's work directory held; "bucket peak" the most the partition's segment objects in the
-bucket (listed) held over what they held when the pass started, which is what the pass wrote while the objects it
-replaces still exist (they wait for their grace period). Both are also given over the largest group's input and over
-the bytes the pass rewrote: the bounds are 1.2 times one group on disk, 1.2 times what was rewritten in the bucket.
+peak" is the most the pass's work directory held; "disk / its group" the most it held over the input of the group
+being written (the bound is 1.2); "bucket peak" the most the partition's segment objects in the bucket (listed) held
+over what they held when the pass started, which is what the pass wrote while the objects it replaces still exist
+(they wait for their grace period), also given over the bytes the pass rewrote (the bound is 1.2).
 The listing at each swap costs a few milliseconds, counted in the pass's time.
 """
 
@@ -85,6 +85,7 @@ class Result:
     cpu_seconds: float
     largest_group_bytes: int  # input of the largest group rewritten
     peak_disk_bytes: int
+    disk_per_group: float  # the most the work directory held over the input of the group being written
     peak_bucket_bytes: int
 
     @property
@@ -139,7 +140,8 @@ class SpaceProbe:
     def __init__(self, s3, topic: str, work: Path, rows: dict[int, int]):
         self.s3, self.prefix, self.work, self.rows = s3, f"tiered/{keys.partition_segments_prefix(topic, 0)}", work, rows
         self.baseline = self.bucket_bytes()
-        self.largest_group = self.peak_disk = self.peak_bucket = 0
+        self.largest_group = self.peak_disk = self.peak_bucket = self.group = 0
+        self.disk_per_group = 0.0  # the most the work directory held over the input of the group being written
 
     def bucket_bytes(self) -> int:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=self.prefix)
@@ -149,9 +151,12 @@ class SpaceProbe:
         kind, span = step.split(maxsplit=1)
         if kind in ("write", "swap"):
             base, last = map(int, span.split("-"))
-            self.largest_group = max(self.largest_group, sum(b for s, b in self.rows.items() if base <= s <= last))
+            self.group = sum(b for s, b in self.rows.items() if base <= s <= last)
+            self.largest_group = max(self.largest_group, self.group)
         if self.work.exists():
-            self.peak_disk = max(self.peak_disk, sum(f.stat().st_size for f in self.work.rglob("*") if f.is_file()))
+            disk = sum(f.stat().st_size for f in self.work.rglob("*") if f.is_file())
+            self.peak_disk = max(self.peak_disk, disk)
+            self.disk_per_group = max(self.disk_per_group, disk / self.group if self.group else 0.0)
         if kind == "swap":
             self.peak_bucket = max(self.peak_bucket, self.bucket_bytes() - self.baseline)
 
@@ -170,7 +175,7 @@ async def timed_pass(source: str, compactor: RemoteCompactor, cat: Catalog, topi
         raise RuntimeError(f"{source}: the catalog check failed after the pass: {problems}")
     return Result(source, report.segments_before, report.segments_after, report.bytes_before, report.bytes_after,
                   report.downloaded_bytes, seconds, cpu_seconds, probe.largest_group, probe.peak_disk,
-                  probe.peak_bucket)
+                  probe.disk_per_group, probe.peak_bucket)
 
 
 async def run(total_bytes: int, root: Path, distinct: float = 0.1) -> list[Result]:
@@ -227,9 +232,9 @@ def report(results: list[Result], total_bytes: int, distinct: float = 0.1) -> st
         title,
     )
     space = format_table(
-        ("source", "largest group MB", "disk peak MB", "disk peak / group", "bucket peak MB", "bucket peak / MB in"),
-        [(r.source, r.largest_group_bytes / 1e6, r.peak_disk_bytes / 1e6,
-          f"{r.peak_disk_bytes / r.largest_group_bytes:.3f}", r.peak_bucket_bytes / 1e6,
+        ("source", "largest group MB", "disk peak MB", "disk / its group", "bucket peak MB", "bucket peak / MB in"),
+        [(r.source, r.largest_group_bytes / 1e6, r.peak_disk_bytes / 1e6, f"{r.disk_per_group:.3f}",
+          r.peak_bucket_bytes / 1e6,
           f"{r.peak_bucket_bytes / r.bytes_in:.3f}") for r in results],
         "Extra space during the passes",
     )

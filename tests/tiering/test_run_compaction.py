@@ -1,17 +1,23 @@
 """Compaction of history held as block runs (a topic with `remote.copy=false`), against moto's S3 server and both
 catalog backends: the leader's compacted segments replace the partition's runs in one transaction; blocks whose
 other runs (another partition's) remain stay, the others go through the two-phase deletion; a later pass whose
-group spans compacted segments and new runs; a crash at every step leaving the old or the new locations; the
-catalog check after each; every message read back."""
+group spans compacted segments and new runs; runs compacted from the bucket by a leader whose disk lacks them; a
+crash at every step, from local copies and from the bucket, leaving the old or the new locations; the catalog check
+after each; every message read back."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
+import pytest
+
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows
+from tests.support.storage_helpers import FakeClock
 from tests.tiering.test_remote_compaction import (
     BROKER,
+    CONFIG,
     GRACE,
     NOW_S,
     RETENTION_S,
@@ -106,6 +112,11 @@ def logs(tmp_path, seed: int) -> tuple[PartitionLog, PartitionLog]:
     return p0, p1
 
 
+def leader_without_history(tmp_path) -> PartitionLog:
+    """A broker that took the partition over with an empty disk, on a topic that does not copy its segments."""
+    return PartitionLog.open(str(tmp_path / "new-leader"), replace(CONFIG, remote_copy=False), now_s=FakeClock())
+
+
 def block_states(cat, object_keys) -> dict[str, str]:
     from sqlalchemy import select
 
@@ -164,7 +175,8 @@ async def test_runs_are_replaced_by_compacted_segments_and_shared_blocks_stay(s3
     p1.close()
 
 
-async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_store, cat, acat, tmp_path):
+@pytest.mark.parametrize("source", ["local", "bucket"])
+async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_store, cat, acat, tmp_path, source):
     p0, p1 = logs(tmp_path, seed=23)
     history = RunHistory(s3_store, cat, p0, p1)
     await history.commit_new()
@@ -172,7 +184,11 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
     original = {m.seq: (m.key, m.value) for m in before}
     expected = Model(RETENTION_S * 1000).compact(before, int(NOW_S * 1000))
     kept = {m.seq for m in expected}
-    compact_partition(p0, NOW_S, force=True)
+    if source == "local":
+        compact_partition(p0, NOW_S, force=True)
+        leader = p0
+    else:
+        leader = leader_without_history(tmp_path)
     steps: list[str] = []
     crash_at = 0
     while True:
@@ -184,7 +200,8 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
                 raise KeyboardInterrupt(name)  # no handler catches it: the pass dies there, as under kill -9
 
         try:
-            await compactor(s3_store, acat, tmp_path).compact("t", 0, p0, history.epoch, on_step=crash)
+            await compactor(s3_store, acat, tmp_path).compact("t", 0, leader, history.epoch, force=True,
+                                                               on_step=crash)
         except KeyboardInterrupt:
             steps.append(seen[-1])
         else:
@@ -195,7 +212,7 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
         assert kept <= {m.seq for m in got}
         await history.partition_1_untouched()
         crash_at += 1
-    assert {s.split()[0] for s in steps} == {"upload", "swap"}
+    assert {s.split()[0] for s in steps} == {"upload", "swap"} | ({"write"} if source == "bucket" else set())
     assert rows(await history.messages()) == rows(expected)
     history.check()
     later = at(NOW_S) + GRACE + timedelta(minutes=1)
@@ -204,5 +221,35 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
     listed = {o.object_key async for o in s3_store.list(keys.partition_segments_prefix("t", 0))}
     assert listed == {k for r in readable_segments(cat, "t", 0) for k in (r.object_key, r.index_object_key)}
     await history.partition_1_untouched()
+    p0.close()
+    p1.close()
+
+
+async def test_runs_only_in_the_bucket_are_compacted_by_a_leader_without_them(s3_store, cat, acat, tmp_path):
+    p0, p1 = logs(tmp_path, seed=24)
+    history = RunHistory(s3_store, cat, p0, p1)
+    await history.commit_new()
+    before = log_messages(p0)
+    blocks = {f"blocks/t-{base}.blk" for base in history.done}
+    leader = leader_without_history(tmp_path)
+    model = Model(RETENTION_S * 1000)
+    expected = model.compact(before, int(NOW_S * 1000))
+    report = await compactor(s3_store, acat, tmp_path).compact("t", 0, leader, history.epoch)
+    assert report.groups and report.stopped is None and report.downloaded_bytes > 0
+    assert report.runs_before == len(blocks) and report.bytes_after < report.bytes_before
+    history.check()
+    assert runs_for_range(cat, "t", 0, 1, 100_000) == []
+    assert rows(await history.messages()) == rows(expected)
+    states = block_states(cat, blocks)
+    assert {k for k, s in states.items() if s == BlockState.COMMITTED} == history.shared
+    await history.partition_1_untouched()
+    assert not any((tmp_path / "work").rglob("*.ilog"))
+    # In sync: nothing new, no pass; asked for by hand after the tombstones' retention, they go.
+    assert (await compactor(s3_store, acat, tmp_path).compact("t", 0, leader, history.epoch)).groups == 0
+    later = NOW_S + RETENTION_S + 1
+    forced = await compactor(s3_store, acat, tmp_path, later).compact("t", 0, leader, history.epoch, force=True)
+    assert forced.groups and rows(await history.messages()) == rows(model.compact(expected, int(later * 1000)))
+    history.check()
+    leader.close()
     p0.close()
     p1.close()

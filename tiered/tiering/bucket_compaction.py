@@ -28,7 +28,9 @@ import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
+from tiered.catalog.blocks import RunLocation
 from tiered.catalog.segments import SegmentRow
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
@@ -48,22 +50,62 @@ log = logging.getLogger("tiered.tiering")
 WINDOW_BYTES = 4 << 20  # bytes of an object read by one range GET (a longer record is read whole)
 
 StepHook = Callable[[str], None]
-# Uploads a group's output and swaps it for the group's rows in the catalog; False when the pass must stop there
-SwapGroup = Callable[[list[SegmentRow], list[SealedSegment]], Awaitable[bool]]
 
 
-async def object_records(store: ObjectStore, object_key: str, size: int, segment_base: int, *,
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One location of the range: a remote segment (`row`) or a block run (`run`, a topic with remote.copy=false)."""
+
+    row: SegmentRow | None = None
+    run: RunLocation | None = None
+
+    @property
+    def last_seq(self) -> int:
+        return self.row.last_seq if self.row is not None else self._run.last_seq
+
+    @property
+    def _run(self) -> RunLocation:
+        assert self.run is not None
+        return self.run
+
+    def stand_in(self, work: str, now_s: int) -> SegmentTally:
+        """For planning: the seqs and sizes. A run is named from its first record and has no index; it has no freeze
+        time either, and takes the pass's (remote retention then counts the output's age from the compaction: it
+        keeps it longer, never shorter)."""
+        if self.row is not None:
+            r = self.row
+            return SegmentTally(SealedSegment(work, r.base_seq, r.last_seq, int(r.freeze_ts.timestamp()), r.size_bytes),
+                                index_bytes=r.index_size_bytes)
+        run = self._run
+        return SegmentTally(SealedSegment(work, run.first_seq, run.last_seq, now_s, run.length_bytes), index_bytes=0)
+
+    def read(self, store: ObjectStore, window: int, counted: Callable[[int], None]) -> AsyncIterator[list[StoredRecord]]:
+        if self.row is not None:
+            return object_records(store, self.row.object_key, self.row.size_bytes, self.row.base_seq, window=window,
+                                  counted=counted)
+        run = self._run
+        return object_records(store, run.object_key, run.length_bytes, run.first_seq, position=run.position,
+                              window=window, counted=counted)
+
+
+# Uploads a group's output and swaps it for the group's locations in the catalog; False when the pass must stop there
+SwapGroup = Callable[[list[Input], list[SealedSegment]], Awaitable[bool]]
+
+
+async def object_records(store: ObjectStore, object_key: str, size: int, segment_base: int, *, position: int = 0,
                          window: int = WINDOW_BYTES, counted: Callable[[int], None] | None = None,
                          ) -> AsyncIterator[list[StoredRecord]]:
-    """The records of a segment object of `size` bytes based at `segment_base`, in batches of whole records, one
-    batch per range GET. Raises ProtocolError when the bytes are not whole records whose seqs go up, or when the
-    object ends before `size` (a record cut short) or a record runs past it."""
-    buf = b""  # bytes of the object from `start` on, not yet handed out
+    """The records of the `size` bytes of an object from `position` on (a segment object, or a block run), whose
+    first record takes `segment_base` if it is not sparse, in batches of whole records, one batch per range GET.
+    Positions are relative to `position`. Raises ProtocolError when the bytes are not whole records whose seqs go
+    up, or when the object ends before `size` (a record cut short) or a record runs past it."""
+    buf = b""  # bytes from `start` on, not yet handed out
     start, next_seq = 0, segment_base
     while start + len(buf) < size or buf:
         fetched = start + len(buf)
         if fetched < size:
-            data = await store.get_range(object_key, fetched, min(size, fetched + max(window, _needed(buf))))
+            data = await store.get_range(object_key, position + fetched,
+                                         position + min(size, fetched + max(window, _needed(buf))))
             if counted is not None:
                 counted(len(data))
             if not data:
@@ -93,13 +135,13 @@ def _needed(buf: bytes) -> int:
 
 
 class BucketPass:
-    """One pass over `rows`, the readable remote segments below the local disk's first seq, oldest first."""
+    """One pass over `inputs`, the readable remote segments and committed runs below the local disk's first seq,
+    oldest first."""
 
-    def __init__(self, store: ObjectStore, rows: Sequence[SegmentRow], *, checkpoint_dir: str, work: str,
+    def __init__(self, store: ObjectStore, inputs: Sequence[Input], *, checkpoint_dir: str, work: str,
                  config: TopicConfig, now_ms: int, swap: SwapGroup, step: StepHook, report: RemoteCompactionReport,
                  window: int = WINDOW_BYTES):
         self.store = store
-        self.rows = {r.base_seq: r for r in rows}
         self.checkpoint_dir = checkpoint_dir
         self.work = work
         self.config = config
@@ -108,9 +150,9 @@ class BucketPass:
         self.step = step
         self.report = report
         self.window = window
-        # Stand-ins for the remote segments: planning needs their seqs and sizes, nothing reads their files
-        self.tallies = [SegmentTally(SealedSegment(work, r.base_seq, r.last_seq, int(r.freeze_ts.timestamp()),
-                                                   r.size_bytes), index_bytes=r.index_size_bytes) for r in rows]
+        # Stand-ins for the locations: planning needs their seqs and sizes, nothing reads their files
+        self.tallies = [i.stand_in(work, now_ms // 1000) for i in inputs]
+        self.inputs = {t.segment.base: i for t, i in zip(self.tallies, inputs)}
 
     async def run(self) -> None:
         """StoreError and CatalogUnavailable propagate; what was swapped stays swapped, the checkpoint says so."""
@@ -133,9 +175,7 @@ class BucketPass:
                 await asyncio.to_thread(write_checkpoint, self.checkpoint_dir, after)
 
     def _records(self, tally: SegmentTally) -> AsyncIterator[list[StoredRecord]]:
-        row = self.rows[tally.segment.base]
-        return object_records(self.store, row.object_key, row.size_bytes, row.base_seq, window=self.window,
-                              counted=self._downloaded)
+        return self.inputs[tally.segment.base].read(self.store, self.window, self._downloaded)
 
     def _downloaded(self, nbytes: int) -> None:
         self.report.downloaded_bytes += nbytes
@@ -162,7 +202,7 @@ class BucketPass:
             rewrite.abort()  # a merge that saves nothing (module docstring)
             return True
         segments = await asyncio.to_thread(_install, outputs)
-        swapped = await self.swap([self.rows[t.segment.base] for t in group.tallies], segments)
+        swapped = await self.swap([self.inputs[t.segment.base] for t in group.tallies], segments)
         await asyncio.to_thread(_remove, segments)
         return swapped
 

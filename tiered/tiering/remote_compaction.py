@@ -46,7 +46,7 @@ from tiered.storage.partition_log import PartitionLog
 from tiered.storage.segment import SealedSegment
 from tiered.tier_interface import RemoteCompactionReport
 from tiered.tiering import keys
-from tiered.tiering.bucket_compaction import BucketPass, clear_workdir
+from tiered.tiering.bucket_compaction import BucketPass, Input, clear_workdir
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.segment_copier import segment_timestamp_bounds
 from tiered.tiering.store import ObjectStore
@@ -85,15 +85,20 @@ class RemoteCompactor:
         step = on_step or (lambda _name: None)
         rows = await self.catalog.read(catalog_compaction.readable_segments, topic, partition)
         local_first = plog.segments[0].base if plog.segments else 0
-        remote_only = [r for r in rows if not local_first or r.last_seq < local_first]
+        remote_only = [Input(row=r) for r in rows if not local_first or r.last_seq < local_first]
+        if not plog.config.remote_copy:  # its history is in runs; with copies, runs are the tail the copier takes
+            below = await self.catalog.read(_runs_within, topic, partition, 1, local_first - 1 if local_first else
+                                            2**63)
+            remote_only = sorted(remote_only + [Input(run=r) for r in below], key=lambda i: i.last_seq)
         cleaned_upto = (await asyncio.to_thread(read_checkpoint, plog.directory)).cleaned_upto
         compacted = [s for s in plog.segments if s.last <= cleaned_upto]
         runs = await self.catalog.read(_runs_within, topic, partition, compacted[0].base, cleaned_upto) \
             if compacted else []
         groups = _groups_from_local(rows, plog.segments, cleaned_upto, runs)
 
-        async def swap(old: list[SegmentRow], new: list[SealedSegment]) -> bool:
-            return await self._swap(topic, partition, epoch, _Group(old, new), step, report)
+        async def swap(old: list[Input], new: list[SealedSegment]) -> bool:
+            group = _Group([i.row for i in old if i.row is not None], new, [i.run for i in old if i.run is not None])
+            return await self._swap(topic, partition, epoch, group, step, report)
 
         if remote_only and (force or remote_only[-1].last_seq > cleaned_upto):
             work = os.path.join(self.workdir, f"{topic}.{partition}")

@@ -211,6 +211,12 @@ async def test_segment_objects_are_read_as_whole_records_from_any_window(tmp_pat
 
     for window in (1, 7, 100, len(data), 1 << 20):
         assert await read(len(data), window) == expected
+    # A run inside a block: the same bytes between others, read from its offset (positions relative to it).
+    await store.put("block", b"other runs" + data + b"more runs")
+    for window in (1, 7, 100, 1 << 20):
+        got = [r async for batch in object_records(store, "block", len(data), segment.base, offset=10, window=window)
+               for r in batch]
+        assert got == expected
     # Oversized: an object longer than its row says is read up to the row's size, at a record boundary.
     await store.put("longer", data + b"\x05abc")
     assert await read(len(data), 64, "longer") == expected

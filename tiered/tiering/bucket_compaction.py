@@ -84,7 +84,7 @@ class Input:
             return object_records(store, self.row.object_key, self.row.size_bytes, self.row.base_seq, window=window,
                                   counted=counted)
         run = self._run
-        return object_records(store, run.object_key, run.length_bytes, run.first_seq, position=run.position,
+        return object_records(store, run.object_key, run.length_bytes, run.first_seq, offset=run.position,
                               window=window, counted=counted)
 
 
@@ -92,20 +92,20 @@ class Input:
 SwapGroup = Callable[[list[Input], list[SealedSegment]], Awaitable[bool]]
 
 
-async def object_records(store: ObjectStore, object_key: str, size: int, segment_base: int, *, position: int = 0,
+async def object_records(store: ObjectStore, object_key: str, size: int, segment_base: int, *, offset: int = 0,
                          window: int = WINDOW_BYTES, counted: Callable[[int], None] | None = None,
                          ) -> AsyncIterator[list[StoredRecord]]:
-    """The records of the `size` bytes of an object from `position` on (a segment object, or a block run), whose
+    """The records of the `size` bytes of an object from `offset` on (a segment object, or a block run), whose
     first record takes `segment_base` if it is not sparse, in batches of whole records, one batch per range GET.
-    Positions are relative to `position`. Raises ProtocolError when the bytes are not whole records whose seqs go
+    Record positions are relative to `offset`. Raises ProtocolError when the bytes are not whole records whose seqs go
     up, or when the object ends before `size` (a record cut short) or a record runs past it."""
     buf = b""  # bytes from `start` on, not yet handed out
     start, next_seq = 0, segment_base
     while start + len(buf) < size or buf:
         fetched = start + len(buf)
         if fetched < size:
-            data = await store.get_range(object_key, position + fetched,
-                                         position + min(size, fetched + max(window, _needed(buf))))
+            data = await store.get_range(object_key, offset + fetched,
+                                         offset + min(size, fetched + max(window, _needed(buf))))
             if counted is not None:
                 counted(len(data))
             if not data:

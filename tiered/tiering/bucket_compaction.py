@@ -1,8 +1,9 @@
-"""Key compaction of remote segments from the bucket alone, one group at a time (docs/compaction.md, "Remote
-segments"): the history below the local disk's first seq, which this broker's disk never held.
+"""Key compaction of remote segments, and of block runs on a topic with `remote.copy=false`, from the bucket alone,
+one group at a time (docs/compaction.md, "Remote segments"): the history below the local disk's first seq, which
+this broker's disk never held.
 
 A pass streams the objects; nothing of the input is written to the local disk:
-1. Every remote segment of the range is read once, in windows of WINDOW_BYTES (range GETs), to learn the latest
+1. Every location (remote segment or run) of the range is read once, in windows of WINDOW_BYTES (range GETs), to learn the latest
    seq of every key (tiered.storage.compaction.scan_record, as a local pass reads its range once).
 2. Groups are planned as a local pass plans them (compaction_plan.plan_groups, from the rows' sizes).
 3. For each group that changes something, oldest first: its segments are read again, window by window, into the

@@ -11,6 +11,10 @@ each local pass (and when asked by hand). The compacted content comes from two s
   (tiered.tiering.bucket_compaction, with the partition's checkpoint, so tombstone retention counts from the same
   passes): the local disk holds one group's output at a time, never the input.
 
+A topic with `remote.copy=false` holds its history as block runs, not remote segments: the same two sources apply,
+with runs among the locations a group replaces (swap_compacted_locations prunes them, and a block shared with other
+partitions' runs stays until none references it).
+
 For each group, oldest first: the new segments are uploaded under keys the catalog does not know (a new object
 never overwrites an old one, which a reader may be streaming), then tiered.catalog.compaction.swap_compacted_segments
 swaps the rows in one transaction and hands the old objects to the two-phase deletion with its grace period.

@@ -138,7 +138,8 @@ class SpaceProbe:
     bucket at every swap (after the group's uploads, its peak), over the bytes there when the pass started."""
 
     def __init__(self, s3, topic: str, work: Path, rows: dict[int, int]):
-        self.s3, self.prefix, self.work, self.rows = s3, f"tiered/{keys.partition_segments_prefix(topic, 0)}", work, rows
+        self.s3, self.work, self.rows = s3, work, rows
+        self.prefix = f"tiered/{keys.partition_segments_prefix(topic, 0)}"
         self.baseline = self.bucket_bytes()
         self.largest_group = self.peak_disk = self.peak_bucket = self.group = 0
         self.disk_per_group = 0.0  # the most the work directory held over the input of the group being written

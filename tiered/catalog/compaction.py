@@ -169,7 +169,8 @@ def _check_new(topic: str, partition: int, new: Sequence[SegmentMeta], low: int)
     """Each new segment starts past the one before (a jump between two is answered by the later one)."""
     expected = low
     for meta in new:
-        if (meta.topic, meta.partition) != (topic, partition) or meta.base_seq < expected or meta.last_seq < meta.base_seq:
+        if ((meta.topic, meta.partition) != (topic, partition) or meta.base_seq < expected
+                or meta.last_seq < meta.base_seq):
             raise SwapRefused(f"{topic}/{partition}: new segment {meta.base_seq}-{meta.last_seq} does not continue "
                               f"at {expected}")
         expected = meta.last_seq + 1

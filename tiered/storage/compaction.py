@@ -20,6 +20,9 @@ A pass (one at a time per log):
    most that much of one group), as does any error: later groups are left for the next pass. Stopping in seq
    order matters: a tombstone is only dropped after the older values of its key are gone.
 4. The checkpoint (compaction_checkpoint) records how far the pass got and when it ran.
+
+`scan_record` (step 2) and `GroupRewrite` (step 3) take records from anywhere: the pass from the bucket
+(tiered.tiering.bucket_compaction) feeds them records streamed from remote segments and block runs.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ one group at a time (docs/compaction.md, "Remote segments"): the history below t
 this broker's disk never held.
 
 A pass streams the objects; nothing of the input is written to the local disk:
-1. Every location (remote segment or run) of the range is read once, in windows of WINDOW_BYTES (range GETs), to learn the latest
-   seq of every key (tiered.storage.compaction.scan_record, as a local pass reads its range once).
+1. Every location (remote segment or run) of the range is read once, in windows of WINDOW_BYTES (range GETs), to
+   learn the latest seq of every key (tiered.storage.compaction.scan_record, as a local pass reads its range once).
 2. Groups are planned as a local pass plans them (compaction_plan.plan_groups, from the rows' sizes).
 3. For each group that changes something, oldest first: its segments are read again, window by window, into the
    group's output in the work directory (tiered.storage.compaction.GroupRewrite), which gives up past
@@ -80,7 +80,8 @@ class Input:
         run = self._run
         return SegmentTally(SealedSegment(work, run.first_seq, run.last_seq, now_s, run.length_bytes), index_bytes=0)
 
-    def read(self, store: ObjectStore, window: int, counted: Callable[[int], None]) -> AsyncIterator[list[StoredRecord]]:
+    def read(self, store: ObjectStore, window: int,
+             counted: Callable[[int], None]) -> AsyncIterator[list[StoredRecord]]:
         if self.row is not None:
             return object_records(store, self.row.object_key, self.row.size_bytes, self.row.base_seq, window=window,
                                   counted=counted)

@@ -59,7 +59,8 @@ log = logging.getLogger("tiered.tiering")
 
 KEY_ATTEMPTS = 64  # freeze times tried for an unused key (a segment compacted again and again keeps its seqs)
 
-StepHook = Callable[[str], None]  # called before each upload and swap (tests crash there)
+# Called before each group written from the bucket, each upload and each swap (tests crash there)
+StepHook = Callable[[str], None]
 
 
 @dataclass

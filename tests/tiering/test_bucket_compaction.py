@@ -131,11 +131,13 @@ async def test_a_pass_from_local_copies_writes_nothing_locally_and_at_most_1_2x_
 
 CHILD = textwrap.dedent("""
     import asyncio, os, signal, sys
+    from pathlib import Path
     from tests.tiering.test_remote_compaction import compactor, open_log
+    from tests.tiering.test_run_compaction import leader_without_history
     from tiered.catalog import Catalog
     from tiered.tiering.catalog_access import AsyncCatalog
     from tiered.tiering.s3_store import S3ObjectStore
-    url, endpoint, bucket, root, epoch, kill_at = sys.argv[1:7]
+    url, endpoint, bucket, root, epoch, kill_at, history = sys.argv[1:8]
     seen = []
     def step(name):
         seen.append(name)
@@ -146,8 +148,8 @@ CHILD = textwrap.dedent("""
         cat = Catalog.open(url)
         acat = AsyncCatalog(cat)
         store = S3ObjectStore(bucket, "store", endpoint_url=endpoint, region="us-east-1", path_style=True)
-        leader = open_log(os.path.join(root, "new-leader"))
-        from pathlib import Path
+        # A broker whose disk holds none of the history: of remote segments, or of block runs (remote.copy=false)
+        leader = open_log(Path(root) / "new-leader") if history == "segments" else leader_without_history(Path(root))
         report = await compactor(store, acat, Path(root)).compact("t", 0, leader, int(epoch), force=True,
                                                                    on_step=step)
         print("done", report.groups, flush=True)
@@ -158,6 +160,25 @@ CHILD = textwrap.dedent("""
 """)
 
 
+async def kill_9_at_every_step(catalog_url: str, s3_endpoint: str, s3_bucket: str, root, epoch: int, history: str,
+                               check) -> list[str]:
+    """Runs a pass from the bucket in a child process killed at its first step, then its second, and so on, until a
+    pass finishes; `check()` after each kill. Returns the steps the kills landed on."""
+    steps = []
+    for kill_at in range(200):
+        proc = subprocess.run([sys.executable, "-c", CHILD, catalog_url, s3_endpoint, s3_bucket, str(root),
+                               str(epoch), str(kill_at), history], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=120)
+        lines = proc.stdout.decode().splitlines()
+        if proc.returncode == 0:
+            assert lines[-1].startswith("done"), lines
+            return steps
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+        steps.append(lines[-1])
+        await check(lines[-1])
+    pytest.fail(f"the pass never finished: {steps[-5:]}")
+
+
 async def test_kill_9_at_every_step_of_a_pass_from_the_bucket(s3_store, s3_endpoint, s3_bucket, catalog_url, cat,
                                                               acat, tmp_path):
     plog, before = history(tmp_path, seed=13, bundles=60, distinct_keys=12)
@@ -166,26 +187,17 @@ async def test_kill_9_at_every_step_of_a_pass_from_the_bucket(s3_store, s3_endpo
     kept = {m.seq for m in expected}
     epoch = await copy_history(s3_store, cat, "t", plog)
     plog.close()
-    steps = []
-    for kill_at in range(100):
-        proc = subprocess.run([sys.executable, "-c", CHILD, catalog_url, s3_endpoint, s3_bucket, str(tmp_path),
-                               str(epoch), str(kill_at)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                              capture_output=True, timeout=120)
-        lines = proc.stdout.decode().splitlines()
-        if proc.returncode == 0:
-            assert lines[-1].startswith("done"), lines
-            break
-        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-        steps.append(lines[-1])
+
+    async def check(step: str) -> None:
         # Old or new, group by group, and the catalog check passes.
-        assert check_partition(cat, "t", 0).problems == [], lines[-1]
+        assert check_partition(cat, "t", 0).problems == [], step
         for row in readable_segments(cat, "t", 0):
             got = decode_segment(await s3_store.get(row.object_key), row.base_seq)
             span = range(row.base_seq, row.last_seq + 1)
             assert all(original[m.seq] == (m.key, m.value) for m in got)
             assert {m.seq for m in got} in ({s for s in original if s in span}, {s for s in kept if s in span})
-    else:
-        pytest.fail(f"the pass never finished: {steps[-5:]}")
+
+    steps = await kill_9_at_every_step(catalog_url, s3_endpoint, s3_bucket, tmp_path, epoch, "segments", check)
     assert {s.split()[0] for s in steps} == {"write", "upload", "swap"}
     assert rows(await remote_messages(s3_store, cat, "t")) == rows(expected)
     assert check_partition(cat, "t", 0).problems == []

@@ -2,8 +2,8 @@
 catalog backends: the leader's compacted segments replace the partition's runs in one transaction; blocks whose
 other runs (another partition's) remain stay, the others go through the two-phase deletion; a later pass whose
 group spans compacted segments and new runs; runs compacted from the bucket by a leader whose disk lacks them; a
-crash at every step, from local copies and from the bucket, leaving the old or the new locations; the catalog check
-after each; every message read back."""
+crash at every step, from local copies and from the bucket, and kill -9 of a process at every step of a pass from
+the bucket, leaving the old or the new locations; the catalog check after each; every message read back."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows
 from tests.support.storage_helpers import FakeClock
+from tests.tiering.test_bucket_compaction import kill_9_at_every_step
 from tests.tiering.test_remote_compaction import (
     BROKER,
     CONFIG,
@@ -251,5 +252,32 @@ async def test_runs_only_in_the_bucket_are_compacted_by_a_leader_without_them(s3
     assert forced.groups and rows(await history.messages()) == rows(model.compact(expected, int(later * 1000)))
     history.check()
     leader.close()
+    p0.close()
+    p1.close()
+
+
+async def test_kill_9_at_every_step_of_a_pass_over_runs_from_the_bucket(s3_store, s3_endpoint, s3_bucket, catalog_url,
+                                                                      cat, acat, tmp_path):
+    p0, p1 = logs(tmp_path, seed=25)
+    history = RunHistory(s3_store, cat, p0, p1)
+    await history.commit_new()
+    before = log_messages(p0)
+    original = {m.seq: (m.key, m.value) for m in before}
+    expected = Model(RETENTION_S * 1000).compact(before, int(NOW_S * 1000))
+    kept = {m.seq for m in expected}
+
+    async def check(step: str) -> None:
+        history.check()
+        got = await history.messages()
+        assert all(original[m.seq] == (m.key, m.value) for m in got), step
+        assert kept <= {m.seq for m in got}, step
+        await history.partition_1_untouched()
+
+    steps = await kill_9_at_every_step(catalog_url, s3_endpoint, s3_bucket, tmp_path, history.epoch, "runs", check)
+    assert {s.split()[0] for s in steps} == {"write", "upload", "swap"}
+    assert rows(await history.messages()) == rows(expected)
+    assert runs_for_range(cat, "t", 0, 1, 100_000) == []
+    history.check()
+    await history.partition_1_untouched()
     p0.close()
     p1.close()

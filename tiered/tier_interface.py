@@ -133,7 +133,8 @@ class RemoteCompactionReport:
     groups: int = 0  # groups swapped in
     segments_before: int = 0
     segments_after: int = 0
-    bytes_before: int = 0  # object and index bytes of the remote segments replaced
+    runs_before: int = 0  # block runs replaced (a topic with remote.copy=false)
+    bytes_before: int = 0  # object and index bytes of the remote segments replaced, and bytes of the runs
     bytes_after: int = 0
     downloaded_bytes: int = 0  # remote-only history read from the bucket
     stopped: str | None = None  # why the pass ended before its last group

@@ -271,8 +271,9 @@ class Compactor:
         state.remote_groups += remote.groups
         state.remote_bytes_before += remote.bytes_before
         state.remote_bytes_after += remote.bytes_after
-        state.remote_last = (f"{remote.groups} groups, {remote.segments_before} -> {remote.segments_after} remote "
-                             f"segments, {remote.bytes_before} -> {remote.bytes_after} bytes"
+        runs = f" and {remote.runs_before} block runs" if remote.runs_before else ""
+        state.remote_last = (f"{remote.groups} groups, {remote.segments_before} remote segments{runs} -> "
+                             f"{remote.segments_after}, {remote.bytes_before} -> {remote.bytes_after} bytes"
                              + (f" (stopped: {remote.stopped})" if remote.stopped else ""))
 
     def _answer(self, state: PartitionCompaction, asked: int, progress: Progress) -> None:

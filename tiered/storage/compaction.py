@@ -20,6 +20,9 @@ A pass (one at a time per log):
    most that much of one group), as does any error: later groups are left for the next pass. Stopping in seq
    order matters: a tombstone is only dropped after the older values of its key are gone.
 4. The checkpoint (compaction_checkpoint) records how far the pass got and when it ran.
+
+`scan_record` (step 2) and `GroupRewrite` (step 3) take records from anywhere: the pass from the bucket
+(tiered.tiering.bucket_compaction) feeds them records streamed from remote segments and block runs.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ from tiered.storage.compaction_plan import (
     plan_groups,
 )
 from tiered.storage.compaction_swap import StepHook, SwapError, SwapIncomplete, discard_uncommitted, swap_in
-from tiered.storage.compaction_writer import GroupWriter, OutputTooLarge
+from tiered.storage.compaction_writer import GroupWriter, OutputSegment, OutputTooLarge
 from tiered.storage.partition_log import PartitionLog, StoredRecord
 from tiered.storage.segment import SealedSegment
+from tiered.storage.topic_config import TopicConfig
 
 logger = logging.getLogger("tiered.storage")
 
@@ -215,56 +219,82 @@ def _messages(record: StoredRecord) -> tuple[BundleHeader, list[Message]]:
     return header, decode_bundle(bundle, record.first_seq)
 
 
+def scan_record(record: StoredRecord, keys: KeyIndex, tally: SegmentTally) -> None:
+    """Learns the keys of one record of the compacted range (records come in seq order) and counts its messages in
+    the tally of its segment."""
+    _, messages = _messages(record)
+    tally.messages += len(messages)
+    for message in messages:
+        if message.key:
+            keys.add(message)
+        else:
+            tally.keyless += 1
+
+
 def _read_keys(log: PartitionLog, segments: list[SealedSegment]) -> tuple[KeyIndex, list[SegmentTally]]:
     keys = KeyIndex()
     tallies = [SegmentTally(s) for s in segments]
     by_base = {t.segment.base: t for t in tallies}
     for record in log.iter_records(segments[0].base, segments[-1].last):
-        tally = by_base[record.segment_base]
-        _, messages = _messages(record)
-        tally.messages += len(messages)
-        for message in messages:
-            if message.key:
-                keys.add(message)
-            else:
-                tally.keyless += 1
+        scan_record(record, keys, by_base[record.segment_base])
     return keys, tallies
+
+
+class GroupRewrite:
+    """One group's output being written into `directory` from the group's records, fed in seq order: the kept
+    messages of each record, whole records copied when they lost nothing. The writer gives up (OutputTooLarge)
+    past OUTPUT_ALLOWANCE times the group's input bytes."""
+
+    def __init__(self, directory: str, group: Group, rule: KeepRule, config: TopicConfig):
+        self.rule = rule
+        self.kept_messages = 0
+        self.dropped_tombstones = 0
+        freeze_ts = max(s.freeze_ts for s in group.segments)
+        self.writer = GroupWriter(directory, group.base, group.last, freeze_ts, config,
+                                  int(group.input_bytes * OUTPUT_ALLOWANCE))
+
+    def add(self, record: StoredRecord) -> None:
+        header, messages = _messages(record)
+        kept = []
+        for m in messages:
+            keep = self.rule.keeps(m)
+            if keep:
+                kept.append(m)
+            if not keep and is_tombstone(m):
+                self.dropped_tombstones += 1
+        self.kept_messages += len(kept)
+        if len(kept) == len(messages):
+            self.writer.add_whole(record.record, header, messages)
+        else:
+            self.writer.add_kept(header, kept)
+
+    def finish(self) -> list[OutputSegment]:
+        """The output segments, fsynced, as `.cleaned` files."""
+        return self.writer.finish()
+
+    def abort(self) -> None:
+        """Removes every file written so far."""
+        self.writer.abort()
 
 
 def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step: StepHook | None,
              report: CompactionReport) -> bool:
     inputs = group.segments
     input_bytes = group.input_bytes
-    freeze_ts = max(s.freeze_ts for s in inputs)
     step = on_step or (lambda _step: None)
     step(f"write {group.base}-{group.last}")
-    writer = GroupWriter(
-        log.directory, group.base, group.last, freeze_ts, log.config, int(input_bytes * OUTPUT_ALLOWANCE)
-    )
-    dropped_tombstones = kept_messages = 0
+    rewrite = GroupRewrite(log.directory, group, rule, log.config)
     try:
         for record in log.iter_records(group.base, group.last):
-            header, messages = _messages(record)
-            kept = []
-            for m in messages:
-                keep = rule.keeps(m)
-                if keep:
-                    kept.append(m)
-                if not keep and is_tombstone(m):
-                    dropped_tombstones += 1
-            kept_messages += len(kept)
-            if len(kept) == len(messages):
-                writer.add_whole(record.record, header, messages)
-            else:
-                writer.add_kept(header, kept)
-        outputs = writer.finish()
+            rewrite.add(record)
+        outputs = rewrite.finish()
     except Exception:
-        writer.abort()
+        rewrite.abort()
         raise
     step(f"written {group.base}-{group.last}")
     new = log.replace_sealed(inputs, lambda: swap_in(log.directory, inputs, outputs, on_step))
     if new is None:
-        writer.abort()
+        rewrite.abort()
         return False
     output_bytes = sum(s.size + s.index.size_bytes for s in new)
     report.groups += 1
@@ -273,8 +303,8 @@ def _rewrite(log: PartitionLog, group: Group, rule: KeepRule, on_step: StepHook 
     report.bytes_before += input_bytes
     report.bytes_after += output_bytes
     report.messages_before += group.messages
-    report.messages_after += kept_messages
-    report.tombstones_dropped += dropped_tombstones
+    report.messages_after += rewrite.kept_messages
+    report.tombstones_dropped += rewrite.dropped_tombstones
     report.largest_group_bytes = max(report.largest_group_bytes, input_bytes)
     report.swapped.append(([s.filename for s in inputs], [s.filename for s in new]))
     logger.info("compacted %s %d-%d: %d segments, %d bytes -> %d segments, %d bytes", log.directory, group.base,

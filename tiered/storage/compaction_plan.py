@@ -48,6 +48,13 @@ class SegmentTally:
     messages: int = 0
     keyless: int = 0
     kept: int = 0  # filled in by kept_per_segment
+    index_bytes: int | None = None  # of the segment's index; None: read from the segment's index file when needed
+
+    @property
+    def stored_bytes(self) -> int:
+        """Segment and index bytes: what rewriting the segment frees."""
+        index_bytes = self.index_bytes if self.index_bytes is not None else self.segment.index.size_bytes
+        return self.segment.size + index_bytes
 
 
 class KeyIndex:
@@ -123,30 +130,34 @@ def _last_keyed_seq(keys: KeyIndex) -> int:
 
 @dataclass
 class Group:
-    segments: list[SealedSegment] = field(default_factory=list)
+    tallies: list[SegmentTally] = field(default_factory=list)
     messages: int = 0
     kept: int = 0
     kept_segment_bytes: int = 0  # input bytes of the segments that keep something: what the output can grow to
 
     @property
+    def segments(self) -> list[SealedSegment]:
+        return [t.segment for t in self.tallies]
+
+    @property
     def base(self) -> int:
-        return self.segments[0].base
+        return self.tallies[0].segment.base
 
     @property
     def last(self) -> int:
-        return self.segments[-1].last
+        return self.tallies[-1].segment.last
 
     @property
     def input_bytes(self) -> int:
         """Segment and index bytes of the group: what the swap frees."""
-        return sum(s.size + s.index.size_bytes for s in self.segments)
+        return sum(t.stored_bytes for t in self.tallies)
 
     @property
     def changes_something(self) -> bool:
-        return len(self.segments) > 1 or self.kept < self.messages
+        return len(self.tallies) > 1 or self.kept < self.messages
 
     def add(self, tally: SegmentTally) -> None:
-        self.segments.append(tally.segment)
+        self.tallies.append(tally)
         self.messages += tally.messages
         self.kept += tally.kept
         if tally.kept:
@@ -166,17 +177,17 @@ def plan_groups(tallies: Sequence[SegmentTally], limit_bytes: int) -> list[Group
         if not tally.kept:
             carried.append(tally)
             continue
-        if current.segments and not _fits(current, tally.segment, limit_bytes):
+        if current.tallies and not _fits(current, tally.segment, limit_bytes):
             groups.append(current)
             current = Group()
         for waiting in (*carried, tally):
             current.add(waiting)
         carried = []
-    if carried and not current.segments and groups:
+    if carried and not current.tallies and groups:
         current = groups.pop()
     for waiting in carried:
         current.add(waiting)
-    if current.segments:
+    if current.tallies:
         groups.append(current)
     return groups
 

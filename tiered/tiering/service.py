@@ -333,11 +333,11 @@ class TieringService:
         """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.remote_compaction)."""
         led = self.led.get((topic, partition))
         epoch = self._epoch_of(topic, partition)
-        if led is None or epoch is None or not led.config.remote_copy:
+        if led is None or epoch is None:
             return None
         report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
-        if report.groups:  # the compacted local segments now in the bucket may leave the disk's veto list
-            await self.remote.copier.load_copied(topic, partition)
+        if report.groups and led.config.remote_copy:  # the compacted local segments now in the bucket may leave
+            await self.remote.copier.load_copied(topic, partition)  # the disk's veto list
         return report
 
     async def remote_retention_pass(self) -> int:

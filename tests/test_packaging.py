@@ -1,9 +1,11 @@
 """The package as a user installs it: `pip install '.[spark]'` into a fresh virtual environment, without the test
 extras (moto brings boto3 into the test environment and would hide a missing declaration), then `tiered --help`,
-a replay from a local `file://` store, and an import of the Spark data source. One virtual environment per run."""
+a replay from a local `file://` store, an import of the Spark data source, and the native modules, built from sources
+without the checkout's builds. One virtual environment per run."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -36,7 +38,8 @@ def installed(tmp_path_factory) -> Path:
     source.mkdir()
     for name in SOURCES:
         copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
-        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+        # Without the checkout's built native modules (*.so), as a clean checkout has none: the install builds them.
+        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__", "*.so")}
                                             if (REPO / name).is_dir() else {}))
     venv.EnvBuilder(with_pip=True).create(root / "venv")
     bindir = root / "venv" / "bin"
@@ -60,6 +63,20 @@ def test_the_spark_data_source_imports_with_what_the_extra_installs(installed, t
             "import tiered; print(TieredDataSource.name(), tiered.__file__)")
     out = _run([installed / "python", "-c", code], cwd=tmp_path).stdout.decode().split()
     assert out[0] == "tiered" and str(installed.parent) in out[1]  # the installed package, not the checkout
+
+
+NATIVE_MODULES = ("tiered.protocol._bundlescan", "tiered.spark._decode")
+
+
+def test_the_native_modules_build_wherever_the_checkout_built_them(installed, tmp_path):
+    # Both are optional (without a C compiler the package is pure Python), so a source or header the build cannot
+    # find would fall back silently: where this checkout's own install compiled a module, the fresh one must too.
+    built = [name for name in NATIVE_MODULES if importlib.util.find_spec(name) is not None]
+    if not built:
+        pytest.skip("this checkout's install built no native module (no C compiler): nothing to compare")
+    code = "import importlib, sys; print(*(importlib.import_module(n).__file__ for n in sys.argv[1:]))"
+    files = _run([installed / "python", "-c", code, *built], cwd=tmp_path).stdout.decode().split()
+    assert len(files) == len(built) and all(f.startswith(str(installed.parent)) and f.endswith(".so") for f in files)
 
 
 def test_a_replay_from_a_local_store_writes_parquet(installed, tmp_path):

@@ -19,7 +19,7 @@ from tiered.tiering.block_format import (
     run_index_of,
 )
 from tiered.tiering.caches import RangeCache, SizedLru
-from tiered.tiering.remote_fetch import trim_chunk
+from tiered.tiering.run_reads import trim_chunk
 from tiered.storage.index import SparseIndex
 
 

@@ -29,7 +29,8 @@ from tiered.catalog.check import check_catalog
 from tiered.metrics import Metrics
 from tiered.tier_interface import RemoteChunk
 from tiered.tiering.block_format import encode_block
-from tiered.tiering.remote_fetch import RemoteReader, trim_chunk
+from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.run_reads import trim_chunk
 from tiered.tiering.rebuild import UNKNOWN_MAX_TS_MS, CatalogNotEmpty, rebuild_catalog
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.remote_retention import enforce_remote_retention

@@ -20,7 +20,8 @@ from tiered.protocol.frame import FRAME_HEADER, MsgType, encode_frame
 from tiered.storage.index import SparseIndex
 from tiered.tiering.local_store import LocalObjectStore
 from tiered.tiering.range_reads import RangeRead, ReadBudget
-from tiered.tiering.remote_fetch import AHEAD_DEPTH, find_first_bundle, indexed_end, segment_window
+from tiered.tiering.remote_chunks import find_first_bundle
+from tiered.tiering.remote_fetch import AHEAD_DEPTH, indexed_end, segment_window
 
 from tests.support.polling import eventually
 from tests.tiering.test_remote_reads import _copied, tiered_broker  # noqa: F401 (the fixture)

@@ -37,8 +37,8 @@ from tiered.tiering.block_format import (
     read_block_indexes,
     run_index_of,
 )
-from tiered.tiering.remote_fetch import RemoteReader, trim_chunk
-from tiered.tiering.run_reads import run_window
+from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.run_reads import run_window, trim_chunk
 
 from tests.spark.history import PartitionHistory, S3Objects
 from tests.tiering.test_remote_compaction import chunk_bytes

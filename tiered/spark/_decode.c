@@ -2,21 +2,8 @@
  * per message. The native twin of tiered/spark/decoding.py's pure path (iter_messages + record_batches), which stays
  * the reference: the suite compares the two byte for byte and on the same bad input.
  *
- * Record and bundle layout (TANK's; tiered/protocol/bundle.py and varint.py have the same tables):
- *
- *     record         bundle_len varint (LEB128, 1..5 bytes, at most 2^32-1), then bundle_len bytes of bundle
- *     bundle flags   u8: bits 0-1 codec (0 none, 1 snappy), bits 2-5 message count if 1..15, bit 6 SPARSE,
- *                    bit 7 reserved (never set)
- *     [msg_count]    varint, iff the count bits are 0 (never 0)
- *     [first_seq]    u64 little-endian, iff SPARSE (never 0)
- *     [last-first-1] varint, iff SPARSE and msg_count != 1
- *     message set    the rest; one raw snappy block iff codec == 1
- *
- *     message flags  u8: HAVE_KEY 1, USE_LAST_TS 2, SEQ_PREV_PLUS_ONE 4
- *     [seq delta]    varint, iff SPARSE, neither first nor last, and not SEQ_PREV_PLUS_ONE: seq = prev + delta + 1
- *     [ts]           u64 milliseconds, iff not USE_LAST_TS (else the previous message's; 0 before the first)
- *     [key_len, key] u8 + bytes, iff HAVE_KEY
- *     content_len    varint, then the content
+ * The record and bundle layout (TANK's) and its constants are in tiered/protocol/_tank_bundle.h, shared with
+ * tiered/protocol/_bundlescan.c (tiered/protocol/bundle.py and varint.py have the same tables).
  *
  * Raw snappy blocks are read by _decode_snappy.h, the batch under construction lives in _decode_columns.h (both
  * included once, here: one translation unit).
@@ -42,25 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_tank_bundle.h" /* tiered/protocol/, on the include path (pyproject.toml) */
+
 typedef unsigned __int128 u128;
 
-#define CODEC_MASK 0x03
-#define CODEC_SNAPPY 1
-#define COUNT_SHIFT 2
-#define COUNT_MASK 0x0F
-#define FLAG_SPARSE 0x40
-#define FLAG_RESERVED 0x80
-#define HAVE_KEY 0x01
-#define USE_LAST_TS 0x02
-#define SEQ_PREV_PLUS_ONE 0x04
-#define MESSAGE_FLAGS_KNOWN (HAVE_KEY | USE_LAST_TS | SEQ_PREV_PLUS_ONE)
-#define MAX_VARINT 0xFFFFFFFFULL
-#define MAX_VARINT_BYTES 5
 #define U64_MAX ((u128)0xFFFFFFFFFFFFFFFFULL)
 #define INT64_COLUMN_MAX ((u128)INT64_MAX)
-/* The pure path's MAX_MESSAGE_SET_BYTES and SNAPPY_MAX_EXPANSION (tiered/protocol/bundle.py). */
-#define MAX_MESSAGE_SET_BYTES (512ULL * 1024 * 1024)
-#define SNAPPY_MAX_EXPANSION 32ULL
 /* tiered.spark.planning.MAX_TIMESTAMP_MS: above it the microsecond timestamp does not fit an int64 (null). */
 #define MAX_TIMESTAMP_MS (INT64_MAX / 1000)
 /* Arrow binary offsets are int32: a batch ends before its keys or values would pass this. */

@@ -3,7 +3,7 @@
 A remote segment is tried first: its catalog row (cached per partition) and its index object (fetched once and
 cached) give the window to GET (`segment_window`): from the index entry at or before the seq to the last index entry
 within `fetch_size`, so a GET reads little more than it answers. The GET streams (tiered.tiering.range_reads): once
-the whole bundle holding the seq is in, the chunk's extent is known from the index (`chunk_end`), the answer's head
+the whole bundle holding the seq is in, the chunk's extent is known from the index (`indexed_end`), the answer's head
 can leave, and the rest of the chunk follows as it arrives. Each chunk ends at an index entry, so the next seq a
 consumer asks for starts at one: once a consumer reads in order (it asks for the seq after an earlier answer), the
 GETs of the AHEAD_DEPTH windows after each answer start as soon as the answer is known (read-ahead), while the
@@ -11,43 +11,38 @@ answer is sent and the consumer decodes it: a window ending at an index entry te
 next, so the window after it can be read ahead too, and the consumer has several GETs in flight. Read-aheads are
 kept a few per partition for AHEAD_TTL_S, and only within the read budget.
 
-Seqs not in a remote segment come from the block run that answers for them (one index scan, cached). A run of a
-block of version 3 is range-read by its bundle index (tiered.tiering.run_reads: the block's footer GET once, then a
-streamed window of little more than the answer; a fetch smaller than an index interval reads the run's pages between
-index entries, cached); a run of an older block is GET whole and cached. A location answers
-for [from_seq, last_seq]: a seq in a jump before its first record reads from that record, as in TANK, but a seq that
-no location answers for is reported (Unreadable), never served from a later location. The chunk handed to the consumer starts at the whole bundle holding the seq and stops at a bundle boundary
-within `fetch_size` (or after that first bundle when it alone is larger), as a local read does. GETs run under their
-own concurrency limit, apart from the produce path and local reads, and give way to blocks in flight
-(tiered.tiering.hot_path), so that a replaying consumer cannot stall producers or tail consumers.
+Seqs not in a remote segment come from the block run that answers for them (tiered.tiering.run_reads, whose
+`RunReads` this reader inherits: one index scan, cached; a run of a block of version 3 is range-read by its bundle
+index, a run of an older block is GET whole and cached). A location answers for [from_seq, last_seq]: a seq in a jump
+before its first record reads from that record, as in TANK, but a seq that no location answers for is reported
+(Unreadable), never served from a later location. The chunk handed to the consumer (tiered.tiering.remote_chunks)
+starts at the whole bundle holding the seq and stops at a bundle boundary within `fetch_size` (or after that first
+bundle when it alone is larger), as a local read does. GETs run under their own concurrency limit, apart from the
+produce path and local reads, and give way to blocks in flight (tiered.tiering.hot_path), so that a replaying
+consumer cannot stall producers or tail consumers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Callable
 
 from tiered import metrics as m
-from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import segments as catalog_segments
-from tiered.catalog.blocks import RunLocation
 from tiered.catalog.segments import SegmentRow
 from tiered.metrics import Metrics
-from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.varint import maybe_varint
 from tiered.storage.index import SparseIndex
 from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
-from tiered.tiering.block_format import INDEX_EVERY_BYTES, RunIndex
-from tiered.tiering.run_reads import BlockIndexes, RunWindow, read_footer, run_window
+from tiered.tiering.remote_chunks import FirstBundle, RangeChunk, find_first_bundle, walked_end
+from tiered.tiering.run_reads import RunReads
 from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
@@ -56,40 +51,7 @@ DEFAULT_READ_BUDGET_BYTES = 256 << 20
 AHEAD_DEPTH = 2  # windows read ahead of a consumer reading in order: that many GETs in flight while it decodes
 AHEAD_PER_PARTITION = 8  # read-aheads kept per partition (AHEAD_DEPTH per consumer reading it in order)
 AHEAD_TTL_S = 30.0  # a read-ahead nobody took by then is dropped
-SEND_PIECE_BYTES = 1 << 20  # the most of a remote answer written to a connection at once
 _EVERY_REL_SEQ = 0xFFFF_FFFF  # every record of a remote segment is visible
-
-
-def trim_chunk(data: bytes, first_seq: int, seq: int, fetch_size: int) -> tuple[bytes, int, bool] | None:
-    """Whole records of `data` (starting at `first_seq`) from the one holding `seq`, up to about `fetch_size`.
-
-    Returns (chunk, seq of its first bundle, whether that bundle is sparse), or None if no record holds `seq` or
-    a later one. The first bundle is always whole even when it exceeds `fetch_size`, as TANK's broker does.
-    """
-    position = 0
-    next_seq = first_seq
-    start = None
-    end = 0
-    head_seq, head_sparse = 0, False
-    view = memoryview(data)
-    while position < len(view):
-        got = maybe_record(view, position)
-        if got is None:
-            raise ProtocolError("a remote run ends inside a record", position)
-        bundle_start, bundle_end = got
-        header = read_bundle_header(view[bundle_start:bundle_end])
-        first, last = bundle_seq_range(header, next_seq)
-        next_seq = last + 1
-        if start is None:
-            if last >= seq:
-                start, head_seq, head_sparse = position, first, header.sparse
-        elif bundle_end - start > fetch_size:
-            break
-        end = bundle_end
-        position = bundle_end
-    if start is None:
-        return None
-    return bytes(view[start:end]), head_seq, head_sparse
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,81 +99,6 @@ def indexed_end(index: SparseIndex, size: int, start: int, first_end: int, fetch
     return end if end is not None and end >= first_end else None
 
 
-async def walked_end(read: RangeRead, first: FirstBundle, ceiling: int) -> tuple[int, int]:
-    """(end, last seq) of the whole records from `first` that end by `ceiling`, once they have arrived."""
-    arrived = await read.until(ceiling)
-    view = read.view(read.start, arrived)
-    end, last = first.end, first.last_seq
-    while end < ceiling:
-        got = maybe_record(view, end - read.start)
-        if got is None or got[1] + read.start > ceiling:
-            break
-        bundle_start, bundle_end = got
-        last = bundle_seq_range(read_bundle_header(view[bundle_start:bundle_end]), last + 1)[1]
-        end = bundle_end + read.start
-    return end, last
-
-
-@dataclass(frozen=True, slots=True)
-class FirstBundle:
-    start: int  # position of its length prefix
-    end: int
-    first_seq: int
-    last_seq: int
-    sparse: bool
-
-
-async def find_first_bundle(read: RangeRead, floor: int, floor_seq: int, seq: int) -> FirstBundle | None:
-    """The first bundle of `read` from `floor` whose last seq is >= `seq`, once it has arrived whole; None if the
-    read holds none. Raises ProtocolError on bytes that are not whole records, and what the GET failed with."""
-    position, next_seq = floor, floor_seq
-    while position < read.end:
-        arrived = await read.until(position + 5)  # a varint is at most 5 bytes
-        got = maybe_varint(read.view(position, arrived), 0)
-        if got is None:
-            raise ProtocolError("a remote segment ends inside a record length", position)
-        size, skip = got
-        if size == 0:
-            raise ProtocolError("zero-length bundle in a remote segment", position)
-        bundle_start, bundle_end = position + skip, position + skip + size
-        if bundle_end > read.end or await read.until(bundle_end) < bundle_end:
-            raise ProtocolError("a remote segment ends inside a record", position)
-        header = read_bundle_header(read.view(bundle_start, bundle_end))
-        first, last = bundle_seq_range(header, next_seq)
-        if last >= seq:
-            return FirstBundle(position, bundle_end, first, last, header.sparse)
-        position, next_seq = bundle_end, last + 1
-    return None
-
-
-class RangeChunk:
-    """A chunk [start, end) of a streamed range GET (tier_interface.ChunkStream); closing it closes the GET.
-
-    Pieces are at most SEND_PIECE_BYTES (a larger write would be copied into the transport's buffer at once, holding
-    the loop) and each waits for `pace` first: an answer being sent gives way to the hot path as its GET does."""
-
-    def __init__(self, read: RangeRead, start: int, end: int, pace: Pace | None = None):
-        self.read = read
-        self.start = start
-        self.end = end
-        self.size = end - start
-        self.pace = pace
-
-    async def pieces(self) -> AsyncIterator[memoryview]:
-        position = self.start
-        while position < self.end:
-            arrived = min(await self.read.until(position + 1), self.end, position + SEND_PIECE_BYTES)
-            if arrived <= position:
-                raise EOFError(f"object {self.read.object_key} ended at {arrived}, inside a chunk ending at {self.end}")
-            if self.pace is not None:
-                await self.pace()
-            yield self.read.view(position, arrived)
-            position = arrived
-
-    def close(self) -> None:
-        self.read.close()
-
-
 class _Ahead:
     """A read-ahead: the task that locates the next window and starts its GET, for the consumer asking `seq`; once
     located, `follow` is the seq the consumer asks for after this window (None: not known from the index), and
@@ -233,7 +120,7 @@ class _Ahead:
             self.task.result().close()
 
 
-class RemoteReader:
+class RemoteReader(RunReads):
     """Remote segments first (cached segment rows and index objects, a streamed range GET of whole bundles, the
     next window read ahead), then block runs (one catalog query, one range GET). A seq that neither answers for is
     Unreadable, never skipped."""
@@ -252,14 +139,7 @@ class RemoteReader:
         self.segments: RangeCache[SegmentRow] = RangeCache()
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
-        self.runs: RangeCache[RunLocation] = RangeCache()  # same grace-period argument as segment rows
-        # The bundle indexes of each block's runs, from its footer (read once per block; version 3).
-        self.footers: SizedLru[str, BlockIndexes] = SizedLru(self.budget.cache_bytes // 4,
-                                                             lambda footer: footer.size_bytes)
-        # A run of a block without indexes is read whole, so a consumer reading such a run in fetches smaller than the
-        # run would otherwise GET the whole run once per fetch; for the same reason small fetches of an indexed run
-        # read and keep its pages (by ("page", object key, position)). Runs never change.
-        self.run_bytes: SizedLru[tuple, bytes] = SizedLru(self.budget.cache_bytes // 4, len)
+        super().__init__(self.budget.cache_bytes)  # the block-run caches: runs, footers, run_bytes
         # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
         # only be in a block run, so the segment lookup is skipped.
         self.highest_copied = highest_copied
@@ -520,89 +400,3 @@ class RemoteReader:
             return None
         i = bisect_right(index.positions, end) - 1
         return row.base_seq + index.rel_seqs[i] if index.positions[i] == end else None
-
-    # -- block runs -------------------------------------------------------------------------------------------------
-
-    async def _from_run(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
-        run = self.runs.get(topic, partition, seq)
-        if run is None:
-            run = await self._query(catalog_blocks.find_run, topic, partition, seq)
-            if run is None or not run.holds(seq):
-                return None
-            self.runs.put(run)
-        footer = self.footers.get(run.object_key)
-        if footer is None:
-            try:
-                footer = await read_footer(self._get, run)
-            except ProtocolError as exc:
-                # Read the run whole, as from a block without indexes: its records are checked as they are trimmed.
-                log.error("block %s: unreadable footer (%s); reading the run whole", run.object_key, exc)
-                footer = BlockIndexes.of({})
-            if footer is None:
-                return Unreadable(f"block object {run.object_key} is missing")
-            self.footers.put(run.object_key, footer)
-        index = footer.by_position.get(run.position)
-        if index is None or index.length_bytes != run.length_bytes:
-            return await self._whole_run(run, seq, fetch_size)
-        window = run_window(index, seq, fetch_size)
-        if fetch_size < INDEX_EVERY_BYTES:
-            return await self._from_pages(run, index, window, seq, fetch_size)
-        base, run_end = run.position, run.position + run.length_bytes
-        self.metrics.inc(m.REMOTE_GETS)
-        read = await RangeRead.open(self.store, run.object_key, base + window.floor, base + window.end, self.budget,
-                                    self._slots, self.pace)
-        try:
-            first = await find_first_bundle(read, base + window.floor, window.floor_seq, seq)
-            if first is None:
-                read.close()
-                return None
-            end, _ = await walked_end(read, first, min(run_end, first.start + fetch_size))
-        except BaseException as exc:
-            read.close()
-            if not isinstance(exc, Exception):
-                raise
-            return self._failed(topic, partition, seq, run.object_key, exc, "block")
-        read.stop_at(end)  # the answer is whole once `end` is in: nothing after it is wanted
-        return RemoteChunk(RangeChunk(read, first.start, end, self.pace), first.first_seq, first.sparse)
-
-    async def _from_pages(self, run: RunLocation, index: RunIndex, window: RunWindow, seq: int,
-                          fetch_size: int) -> RemoteChunk | Unreadable | None:
-        """A fetch smaller than an index interval, from the run's pages (the bytes between two index entries), GET
-        once and cached: a window would GET up to two intervals for each small answer, while a consumer reading a
-        run in order in small fetches GETs each page once. Missing pages of the window are read in one GET."""
-        bounds = (*index.positions, index.length_bytes)
-        first = bisect_right(bounds, window.floor) - 1
-        last = bisect_left(bounds, window.end) - 1  # the page holding byte window.end - 1
-        keys = [("page", run.object_key, run.position + bounds[p]) for p in range(first, last + 1)]
-        pages = [self.run_bytes.get(key) for key in keys]
-        missing = [i for i, page in enumerate(pages) if page is None]
-        if missing:
-            low, high = bounds[first + missing[0]], bounds[first + missing[-1] + 1]
-            data = await self._get(run.object_key, run.position + low, run.position + high)
-            if data is None:
-                return Unreadable(f"block object {run.object_key} is missing")
-            if len(data) != high - low:
-                return self._failed(run.topic, run.partition, seq, run.object_key,
-                                    EOFError(f"ends before position {run.position + high}"), "block")
-            for i in range(missing[0], missing[-1] + 1):
-                page = data[bounds[first + i] - low : bounds[first + i + 1] - low]
-                pages[i] = pages[i] or page
-                self.run_bytes.put(keys[i], page)
-        else:
-            self.metrics.inc(m.REMOTE_RUN_CACHE_HITS)
-        trimmed = trim_chunk(b"".join(pages), window.floor_seq, seq, fetch_size)
-        return RemoteChunk(*trimmed) if trimmed is not None else None
-
-    async def _whole_run(self, run: RunLocation, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
-        """A run of a block without bundle indexes (version 1 or 2): GET whole once, cached, trimmed per fetch."""
-        key = (run.object_key, run.position)
-        data = self.run_bytes.get(key)
-        if data is None:
-            data = await self._get(run.object_key, run.position, run.position + run.length_bytes)
-            if data is None:
-                return Unreadable(f"block object {run.object_key} is missing")
-            self.run_bytes.put(key, data)
-        else:
-            self.metrics.inc(m.REMOTE_RUN_CACHE_HITS)
-        trimmed = trim_chunk(data, run.first_seq, seq, fetch_size)
-        return RemoteChunk(*trimmed) if trimmed is not None else None

@@ -4,7 +4,7 @@
 the last commit as a block run (encode_block, insert_pending_block, commit_block), and tiers the active segment as
 the segment copier does (seal, upload `.ilog` and `.index` unchanged at keys.segment_key/segment_index_key,
 COPY_STARTED then COPY_FINISHED, prune the runs it covers). It keeps the messages it wrote, with their seqs, as the
-expected answer of any replay.
+expected answer of any replay. `append_compactable` appends a keyed history for compaction to work on.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from tiered.storage.topic_config import TopicConfig
 from tiered.tiering import keys
 from tiered.catalog.blocks import RunMeta
 from tiered.tiering.block_format import encode_block
+
+from tests.support.compaction import random_workload
 
 BROKER_ID = 1
 T0_MS = 1_750_000_000_000
@@ -200,3 +202,24 @@ def build_history(cat: Catalog, objects, topic: str, partition: int, directory: 
         mixed_bundles(rng, history, bundles_per_step)
         history.commit_run()
     return history
+
+
+def append_compactable(history: PartitionHistory, seed: int, *, bundles: int = 90, keys: int = 15,
+                       tail_bundles: int = 12) -> None:
+    """The keyed workload of `seed` (keys, tombstones, keyless messages; plain, snappy and sparse bundles): runs
+    committed every three bundles, segments tiered where the workload seals and every 25 bundles, the last
+    `tail_bundles` left in committed runs (compaction never reaches them)."""
+    workload = random_workload(random.Random(seed), bundles, keys, tombstone_share=0.2, keyless_share=0.15)
+    ts_ms = T0_MS
+    for i, b in enumerate(workload):
+        if b.gap:
+            first = history.log.last_assigned + b.gap
+            messages = [Message(v, k, ts_ms + i, first + j * b.gap) for j, (k, v) in enumerate(b.messages)]
+            history.append(encode_bundle(messages, codec=b.codec, sparse=True))
+        else:
+            history.append(encode_bundle([Message(v, k, ts_ms + i) for k, v in b.messages], codec=b.codec))
+        if i % 3 == 2:
+            history.commit_run()
+        if (b.seal_after or i % 25 == 24) and i < len(workload) - tail_bundles:
+            history.tier_segment()
+    history.commit_run()

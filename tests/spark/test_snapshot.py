@@ -10,7 +10,6 @@ appended to it; up to a seq above the compacted range, the model's over the mess
 from __future__ import annotations
 
 import asyncio
-import random
 from dataclasses import replace
 from datetime import timedelta
 
@@ -22,7 +21,7 @@ from tiered.catalog import topics as catalog_topics
 from tiered.catalog.check import check_partition
 from tiered.catalog.migrate import upgrade
 from tiered.cli.main import main
-from tiered.protocol.bundle import Message, encode_bundle
+from tiered.protocol.bundle import Message
 from tiered.spark.snapshot import LatestPerKey
 from tiered.storage.compaction import compact_partition
 from tiered.storage.partition_log import PartitionLog
@@ -30,9 +29,9 @@ from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.remote_compaction import RemoteCompactor
 from tiered.tiering.store import open_store
 
-from tests.spark.history import BROKER_ID, FileObjects, PartitionHistory
+from tests.spark.history import BROKER_ID, FileObjects, PartitionHistory, append_compactable
 from tests.support.clock import ManualClock
-from tests.support.compaction import latest_per_key, random_workload
+from tests.support.compaction import latest_per_key
 
 NOW_S = 1_800_000_000
 RETENTION_S = 100
@@ -43,25 +42,6 @@ TAIL_BUNDLES = 12  # the last bundles stay in block runs
 
 def topic(seed: int) -> str:
     return f"users-{seed}"
-
-
-def append_history(history: PartitionHistory, seed: int) -> None:
-    """The workload of `seed`: runs committed every few bundles, segments tiered where the workload seals, the last
-    TAIL_BUNDLES left in committed runs."""
-    bundles = random_workload(random.Random(seed), 90, 15, tombstone_share=0.2, keyless_share=0.15)
-    ts_ms = 1_750_000_000_000
-    for i, b in enumerate(bundles):
-        if b.gap:
-            first = history.log.last_assigned + b.gap
-            messages = [Message(v, k, ts_ms + i, first + j * b.gap) for j, (k, v) in enumerate(b.messages)]
-            history.append(encode_bundle(messages, codec=b.codec, sparse=True))
-        else:
-            history.append(encode_bundle([Message(v, k, ts_ms + i) for k, v in b.messages], codec=b.codec))
-        if i % 3 == 2:
-            history.commit_run()
-        if (b.seal_after or i % 25 == 24) and i < len(bundles) - TAIL_BUNDLES:
-            history.tier_segment()
-    history.commit_run()
 
 
 def compacted_config(log: PartitionLog):
@@ -103,7 +83,7 @@ def world(tmp_path_factory):
             parts = histories[topic(seed)] = []
             for partition in (UNCOMPACTED, FROM_LOCAL, FROM_BUCKET):
                 history = PartitionHistory(cat, objects, topic(seed), partition, root / f"log-{seed}-{partition}")
-                append_history(history, seed)
+                append_compactable(history, seed, tail_bundles=TAIL_BUNDLES)
                 if partition != UNCOMPACTED:
                     asyncio.run(compact(history, store, acat, root, partition))
                 assert check_partition(cat, topic(seed), partition).problems == []

@@ -4,7 +4,8 @@ reads exactly the history it planned, from the objects the swap replaced (they w
 What fixes a read's history is the plan, not `load()`: `load()` only asks for the schema, and every action plans
 afresh from the catalog when Spark builds the physical plan. `DataFrame.rdd` builds it (Spark calls the reader's
 `partitions()`, tiered.spark.listing.plan_read) without running a task, so the test can put the swap between the
-plan and the tasks. Both partitions are compacted from the bucket alone (a new leader with an empty disk), one pass
+plan and the tasks. The listing that plans pages through the catalog's segments; a swap between two of its pages
+must not hide seqs from the plan either. Both partitions are compacted from the bucket alone (a new leader with an empty disk), one pass
 with tombstones kept; the tail of block runs above the copied segments is never compacted.
 """
 
@@ -23,7 +24,10 @@ from tiered.catalog import topics as catalog_topics
 from tiered.catalog.check import check_partition
 from tiered.catalog.migrate import upgrade
 from tiered.protocol.bundle import Message
+from tiered.spark import listing
+from tiered.spark.execution import split_messages
 from tiered.spark.listing import plan_read
+from tiered.spark.objects import open_range_reader
 from tiered.spark.options import ReadOptions
 from tiered.storage.partition_log import PartitionLog
 from tiered.tiering.catalog_access import AsyncCatalog
@@ -63,9 +67,11 @@ def world(tmp_path):
         cat.close()
 
 
-def compact_from_bucket(acat, objects: FileObjects, history: PartitionHistory, workdir: Path) -> None:
-    """One forced pass of a new leader with an empty disk: every copied segment is compacted from the bucket."""
-    config = replace(history.log.config, log_cleanup_policy="cleanup", log_segment_bytes=700,
+def compact_from_bucket(acat, objects: FileObjects, history: PartitionHistory, workdir: Path,
+                        segment_bytes: int = 700) -> None:
+    """One forced pass of a new leader with an empty disk: every copied segment is compacted from the bucket, into
+    segments of about `segment_bytes` (large: the whole range merged into one)."""
+    config = replace(history.log.config, log_cleanup_policy="cleanup", log_segment_bytes=segment_bytes,
                      log_cleaner_delete_retention_secs=RETENTION_S)
     plog = PartitionLog.open(str(workdir / f"new-leader-{history.partition}"), config)
     compactor = RemoteCompactor(open_store(objects.url), acat, broker_id=BROKER_ID, workdir=str(workdir / "work"),
@@ -129,3 +135,38 @@ def test_a_read_planned_before_a_swap_reads_the_history_it_planned(spark, world,
     assert collected(load(spark, url, objects).collect()) == after
     # Run again, the same plan reads the same history.
     assert collected(planned.collect()) == before
+
+
+def test_a_swap_between_two_pages_of_the_segment_listing_hides_no_seq(world, tmp_path, monkeypatch):
+    """Pages of two segments; after the first, a pass merges every copied segment into one, which begins below the
+    first page's last segment. The plan reads the old objects up to a seq of the first page and the new segment
+    above it: every seq once, byte for byte, the old history up to that seq and the compacted one above it."""
+    cat, acat, url, objects, histories = world
+    history = histories[0]
+    monkeypatch.setattr(listing, "FIRST_PAGE_ROWS", 2)
+    monkeypatch.setattr(listing, "PAGE_ROWS", 2)
+    real = catalog_segments.readable_segments_from
+    first_page: list = []
+
+    def swap_after_the_first_page(*args):
+        rows = real(*args)
+        if not first_page and len(rows) == 2:
+            first_page.extend(rows)
+            compact_from_bucket(acat, objects, history, tmp_path, segment_bytes=1 << 20)
+        return rows
+
+    monkeypatch.setattr(catalog_segments, "readable_segments_from", swap_after_the_first_page)
+    options = ReadOptions.parse({"catalog": url, "store": objects.url, "topic": TOPIC, "partitions": "0"})
+    reader = open_range_reader(objects.url)
+    got = [m for split in plan_read(options) for m in split_messages(reader, split)]
+
+    assert len(first_page) == 2 and len(history.segments) > 3
+    (merged,) = [row for row in catalog_segments.list_segments(cat, TOPIC, 0) if row.state == "COPY_FINISHED"]
+    assert merged.base_seq <= first_page[-1].base_seq and merged.last_seq == history.segments[-1].last_seq
+    assert check_partition(cat, TOPIC, 0).problems == []
+    # Up to some seq at or below the first page's end, the old history; above it, the compacted one.
+    old, new = as_rows({0: history.messages}), as_rows({0: compacted(history)})
+    read = as_rows({0: got})
+    assert any(read == [r for r in old if r[1] <= cut] + [r for r in new if r[1] > cut]
+               for cut in [0] + [r[1] for r in old if r[1] <= first_page[-1].last_seq])
+    assert read != old and read != new  # both sides of the swap were read

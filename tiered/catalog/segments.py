@@ -202,15 +202,27 @@ def get_segment(cat: Catalog, topic: str, partition: int, base_seq: int) -> Segm
 def find_remote_segment(cat: Catalog, topic: str, partition: int, seq: int) -> SegmentRow | None:
     """The readable (COPY_FINISHED) remote segment with the smallest last_seq >= seq: the one that holds `seq`
     when `holds(seq)` says so. None when none reaches `seq`. One index probe."""
+    rows = readable_segments_from(cat, topic, partition, seq, 1)
+    return rows[0] if rows else None
+
+
+def readable_segments_from(cat: Catalog, topic: str, partition: int, seq: int, limit: int) -> list[SegmentRow]:
+    """Up to `limit` readable (COPY_FINISHED) segments with last_seq >= seq, in seq order: the one holding `seq`
+    and those after it. One index range scan (ix_segments_lookup).
+
+    Page by passing the last row's last_seq + 1. Keyed by seq, not by base_seq, so that a compaction swap between
+    two pages cannot hide seqs: its new segments start at (or before) the first seq of the group they replace,
+    which may be a base_seq the previous page already passed, but they end where that group ended, so the next
+    page, from the seq after the last one listed, finds them."""
     with cat.read() as conn:
-        row = conn.execute(
+        rows = conn.execute(
             select(*_COLUMNS)
             .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.last_seq >= seq)
             .where(_READABLE)
             .order_by(SegmentModel.last_seq)
-            .limit(1)
-        ).first()
-    return SegmentRow(*row) if row else None
+            .limit(limit)
+        )
+        return [SegmentRow(*r) for r in rows]
 
 
 def list_segments(

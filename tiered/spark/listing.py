@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass
 
-from tiered.catalog import Catalog, SegmentState
+from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
@@ -126,19 +126,18 @@ def plan_partition_from_catalog(
 
 
 def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[SegmentEntry]:
-    """The COPY_FINISHED segments overlapping `seqs`, in seq order."""
-    if seqs.empty:
-        return []
-    first = catalog_segments.find_remote_segment(cat, topic, partition, seqs.first)
-    if first is None or first.base_seq > seqs.last:
-        return []
+    """The COPY_FINISHED segments overlapping `seqs`, in seq order.
+
+    Each page is one statement, from the seq after the last one listed (catalog_segments.readable_segments_from):
+    a compaction swap between two pages leaves the earlier page naming the old objects (they stay for the grace
+    period) and the next one starting at a new segment that may begin below that seq; planning reads it from that
+    seq on, so every seq is read once, from the old objects or the new ones.
+    """
     out: list[SegmentEntry] = []
-    after = first.base_seq - 1
+    next_seq = seqs.first
     limit = min(FIRST_PAGE_ROWS, PAGE_ROWS)
-    while True:
-        rows = catalog_segments.list_segments(
-            cat, topic, partition, states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=limit
-        )
+    while not SeqRange(next_seq, seqs.last).empty:
+        rows = catalog_segments.readable_segments_from(cat, topic, partition, next_seq, limit)
         for row in rows:
             if row.base_seq > seqs.last:
                 return out
@@ -150,8 +149,9 @@ def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> l
             )
         if len(rows) < limit:
             return out
-        after = rows[-1].base_seq
+        next_seq = rows[-1].last_seq + 1
         limit = min(limit * 4, PAGE_ROWS)
+    return out
 
 
 def list_runs(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[RunEntry]:

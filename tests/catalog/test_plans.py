@@ -75,6 +75,7 @@ LOOKUPS = {
     "find_run": (lambda c: blocks.find_run(c, "a", 0, 55), "ix_block_runs_lookup"),
     "runs_for_range": (lambda c: blocks.runs_for_range(c, "a", 0, 55, 5), "ix_block_runs_lookup"),
     "find_remote_segment": (lambda c: segments.find_remote_segment(c, "a", 0, 25), "ix_segments_lookup"),
+    "readable_segments_from": (lambda c: segments.readable_segments_from(c, "a", 0, 25, 2), "ix_segments_lookup"),
     "highest_copied_seq": (lambda c: segments.highest_copied_seq(c, "a", 0), "ix_segments_lookup"),
     "remote_retention": (
         lambda c: segments.segments_for_remote_retention(c, "a", 0, now=T0, max_age=timedelta(0), max_bytes=None),

@@ -5,8 +5,8 @@ What fixes a read's history is the plan, not `load()`: `load()` only asks for th
 afresh from the catalog when Spark builds the physical plan. `DataFrame.rdd` builds it (Spark calls the reader's
 `partitions()`, tiered.spark.listing.plan_read) without running a task, so the test can put the swap between the
 plan and the tasks. The listing that plans pages through the catalog's segments; a swap between two of its pages
-must not hide seqs from the plan either. Both partitions are compacted from the bucket alone (a new leader with an empty disk), one pass
-with tombstones kept; the tail of block runs above the copied segments is never compacted.
+must not hide seqs from the plan either. Partitions are compacted from the bucket alone (a new leader with an empty
+disk), one pass with tombstones kept; the tail of block runs above the copied segments is never compacted.
 """
 
 from __future__ import annotations

@@ -125,3 +125,18 @@ def test_a_compacted_segment_whose_last_messages_are_gone_passes(tmp_path, capsy
     assert ilog.name.startswith("1-3_")
     assert main(["verify", str(ilog), str(tmp_path / "p" / "1.index")]) == 0
     assert "1 bundle (0 snappy), 1 message, seqs 1..1" in capsys.readouterr().out
+
+
+def test_the_active_segments_index_may_lag_a_running_broker_but_a_sealed_one_may_not(tmp_path, capsys):
+    """A running broker writes the active segment's index entries in batches: verify of a live directory passes with
+    the entries not written yet, while a sealed segment's empty index is still reported."""
+    d = _segment_dir(tmp_path)
+    active = sorted(d.glob("*.log"))[-1]
+    active_index = d / f"{active.name.split('_')[0]}.index"
+    active_index.write_bytes(b"")  # as seen while the broker runs, before its first batch of entries
+    assert main(["verify", str(active), str(active_index)]) == 0
+    ilog = sorted(d.glob("*.ilog"))[0]
+    sealed_index = d / f"{ilog.name.split('-')[0]}.index"
+    sealed_index.write_bytes(b"")
+    assert main(["verify", str(ilog), str(sealed_index)]) == 1
+    assert "empty index for a non-empty log" in capsys.readouterr().out

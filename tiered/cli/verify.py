@@ -107,9 +107,12 @@ def verify_index(path: Path, base: int) -> list[str]:
     for rel_seq, position in index:
         if starts.get(position) != base + rel_seq:
             problems.append(f"entry ({rel_seq}, {position}) does not point at the bundle of seq {base + rel_seq}")
-    if len(index) == 0 and starts:
+    # A running broker writes the active segment's entries in batches (and all of them at a flush, seal or stop), so
+    # the index of a `.log` may lack its last entries, or all of them: recovery re-adds them. A sealed one may not.
+    active = isinstance(parse_name(log.name), LogName)
+    if len(index) == 0 and starts and not active:
         problems.append("empty index for a non-empty log")
-    elif starts and next(iter(index))[1] != 0:
+    elif starts and len(index) and next(iter(index))[1] != 0:
         problems.append("the first bundle is not indexed")
     return problems
 

@@ -186,6 +186,7 @@ class Coordinator:
         serving = not self._evicted and self._lease_fresh(self.clock.monotonic())
         load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
         claims: dict[str, dict[int, int]] = {}
+        assigned_here = False  # a claim of a partition whose row names this broker id
         orphans: list[tuple[str, int]] = []
         epochs: dict[tuple[str, int], int] = {}
         handovers: dict[tuple[str, int], tuple[int, int]] = {}
@@ -209,6 +210,7 @@ class Coordinator:
                 if a.leader_broker == me:
                     if serving:
                         claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
+                        assigned_here = True
                 else:
                     orphans.append(key)
             else:
@@ -218,6 +220,13 @@ class Coordinator:
             for key, broker in catalog_cluster.spread(orphans, self.live, load).items():
                 if broker == me:
                     claims.setdefault(key[0], {})[key[1]] = epochs[key]
+        if assigned_here:
+            # A row naming this broker id that this process does not lead is either assigned here and not claimed
+            # yet, or was claimed by another process that took this broker id over (a new volume, a rescheduled
+            # pod): the lease says which. Taking it back would fence the process that now owns the id.
+            await self.renew()
+            if self._evicted:
+                return
         for topic, expected in sorted(claims.items()):
             await self._claim(topic, expected)
         if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:

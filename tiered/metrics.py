@@ -111,6 +111,8 @@ BLOCKS_ABANDONED = _declare("tiered_blocks_abandoned_total", "intent rows whose 
 RECONCILER_DELETIONS = _declare("tiered_reconciler_deletions_total",
                                "orphan objects the catalog did not know, deleted by the reconciler")
 REMOTE_SEGMENTS_DELETED = _declare("tiered_remote_segments_deleted_total", "remote segments expired by remote retention")
+ABANDONED_COPIES_DELETED = _declare("tiered_abandoned_copies_deleted_total",
+                                    "copies left in COPY_STARTED under an older epoch, whose objects were deleted")
 REMOTE_BYTES = _declare("tiered_remote_bytes_total", "bytes served from the bucket")
 REMOTE_GETS = _declare("tiered_remote_gets_total", "range GETs by remote reads")
 REMOTE_CATALOG_QUERIES = _declare("tiered_remote_catalog_queries_total", "catalog lookups by remote reads")

@@ -6,13 +6,17 @@ the catalog check is green and every committed seq reads back from the bucket by
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.support.clock import ManualClock
+from tests.support.polling import eventually
 from tests.support.storage_helpers import FakeClock, plain_bundle, storage_config
+from tiered import metrics as m
 from tiered.catalog import IllegalTransition, SegmentState, StaleEpoch
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
@@ -25,11 +29,13 @@ from tiered.metrics import Metrics
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.segment import SealedSegment
+from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteChunk
 from tiered.tiering import keys
 from tiered.tiering.abandoned_copies import clean_abandoned_copies
 from tiered.tiering.block_format import encode_block
 from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.remote_tier import RemoteTier
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier, segment_timestamp_bounds
 from tiered.tiering.store import ObjectNotFound, StoreError
 
@@ -329,4 +335,47 @@ async def test_random_fences_takeovers_copies_and_passes(s3_store, cat, acat, tm
     named = {k for r in rows if r.state in (S.COPY_STARTED, S.COPY_FINISHED) for k in (r.object_key, r.index_object_key)}
     in_bucket = {info.object_key async for info in s3_store.list("segments/")}
     assert in_bucket <= named
+    await assert_consistent(s3_store, acat, cat, part)
+
+
+class Sink:
+    def copied(self, topic, partition, base, last):
+        pass
+
+    def first_available_moved(self, topic, partition, seq):
+        pass
+
+
+async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_progress(s3_store, cat, acat,
+                                                                                         tmp_path):
+    """In the broker's remote tier: the retention pass (here with no retention configured) finishes an interrupted
+    cleanup and cleans a fenced copy, counted; the copier, refused while the row of its segment's base is mid-deletion,
+    keeps the segment and copies it once the pass finished."""
+    part = await committed_partition(tmp_path, s3_store, cat)
+    first, second = part.segments[0], part.segments[1]
+    for seg in (first, second):
+        await start_copy(s3_store, cat, seg, epoch_now(cat), minutes(0))
+    epoch = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
+    catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, first.base, epoch, older_than=minutes(11), now=minutes(11))
+    clock = ManualClock(start_ms=minutes(11).timestamp() * 1000)
+    metrics = Metrics()
+    tier = RemoteTier(s3_store, acat, Sink(), metrics=metrics, epoch_of=lambda t, p: epoch,
+                      committed_up_to=lambda t, p: 1 << 62, on_fenced=lambda key, epoch, reason: None, grace=GRACE,
+                      clock=clock)
+    tier.copier.enqueue(TOPIC, 0, first)
+    copying = asyncio.ensure_future(tier.copier.run())
+    try:
+        await eventually(lambda: metrics.count(m.SEGMENT_COPY_FAILURES) == 1 and clock.sleeping == 1,
+                         what="the copy refused by the row mid-deletion, waiting to try again")
+        assert states(cat) == {first.base: S.DELETE_STARTED, second.base: S.COPY_STARTED}
+
+        await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
+        assert states(cat) == {first.base: S.DELETE_FINISHED, second.base: S.DELETE_FINISHED}
+        assert metrics.count(m.ABANDONED_COPIES_DELETED) == 1  # the second; the first was an interrupted pass's
+
+        clock.advance(1.0)
+        await eventually(lambda: tier.copier.is_copied(TOPIC, 0, first.base), what="the copy after the deletion")
+    finally:
+        copying.cancel()
+    assert states(cat) == {first.base: S.COPY_FINISHED, second.base: S.DELETE_FINISHED}
     await assert_consistent(s3_store, acat, cat, part)

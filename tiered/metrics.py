@@ -103,7 +103,8 @@ FENCED_PARTITIONS = _declare("tiered_fenced_partitions_total", "partitions fence
 SEGMENTS_COPIED = _declare("tiered_segments_copied_total", "sealed segments copied to the bucket")
 SEGMENT_BYTES_COPIED = _declare("tiered_segment_bytes_copied_total", "segment and index bytes copied")
 SEGMENT_COPY_FAILURES = _declare("tiered_segment_copy_failures_total",
-                                 "segment copies that failed on a local file (the segment is tried again later)")
+                                 "segment copies that failed on a local file or were refused by the row of their base "
+                                 "(the segment is tried again later)")
 SEGMENT_UPLOAD_ERRORS = _declare("tiered_segment_upload_errors_total",
                                 "failed attempts to upload a sealed segment or its index")
 BLOCKS_DELETED = _declare("tiered_blocks_deleted_total", "block objects deleted after their grace period")

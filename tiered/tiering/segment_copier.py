@@ -6,7 +6,8 @@ which in the same transaction prunes the block runs the segment now answers for 
 marked for deletion). A segment is copied only once every record in it is committed, so the bucket never holds a
 seq the catalog did not accept. Store and catalog failures are retried with backoff; a copy interrupted by a crash
 is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). A refused epoch fences the
-partition, as for blocks. A segment that cannot be read (a damaged file) is reported, counted and tried again
+partition, as for blocks. A segment that cannot be read (a damaged file), or whose copy the row of its base refuses
+(an abandoned copy of that base mid-deletion, tiered.tiering.abandoned_copies), is reported, counted and tried again
 later, and never holds up the other partitions' copies.
 """
 

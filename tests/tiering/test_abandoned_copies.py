@@ -350,11 +350,14 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
                                                                                          tmp_path):
     """In the broker's remote tier: the retention pass (here with no retention configured) finishes an interrupted
     cleanup and cleans a fenced copy, counted; the copier, refused while the row of its segment's base is mid-deletion,
-    keeps the segment and copies it once the pass finished."""
+    keeps the segment and copies it once the pass finished. Abandoned copies are looked for once a grace period;
+    interrupted deletions are finished at every pass."""
     part = await committed_partition(tmp_path, s3_store, cat)
-    first, second = part.segments[0], part.segments[1]
+    first, second, third, fourth = part.segments[:4]
     for seg in (first, second):
         await start_copy(s3_store, cat, seg, epoch_now(cat), minutes(0))
+    for seg in (third, fourth):
+        await start_copy(s3_store, cat, seg, epoch_now(cat), minutes(5))
     epoch = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
     catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, first.base, epoch, older_than=minutes(11), now=minutes(11))
     clock = ManualClock(start_ms=minutes(11).timestamp() * 1000)
@@ -367,15 +370,26 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
     try:
         await eventually(lambda: metrics.count(m.SEGMENT_COPY_FAILURES) == 1 and clock.sleeping == 1,
                          what="the copy refused by the row mid-deletion, waiting to try again")
-        assert states(cat) == {first.base: S.DELETE_STARTED, second.base: S.COPY_STARTED}
+        assert states(cat)[first.base] == S.DELETE_STARTED
 
         await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
-        assert states(cat) == {first.base: S.DELETE_FINISHED, second.base: S.DELETE_FINISHED}
+        assert states(cat) == {first.base: S.DELETE_FINISHED, second.base: S.DELETE_FINISHED,
+                               third.base: S.COPY_STARTED, fourth.base: S.COPY_STARTED}  # those two are too young
         assert metrics.count(m.ABANDONED_COPIES_DELETED) == 1  # the second; the first was an interrupted pass's
 
         clock.advance(1.0)
         await eventually(lambda: tier.copier.is_copied(TOPIC, 0, first.base), what="the copy after the deletion")
     finally:
         copying.cancel()
-    assert states(cat) == {first.base: S.COPY_FINISHED, second.base: S.DELETE_FINISHED}
+    assert states(cat)[first.base] == S.COPY_FINISHED
+
+    # A pass 60 s later does not look for abandoned copies, but finishes a deletion an interrupted pass left.
+    catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, fourth.base, epoch, older_than=minutes(16), now=minutes(16))
+    clock.advance(60)
+    await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
+    assert (states(cat)[third.base], states(cat)[fourth.base]) == (S.COPY_STARTED, S.DELETE_FINISHED)
+    # A grace period after the last look, the next pass looks again.
+    clock.advance(GRACE.total_seconds())
+    await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
+    assert states(cat)[third.base] == S.DELETE_FINISHED and metrics.count(m.ABANDONED_COPIES_DELETED) == 2
     await assert_consistent(s3_store, acat, cat, part)

@@ -25,7 +25,7 @@ from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
 from tiered.tiering.range_reads import ReadBudget
 from tiered.tiering.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
-from tiered.tiering.remote_retention import enforce_remote_retention
+from tiered.tiering.remote_retention import enforce_remote_retention, finish_interrupted_deletions
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore
 
@@ -59,6 +59,7 @@ class RemoteTier:
             self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
         self._reconcile_cursor: str | None = None
         self._cleanup_cursors: dict[tuple[str, int], int] = {}  # per partition: the next page of abandoned copies
+        self._cleanup_due = 0.0  # monotonic time of the next page scan for abandoned copies
 
     # -- segments ---------------------------------------------------------------------------------------------------
 
@@ -89,8 +90,14 @@ class RemoteTier:
         """One pass of remote retention, and of the cleanup of abandoned copies, over the partitions this broker
         leads; returns segments deleted by retention."""
         deleted = 0
+        # A copy is abandoned only once older than the grace period, so looking for them once a grace period is
+        # enough; deletions an interrupted pass left are finished at every pass (one index probe), because a copy
+        # of their base waits for them.
+        scan = self.clock.monotonic() >= self._cleanup_due
+        if scan:
+            self._cleanup_due = self.clock.monotonic() + self.grace.total_seconds()
         for topic, partition, config in partitions:
-            await self._clean_abandoned_copies(topic, partition)
+            await self._clean_abandoned_copies(topic, partition, scan)
             if not (config.remote_retention_secs or config.remote_retention_bytes):
                 continue
             report = await enforce_remote_retention(self.store, self.catalog, topic, partition, config, self._now(),
@@ -102,9 +109,12 @@ class RemoteTier:
             self.metrics.inc(m.REMOTE_SEGMENTS_DELETED, deleted)
         return deleted
 
-    async def _clean_abandoned_copies(self, topic: str, partition: int) -> None:
+    async def _clean_abandoned_copies(self, topic: str, partition: int, scan: bool) -> None:
         epoch = self.epoch_of(topic, partition)
         if epoch is None:
+            return
+        if not scan:
+            await finish_interrupted_deletions(self.store, self.catalog, topic, partition, self._now())
             return
         try:
             report = await clean_abandoned_copies(

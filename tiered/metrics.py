@@ -103,7 +103,8 @@ FENCED_PARTITIONS = _declare("tiered_fenced_partitions_total", "partitions fence
 SEGMENTS_COPIED = _declare("tiered_segments_copied_total", "sealed segments copied to the bucket")
 SEGMENT_BYTES_COPIED = _declare("tiered_segment_bytes_copied_total", "segment and index bytes copied")
 SEGMENT_COPY_FAILURES = _declare("tiered_segment_copy_failures_total",
-                                 "segment copies that failed on a local file (the segment is tried again later)")
+                                 "segment copies that failed on a local file or were refused by the row of their base "
+                                 "(the segment is tried again later)")
 SEGMENT_UPLOAD_ERRORS = _declare("tiered_segment_upload_errors_total",
                                 "failed attempts to upload a sealed segment or its index")
 BLOCKS_DELETED = _declare("tiered_blocks_deleted_total", "block objects deleted after their grace period")
@@ -111,6 +112,8 @@ BLOCKS_ABANDONED = _declare("tiered_blocks_abandoned_total", "intent rows whose 
 RECONCILER_DELETIONS = _declare("tiered_reconciler_deletions_total",
                                "orphan objects the catalog did not know, deleted by the reconciler")
 REMOTE_SEGMENTS_DELETED = _declare("tiered_remote_segments_deleted_total", "remote segments expired by remote retention")
+ABANDONED_COPIES_DELETED = _declare("tiered_abandoned_copies_deleted_total",
+                                    "copies left in COPY_STARTED under an older epoch, whose objects were deleted")
 REMOTE_BYTES = _declare("tiered_remote_bytes_total", "bytes served from the bucket")
 REMOTE_GETS = _declare("tiered_remote_gets_total", "range GETs by remote reads")
 REMOTE_CATALOG_QUERIES = _declare("tiered_remote_catalog_queries_total", "catalog lookups by remote reads")

@@ -129,14 +129,19 @@ def test_writes_touch_rows_through_indexes(cat, filled):
         lambda: blocks.prune_runs_within(cat, "a", 0, 51, 60, now=T0),
         lambda: segments.segment_copy_started(cat, segment("a", 0, 61, 70, epochs[("a", 0)]), now=T0),
         lambda: segments.segment_copy_finished(cat, "a", 0, 61, epochs[("a", 0)], now=T0),
+        lambda: segments.segment_copy_started(cat, segment("a", 0, 71, 80, epochs[("a", 0)]), now=T0),
         lambda: blocks.abandon_block(cat, blocks.pending_blocks_older_than(cat, T0 + timedelta(1), 1)[0].block_id),
         lambda: blocks.delete_block_rows(cat, [1, 2]),
         lambda: partitions.claim_partitions(cat, 2, "a", [0, 1]),
         lambda: segments.segment_delete_started(cat, "a", 0, 1),
+        # After the claim above: the copy of 71-80 started under the older epoch is abandoned.
+        lambda: segments.segment_copy_abandoned(cat, "a", 0, 71, epochs[("a", 0)] + 1,
+                                                older_than=T0 + timedelta(1), now=T0),
     ]
     for call in calls:
         for statement, plan in explain(cat, call):
             assert full_scans(cat.backend, plan) == [], f"{statement}\n{plan}"
+    assert segments.get_segment(cat, "a", 0, 71).state == SegmentState.DELETE_STARTED
 
 
 def test_unfinished_deletions_skip_the_deleted_history(cat, filled):

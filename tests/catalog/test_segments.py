@@ -7,12 +7,13 @@ from datetime import timedelta
 import pytest
 
 from tiered.catalog import IllegalTransition, SegmentState, StaleEpoch, UnknownSegment
-from tiered.catalog.partitions import claim_partitions, get_partition_states
+from tiered.catalog.partitions import claim_partitions, get_partition_states, set_first_available
 from tiered.catalog.segments import (
     find_remote_segment,
     get_segment,
     highest_copied_seq,
     list_segments,
+    segment_copy_abandoned,
     segment_copy_finished,
     segment_copy_started,
     segment_delete_finished,
@@ -94,6 +95,7 @@ def test_illegal_segment_transitions_raise_and_change_nothing(cat, epoch):
         segment_copy_started(cat, segment("t", 0, 1, 100, epoch, 5))
     assert (caught.value.current, caught.value.target) == (S.COPY_FINISHED, S.COPY_STARTED)
     assert get_segment(cat, "t", 0, 1) == finished
+    set_first_available(cat, "t", 0, 101)  # as remote retention does before deleting
     segment_delete_started(cat, "t", 0, 1, now=T0)
     with pytest.raises(IllegalTransition):
         segment_copy_finished(cat, "t", 0, 1, epoch)
@@ -110,6 +112,42 @@ def test_illegal_segment_transitions_raise_and_change_nothing(cat, epoch):
     segment_copy_started(cat, segment("t", 0, 101, 200, epoch), now=T0)
     with pytest.raises(IllegalTransition):
         segment_delete_finished(cat, "t", 0, 101)
+
+
+def test_a_copy_under_an_older_epoch_is_abandoned_and_its_base_copied_again(cat, epoch):
+    fenced = segment_copy_started(cat, segment("t", 0, 1, 100, epoch), now=T0)
+    new_epoch = claim_partitions(cat, 2, "t", [0])[0]
+    later = T0 + minutes(11)
+    # Only the leader at the current epoch may clean up, and only a row older than `older_than`.
+    with pytest.raises(StaleEpoch):
+        segment_copy_abandoned(cat, "t", 0, 1, epoch, older_than=later, now=later)
+    assert segment_copy_abandoned(cat, "t", 0, 1, new_epoch, older_than=T0 - minutes(1), now=later) is None
+    assert segment_copy_abandoned(cat, "t", 0, 2, new_epoch, older_than=later, now=later) is None  # no row
+    started = segment_copy_abandoned(cat, "t", 0, 1, new_epoch, older_than=later, now=later)
+    assert (started.state, started.leader_epoch, started.updated_at) == (S.DELETE_STARTED, epoch, later)
+    assert segment_copy_abandoned(cat, "t", 0, 1, new_epoch, older_than=later, now=later) == started  # retry
+    assert remote_bytes(cat) == 0 and find_remote_segment(cat, "t", 0, 1) is None
+    # Mid-deletion, no copy of the base may start: the objects being deleted could be its own (same keys).
+    with pytest.raises(IllegalTransition):
+        segment_copy_started(cat, segment("t", 0, 1, 100, new_epoch), now=later)
+    segment_delete_finished(cat, "t", 0, 1, now=later)
+    # Deleted, the base is free again: the leader (here the fenced broker's disk, same keys) copies it.
+    again = segment_copy_started(cat, segment("t", 0, 1, 100, new_epoch), now=later)
+    assert (again.state, again.leader_epoch, again.object_key) == (S.COPY_STARTED, new_epoch, fenced.object_key)
+    assert segment_copy_finished(cat, "t", 0, 1, new_epoch).segment.state == S.COPY_FINISHED
+    assert remote_bytes(cat) == 1100
+
+
+def test_a_copy_of_the_current_epoch_or_further_along_is_never_abandoned(cat, epoch):
+    later = T0 + minutes(30)
+    segment_copy_started(cat, segment("t", 0, 1, 100, epoch), now=T0)
+    copy(cat, epoch, 101, 200)
+    assert segment_copy_abandoned(cat, "t", 0, 1, epoch, older_than=later, now=later) is None  # in flight
+    new_epoch = claim_partitions(cat, 2, "t", [0])[0]
+    segment_copy_started(cat, segment("t", 0, 1, 100, new_epoch), now=T0)  # the new leader took it over
+    assert segment_copy_abandoned(cat, "t", 0, 1, new_epoch, older_than=later, now=later) is None
+    assert segment_copy_abandoned(cat, "t", 0, 101, new_epoch, older_than=later, now=later) is None  # readable
+    assert {s.base_seq: s.state for s in list_segments(cat, "t", 0)} == {1: S.COPY_STARTED, 101: S.COPY_FINISHED}
 
 
 def test_unknown_segments(cat, epoch):

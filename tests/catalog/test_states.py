@@ -23,6 +23,7 @@ LEGAL = {
         (S.COPY_STARTED, S.DELETE_STARTED),
         (S.COPY_FINISHED, S.DELETE_STARTED),
         (S.DELETE_STARTED, S.DELETE_FINISHED),
+        (S.DELETE_FINISHED, S.COPY_STARTED),  # a new copy of a cleaned-up copy's base (segment_copy_started)
     },
 }
 
@@ -38,9 +39,9 @@ def test_exactly_the_listed_moves_are_legal(table, states):
             assert (caught.value.current, caught.value.target, caught.value.kind) == (current, target, table.kind)
 
 
-def test_nothing_leaves_the_final_states():
+def test_nothing_leaves_the_final_states_but_a_new_copy():
     assert BLOCK_TRANSITIONS.allowed[B.DELETING] == frozenset()
-    assert SEGMENT_TRANSITIONS.allowed[S.DELETE_FINISHED] == frozenset()
+    assert SEGMENT_TRANSITIONS.allowed[S.DELETE_FINISHED] == frozenset({S.COPY_STARTED})
 
 
 def test_sources_for_bulk_updates():

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, and_, func, insert, literal_column, select, u
 
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, utcnow
-from tiered.catalog.errors import StaleEpoch, UnknownSegment
+from tiered.catalog.errors import IllegalTransition, StaleEpoch, UnknownSegment
 from tiered.catalog.models import BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import PartitionState, lock_partitions
 from tiered.catalog.states import SEGMENT_TRANSITIONS, SegmentState
@@ -106,17 +106,23 @@ def _check_epoch(state: PartitionState, leader_epoch: int) -> None:
 
 def segment_copy_started(cat: Catalog, meta: SegmentMeta, *, now: datetime | None = None) -> SegmentRow:
     """Records a copy about to start (before the upload). A crashed copy's retry overwrites its COPY_STARTED row
-    with the new attempt. Raises StaleEpoch if `meta.leader_epoch` is not the partition's epoch, and
-    IllegalTransition if the segment is already further along."""
+    with the new attempt, and so does a copy of the base of a cleaned-up copy (a DELETE_FINISHED row at or above the
+    first available seq: its objects are gone). Raises StaleEpoch if `meta.leader_epoch` is not the partition's
+    epoch, and IllegalTransition if the segment is further along, mid-deletion, or deleted by remote retention."""
     row = SegmentRow(**asdict(meta), state=str(SegmentState.COPY_STARTED), updated_at=utcnow(now),
                      from_seq=meta.base_seq)
     name = f"{meta.topic}/{meta.partition} base {meta.base_seq}"
     with cat.write() as conn:
-        _check_epoch(_lock_partition(conn, meta.topic, meta.partition), meta.leader_epoch)
+        state = _lock_partition(conn, meta.topic, meta.partition)
+        _check_epoch(state, meta.leader_epoch)
         existing = _locked_row(conn, meta.topic, meta.partition, meta.base_seq)
         if existing is None:
             conn.execute(insert(SegmentModel).values(**asdict(row)))
         else:
+            if existing.state == SegmentState.DELETE_FINISHED and existing.last_seq < state.first_available_seq:
+                # Remote retention moves the first available seq past a segment before deleting it: these seqs
+                # are gone from the partition, and copying them again would bring back what retention expired.
+                raise IllegalTransition(SEGMENT_TRANSITIONS.kind, name, existing.state, str(SegmentState.COPY_STARTED))
             SEGMENT_TRANSITIONS.check(existing.state, SegmentState.COPY_STARTED, name)
             conn.execute(update(SegmentModel).where(_key(meta.topic, meta.partition, meta.base_seq)).values(**asdict(row)))
     return row
@@ -178,6 +184,30 @@ def segment_delete_started(
         if was_counted:
             _add_remote_bytes(conn, topic, partition, -row.total_bytes)
     return row
+
+
+def segment_copy_abandoned(
+    cat: Catalog, topic: str, partition: int, base_seq: int, leader_epoch: int, *, older_than: datetime,
+    now: datetime | None = None,
+) -> SegmentRow | None:
+    """Starts the deletion of a copy that can never finish (tiered.tiering.abandoned_copies): COPY_STARTED ->
+    DELETE_STARTED, before its objects are deleted. The caller must lead the partition at `leader_epoch` (else
+    StaleEpoch); the row must have been started under an older epoch (its copy_finished would be refused) and last
+    touched before `older_than`. Once DELETE_STARTED, no copy of the base can start until the deletion finished, so
+    the objects deleted are never a new copy's. Returns None, changing nothing, for a row that is not such a copy
+    (finished, started again under the current epoch, too young, or gone); a retry returns the DELETE_STARTED row."""
+    with cat.write() as conn:
+        _check_epoch(_lock_partition(conn, topic, partition), leader_epoch)
+        row = _locked_row(conn, topic, partition, base_seq)
+        if row is not None and row.state == SegmentState.DELETE_STARTED:
+            return row
+        abandoned = (
+            row is not None and row.state == SegmentState.COPY_STARTED and row.leader_epoch < leader_epoch
+            and row.updated_at <= older_than
+        )  # fmt: skip
+        if row is None or not abandoned:
+            return None
+        return _move(conn, row, SegmentState.DELETE_STARTED, now)
 
 
 def segment_delete_finished(

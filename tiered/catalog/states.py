@@ -11,14 +11,18 @@ Blocks (docs/architecture.md, data path steps 3 and 8):
 Remote segments (Kafka's RemoteLogSegmentState; docs/architecture.md steps 5 and 7):
 
     COPY_STARTED ──> COPY_FINISHED ──> DELETE_STARTED ──> DELETE_FINISHED
-      │   ^  │                                ^
-      └───┘  └────────────────────────────────┘
-      re-upload after a crash      cleanup of a copy that will never finish
+      ^ │   ^  │                                ^                │
+      │ └───┘  └────────────────────────────────┘                │
+      │ re-upload after a crash      cleanup of a copy that will never finish
+      └──────────────────────────────────────────────────────────┘
+        a new copy of the base of a cleaned-up copy
 
 COPY_STARTED -> COPY_STARTED is a real transition: a copier that crashed mid-upload records the new attempt (its
-sizes, epoch, time). Anywhere else, asking for the state a row is already in is an idempotent retry (after
-CatalogUnavailable the caller cannot know whether its COMMIT landed): the query function changes nothing and
-returns the row as it is.
+sizes, epoch, time). DELETE_FINISHED -> COPY_STARTED lets a later leader copy the base of a copy that was cleaned up
+(tiered.tiering.abandoned_copies); segment_copy_started allows it only for a row at or above the partition's first
+available seq, which a segment remote retention deleted never is. Anywhere else, asking for the state a row is
+already in is an idempotent retry (after CatalogUnavailable the caller cannot know whether its COMMIT landed): the
+query function changes nothing and returns the row as it is.
 """
 
 from __future__ import annotations
@@ -77,6 +81,6 @@ SEGMENT_TRANSITIONS = Transitions(
         ),
         SegmentState.COPY_FINISHED: frozenset({SegmentState.DELETE_STARTED}),
         SegmentState.DELETE_STARTED: frozenset({SegmentState.DELETE_FINISHED}),
-        SegmentState.DELETE_FINISHED: frozenset(),
+        SegmentState.DELETE_FINISHED: frozenset({SegmentState.COPY_STARTED}),
     },
 )

@@ -82,14 +82,8 @@ async def enforce_remote_retention(
         raise ValueError("limit and run_limit must be at least 1")
     report = RetentionReport(topic, partition)
 
-    leftovers = await catalog.read(catalog_segments.list_segments, topic, partition,
-        states=(SegmentState.DELETE_STARTED,), limit=limit,
-    )  # fmt: skip
-    for segment in leftovers:
-        await _delete_objects(store, segment)
-        await catalog.write(catalog_segments.segment_delete_finished, topic, partition,
-                                segment.base_seq, now=now)
-        report.finished.append(segment)
+    leftovers = await finish_interrupted_deletions(store, catalog, topic, partition, now, limit=limit)
+    report.finished.extend(leftovers)
     budget = limit - len(leftovers)
 
     expired: list[SegmentRow] = []
@@ -107,7 +101,7 @@ async def enforce_remote_retention(
         await store.put(keys.partition_start_key(topic, partition), str(report.first_available_seq).encode())
         for segment in expired:
             await catalog.write(catalog_segments.segment_delete_started, topic, partition, segment.base_seq, now=now)
-            await _delete_objects(store, segment)
+            await delete_objects(store, segment)
             await catalog.write(catalog_segments.segment_delete_finished, topic, partition, segment.base_seq, now=now)
             report.deleted.append(segment)
     else:
@@ -120,6 +114,20 @@ async def enforce_remote_retention(
         report.blocks_marked = pruned.blocks_marked
         report.more = report.more or pruned.runs_deleted == run_limit
     return report
+
+
+async def finish_interrupted_deletions(
+    store: ObjectStore, catalog: AsyncCatalog, topic: str, partition: int, now: datetime, *, limit: int = 100
+) -> list[SegmentRow]:
+    """Finishes at most `limit` deletions an interrupted pass left in DELETE_STARTED (of remote retention or of the
+    cleanup of abandoned copies, which end the same way): objects deleted, then DELETE_FINISHED."""
+    leftovers = await catalog.read(catalog_segments.list_segments, topic, partition,
+        states=(SegmentState.DELETE_STARTED,), limit=limit,
+    )  # fmt: skip
+    for segment in leftovers:
+        await delete_objects(store, segment)
+        await catalog.write(catalog_segments.segment_delete_finished, topic, partition, segment.base_seq, now=now)
+    return leftovers
 
 
 async def _first_kept_seq(catalog: AsyncCatalog, topic: str, partition: int, last_expired: SegmentRow) -> int:
@@ -147,6 +155,6 @@ async def _runs_below(catalog: AsyncCatalog, topic: str, partition: int, seq: in
     return oldest is not None and oldest.last_seq < seq
 
 
-async def _delete_objects(store: ObjectStore, segment: SegmentRow) -> None:
+async def delete_objects(store: ObjectStore, segment: SegmentRow) -> None:
     # delete_many succeeds for keys already gone: a repeated deletion after a crash is harmless.
     await store.delete_many([segment.object_key, segment.index_object_key])

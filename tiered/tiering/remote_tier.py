@@ -13,17 +13,19 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from tiered import metrics as m
+from tiered.catalog.errors import StaleEpoch
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
+from tiered.tiering.abandoned_copies import clean_abandoned_copies
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
 from tiered.tiering.range_reads import ReadBudget
 from tiered.tiering.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
-from tiered.tiering.remote_retention import enforce_remote_retention
+from tiered.tiering.remote_retention import enforce_remote_retention, finish_interrupted_deletions
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore
 
@@ -45,6 +47,7 @@ class RemoteTier:
         self.metrics = metrics
         self.clock = clock
         self.grace = grace
+        self.epoch_of = epoch_of
         self.copier = SegmentCopier(store, catalog, metrics=metrics, epoch_of=epoch_of,
                                     committed_up_to=committed_up_to, on_copied=self._copied, on_fenced=on_fenced,
                                     grace=grace, clock=clock)
@@ -55,6 +58,8 @@ class RemoteTier:
                                    highest_copied=lambda t, p: (
             self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
         self._reconcile_cursor: str | None = None
+        self._cleanup_cursors: dict[tuple[str, int], int] = {}  # per partition: the next page of abandoned copies
+        self._cleanup_due = 0.0  # monotonic time of the next page scan for abandoned copies
 
     # -- segments ---------------------------------------------------------------------------------------------------
 
@@ -82,9 +87,17 @@ class RemoteTier:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, timezone.utc)
 
     async def remote_retention_pass(self, partitions: list[tuple[str, int, TopicConfig]]) -> int:
-        """One pass of remote retention over the partitions this broker leads; returns segments deleted."""
+        """One pass of remote retention, and of the cleanup of abandoned copies, over the partitions this broker
+        leads; returns segments deleted by retention."""
         deleted = 0
+        # A copy is abandoned only once older than the grace period, so looking for them once a grace period is
+        # enough; deletions an interrupted pass left are finished at every pass (one index probe), because a copy
+        # of their base waits for them.
+        scan = self.clock.monotonic() >= self._cleanup_due
+        if scan:
+            self._cleanup_due = self.clock.monotonic() + self.grace.total_seconds()
         for topic, partition, config in partitions:
+            await self._clean_abandoned_copies(topic, partition, scan)
             if not (config.remote_retention_secs or config.remote_retention_bytes):
                 continue
             report = await enforce_remote_retention(self.store, self.catalog, topic, partition, config, self._now(),
@@ -95,6 +108,24 @@ class RemoteTier:
         if deleted:
             self.metrics.inc(m.REMOTE_SEGMENTS_DELETED, deleted)
         return deleted
+
+    async def _clean_abandoned_copies(self, topic: str, partition: int, scan: bool) -> None:
+        epoch = self.epoch_of(topic, partition)
+        if epoch is None:
+            return
+        if not scan:
+            await finish_interrupted_deletions(self.store, self.catalog, topic, partition, self._now())
+            return
+        try:
+            report = await clean_abandoned_copies(
+                self.store, self.catalog, topic, partition, epoch, self._now(), grace=self.grace,
+                will_copy=lambda base: self.copier.will_copy(topic, partition, base),
+                after_base_seq=self._cleanup_cursors.get((topic, partition), 0))
+        except StaleEpoch:
+            return  # led elsewhere now: its leader cleans up; the copier or the durable path fences it here
+        self._cleanup_cursors[(topic, partition)] = report.next_after_base_seq
+        if report.deleted:
+            self.metrics.inc(m.ABANDONED_COPIES_DELETED, len(report.deleted))
 
     async def reconcile_pass(self) -> int:
         """One bounded pass of the two-phase deletion and the orphan reconciler; returns objects deleted."""

@@ -6,7 +6,8 @@ which in the same transaction prunes the block runs the segment now answers for 
 marked for deletion). A segment is copied only once every record in it is committed, so the bucket never holds a
 seq the catalog did not accept. Store and catalog failures are retried with backoff; a copy interrupted by a crash
 is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). A refused epoch fences the
-partition, as for blocks. A segment that cannot be read (a damaged file) is reported, counted and tried again
+partition, as for blocks. A segment that cannot be read (a damaged file), or whose copy the row of its base refuses
+(an abandoned copy of that base mid-deletion, tiered.tiering.abandoned_copies), is reported, counted and tried again
 later, and never holds up the other partitions' copies.
 """
 
@@ -22,7 +23,7 @@ from typing import Callable
 
 from tiered import metrics as m
 from tiered.catalog import segments as catalog_segments
-from tiered.catalog.errors import StaleEpoch
+from tiered.catalog.errors import IllegalTransition, StaleEpoch
 from tiered.catalog.states import SegmentState
 from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from tiered.metrics import Metrics
@@ -92,6 +93,10 @@ class SegmentCopier:
     def is_copied(self, topic: str, partition: int, base: int) -> bool:
         return (topic, partition, base) in self.copied
 
+    def will_copy(self, topic: str, partition: int, base: int) -> bool:
+        """Whether a segment of that base is queued here: its copy takes over any COPY_STARTED row of the base."""
+        return (topic, partition, base) in self._queued
+
     def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
         key = (topic, partition, segment.base)
         if key in self.copied or key in self._queued:
@@ -143,8 +148,10 @@ class SegmentCopier:
             except NotLeader:
                 self._drop_partition(job.topic, job.partition)
                 continue
-            except (OSError, ProtocolError) as exc:
-                # This segment, not the copier: say so, keep it for later, and copy the others meanwhile.
+            except (OSError, ProtocolError, IllegalTransition) as exc:
+                # This segment, not the copier: say so, keep it for later, and copy the others meanwhile. A refused
+                # transition is a row of the same base mid-deletion (an abandoned copy being cleaned up: once
+                # DELETE_FINISHED the copy may take it over) or deleted by remote retention.
                 self.metrics.inc(m.SEGMENT_COPY_FAILURES)
                 log.error("copy of %s/%d segment %s failed: %s; it is tried again later", job.topic, job.partition,
                           job.segment.filename, exc)

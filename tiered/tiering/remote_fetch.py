@@ -173,6 +173,15 @@ class RemoteReader(RunReads):
             self.metrics.inc(m.REMOTE_BYTES, len(got.data) if isinstance(got.data, bytes) else got.data.size)
         return got
 
+    def forget_locations(self, topic: str, partition: int) -> None:
+        """The partition's locations were replaced (a remote compaction swapped them): its cached locations and
+        read-aheads go, so that the next fetch looks the new ones up. The old objects stay a grace period, so a read
+        already under way still succeeds."""
+        self.segments.forget(topic, partition)
+        self.runs.forget(topic, partition)
+        for entry in self._ahead.pop((topic, partition), []):
+            entry.drop()
+
     def close(self) -> None:
         """Drops every read-ahead (the broker stops)."""
         for entries in self._ahead.values():

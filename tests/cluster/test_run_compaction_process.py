@@ -1,7 +1,8 @@
 """Key compaction of a topic whose history is held only as block runs (`remote.copy=false`), through `tiered serve`
 processes on moto's S3 and a SQLite catalog: keyed messages, tombstones and keyless ones over many segment rolls;
 `tiered topic compact` by hand; a consumer reads the reference model's messages through the broker; the catalog
-check passes; then a broker on an empty data directory serves the same history from the bucket alone."""
+check passes; then a broker on an empty data directory serves the same history from the bucket alone, and the
+catalog rebuilt from the bucket indexes the same locations."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ from tests.cluster.conftest import Cluster
 from tests.ops.helpers import child_env, http_request
 from tests.support.broker import free_port
 from tests.support.compaction import Model, rows
+from tests.tiering.test_rebuild import snapshot
 from tiered.catalog import Catalog
 from tiered.catalog.blocks import runs_for_range
 from tiered.catalog.check import check_catalog
 from tiered.catalog.compaction import readable_segments
 from tiered.client import Client
 from tiered.protocol.bundle import Message
+from tiered.catalog.migrate import upgrade
 from tiered.storage.compaction_checkpoint import read_checkpoint
+from tiered.tiering.rebuild import rebuild_catalog
+from tiered.tiering.store import open_store
 
 CONFIG = ("log.cleanup.policy=cleanup\nremote.copy=false\nlog.segment.bytes=1kb\nlog.index.interval.bytes=256\n"
           "produce.ack=durable\n")
@@ -67,7 +72,9 @@ def check(catalog_url: str) -> None:
     assert report.ok, report.problems
 
 
-async def test_block_runs_compacted_by_a_broker_process_then_read_from_the_bucket(tmp_path, s3_endpoint, s3_bucket):
+async def test_block_runs_compacted_by_a_broker_process_then_read_from_the_bucket(tmp_path, s3_endpoint, s3_bucket,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # for the rebuild's store, in this process
     catalog_url = f"sqlite:///{tmp_path}/catalog.db"
     cluster = Cluster(tmp_path, catalog_url, f"s3://{s3_bucket}/runs", s3_endpoint)
     rng = random.Random(29)
@@ -122,6 +129,23 @@ async def test_block_runs_compacted_by_a_broker_process_then_read_from_the_bucke
         # The pass's broker forgot the locations it had cached before its swaps: it reads the compacted ones now.
         assert rows(await consume_all(bp.port)) == rows(expected_after(produced, cleaned_upto(bp)))
         check(catalog_url)
+
+        # The catalog rebuilt from the bucket, where segments of both passes and the runs they replaced remain,
+        # indexes the same locations (tiered/tiering/rebuild.py).
+        assert cluster.stop(1) == 0
+        rebuilt_url = f"sqlite:///{tmp_path}/rebuilt.db"
+        upgrade(rebuilt_url)
+        store = open_store(cluster.store_url, path_style=True)
+        try:
+            with Catalog.open(rebuilt_url) as rebuilt:
+                report = await rebuild_catalog(store, rebuilt, read_timestamps=True)
+        finally:
+            await store.close()
+        assert report.damaged == [] and report.segments_superseded and report.runs_pruned
+        before, after = snapshot(catalog_url), snapshot(rebuilt_url)
+        for table in ("topics", "partitions", "runs", "segments"):
+            assert after[table] == before[table], table
+        check(rebuilt_url)
     except BaseException:
         print(cluster.logs())
         raise

@@ -3,6 +3,8 @@
 - `RangeCache`: recently used catalog locations (remote segment rows, block run locations) per partition, looked
   up by seq, so a warm fetch needs no catalog query. Entries can only go stale by deletion, whose objects stay a
   grace period longer than an entry lives here (`ttl_s`), so a cached location's object still exists when read.
+  A remote compaction also replaces locations: the broker that swapped them forgets the partition's entries
+  (`forget`), so that its consumers read the compacted history from then on rather than for up to `ttl_s` more.
 - `SizedLru`: values kept by least recent use up to a byte budget (index objects, the bytes of block runs).
 """
 
@@ -45,6 +47,10 @@ class RangeCache(Generic[R]):
                 rows.move_to_end(key)
                 return row
         return None
+
+    def forget(self, topic: str, partition: int) -> None:
+        """Drops the partition's entries: its locations were replaced (a remote compaction swapped them)."""
+        self._rows.pop((topic, partition), None)
 
     def put(self, row: R) -> None:
         rows = self._rows.setdefault((row.topic, row.partition), OrderedDict())

@@ -155,15 +155,12 @@ class RemoteReader(RunReads):
         return self.budget.used + self.indexes.size_bytes + self.footers.size_bytes + self.run_bytes.size_bytes
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
-        copied = self.highest_copied(topic, partition)
-        got: RemoteChunk | Unreadable | int | None = None
-        while copied is None or seq <= copied:
-            got = await self._from_segment(topic, partition, seq, fetch_size)
-            if not isinstance(got, int):
-                break
-            seq, got = got, None  # compaction removed the segment's messages from seq on: the next one answers
+        # The segment and the run are looked up by two queries: a swap committed between them (a remote compaction
+        # replacing the run by a segment, a copy finishing) leaves neither answering. It is one transaction, so a
+        # second look sees its segment.
+        got = await self._locate(topic, partition, seq, fetch_size)
         if got is None:
-            got = await self._from_run(topic, partition, seq, fetch_size)
+            got = await self._locate(topic, partition, seq, fetch_size)
         if got is None:
             self.metrics.inc(m.UNLOCATED_READS)
             log.error("%s/%d: no remote segment or block run answers for seq %d, below the high-water mark: "
@@ -172,6 +169,28 @@ class RemoteReader(RunReads):
         if isinstance(got, RemoteChunk):
             self.metrics.inc(m.REMOTE_BYTES, len(got.data) if isinstance(got.data, bytes) else got.data.size)
         return got
+
+    async def _locate(self, topic: str, partition: int, seq: int,
+                      fetch_size: int) -> RemoteChunk | Unreadable | None:
+        """The chunk for `seq` from the remote segment answering for it, else from the block run; None: neither."""
+        copied = self.highest_copied(topic, partition)
+        while copied is None or seq <= copied:
+            got = await self._from_segment(topic, partition, seq, fetch_size)
+            if not isinstance(got, int):
+                if got is not None:
+                    return got
+                break
+            seq = got  # compaction removed the segment's messages from seq on: the next one answers
+        return await self._from_run(topic, partition, seq, fetch_size)
+
+    def forget_locations(self, topic: str, partition: int) -> None:
+        """The partition's locations were replaced (a remote compaction swapped them): its cached locations and
+        read-aheads go, so that the next fetch looks the new ones up. The old objects stay a grace period, so a read
+        already under way still succeeds."""
+        self.segments.forget(topic, partition)
+        self.runs.forget(topic, partition)
+        for entry in self._ahead.pop((topic, partition), []):
+            entry.drop()
 
     def close(self) -> None:
         """Drops every read-ahead (the broker stops)."""

@@ -336,6 +336,8 @@ class TieringService:
         if led is None or epoch is None:
             return None
         report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
+        if report.groups:  # consumers read the compacted locations from now on, not the cached old ones
+            self.remote.reader.forget_locations(topic, partition)
         if report.groups and led.config.remote_copy:  # the compacted local segments now in the bucket may leave
             await self.remote.copier.load_copied(topic, partition)  # the disk's veto list
         return report

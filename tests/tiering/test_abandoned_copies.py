@@ -16,6 +16,7 @@ import pytest
 from tests.support.clock import ManualClock
 from tests.support.polling import eventually
 from tests.support.storage_helpers import FakeClock, plain_bundle, storage_config
+from tests.tiering.test_remote_compaction import exists
 from tiered import metrics as m
 from tiered.catalog import IllegalTransition, SegmentState, StaleEpoch
 from tiered.catalog import blocks as catalog_blocks
@@ -37,7 +38,7 @@ from tiered.tiering.block_format import encode_block
 from tiered.tiering.remote_fetch import RemoteReader
 from tiered.tiering.remote_tier import RemoteTier
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier, segment_timestamp_bounds
-from tiered.tiering.store import ObjectNotFound, StoreError
+from tiered.tiering.store import StoreError
 
 TOPIC = "events"
 A, B = 1, 2  # broker ids
@@ -117,12 +118,6 @@ async def clean(store, acat, cat, at: datetime, will_copy=lambda base: False, **
                                         **kwargs)
 
 
-async def exists(store, object_key: str) -> bool:
-    try:
-        await store.head(object_key)
-        return True
-    except ObjectNotFound:
-        return False
 
 
 def states(cat) -> dict[int, str]:

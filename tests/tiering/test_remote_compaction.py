@@ -4,8 +4,9 @@ old or the new set; a reader holding old locations; a new leader's epoch refusin
 
 from __future__ import annotations
 
-import random
 import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -116,6 +117,28 @@ def decode_segment(data: bytes, base: int) -> list:
     return messages
 
 
+async def crash_at_every_step(run_pass: Callable[[Callable[[str], None]], Awaitable[object]]) -> AsyncIterator[str]:
+    """Runs `run_pass(on_step)` again and again, the n-th run dying at the n-th step it announces (KeyboardInterrupt:
+    no handler catches it, so the pass stops there as under kill -9); yields the step each run died at, and ends once
+    a run gets through. The caller checks what a crash left between two runs."""
+    crash_at = 0
+    while True:
+        seen: list[str] = []
+
+        def crash(name: str) -> None:
+            seen.append(name)
+            if len(seen) == crash_at + 1:
+                raise KeyboardInterrupt(name)
+
+        try:
+            await run_pass(crash)
+        except KeyboardInterrupt:
+            yield seen[-1]
+        else:
+            return
+        crash_at += 1
+
+
 async def exists(store, object_key: str) -> bool:
     try:
         await store.head(object_key)
@@ -215,21 +238,10 @@ async def test_a_crash_at_every_step_leaves_the_old_or_the_new_set(s3_store, cat
         reader = open_log(tmp_path / "new-leader")
 
     steps: list[str] = []
-    crash_at = 0
-    while True:
-        seen: list[str] = []
-
-        def crash(name: str) -> None:
-            seen.append(name)
-            if len(seen) == crash_at + 1:
-                raise KeyboardInterrupt(name)  # no handler catches it: the pass dies there, as under kill -9
-
-        try:
-            await compactor(s3_store, acat, tmp_path).compact("t", 0, reader, epoch, force=True, on_step=crash)
-        except KeyboardInterrupt:
-            steps.append(seen[-1])
-        else:
-            break
+    async for step in crash_at_every_step(
+        lambda crash: compactor(s3_store, acat, tmp_path).compact("t", 0, reader, epoch, force=True, on_step=crash)
+    ):
+        steps.append(step)
         # Old or new, group by group: every readable remote segment holds either its original messages or the
         # model's for its seqs, and the catalog check passes.
         assert check_partition(cat, "t", 0).problems == []
@@ -238,7 +250,6 @@ async def test_a_crash_at_every_step_leaves_the_old_or_the_new_set(s3_store, cat
             span = range(row.base_seq, row.last_seq + 1)
             assert all(original[m.seq] == (m.key, m.value) for m in got)
             assert {m.seq for m in got} in ({s for s in original if s in span}, {s for s in kept if s in span})
-        crash_at += 1
     assert len(steps) >= 2 and any(s.startswith("swap") for s in steps) and any(s.startswith("upload") for s in steps)
     assert rows(await remote_messages(s3_store, cat, "t")) == rows(expected)
     assert check_partition(cat, "t", 0).problems == []

@@ -17,6 +17,7 @@ from tests.support.compaction import Model, append_workload, log_messages, rando
 from tests.support.storage_helpers import FakeClock
 from tests.tiering.test_bucket_compaction import kill_9_at_every_step
 from tests.tiering.test_remote_compaction import (
+    crash_at_every_step,
     BROKER,
     CONFIG,
     GRACE,
@@ -191,28 +192,16 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
     else:
         leader = leader_without_history(tmp_path)
     steps: list[str] = []
-    crash_at = 0
-    while True:
-        seen: list[str] = []
-
-        def crash(name: str) -> None:
-            seen.append(name)
-            if len(seen) == crash_at + 1:
-                raise KeyboardInterrupt(name)  # no handler catches it: the pass dies there, as under kill -9
-
-        try:
-            await compactor(s3_store, acat, tmp_path).compact("t", 0, leader, history.epoch, force=True,
-                                                               on_step=crash)
-        except KeyboardInterrupt:
-            steps.append(seen[-1])
-        else:
-            break
+    async for step in crash_at_every_step(
+        lambda crash: compactor(s3_store, acat, tmp_path).compact("t", 0, leader, history.epoch, force=True,
+                                                                   on_step=crash)
+    ):
+        steps.append(step)
         history.check()
         got = await history.messages()
         assert all(original[m.seq] == (m.key, m.value) for m in got)
         assert kept <= {m.seq for m in got}
         await history.partition_1_untouched()
-        crash_at += 1
     assert {s.split()[0] for s in steps} == {"upload", "swap"} | ({"write"} if source == "bucket" else set())
     assert rows(await history.messages()) == rows(expected)
     history.check()

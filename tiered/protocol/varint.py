@@ -16,6 +16,12 @@ def encode_varint(value: int) -> bytes:
         raise ValueError(f"varint out of range: {value}")
     if value < 0x80:
         return bytes((value,))
+    return encode_uvarint(value)
+
+
+def encode_uvarint(value: int) -> bytes:
+    """An unsigned LEB128 varint of any non-negative size: TANK's varints stop at 32 bits (encode_varint), the block
+    footer's seq deltas do not."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

@@ -65,7 +65,7 @@ from tiered.catalog.blocks import RunMeta, RunRow
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.varint import maybe_varint
+from tiered.protocol.varint import encode_uvarint, maybe_varint
 from tiered.storage.topics import is_valid_topic_name
 
 MAGIC = b"TIEREDB1"
@@ -165,10 +165,10 @@ def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]],
             row.partition, row.from_seq, row.first_seq, row.last_seq, row.position, row.length_bytes,
             row.messages, row.min_ts_ms, row.max_ts_ms, row.leader_epoch,
         )  # fmt: skip
-        footer += _uvarint(len(entries))
+        footer += encode_uvarint(len(entries))
         seq, position_before = meta.first_seq, 0
         for entry_seq, entry_position in entries:
-            footer += _uvarint(entry_seq - seq) + _uvarint(entry_position - position_before)
+            footer += encode_uvarint(entry_seq - seq) + encode_uvarint(entry_position - position_before)
             seq, position_before = entry_seq, entry_position
         rows.append(row)
         pieces.extend(records)
@@ -331,16 +331,6 @@ def _check_index(entries: IndexEntries, first_seq: int, last_seq: int, length: i
             raise error(f"{what}: index entry ({entry_seq}, {entry_position}) does not follow ({seq}, {position}) "
                         f"inside seqs {first_seq}-{last_seq} and {length} bytes")
         seq, position = entry_seq, entry_position
-
-
-def _uvarint(value: int) -> bytes:
-    """An unsigned LEB128 varint of up to 64 bits (the protocol's varints stop at 32, and seq deltas may not)."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _read_uvarint(buf: memoryview, at: int, base: int, what: str) -> tuple[int, int]:

@@ -388,3 +388,44 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
     await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
     assert states(cat)[third.base] == S.DELETE_FINISHED and metrics.count(m.ABANDONED_COPIES_DELETED) == 2
     await assert_consistent(s3_store, acat, cat, part)
+
+
+class CountingCatalog:
+    """The real async catalog, counting the reads that look for interrupted deletions."""
+
+    def __init__(self, acat) -> None:
+        self.acat = acat
+        self.leftover_looks = 0
+
+    def __getattr__(self, name):
+        return getattr(self.acat, name)
+
+    async def read(self, fn, *args, **kwargs):
+        if fn is catalog_segments.list_segments and kwargs.get("states") == (S.DELETE_STARTED,):
+            self.leftover_looks += 1
+        return await self.acat.read(fn, *args, **kwargs)
+
+
+async def test_a_pass_with_remote_retention_looks_for_interrupted_deletions_once(s3_store, cat, acat, tmp_path):
+    """With remote retention configured, the cleanup scan or retention finishes interrupted deletions, never both:
+    one look per partition and pass, and the interrupted deletion is finished either way."""
+    part = await committed_partition(tmp_path, s3_store, cat)
+    first, second = part.segments[:2]
+    metas = [await start_copy(s3_store, cat, seg, epoch_now(cat), minutes(0)) for seg in (first, second)]
+    epoch = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
+    counting = CountingCatalog(acat)
+    clock = ManualClock(start_ms=minutes(1).timestamp() * 1000)
+    tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), epoch_of=lambda t, p: epoch,
+                      committed_up_to=lambda t, p: 1 << 62, on_fenced=lambda key, epoch, reason: None, grace=GRACE,
+                      clock=clock)
+    config = TopicConfig(remote_retention_secs=10 * 365 * 86400)  # nothing expires
+    for seg, meta, scan in ((first, metas[0], True), (second, metas[1], False)):
+        catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, seg.base, epoch, older_than=minutes(1),
+                                                now=minutes(1))
+        counting.leftover_looks = 0
+        await tier.remote_retention_pass([(TOPIC, 0, config)])
+        assert counting.leftover_looks == 1, f"scan={scan}"
+        assert states(cat)[seg.base] == S.DELETE_FINISHED
+        assert not await exists(s3_store, meta.object_key) and not await exists(s3_store, meta.index_object_key)
+        clock.advance(60)  # the next pass is within the grace period: no cleanup scan
+    await assert_consistent(s3_store, acat, cat, part)

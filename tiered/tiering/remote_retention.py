@@ -71,18 +71,21 @@ async def enforce_remote_retention(
     limit: int = 100,
     run_limit: int = 1000,
     grace: timedelta = DEFAULT_DELETE_GRACE,
+    finish_leftovers: bool = True,
 ) -> RetentionReport:
     """One bounded retention pass over one partition's remote segments (see the module docstring).
 
     At most `limit` segments are deleted (leftovers included) and `run_limit` block runs pruned; `more` says a
-    limit was reached. `grace` is how long blocks emptied by the prune stay in the bucket. A StoreError or
+    limit was reached. `finish_leftovers=False` is for a caller that has just finished this partition's
+    interrupted deletions itself (the cleanup of abandoned copies does), so that they are looked for once. `grace` is how long blocks emptied by the prune stay in the bucket. A StoreError or
     CatalogUnavailable propagates; whatever was done so far stays consistent and the next pass continues it.
     """
     if limit < 1 or run_limit < 1:
         raise ValueError("limit and run_limit must be at least 1")
     report = RetentionReport(topic, partition)
 
-    leftovers = await finish_interrupted_deletions(store, catalog, topic, partition, now, limit=limit)
+    leftovers = (await finish_interrupted_deletions(store, catalog, topic, partition, now, limit=limit)
+                 if finish_leftovers else [])
     report.finished.extend(leftovers)
     budget = limit - len(leftovers)
 

@@ -97,11 +97,13 @@ class RemoteTier:
         if scan:
             self._cleanup_due = self.clock.monotonic() + self.grace.total_seconds()
         for topic, partition, config in partitions:
-            await self._clean_abandoned_copies(topic, partition, scan)
-            if not (config.remote_retention_secs or config.remote_retention_bytes):
+            retention = bool(config.remote_retention_secs or config.remote_retention_bytes)
+            # Interrupted deletions are finished once per pass: by the cleanup scan, else by retention, else here.
+            cleaned = await self._clean_abandoned_copies(topic, partition, scan, finish=not retention)
+            if not retention:
                 continue
             report = await enforce_remote_retention(self.store, self.catalog, topic, partition, config, self._now(),
-                                                    grace=self.grace)
+                                                    grace=self.grace, finish_leftovers=not cleaned)
             if report.first_available_seq:
                 self.sink.first_available_moved(topic, partition, report.first_available_seq)
             deleted += len(report.deleted)
@@ -109,23 +111,27 @@ class RemoteTier:
             self.metrics.inc(m.REMOTE_SEGMENTS_DELETED, deleted)
         return deleted
 
-    async def _clean_abandoned_copies(self, topic: str, partition: int, scan: bool) -> None:
+    async def _clean_abandoned_copies(self, topic: str, partition: int, scan: bool, *, finish: bool) -> bool:
+        """Cleans abandoned copies when `scan`, finishing interrupted deletions on the way; otherwise only finishes
+        those, if `finish`. Returns whether interrupted deletions were looked for."""
         epoch = self.epoch_of(topic, partition)
         if epoch is None:
-            return
+            return False
         if not scan:
-            await finish_interrupted_deletions(self.store, self.catalog, topic, partition, self._now())
-            return
+            if finish:
+                await finish_interrupted_deletions(self.store, self.catalog, topic, partition, self._now())
+            return finish
         try:
             report = await clean_abandoned_copies(
                 self.store, self.catalog, topic, partition, epoch, self._now(), grace=self.grace,
                 will_copy=lambda base: self.copier.will_copy(topic, partition, base),
                 after_base_seq=self._cleanup_cursors.get((topic, partition), 0))
         except StaleEpoch:
-            return  # led elsewhere now: its leader cleans up; the copier or the durable path fences it here
+            return False  # led elsewhere now: its leader cleans up; the copier or the durable path fences it here
         self._cleanup_cursors[(topic, partition)] = report.next_after_base_seq
         if report.deleted:
             self.metrics.inc(m.ABANDONED_COPIES_DELETED, len(report.deleted))
+        return True
 
     async def reconcile_pass(self) -> int:
         """One bounded pass of the two-phase deletion and the orphan reconciler; returns objects deleted."""

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from tiered.catalog import IllegalTransition, SegmentState, StaleEpoch, UnknownSegment
+from tiered.catalog.compaction import readable_segments
 from tiered.catalog.partitions import claim_partitions, get_partition_states, set_first_available
 from tiered.catalog.segments import (
     find_remote_segment,
@@ -215,6 +216,17 @@ def test_list_segments_pages_and_filters(cat, epoch):
     assert [s.base_seq for s in list_segments(cat, "t", 0, states=(S.DELETE_STARTED,))] == [1]
     assert [s.base_seq for s in list_segments(cat, "t", 0, states=("COPY_STARTED",))] == [501]  # plain strings too
     assert list_segments(cat, "t", 0, states=()) == []
+
+
+def test_readable_segments_pages_by_seq_through_every_readable_segment(cat, epoch):
+    for i in range(7):
+        copy(cat, epoch, 100 * i + 1, 100 * i + 100)
+    segment_copy_started(cat, segment("t", 0, 701, 800, epoch), now=T0)  # not readable yet
+    segment_delete_started(cat, "t", 0, 201)
+    expected = [1, 101, 301, 401, 501, 601]
+    for page in (1, 2, 3, 6, 1000):
+        assert [s.base_seq for s in readable_segments(cat, "t", 0, page=page)] == expected, page
+    assert readable_segments(cat, "t", 1) == []
 
 
 def test_list_segments_refuses_unknown_states(cat, epoch):

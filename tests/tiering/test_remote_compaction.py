@@ -139,6 +139,16 @@ async def crash_at_every_step(run_pass: Callable[[Callable[[str], None]], Awaita
         crash_at += 1
 
 
+async def assert_bucket_holds_what_the_catalog_names(store, acat, cat, topic: str, partition: int) -> None:
+    """After the grace period: the reconciler deletes uploads of crashed passes that were never swapped in, the sweep
+    deletes what swaps replaced, and the partition's segment objects are then exactly those its catalog rows name."""
+    later = at(NOW_S) + GRACE + timedelta(minutes=1)
+    await sweep_deleted_blocks(store, acat, later)
+    await reconcile(store, acat, later, grace=GRACE)
+    listed = {o.object_key async for o in store.list(keys.partition_segments_prefix(topic, partition))}
+    assert listed == {k for r in readable_segments(cat, topic, partition) for k in (r.object_key, r.index_object_key)}
+
+
 async def exists(store, object_key: str) -> bool:
     try:
         await store.head(object_key)
@@ -253,14 +263,7 @@ async def test_a_crash_at_every_step_leaves_the_old_or_the_new_set(s3_store, cat
     assert len(steps) >= 2 and any(s.startswith("swap") for s in steps) and any(s.startswith("upload") for s in steps)
     assert rows(await remote_messages(s3_store, cat, "t")) == rows(expected)
     assert check_partition(cat, "t", 0).problems == []
-    # The uploads of the crashed passes that never got swapped in are orphans: the reconciler deletes them after
-    # the grace period, and the old objects are swept; what is left is what the catalog names.
-    later = at(NOW_S) + GRACE + timedelta(minutes=1)
-    await sweep_deleted_blocks(s3_store, acat, later)
-    await reconcile(s3_store, acat, later, grace=GRACE)
-    listed = {o.object_key async for o in s3_store.list(keys.partition_segments_prefix("t", 0))}
-    named = {k for r in readable_segments(cat, "t", 0) for k in (r.object_key, r.index_object_key)}
-    assert listed == named
+    await assert_bucket_holds_what_the_catalog_names(s3_store, acat, cat, "t", 0)
     reader.close()
 
 

@@ -48,7 +48,7 @@ from tiered.catalog.segments import (
     _COLUMNS,
     _locked_row,
     _state_in,
-    list_segments,
+    readable_segments_from,
 )
 from tiered.catalog.states import BlockState, SegmentState
 
@@ -199,13 +199,13 @@ def first_unused_keys(cat: Catalog, candidates: Sequence[tuple[str, str]]) -> in
 
 
 def readable_segments(cat: Catalog, topic: str, partition: int, *, page: int = 1000) -> list[SegmentRow]:
-    """Every readable (COPY_FINISHED) segment of the partition, oldest first."""
+    """Every readable (COPY_FINISHED) segment of the partition, oldest first. Pages by seq
+    (`readable_segments_from`), so that a swap landing between two pages cannot hide a segment."""
     out: list[SegmentRow] = []
-    after = 0
+    seq = 0
     while True:
-        rows = list_segments(cat, topic, partition, states=(SegmentState.COPY_FINISHED,), after_base_seq=after,
-                             limit=page)
+        rows = readable_segments_from(cat, topic, partition, seq, page)
         out.extend(rows)
         if len(rows) < page:
             return out
-        after = rows[-1].base_seq
+        seq = rows[-1].last_seq + 1

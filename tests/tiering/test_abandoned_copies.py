@@ -36,6 +36,7 @@ from tiered.tiering import keys
 from tiered.tiering.abandoned_copies import clean_abandoned_copies
 from tiered.tiering.block_format import encode_block
 from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.remote_retention import delete_objects
 from tiered.tiering.remote_tier import RemoteTier
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier, segment_timestamp_bounds
 from tiered.tiering.store import StoreError
@@ -107,8 +108,8 @@ def epoch_now(cat) -> int:
     return catalog_partitions.get_partition_states(cat, TOPIC)[0].leader_epoch
 
 
-def copier(store, acat, epoch: int) -> SegmentCopier:
-    return SegmentCopier(store, acat, metrics=Metrics(), epoch_of=lambda t, p: epoch,
+def copier(store, acat, epoch: int, metrics: Metrics | None = None) -> SegmentCopier:
+    return SegmentCopier(store, acat, metrics=metrics or Metrics(), epoch_of=lambda t, p: epoch,
                          committed_up_to=lambda t, p: 1 << 62, on_copied=lambda job: None,
                          on_fenced=lambda key, epoch, reason: None, grace=GRACE)
 
@@ -276,6 +277,23 @@ async def test_a_copy_retention_deleted_is_not_brought_back(s3_store, cat, acat,
     catalog_segments.segment_delete_finished(cat, TOPIC, 0, seg.base)
     with pytest.raises(IllegalTransition):
         catalog_segments.segment_copy_started(cat, segment_meta(seg, epoch_now(cat)))
+    # The broker's copier, given that local segment again (a restart, with local retention longer than remote),
+    # drops it once instead of retrying forever: counted as done, no failure, no object written back.
+    row = catalog_segments.get_segment(cat, TOPIC, 0, seg.base)
+    await delete_objects(s3_store, row)  # as the retention pass did between its two transitions
+    metrics = Metrics()
+    again = copier(s3_store, acat, epoch_now(cat), metrics=metrics)
+    await again.copy(CopyJob(TOPIC, 0, seg))
+    assert again.is_copied(TOPIC, 0, seg.base) and metrics.count(m.SEGMENT_COPY_FAILURES) == 0
+    assert states(cat)[seg.base] == S.DELETE_FINISHED
+    assert not await exists(s3_store, row.object_key) and not await exists(s3_store, row.index_object_key)
+    # A refusal for another reason still fails the copy: a row mid-deletion above the history's start.
+    second = part.segments[1]
+    await again.copy(CopyJob(TOPIC, 0, second))
+    catalog_segments.segment_delete_started(cat, TOPIC, 0, second.base)
+    again.copied.discard((TOPIC, 0, second.base))
+    with pytest.raises(IllegalTransition):
+        await again.copy(CopyJob(TOPIC, 0, second))
 
 
 @pytest.mark.parametrize("seed", [7])

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from tiered import metrics as m
+from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog.errors import IllegalTransition, StaleEpoch
 from tiered.catalog.states import SegmentState
@@ -151,7 +152,7 @@ class SegmentCopier:
             except (OSError, ProtocolError, IllegalTransition) as exc:
                 # This segment, not the copier: say so, keep it for later, and copy the others meanwhile. A refused
                 # transition is a row of the same base mid-deletion (an abandoned copy being cleaned up: once
-                # DELETE_FINISHED the copy may take it over) or deleted by remote retention.
+                # DELETE_FINISHED the copy may take it over); one remote retention deleted is dropped in copy().
                 self.metrics.inc(m.SEGMENT_COPY_FAILURES)
                 log.error("copy of %s/%d segment %s failed: %s; it is tried again later", job.topic, job.partition,
                           job.segment.filename, exc)
@@ -211,8 +212,18 @@ class SegmentCopier:
             os.path.getsize(seg.index_path), low, high, datetime.fromtimestamp(freeze_ts, timezone.utc), epoch,
         )  # fmt: skip
         what = f"copy of {job.topic}/{job.partition} segment {seg.base}-{seg.last}"
-        await self.retry(what, lambda: self.catalog.write(catalog_segments.segment_copy_started, meta),
-                         m.CATALOG_ERRORS)
+        try:
+            await self.retry(what, lambda: self.catalog.write(catalog_segments.segment_copy_started, meta),
+                             m.CATALOG_ERRORS)
+        except IllegalTransition:
+            if not await self._expired(job.topic, job.partition, seg.last):
+                raise
+            # Remote retention deleted this base's copy and moved the history's start past it (remote retention
+            # shorter than local): its seqs are no longer history, so there is nothing to copy, now or later.
+            self.copied.add((job.topic, job.partition, seg.base))
+            log.info("%s/%d segment %s is not copied: remote retention expired its seqs", job.topic, job.partition,
+                     seg.filename)
+            return
         await self.retry(what, lambda: self.store.put_file(
             object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes), m.SEGMENT_UPLOAD_ERRORS)
         await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path), m.SEGMENT_UPLOAD_ERRORS)
@@ -226,6 +237,11 @@ class SegmentCopier:
                  job.topic, job.partition, seg.base, seg.last, seg.size, finished.pruned.runs_deleted,
                  finished.pruned.blocks_marked)
         self.on_copied(job)
+
+    async def _expired(self, topic: str, partition: int, last_seq: int) -> bool:
+        """Whether the partition's history now starts after `last_seq` (remote retention moved it there)."""
+        states = await self.catalog.read(catalog_partitions.get_partition_states, topic)
+        return any(s.partition == partition and last_seq < s.first_available_seq for s in states)
 
 
 class NotLeader(Exception):

@@ -254,8 +254,16 @@ class TieringService:
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
         """Claims the partitions whose epoch is still the one expected, and plans each one won from what the disk
-        holds (tiered.tiering.startup)."""
+        holds (tiered.tiering.startup). A partition not open here is not claimed: its topic is created locally only
+        at the tick after the catalog names it, and a claim before that would leave it led and not served until
+        the tick after (clients told "unknown topic" by its leader meanwhile)."""
         local = {p: self.sink.local_partition(topic, p) for p in expected}
+        opened = {p: lp for p, lp in local.items() if lp is not None}
+        if len(opened) < len(local):
+            log.info("%s: partitions %s are not open here yet; not claimed", topic, sorted(set(local) - set(opened)))
+        if not opened:
+            return []
+        expected = {p: expected[p] for p in opened}
         since = {p: (lp.applied_epoch if lp is not None else None) for p, lp in local.items()}
         claims = await self.catalog.write(catalog_partitions.claim_leadership, self.broker_id, self.disk_id, topic,
                                           since, expected_epochs=expected)

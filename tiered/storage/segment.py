@@ -9,13 +9,15 @@ a descriptor is never closed, and its number reused, under a sendfile in flight.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
 import random
+import shutil
 
 from tiered.storage.index import ENTRY, IndexBuilder, NEVER_INDEXED, SparseIndex
-from tiered.storage.names import format_ilog_name, format_index_name, format_log_name
+from tiered.storage.names import PRIVATE, format_ilog_name, format_index_name, format_log_name
 from tiered.storage.topic_config import TopicConfig
 
 log = logging.getLogger("tiered.storage")
@@ -65,6 +67,43 @@ def fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_private(path: str) -> bool:
+    """Called before a segment file is written in place (cut back, or reopened for appends). A local object store
+    keeps a copied sealed segment as a hard link to its file (tiering/local_store.py), and an object is never
+    overwritten: a file with other links is first replaced, under its own name, by a copy of its own, so that the
+    write never reaches the other links. The copy is `<name>.private`, fsynced, given the file's times (older names
+    take their timestamps from the mtime), then renamed over the name: a crash leaves the old file whole, and at
+    most a `.private` file, which recovery deletes. Returns whether a copy was made."""
+    st = os.stat(path)
+    if st.st_nlink <= 1:
+        return False
+    temp = f"{path}.{PRIVATE}"
+    with open(path, "rb") as src, open(temp, "wb") as dst:
+        _copy_all(src, dst)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.utime(temp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(temp, path)
+    fsync_dir(os.path.dirname(path))
+    log.warning("%s had other links (a local object store's object): replaced by a private copy before a write",
+                path)
+    return True
+
+
+def _copy_all(src: io.BufferedReader, dst: io.BufferedWriter) -> None:
+    # In the kernel when it can (a reflink where the filesystem has them), else through a buffer; a refusal comes
+    # before any byte is copied.
+    try:
+        while os.copy_file_range(src.fileno(), dst.fileno(), 64 << 20):
+            pass
+        return
+    except OSError as e:
+        if os.fstat(dst.fileno()).st_size or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
+                                                               errno.EOPNOTSUPP, errno.EBADF):
+            raise
+    shutil.copyfileobj(src, dst, 1 << 20)
 
 
 class SegmentFiles:

@@ -16,6 +16,16 @@ object's bytes are the pieces' bytes exactly), then fsynced as every put. A buff
 file cost the broker three to four times the copy into the buffer (page allocation, dirtying, writeback under the
 fsync). A directory whose filesystem refuses O_DIRECT gets buffered writes from then on.
 
+A file put with `immutable_source` (a sealed segment, by the segment copier) is stored as a hard link to the file when
+the store's directory is on the file's filesystem: no second copy of its bytes goes through the page cache. The object
+is then the segment's inode, which nothing writes in place: the store replaces and deletes objects only by rename and
+unlink, and the partition's own code never writes a file that has other links (storage/segment.make_private gives the
+partition a private copy first). Such an object's last_modified is when its bytes were last written, shortly before
+the put rather than at it; the two readers of that time hold: the reconciler never deletes an object the catalog knows,
+and the copier's COPY_STARTED row names the key before the put; the catalog rebuild prefers the newest of two
+overlapping segments, and a segment that replaces another was written after it. A link refused (another filesystem,
+EXDEV; no hard links) falls back to a copy.
+
 Blocking file I/O runs in worker threads (asyncio.to_thread) so the event loop never waits on the disk.
 """
 
@@ -42,6 +52,10 @@ DIRECT_MIN_BYTES = 1 << 20  # smaller puts go through the page cache: O_DIRECT s
 DIRECT_ALIGN = 4096  # O_DIRECT wants buffer address, file offset and length aligned to the logical block size (<= 4096)
 DIRECT_CHUNK = 8 << 20  # the aligned buffer: one write per 8 MiB (a block is about one chunk)
 _SPARE_BUFFERS = 4  # aligned buffers kept for reuse (one per put in flight, up to this many)
+
+
+class _LinkRefused(Exception):
+    """os.link failed for another reason than a missing source (EXDEV, EPERM, EMLINK...): the file is copied."""
 
 
 class _DirectRefused(Exception):
@@ -75,8 +89,14 @@ class LocalObjectStore(ObjectStore):
                 self.direct_io = False
         await self._io(None, self._write_atomically, path, lambda fd: _write_pieces(fd, pieces))
 
-    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int) -> int:
+    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int,
+                        immutable_source: bool) -> int:
         target = self._path(object_key)
+        if immutable_source:
+            try:
+                return await self._io(None, self._link_atomically, path, target)
+            except _LinkRefused:
+                pass  # another filesystem (EXDEV), or one without hard links: copied below
 
         def copy(fd: int) -> int:
             with open(path, "rb") as src:
@@ -178,6 +198,42 @@ class LocalObjectStore(ObjectStore):
             if self.fsync:
                 _fsync_dir(path.parent)
             return result
+        raise AssertionError("unreachable")
+
+    def _link_atomically(self, source: Path, path: Path) -> int:
+        """Stores the file `source` as the object at `path` by a hard link (the same inode, no copy), under the same
+        temporary-name-then-rename protocol as a write; returns its size."""
+        for attempt in range(3):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+            try:
+                os.link(source, temp)
+            except FileNotFoundError:
+                if attempt == 2 or not os.path.exists(source):
+                    raise
+                continue  # the directory was pruned by a concurrent delete
+            except OSError as e:
+                raise _LinkRefused() from e
+            try:
+                if self.fsync:  # the data of a sealed segment is synced already; this costs one flush, no writeback
+                    fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                size = os.stat(temp).st_size
+                try:
+                    os.replace(temp, path)
+                except IsADirectoryError as e:
+                    raise StoreError(f"object key {path.relative_to(self.root)} is a prefix of other objects") from e
+                # rename() between two links of one inode (the same segment put again) does nothing, leaving both.
+                _unlink_quietly(temp)
+            except BaseException:
+                _unlink_quietly(temp)
+                raise
+            if self.fsync:
+                _fsync_dir(path.parent)
+            return size
         raise AssertionError("unreachable")
 
     def _write_direct(self, fd: int, pieces: list[bytes]) -> None:

@@ -224,8 +224,12 @@ class SegmentCopier:
             log.info("%s/%d segment %s is not copied: remote retention expired its seqs", job.topic, job.partition,
                      seg.filename)
             return
+        # A sealed segment file is never written in place (a cut or an append first replaces it with a private copy,
+        # storage/segment.make_private) and its COPY_STARTED row names the key: the local store may link it. Its
+        # index is rewritten in place by recovery, so it is always copied.
         await self.retry(what, lambda: self.store.put_file(
-            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes), m.SEGMENT_UPLOAD_ERRORS)
+            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes, immutable_source=True),
+            m.SEGMENT_UPLOAD_ERRORS)
         await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path), m.SEGMENT_UPLOAD_ERRORS)
         finished = await self.retry(what, lambda: self.catalog.write(
             catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace),

@@ -206,7 +206,10 @@ class SegmentCopier:
         freeze_ts = seg.freeze_ts
         object_key = keys.segment_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
         index_key = keys.segment_index_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
-        low, high = await asyncio.to_thread(segment_timestamp_bounds, seg.path, seg.base, seg.size)
+        if seg.ts_bounds is not None:  # told by its appends: no second read of the file
+            low, high = recorded_ts_bounds(*seg.ts_bounds)
+        else:
+            low, high = await asyncio.to_thread(segment_timestamp_bounds, seg.path, seg.base, seg.size)
         meta = catalog_segments.SegmentMeta(
             job.topic, job.partition, seg.base, seg.last, object_key, index_key, seg.size,
             os.path.getsize(seg.index_path), low, high, datetime.fromtimestamp(freeze_ts, timezone.utc), epoch,

@@ -5,7 +5,9 @@ For one segment: COPY_STARTED in the catalog, then both uploads (multipart above
 which in the same transaction prunes the block runs the segment now answers for (blocks left without runs are
 marked for deletion). A segment is copied only once every record in it is committed, so the bucket never holds a
 seq the catalog did not accept. Store and catalog failures are retried with backoff; a copy interrupted by a crash
-is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). A refused epoch fences the
+is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). The row's min and max message
+timestamp come from the segment's appends when it saw them all (SealedSegment.ts_bounds), else from one native pass
+over its bundles (a recovered or compacted segment). A refused epoch fences the
 partition, as for blocks. A segment that cannot be read (a damaged file), or whose copy the row of its base refuses
 (an abandoned copy of that base mid-deletion, tiered.tiering.abandoned_copies), is reported, counted and tried again
 later, and never holds up the other partitions' copies.

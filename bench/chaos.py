@@ -16,7 +16,9 @@ Then every partition is read from its first seq to its end and checked:
 Values the broker answered with an error may or may not be there (the outcome of such a produce is unknown); none
 may be there twice.
 
-`python -m bench.chaos [--rounds N] [--seed S]` prints the table; tests/durability/test_chaos.py runs a few rounds.
+`python -m bench.chaos [--rounds N] [--seed S] [--local-store]` prints the table; tests/durability/test_chaos.py runs a
+few rounds. `--local-store` puts the objects in a local directory beside the volumes instead of moto's S3 (the same
+filesystem: sealed segments are stored as hard links to the volume's files, blocks written with O_DIRECT).
 """
 
 from __future__ import annotations
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--quick", action="store_true", help="5 rounds")
+    parser.add_argument("--local-store", action="store_true", help="a local-directory store instead of moto's S3")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
     bindir = find_pg_bindir()
@@ -235,13 +238,14 @@ def main(argv: list[str] | None = None) -> int:
         from tiered.catalog.migrate import upgrade
 
         upgrade(pg.url())
-        report = asyncio.run(run_chaos(root, pg.url(), moto.env, f"s3://{moto.bucket}/chaos", rounds=rounds,
-                                       seed=args.seed, log=lambda text: print(text, file=sys.stderr, flush=True)))
+        store_url = f"file://{root / 'objects'}" if args.local_store else f"s3://{moto.bucket}/chaos"
+        report = asyncio.run(run_chaos(root, pg.url(), moto.env, store_url, rounds=rounds, seed=args.seed,
+                                       log=lambda text: print(text, file=sys.stderr, flush=True)))
     finally:
         moto.stop()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print(f"chaos: seed {args.seed}")
+    print(f"chaos: seed {args.seed}" + (", local-directory store" if args.local_store else ""))
     print(report.table())
     return 0 if report.ok else 1
 

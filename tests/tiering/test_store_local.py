@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 from pathlib import Path
 
@@ -168,3 +169,71 @@ async def test_put_file_copies_in_the_kernel_or_through_a_buffer(store, tmp_path
     await store.put_file("segments/t/0/1-9.ilog", source)
     assert (store.root / "segments" / "t" / "0" / "1-9.ilog").read_bytes() == data
     assert store.counters.put_bytes == len(data)
+
+
+@pytest.mark.parametrize("sizes", [
+    [local_store.DIRECT_MIN_BYTES],  # the smallest put written with O_DIRECT, one aligned chunk
+    [102_400] * 82 + [5_000, 12],  # a block: its records, footer and trailer; an unaligned tail
+    [local_store.DIRECT_CHUNK],  # exactly one chunk: no tail
+    [local_store.DIRECT_CHUNK + 1, 0, 4095],  # a second chunk of 4096 bytes
+    [3 * local_store.DIRECT_CHUNK - 7],  # a piece spanning three chunks
+])
+async def test_large_puts_bypass_the_page_cache_with_the_same_bytes(store, sizes):
+    """Blocks are written with O_DIRECT through an aligned buffer, padded, then cut back: the object is exactly the
+    concatenation of the pieces, whatever their lengths, and the buffer is reused by the next put."""
+    for attempt in range(2):
+        pieces = [os.urandom(n) for n in sizes]
+        await store.put("blocks/x", pieces)
+        path = store.root / "blocks" / "x"
+        assert path.stat().st_size == sum(sizes)
+        assert path.read_bytes() == b"".join(pieces)
+        assert store.direct_io  # ext4, xfs and tmpfs take O_DIRECT: it was used, not refused
+        assert len(store._buffers) == 1  # taken back, and reused by the second attempt
+    assert files_under(store.root) == ["blocks", "blocks/x"]
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+async def test_a_filesystem_that_refuses_o_direct_gets_buffered_writes(store, monkeypatch, refused_at):
+    """EINVAL on the O_DIRECT open, or on its first write (an alignment above 4096): the put is written through the
+    page cache instead, no temporary file stays, and later puts no longer try O_DIRECT."""
+    real_open, real_write = os.open, os.write
+    refused = []
+
+    def open_refusing(path, flags, mode=0o777):
+        if flags & local_store._O_DIRECT and refused_at == "open":
+            refused.append(path)
+            raise OSError(errno.EINVAL, "O_DIRECT not supported")
+        return real_open(path, flags, mode)
+
+    def write_refusing(fd, data):
+        if refused_at == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & local_store._O_DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "misaligned")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(local_store.os, "open", open_refusing)
+    monkeypatch.setattr(local_store.os, "write", write_refusing)
+    pieces = [os.urandom(local_store.DIRECT_MIN_BYTES), os.urandom(100)]
+    await store.put("b/1", pieces)
+    assert refused and not store.direct_io
+    assert (store.root / "b" / "1").read_bytes() == b"".join(pieces)
+    assert files_under(store.root) == ["b", "b/1"]
+    refused.clear()
+    await store.put("b/2", pieces)
+    assert not refused
+    assert (store.root / "b" / "2").read_bytes() == b"".join(pieces)
+
+
+async def test_a_short_o_direct_write_fails_the_put_and_keeps_the_old_object(store, monkeypatch):
+    """A short O_DIRECT write (a full disk) cannot be continued aligned: the put fails (the caller retries it), the
+    old object stays whole and no temporary file is left."""
+    old = [os.urandom(local_store.DIRECT_MIN_BYTES)]
+    await store.put("b/k", old)
+    real_write = os.write
+    monkeypatch.setattr(local_store.os, "write", lambda fd, data: real_write(fd, data[:4096]))  # aligned, short
+    with pytest.raises(StoreError):
+        await store.put("b/k", [os.urandom(local_store.DIRECT_MIN_BYTES + 1)])
+    monkeypatch.undo()
+    assert store.direct_io  # a failure, not a refusal: the next put tries O_DIRECT again
+    assert (store.root / "b" / "k").read_bytes() == old[0]
+    assert files_under(store.root) == ["b", "b/k"]

@@ -8,6 +8,8 @@
     <segment or index name>.cleaned     compaction output being written          } compaction_swap.py: finished
     <segment or index name>.swap        compaction output whose group committed   } or rolled back when the
     <segment or index name>.old         TANK's: an input its own swap renamed     } partition opens
+    <segment name>.private              a private copy of a segment file being made (segment.make_private; ours):
+                                        deleted when the partition opens
 
 `createdTS` is when the segment was created and `freezeTS` the .log's mtime when it rolled, both in unix
 seconds. Anything else found in a partition directory is ignored and reported with a reason, never deleted.
@@ -22,6 +24,7 @@ PARTITION_CONFIG = "config"
 CHECKPOINT = ".cleanup.checkpoint"
 CHECKPOINT_TMP = CHECKPOINT + ".tmp"
 CLEANED, SWAP, OLD = "cleaned", "swap", "old"
+PRIVATE = "private"
 
 _LOG = re.compile(r"(\d+)(?:_(\d+))?\.log")
 _ILOG = re.compile(r"(\d+)-(\d+)(?:_(\d+))?\.ilog")
@@ -82,12 +85,19 @@ class SwapLeftover:
 
 
 @dataclass(frozen=True, slots=True)
+class PrivateCopy:
+    """`<segment name>.private`: an unfinished private copy of a segment file (segment.make_private)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ignored:
     name: str
     reason: str
 
 
-PartitionFile = LogName | IlogName | IndexName | ConfigName | CheckpointName | SwapLeftover | Ignored
+PartitionFile = LogName | IlogName | IndexName | ConfigName | CheckpointName | SwapLeftover | PrivateCopy | Ignored
 
 
 def format_log_name(base: int, created_ts: int | None) -> str:
@@ -119,6 +129,8 @@ def parse_name(name: str) -> PartitionFile:
         return IndexName(int(m[1]))
     if _WIDE_INDEX.fullmatch(name):
         return Ignored(name, "wide (64-bit) index: recognised by TANK but never produced, not supported")
+    if name.endswith(f".{PRIVATE}") and isinstance(parse_name(name[: -len(PRIVATE) - 1]), (LogName, IlogName)):
+        return PrivateCopy(name)
     if m := _COMPACTION.fullmatch(name):
         return SwapLeftover(name, m[2], parse_name(m[1]))
     return Ignored(name, "not a segment, index or config file")

@@ -218,7 +218,8 @@ class PartitionLog:
             now = self._now_s()
             segment = self._segment_for(first, last, facts.sparse, len(record), now)
             config = self.config
-            position = segment.append(record, first, last, config.log_index_interval_bytes)
+            position = segment.append(record, first, last, config.log_index_interval_bytes,
+                                      (facts.min_ts_ms, facts.max_ts_ms))
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)

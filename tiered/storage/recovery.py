@@ -35,12 +35,13 @@ from tiered.storage.names import (
     IlogName,
     IndexName,
     LogName,
+    PrivateCopy,
     SwapLeftover,
     format_ilog_name,
     parse_name,
 )
 from tiered.storage.records import TornRecord, iter_records
-from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, roll_age_s
+from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, make_private, roll_age_s
 from tiered.storage.topic_config import TopicConfig
 
 log = logging.getLogger("tiered.storage")
@@ -163,12 +164,17 @@ def _write_index(path: str, index: SparseIndex) -> None:
         os.fsync(f.fileno())
 
 
-def _cut(fd: int, filename: str, size: int, scan: _Scan, report: RecoveryReport) -> int:
+def _cut(path: str, filename: str, size: int, scan: _Scan, report: RecoveryReport) -> int:
     if scan.torn is None:
         return size
     position = scan.whole_end
-    os.ftruncate(fd, position)
-    os.fsync(fd)
+    make_private(path)  # a local object store's link to this file keeps its bytes
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, position)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     cut = CutTail(filename, position, size - position, scan.torn.reason)
     report.cut.append(cut)
     log.warning(
@@ -195,16 +201,17 @@ def _recover_log_file(directory: str, name: LogName, filename: str, interval: in
                       report: RecoveryReport) -> _LiveLog | None:
     """Makes one `.log` whole; None if nothing is left of it."""
     path = os.path.join(directory, filename)
-    fd = os.open(path, os.O_RDWR)
+    make_private(path)  # the active segment is appended to (a sealed one renamed back by truncate.py may be linked)
+    fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         index_path = os.path.join(directory, f"{name.base}.index")
         index, dirty = _load_index(index_path, size)
         entries_before = len(index) if index is not None else 0
         scan = scan_segment(fd, size, name.base, interval, index)
-        size = _cut(fd, filename, size, scan, report)
     finally:
         os.close(fd)
+    size = _cut(path, filename, size, scan, report)
     if scan.last_seq is None:
         _unlink_segment(directory, filename, name.base, "no whole bundle left after the torn tail was cut", report)
         return None
@@ -226,12 +233,12 @@ def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int
     index_path = os.path.join(directory, f"{name.base}.index")
     if _sealed_index_is_sane(index_path, st.st_size, name):
         return SealedSegment(directory, name.base, name.last, freeze_ts, st.st_size, filename=filename)
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, os.O_RDONLY)
     try:
         scan = scan_segment(fd, st.st_size, name.base, interval, None)
-        size = _cut(fd, filename, st.st_size, scan, report)
     finally:
         os.close(fd)
+    size = _cut(path, filename, st.st_size, scan, report)
     if scan.last_seq is None:
         _unlink_segment(directory, filename, name.base, "sealed segment without a whole bundle", report)
         return None
@@ -297,6 +304,9 @@ def recover_partition(directory: str, config: TopicConfig, rng: random.Random) -
         elif isinstance(kind, Ignored):
             report.ignored.append(kind)
             log.warning("ignoring %s: %s", os.path.join(directory, filename), kind.reason)
+        elif isinstance(kind, PrivateCopy):  # a crash during make_private: the segment itself is whole
+            os.unlink(os.path.join(directory, filename))
+            report.deleted.append((filename, "unfinished private copy of a segment"))
         else:
             assert isinstance(kind, (IndexName, ConfigName, CheckpointName, SwapLeftover))
 

@@ -9,13 +9,15 @@ a descriptor is never closed, and its number reused, under a sendfile in flight.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
 import random
+import shutil
 
 from tiered.storage.index import ENTRY, IndexBuilder, NEVER_INDEXED, SparseIndex
-from tiered.storage.names import format_ilog_name, format_index_name, format_log_name
+from tiered.storage.names import PRIVATE, format_ilog_name, format_index_name, format_log_name
 from tiered.storage.topic_config import TopicConfig
 
 log = logging.getLogger("tiered.storage")
@@ -67,6 +69,43 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def make_private(path: str) -> bool:
+    """Called before a segment file is written in place (cut back, or reopened for appends). A local object store
+    keeps a copied sealed segment as a hard link to its file (tiering/local_store.py), and an object is never
+    overwritten: a file with other links is first replaced, under its own name, by a copy of its own, so that the
+    write never reaches the other links. The copy is `<name>.private`, fsynced, given the file's times (older names
+    take their timestamps from the mtime), then renamed over the name: a crash leaves the old file whole, and at
+    most a `.private` file, which recovery deletes. Returns whether a copy was made."""
+    st = os.stat(path)
+    if st.st_nlink <= 1:
+        return False
+    temp = f"{path}.{PRIVATE}"
+    with open(path, "rb") as src, open(temp, "wb") as dst:
+        _copy_all(src, dst)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.utime(temp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(temp, path)
+    fsync_dir(os.path.dirname(path))
+    log.warning("%s had other links (a local object store's object): replaced by a private copy before a write",
+                path)
+    return True
+
+
+def _copy_all(src: io.BufferedReader, dst: io.BufferedWriter) -> None:
+    # In the kernel when it can (a reflink where the filesystem has them), else through a buffer; a refusal comes
+    # before any byte is copied.
+    try:
+        while os.copy_file_range(src.fileno(), dst.fileno(), 64 << 20):
+            pass
+        return
+    except OSError as e:
+        if os.fstat(dst.fileno()).st_size or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
+                                                               errno.EOPNOTSUPP, errno.EBADF):
+            raise
+    shutil.copyfileobj(src, dst, 1 << 20)
+
+
 class SegmentFiles:
     """Where a segment's two files are: `<directory>/<filename>` and its `<base>.index` beside it."""
 
@@ -97,6 +136,7 @@ class SealedSegment(SegmentFiles):
         filename: str | None = None,
         index: SparseIndex | None = None,
         reader: SegmentReader | None = None,
+        ts_bounds: tuple[int, int] | None = None,
     ):
         self.directory = directory
         self.base = base
@@ -106,6 +146,9 @@ class SealedSegment(SegmentFiles):
         self.filename = filename or format_ilog_name(base, last, freeze_ts)
         self._index = index
         self._reader = reader
+        # (min, max) message timestamp over every bundle in the file, when its appends told them (ActiveSegment.
+        # ts_bounds); None when not known (a segment recovered or compacted): the copier then reads the file for them.
+        self.ts_bounds = ts_bounds
         self.deleted = False
 
     def __repr__(self) -> str:
@@ -173,6 +216,11 @@ class ActiveSegment(SegmentFiles):
         self._log_fd = log_fd
         self._index_fd = index_fd
         self._unwritten_entries = bytearray()  # index entries not yet in the index file (see _write_index_entry)
+        # (min, max) timestamp of the bundles appended, from the facts the append path validated them with: the
+        # copier needs them for the catalog and would otherwise read the whole file again (2 CPU s/GB at 100 B
+        # messages). Only a segment created here saw every append; a reopened one does not know its older records.
+        self.ts_bounds: tuple[int, int] | None = None
+        self._ts_complete = size == 0
         # The interval is passed with each append, so that a reloaded config applies from the next record.
         self._builder = IndexBuilder(0, index, since_last_update)
         self._reader: SegmentReader | None = SegmentReader(self.path)
@@ -271,8 +319,10 @@ class ActiveSegment(SegmentFiles):
         """Whether a record keeps this segment's index columns within u32 (and TANK's seq span limit)."""
         return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
 
-    def append(self, record: bytes, first_seq: int, last_seq: int, interval: int) -> int:
-        """Writes one whole record with one write; returns its position. On a failed write the file is cut back."""
+    def append(self, record: bytes, first_seq: int, last_seq: int, interval: int,
+               ts_bounds: tuple[int, int] | None = None) -> int:
+        """Writes one whole record with one write; returns its position. On a failed write the file is cut back.
+        `ts_bounds` is the bundle's (min, max) message timestamp; without it the segment's bounds are unknown."""
         position = self.size
         try:
             write_all(self._log_fd, record)
@@ -284,6 +334,14 @@ class ActiveSegment(SegmentFiles):
             raise
         self.size = position + len(record)
         self.last = last_seq
+        if ts_bounds is None:
+            self._ts_complete = False
+        elif self.ts_bounds is None:
+            self.ts_bounds = ts_bounds
+        else:
+            low, high = self.ts_bounds
+            if ts_bounds[0] < low or ts_bounds[1] > high:
+                self.ts_bounds = (min(low, ts_bounds[0]), max(high, ts_bounds[1]))
         self._builder.interval = interval
         entry = self._builder.add(first_seq - self.base, position, len(record))
         if entry is not None:
@@ -341,6 +399,7 @@ class ActiveSegment(SegmentFiles):
             filename=sealed_name,
             index=self._builder.index,
             reader=self._reader,
+            ts_bounds=self.ts_bounds if self._ts_complete else None,
         )
         self._reader = None
         return sealed

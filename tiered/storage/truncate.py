@@ -11,7 +11,8 @@ finishes it:
 2. The segment holding `keep` (now the newest) loses its records past `keep`: a sealed `.ilog` is first renamed to
    an active `.log` (recovery treats the newest `.log` as the active segment and walks it), its index is deleted
    (recovery rebuilds a missing index), and the file is truncated at the end of the last record with last seq <=
-   `keep`. A record is never split: `keep` is a committed seq, and commits hold whole records.
+   `keep`. A record is never split: `keep` is a committed seq, and commits hold whole records. A file with other
+   hard links (a local object store's object) is first replaced by a private copy (segment.make_private).
 The caller reopens the directory through recovery afterwards.
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from tiered.storage.names import IlogName, LogName, format_index_name, format_log_name, parse_name
 from tiered.storage.records import TornRecord, iter_records
-from tiered.storage.segment import fsync_dir
+from tiered.storage.segment import fsync_dir, make_private
 
 
 @dataclass
@@ -79,6 +80,7 @@ def _cut_segment(directory: str, base: int, filename: str, name: LogName | IlogN
         os.close(fd)
     if end >= size:
         return  # nothing past `keep` in it
+    make_private(path)  # a local object store's link to this file keeps its bytes (segment.make_private)
     if isinstance(name, IlogName):
         active = format_log_name(base, name.freeze_ts)
         os.rename(path, os.path.join(directory, active))

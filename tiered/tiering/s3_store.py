@@ -95,7 +95,8 @@ class S3ObjectStore(ObjectStore):
         with self._errors(object_key):
             await client.put_object(Bucket=self.bucket, Key=self._key(object_key), Body=data)
 
-    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int) -> int:
+    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int,
+                        immutable_source: bool) -> int:
         key = self._key(object_key)
         try:
             size = (await asyncio.to_thread(path.stat)).st_size

@@ -5,7 +5,9 @@ For one segment: COPY_STARTED in the catalog, then both uploads (multipart above
 which in the same transaction prunes the block runs the segment now answers for (blocks left without runs are
 marked for deletion). A segment is copied only once every record in it is committed, so the bucket never holds a
 seq the catalog did not accept. Store and catalog failures are retried with backoff; a copy interrupted by a crash
-is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). A refused epoch fences the
+is redone from COPY_STARTED at the next start (re-uploading the same keys is harmless). The row's min and max message
+timestamp come from the segment's appends when it saw them all (SealedSegment.ts_bounds), else from one native pass
+over its bundles (a recovered or compacted segment). A refused epoch fences the
 partition, as for blocks. A segment that cannot be read (a damaged file), or whose copy the row of its base refuses
 (an abandoned copy of that base mid-deletion, tiered.tiering.abandoned_copies), is reported, counted and tried again
 later, and never holds up the other partitions' copies.
@@ -206,7 +208,10 @@ class SegmentCopier:
         freeze_ts = seg.freeze_ts
         object_key = keys.segment_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
         index_key = keys.segment_index_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
-        low, high = await asyncio.to_thread(segment_timestamp_bounds, seg.path, seg.base, seg.size)
+        if seg.ts_bounds is not None:  # told by its appends: no second read of the file
+            low, high = recorded_ts_bounds(*seg.ts_bounds)
+        else:
+            low, high = await asyncio.to_thread(segment_timestamp_bounds, seg.path, seg.base, seg.size)
         meta = catalog_segments.SegmentMeta(
             job.topic, job.partition, seg.base, seg.last, object_key, index_key, seg.size,
             os.path.getsize(seg.index_path), low, high, datetime.fromtimestamp(freeze_ts, timezone.utc), epoch,
@@ -224,8 +229,12 @@ class SegmentCopier:
             log.info("%s/%d segment %s is not copied: remote retention expired its seqs", job.topic, job.partition,
                      seg.filename)
             return
+        # A sealed segment file is never written in place (a cut or an append first replaces it with a private copy,
+        # storage/segment.make_private) and its COPY_STARTED row names the key: the local store may link it. Its
+        # index is rewritten in place by recovery, so it is always copied.
         await self.retry(what, lambda: self.store.put_file(
-            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes), m.SEGMENT_UPLOAD_ERRORS)
+            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes, immutable_source=True),
+            m.SEGMENT_UPLOAD_ERRORS)
         await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path), m.SEGMENT_UPLOAD_ERRORS)
         finished = await self.retry(what, lambda: self.catalog.write(
             catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace),

@@ -110,8 +110,15 @@ class ObjectStore(abc.ABC):
         *,
         multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
         part_bytes: int = DEFAULT_PART_BYTES,
+        immutable_source: bool = False,
     ) -> None:
-        """Uploads a file; S3 uses a multipart upload above the threshold (S3 wants parts of at least 5 MiB)."""
+        """Uploads a file; S3 uses a multipart upload above the threshold (S3 wants parts of at least 5 MiB).
+
+        `immutable_source` is the caller's promise that the file is never written in place again (it is only
+        renamed, unlinked, or replaced by a rename) and that the catalog knows the key before this put: a local
+        store on the same filesystem may then store the file itself, as a hard link, instead of a copy
+        (local_store.py).
+        """
         if multipart_threshold_bytes < 1 or part_bytes < 1:
             raise ValueError("multipart threshold and part size must be positive")
         path = Path(path)
@@ -119,7 +126,8 @@ class ObjectStore(abc.ABC):
             expected = path.stat().st_size
         except OSError as e:
             raise StoreError(f"cannot upload {path}: {e}") from e
-        size = await self._counted(self._put_file(object_key, path, multipart_threshold_bytes, part_bytes), expected)
+        size = await self._counted(
+            self._put_file(object_key, path, multipart_threshold_bytes, part_bytes, immutable_source), expected)
         self.counters.puts += 1
         self.counters.put_bytes += size
 
@@ -209,8 +217,9 @@ class ObjectStore(abc.ABC):
         """Stores the concatenation of `pieces` (at least one)."""
 
     @abc.abstractmethod
-    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int) -> int:
-        """Returns the bytes uploaded."""
+    async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int,
+                        immutable_source: bool) -> int:
+        """Returns the bytes uploaded. `immutable_source`: see put_file."""
 
     @abc.abstractmethod
     async def _get_range(self, object_key: str, start: int, end: int | None) -> bytes:

@@ -241,6 +241,9 @@ async def test_runs_only_in_the_bucket_are_compacted_by_a_leader_without_them(s3
     p1.close()
 
 
+# Every step of both sources is crashed in process on both catalogs above; the kill -9 of a real process, a minute a
+# catalog, runs on PostgreSQL here and on SQLite in test_bucket_compaction.py.
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)
 async def test_kill_9_at_every_step_of_a_pass_over_runs_from_the_bucket(s3_store, s3_endpoint, s3_bucket, catalog_url,
                                                                       cat, acat, tmp_path):
     p0, p1 = logs(tmp_path, seed=25)

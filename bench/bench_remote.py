@@ -25,7 +25,10 @@ Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five
 
 The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
 project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order; once at each
-read-ahead depth of REPLAY_DEPTHS (the broker's default last, whose figures are the replay table's).
+read-ahead depth of REPLAY_DEPTHS (the broker's default last, whose figures are the replay table's), with the bulk
+consumer (Client.consume_chunk); then at the default depth with the consumers that build a Message per message
+(Client.consume, its chunk reader native, then pure Python as before), to show what the consumer's CPU costs the
+replay on a machine whose cores it shares with the broker and moto.
 
 Then isolation: a second client process produces one small message every PROBE_INTERVAL_S with durable acks and
 tails the same partition, timing each ack and each delivery, first with the broker otherwise idle, then while
@@ -63,6 +66,7 @@ REPLAY_TOPIC = "replay"
 FETCH_BYTES = 1 << 20
 REPLAY_FETCH_BYTES = 16 << 20
 REPLAY_DEPTHS = (1, 2, 3)  # read-ahead depths the replay is run at (the reader's default among them)
+CONSUMERS = ("chunks", "messages", "messages, pure Python")  # bench/remote_processes.py _Session.drain
 VALUE_BYTES = 1000
 PER_BUNDLE = 64  # ~64 KiB bundles
 MSGS_PER_FETCH = FETCH_BYTES // (VALUE_BYTES + 16)  # each message costs its value and about 16 bytes of framing
@@ -276,14 +280,15 @@ class Replay:
     moto_ceiling_mb_s: float = 0.0
 
 
-async def replay(app, client: ClientProcess, moto: Moto, ranges: dict) -> Replay:
+async def replay(app, client: ClientProcess, moto: Moto, ranges: dict, consumer: str = CONSUMERS[0]) -> Replay:
     counters = app.broker.metrics.counters
     before = {name: counters[name] for name in COUNTERS}
     cpu0, moto0 = own_cpu_s(), moto.cpu_s()
     probe = app.probe
     reader_s, get_s, get_bytes = probe.seconds["fetch"], probe.seconds["get_range"], probe.get_bytes
     messages, payload, seconds, fetches, client_cpu = await client.call(
-        "drain", app.broker.port, REPLAY_TOPIC, ranges["remote_first"], ranges["remote_last"], REPLAY_FETCH_BYTES)
+        "drain", app.broker.port, REPLAY_TOPIC, ranges["remote_first"], ranges["remote_last"], REPLAY_FETCH_BYTES,
+        consumer)
     if messages != ranges["remote_last"] - ranges["remote_first"] + 1:
         raise RuntimeError(f"replay returned {messages} messages, expected "
                            f"{ranges['remote_last'] - ranges['remote_first'] + 1}")
@@ -489,6 +494,21 @@ def depth_table(by_depth: dict, default: int, ceiling_mb_s: float) -> str:
     return "\n".join(lines)
 
 
+def consumer_table(by_consumer: dict, ceiling_mb_s: float) -> str:
+    lines = [f"replay by consumer (read-ahead depth the default; the first is the replay above), one after another "
+             f"in this run",
+             f"  {'consumer':<44}{'MB/s':>6}{'x seq. GETs':>13}{'client CPU s':>14}{'broker CPU s':>14}"
+             f"{'moto CPU s':>12}"]
+    names = {"chunks": "Client.consume_chunk (bulk, checked natively)",
+             "messages": "Client.consume, a Message per message",
+             "messages, pure Python": "Client.consume, pure-Python reader (before)"}
+    for consumer, r in by_consumer.items():
+        mb_s = r.remote_bytes / 1e6 / r.seconds
+        lines.append(f"  {names[consumer]:<44}{mb_s:>6.0f}{mb_s / ceiling_mb_s:>13.2f}{r.client_cpu_s:>14.2f}"
+                     f"{r.broker_cpu_s:>14.2f}{r.moto_cpu_s:>12.2f}")
+    return "\n".join(lines)
+
+
 def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None) -> str:
     """The figures issue 14 sets goals for, each against its reference measured in the same run."""
     by = {row.name: row for row in rows}
@@ -600,9 +620,13 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
             reader.ahead_depth = depth
             by_depth[depth] = await replay(app, client, moto, ranges)
         result = by_depth[AHEAD_DEPTH]
+        by_consumer = {CONSUMERS[0]: result}
+        for consumer in CONSUMERS[1:]:
+            by_consumer[consumer] = await replay(app, client, moto, ranges, consumer)
         result.moto_ceiling_mb_s = await moto_ceiling(client, moto.url, bucket, ranges["segments"])
         out.append(replay_table(backend, segment, result))
         out.append(depth_table(by_depth, AHEAD_DEPTH, result.moto_ceiling_mb_s))
+        out.append(consumer_table(by_consumer, result.moto_ceiling_mb_s))
         log(f"{backend}: produce and tail latency, idle then during replays ...")
         iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0, args.yield_off)
         out.append(goals_table(backend, rows, result, iso))

@@ -21,7 +21,7 @@ Rows of the latency table (fetches of FETCH_BYTES, one at a time; the first five
 - moto GET:       a same-sized range GET of the same objects straight from moto with boto3: the floor under every
                   remote row;
 - first after restart, block run: after a restart on an empty disk, seqs of the old active segment, which no
-                  remote segment holds yet; the first such fetch is shown alone.
+                  remote segment holds yet; the first such fetch after each of several restarts, then further ones.
 
 The replay drains every remote seq of a topic whose sealed segments were copied and then deleted locally, with the
 project's Client at REPLAY_FETCH_BYTES per fetch, checking that each seq arrives once and in order; once at each
@@ -243,18 +243,25 @@ async def profile_warm(app, client: ClientProcess, ranges: dict, samples: int, r
     return profile_table(f"{samples} warm remote fetches under cProfile", profile)
 
 
-async def block_run_rows(app, client: ClientProcess, samples: int, rng: random.Random) -> list[Row]:
-    """Fetches of seqs no segment holds yet (the active segment of a broker restarted on an empty disk), which only
-    the block runs have. The first fetch after the restart is a row of its own: it opens the S3 client."""
+async def first_after_restart(app, client: ClientProcess, rng: random.Random, first_fetch: Row) -> None:
+    """One fetch of a seq no segment holds yet (the active segment of a broker restarted on an empty disk), which
+    only the block runs have: the first fetch after a restart."""
     segments = await copied_segments(app, TOPIC)
     first = max(r.last_seq for r in segments) + 1
     last = max(first, app.broker.registry.get(TOPIC, 0).hwmark - MSGS_PER_FETCH)
-    first_fetch, row = Row("first after restart"), Row("block run (empty disk)")
     await client.call("connect", app.broker.port)
     await fetch_into(first_fetch, app, client, rng.randint(first, last))
+
+
+async def block_run_rows(app, client: ClientProcess, samples: int, rng: random.Random) -> Row:
+    """Fetches of seqs only the block runs have, after the first fetch after the restart."""
+    segments = await copied_segments(app, TOPIC)
+    first = max(r.last_seq for r in segments) + 1
+    last = max(first, app.broker.registry.get(TOPIC, 0).hwmark - MSGS_PER_FETCH)
+    row = Row("block run (empty disk)")
     for _ in range(samples):
         await fetch_into(row, app, client, rng.randint(first, last))
-    return [first_fetch, row]
+    return row
 
 
 # -- replay --------------------------------------------------------------------------------------------------------
@@ -527,8 +534,11 @@ def goals_table(backend: str, rows: list[Row], r: Replay, iso: Isolation | None)
     a = quantile(by["remote cold"].ttfb_s, .5)
     line("first byte p50 (ms), 1 MiB cold remote fetch vs a bare GET", ms(a), ms(b), f"{a / b:.2f}", "-")
     first = by["first after restart"]
-    line("first byte (ms), first remote fetch after a restart vs a bare GET", ms(first.ttfb_s[0]), ms(b),
-         f"{first.ttfb_s[0] / b:.2f}", "no cold start")
+    a = quantile(first.ttfb_s, .5)
+    line(f"first byte p50 (ms), first remote fetch after a restart (n={first.fetches}) vs a bare GET", ms(a), ms(b),
+         f"{a / b:.2f}", "no cold start")
+    a, c = quantile(first.ttfb_s, 1.0), quantile(by["block run (empty disk)"].ttfb_s, .5)
+    line("first byte (ms), max of those vs p50 of later block-run fetches", ms(a), ms(c), f"{a / c:.2f}", "-")
     line("bytes GET per byte answered: replay", f"{r.get_bytes / r.remote_bytes:.3f}", "", "", "<= 1.25")
     for row in (by["remote warm"], by["remote cold"], run):
         line(f"bytes GET per byte answered: {row.name}", f"{row.read_bytes / row.bytes:.3f}", "", "", "<= 1.25")
@@ -595,11 +605,15 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
             f"segments, local {ranges['local_first']}..{ranges['hwmark']}; measuring fetches ...")
         rows = await latency_rows(app, client, ranges, samples, rng, moto.url, bucket)
         profiled = await profile_warm(app, client, ranges, samples, rng) if args.profile else None
-        log(f"{backend}: restarting the broker on an empty disk ...")
-        await app.stop()
-        shutil.rmtree(data_dir)
-        app = await start_broker(data_dir, catalog_url, bucket)
-        rows.extend(await block_run_rows(app, client, samples, rng))
+        restarts = 5 if args.quick else 12
+        log(f"{backend}: restarting the broker on an empty disk, {restarts} times ...")
+        first_fetch = Row("first after restart")
+        for _ in range(restarts):
+            await app.stop()
+            shutil.rmtree(data_dir)
+            app = await start_broker(data_dir, catalog_url, bucket)
+            await first_after_restart(app, client, rng, first_fetch)
+        rows.extend([first_fetch, await block_run_rows(app, client, samples, rng)])
         out.append(latency_table(backend, rows))
         if profiled is not None:
             out.append(profiled)

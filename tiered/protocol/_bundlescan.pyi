@@ -33,19 +33,6 @@ def register_message(message: type[Message], /) -> None: ...
 
 @overload
 def register(facts: type[BundleFacts], /) -> None: ...
-def read_chunk(chunk: Buffer, base_seq: int | None, requested_seq: int, hwmark: int, /,
-               ) -> tuple[list[Message], int, int] | None:
-    """chunk.py's `_read_chunk_py`, natively: (messages, first_seq, need_bytes), the same messages and the same
-    ProtocolError; None when a seq or an argument passes 64 bits (the reference reads that chunk). RuntimeError
-    until Message is registered."""
-
-def scan_chunk(chunk: Buffer, base_seq: int | None, requested_seq: int, hwmark: int, /,
-               ) -> tuple[int, int, int, int, int, int, bool] | None:
-    """read_chunk without the messages: (first_seq, need_bytes, messages, first, last, value_bytes, ascending) of
-    the messages read_chunk would return, each read and checked as read_chunk reads it; None as read_chunk."""
-
-def register_message(message: type[Message], /) -> None: ...
-
 @overload
 def register(facts: type[BundleFacts], request: type[ProduceRequest], topic: type[ProduceTopic],
              partition: type[ProducePartition], /) -> None: ...

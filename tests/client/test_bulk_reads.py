@@ -128,3 +128,44 @@ async def test_a_frame_past_the_limit_ends_the_connection():
     await conn.close()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_payload_held_is_never_overwritten_by_a_later_frame():
+    """Big buffers are used again only when no payload view of them is alive: the payloads (and slices of them)
+    kept here stay as they came while the dropped ones' buffers carry later frames."""
+    sizes = [READ_BYTES * 3, READ_BYTES * 2, READ_BYTES * 3, READ_BYTES + 5, READ_BYTES * 3] * 3
+    answers = [consume_answer(i + 1, size) for i, size in enumerate(sizes)]
+    server = await asyncio.start_server(OneByOne(answers).serve, "127.0.0.1", 0)
+    conn = await Connection.open(Endpoint("127.0.0.1", server.sockets[0].getsockname()[1]), 5)
+    kept = []
+    buffers = set()
+    for i, size in enumerate(sizes):
+        payload = await conn.call(MsgType.CONSUME, conn.request_id(), b"")
+        buffers.add(id(payload.obj))  # a memoryview of its buffer: frames past READ_BYTES are received as big ones
+        if i % 3 == 0:
+            kept.append((i, payload[8:]))  # a slice holds the buffer as the payload does
+        del payload
+        for j, piece in kept:
+            assert bytes(piece) == answers[j][FRAME_HEADER.size + 8:], (i, j)
+    assert len(buffers) < len(sizes)  # buffers were used again
+    await conn.close()
+    server.close()
+    await server.wait_closed()
+
+
+class OneByOne:
+    """Answers each empty request, as it comes, with the next of `answers`."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for answer in self.answers:
+                await reader.readexactly(FRAME_HEADER.size)
+                writer.write(answer)
+                await writer.drain()
+            await reader.read()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        writer.close()

@@ -9,13 +9,20 @@ straight into a buffer of ours, small frames are cut from it, and a frame of BIG
 answer of history) is received straight into a buffer of its own, which becomes the payload without another copy.
 Through a StreamReader a 16 MiB answer was copied three more times and its buffer grown by reallocation: about 1 s
 of CPU per GiB received, most of what a bulk reader spent. The client trusts the broker it asked, so a big frame's
-buffer is allocated whole when its header arrives (frames are at most 256 MiB).
+buffer is allocated whole when its header arrives (frames are at most 256 MiB), and a big frame's payload is a
+memoryview of it.
+
+Big buffers are used again (SPARES per connection, up to SPARE_MAX_BYTES each): a fresh 16 MiB bytearray is
+zero-filled and faulted in page by page, which cost a bulk reader more CPU than receiving the bytes. A buffer is
+taken again only when nothing but the connection refers to it: every payload view, and every view cut from one
+(a consume chunk, a ChunkResult), holds a reference to it, so a payload still held anywhere is never overwritten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.errors import ProtocolError
@@ -23,6 +30,8 @@ from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode
 
 READ_BYTES = 256 * 1024  # the buffer small frames are received into
 BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own
+SPARES = 2  # big buffers kept for later frames: a reader holding its last answer while it asks again leaves one free
+SPARE_MAX_BYTES = 64 << 20  # a bigger buffer is not kept
 
 
 class NotSent(ConnectionError):
@@ -37,8 +46,9 @@ class _Frames(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray(READ_BYTES)
         self._start = self._end = 0  # the bytes of _buf not yet cut into frames
-        self._big: bytearray | None = None  # the payload of a big frame, filled up to _big_filled
+        self._big: memoryview | None = None  # the payload of a big frame, filled up to _big_filled
         self._big_msg_id = self._big_filled = 0
+        self._spares: list[bytearray] = []
         self._writable: asyncio.Future | None = None  # set while writing is paused
         self.closed = asyncio.get_running_loop().create_future()
 
@@ -77,7 +87,7 @@ class _Frames(asyncio.BufferedProtocol):
                 start = at + length
                 continue
             if length >= BIG_FRAME_BYTES:
-                self._big = bytearray(length)
+                self._big = memoryview(self._big_buffer(length))[:length]
                 self._big[:end - at] = buf[at:end]
                 self._big_msg_id, self._big_filled = msg_id, end - at
                 start = end
@@ -88,6 +98,20 @@ class _Frames(asyncio.BufferedProtocol):
             buf[:end - start] = buf[start:end]
             start, end = 0, end - start
         self._start, self._end = start, end
+
+    def _big_buffer(self, length: int) -> bytearray:
+        """A buffer of at least `length` bytes that nothing else refers to."""
+        for spare in self._spares:
+            # The list, `spare` and getrefcount's argument: no payload view of it is alive anywhere.
+            if len(spare) >= length and sys.getrefcount(spare) == 3:
+                return spare
+        fresh = bytearray(length)
+        if length <= SPARE_MAX_BYTES:
+            if len(self._spares) < SPARES:
+                self._spares.append(fresh)
+            else:  # in place of the smallest spare
+                self._spares[min(range(SPARES), key=lambda i: len(self._spares[i]))] = fresh
+        return fresh
 
     def eof_received(self) -> bool:
         return False  # the transport closes; connection_lost says why
@@ -158,7 +182,7 @@ class Connection:
             pass
 
     async def call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None) -> bytes:
-        """The answer's payload (a bytearray for a big frame). Raises NotSent before the write; once written, the
+        """The answer's payload (a memoryview for a big frame). Raises NotSent before the write; once written, the
         connection's end (a ConnectionError) or asyncio.TimeoutError after `timeout_s` (a late answer is then
         dropped)."""
         if not self.alive:
@@ -172,7 +196,7 @@ class Connection:
             return await future
         return await asyncio.wait_for(future, timeout_s)
 
-    def _frame(self, msg_id: int, payload: bytes | bytearray) -> None:
+    def _frame(self, msg_id: int, payload: bytes | memoryview) -> None:
         if msg_id == MsgType.PING:
             return
         try:

@@ -90,7 +90,8 @@ class Sender:
 
 def consume_answer(request_id: int, size: int) -> bytes:
     """A frame of message CONSUME whose payload carries `request_id` where a consume answer does."""
-    payload = bytes(4) + request_id.to_bytes(4, "little") + bytes(i % 251 for i in range(size))
+    body = bytes(range(256)) * (size // 256 + 1)
+    payload = bytes(4) + request_id.to_bytes(4, "little") + body[request_id % 256:][:size]  # differs by request
     return encode_frame(MsgType.CONSUME, payload)
 
 

@@ -463,6 +463,10 @@ def latency_table(backend: str, rows: list[Row]) -> str:
         lines.append(f"{row.name:<24}{row.fetches:>4}{ms(quantile(row.ttfb_s, .5)):>15}"
                      f"{ms(quantile(row.ttfb_s, .99)):>7}{ms(quantile(row.full_s, .5)):>9}"
                      f"{ms(quantile(row.full_s, .99)):>7}{mb_s:>6.0f}{gets:>14}{queries:>15}{read:>16}{ratio:>11}")
+    for row in rows:
+        if row.name == "first after restart":
+            lines.append(f"(first after restart, first byte of each restart in order, ms: "
+                         f"{' '.join(ms(t) for t in row.ttfb_s)})")
     sizes = ", ".join(f"{row.name} {row.bytes // row.fetches >> 10}" for row in rows)
     lines.append(textwrap.fill(f"(times in ms; {FETCH_BYTES >> 20} MiB fetches; KiB per answer on average: {sizes})",
                                len(head)))

@@ -55,12 +55,14 @@ class Handlers:
 
 
 def settle_heap() -> None:
-    """Collects what start-up left (the catalog's engine, the S3 client's service model, the partitions: some 190,000
-    objects) and sets the survivors aside from the cyclic collector (gc.freeze) before the first request. Otherwise
-    the collector's next full pass falls on the first requests after a start, and every later one walks those
-    objects again: 0.2 to 0.3 s with the GIL held, seen as first fetches of 240 and 300 ms after a restart. Frozen
-    objects are still freed when their last reference goes; only a cycle among them waits for `stop`'s unfreeze."""
-    gc.collect()
+    """Sets what start-up left (the catalog's engine, the S3 client's service model, the partitions: some 190,000
+    objects) aside from the cyclic collector (gc.freeze) before the first request, after collecting the young
+    generations. Otherwise the collector's next full pass falls on the first requests after a start, and every later
+    one walks those objects again: 0.2 to 0.3 s with the GIL held, seen as first fetches of 240 and 300 ms after a
+    restart. Not a full collection here: in a process that starts many brokers (the tests) each would walk the whole
+    heap. Frozen objects are still freed when their last reference goes; only a cycle among them waits for `stop`'s
+    unfreeze."""
+    gc.collect(1)
     gc.freeze()
 
 class Broker:

@@ -13,7 +13,8 @@
     ("connect", port)                                         -> None (a raw socket for "fetch")
     ("fetch", topic, seq, fetch_bytes)                        -> (first_byte_s, full_s, chunk_bytes)
     ("s3get", endpoint_url, bucket, object_key, start, end)   -> (first_byte_s, full_s, bytes)
-    ("drain", port, topic, first_seq, last_seq, fetch_bytes)  -> (messages, value_bytes, seconds, fetches, cpu_s)
+    ("drain", port, topic, first_seq, last_seq, fetch_bytes, consumer)
+                                                              -> (messages, value_bytes, seconds, fetches, cpu_s)
     ("probe", port, topic, seconds, interval_s)               -> (ack latencies, tail delivery latencies) in s
     ("stop",)
 
@@ -228,8 +229,51 @@ class _Session:
         seconds = asyncio.run(go())
         return count * value_bytes, count, seconds
 
-    def drain(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int):
-        """Every message first_seq..last_seq, as Client.drain reads them, counting the fetches."""
+    def drain(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int, consumer: str = "chunks"):
+        """Every message first_seq..last_seq, counting the fetches, each seq checked to come once and in order, by
+        one of the CONSUMERS: "chunks" (Client.consume_chunk: each chunk's messages read and checked natively, not
+        built), "messages" (Client.consume: a Message per message, read natively) or "messages, pure Python"
+        (Client.consume with the reference reader, as every consumer read before the native one)."""
+        if consumer == "chunks":
+            return self._drain_chunks(port, topic, first_seq, last_seq, fetch_bytes)
+        from tiered.protocol import chunk as chunk_module
+
+        native = chunk_module._native_read
+        if consumer == "messages, pure Python":
+            chunk_module._native_read = None
+        try:
+            return self._drain_messages(port, topic, first_seq, last_seq, fetch_bytes)
+        finally:
+            chunk_module._native_read = native
+
+    def _drain_chunks(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int):
+        async def go():
+            messages = value_bytes = fetches = 0
+            seq, size = first_seq, fetch_bytes
+            async with await Client.connect("127.0.0.1", port) as c:
+                started = time.perf_counter()
+                while seq <= last_seq:
+                    got = await c.consume_chunk(topic, 0, seq, fetch_bytes=size, end_seq=last_seq)
+                    fetches += 1
+                    s = got.summary
+                    if s.messages:  # ascending from seq with no gap: each seq once, in order
+                        if s.first != seq or not s.ascending or s.last - s.first + 1 != s.messages:
+                            raise RuntimeError(f"replay: expected seqs from {seq}, got {s}")
+                        messages += s.messages
+                        value_bytes += s.value_bytes
+                        seq = s.last + 1
+                    if got.need_bytes > size:
+                        size = got.need_bytes
+                    elif not s.messages:
+                        raise RuntimeError(f"replay stopped at seq {seq}: no messages (hwmark {got.hwmark})")
+                return messages, value_bytes, time.perf_counter() - started, fetches
+
+        cpu = os.times()
+        messages, value_bytes, seconds, fetches = asyncio.run(go())
+        done = os.times()
+        return messages, value_bytes, seconds, fetches, done.user + done.system - cpu.user - cpu.system
+
+    def _drain_messages(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int):
         async def go():
             messages = value_bytes = fetches = 0
             seq, size = first_seq, fetch_bytes

@@ -1,7 +1,7 @@
 """A small asyncio TANK client: `from tiered.client import Client` (one broker: Client.connect; a service of several
 brokers: Client.connect_any). It follows TANK's leader redirects; see tiered.client.client."""
 
-from tiered.client.client import Client, ConsumeResult, as_messages
+from tiered.client.client import ChunkResult, Client, ConsumeResult, as_messages
 from tiered.client.errors import (
     BoundaryError,
     ConnectionLost,
@@ -13,5 +13,5 @@ from tiered.client.errors import (
     Unreachable,
 )
 
-__all__ = ['BoundaryError', 'Client', 'ConnectionLost', 'ConsumeResult', 'InvalidRequest', 'NotConfirmed',
+__all__ = ['BoundaryError', 'ChunkResult', 'Client', 'ConnectionLost', 'ConsumeResult', 'InvalidRequest', 'NotConfirmed',
            'TankError', 'UnknownPartition', 'UnknownTopic', 'Unreachable', 'as_messages']

@@ -3,101 +3,210 @@
 A long-poll consume may be answered after later requests, so answers are matched by id, not by order. The broker's
 PING (sent once on accept, docs/protocol.md §1) is skipped. When the connection ends, every request waiting on it fails
 with the reason; `call` on an ended connection raises NotSent, since nothing was written.
+
+The connection is an asyncio.BufferedProtocol, as the broker's (tiered/server/connection.py): bytes are received
+straight into a buffer of ours, small frames are cut from it, and a frame of BIG_FRAME_BYTES or more (a consume
+answer of history) is received straight into a buffer of its own, which becomes the payload without another copy.
+Through a StreamReader a 16 MiB answer was copied three more times and its buffer grown by reallocation: about 1 s
+of CPU per GiB received, most of what a bulk reader spent. The client trusts the broker it asked, so a big frame's
+buffer is allocated whole when its header arrives (frames are at most 256 MiB), and a big frame's payload is a
+memoryview of it.
+
+Big buffers are used again (SPARES per connection, up to SPARE_MAX_BYTES each): a fresh 16 MiB bytearray is
+zero-filled and faulted in page by page, which cost a bulk reader more CPU than receiving the bytes. A buffer is
+taken again only when nothing but the connection refers to it: every payload view, and every view cut from one
+(a consume chunk, a ChunkResult), holds a reference to it, so a payload still held anywhere is never overwritten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 
 from tiered.protocol.codes import Endpoint
-from tiered.protocol.frame import FrameBuffer, MsgType, encode_frame
+from tiered.protocol.errors import ProtocolError
+from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 
-READ_BYTES = 256 * 1024
+READ_BYTES = 256 * 1024  # the buffer small frames are received into
+BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own
+SPARES = 2  # big buffers kept for later frames: a reader holding its last answer while it asks again leaves one free
+SPARE_MAX_BYTES = 64 << 20  # a bigger buffer is not kept
 
 
 class NotSent(ConnectionError):
     """The request was not written: the connection could not be opened, or had ended before the write."""
 
 
+class _Frames(asyncio.BufferedProtocol):
+    """Cuts the bytes received into frames for `conn`; pauses its writers while the transport's buffer is full."""
+
+    def __init__(self, conn: "Connection") -> None:
+        self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray(READ_BYTES)
+        self._start = self._end = 0  # the bytes of _buf not yet cut into frames
+        self._big: memoryview | None = None  # the payload of a big frame, filled up to _big_filled
+        self._big_msg_id = self._big_filled = 0
+        self._spares: list[bytearray] = []
+        self._writable: asyncio.Future | None = None  # set while writing is paused
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._big is not None:
+            return memoryview(self._big)[self._big_filled:]
+        return memoryview(self._buf)[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big is not None:
+            self._big_filled += nbytes
+            if self._big_filled == len(self._big):
+                payload, self._big = self._big, None
+                self.conn._frame(self._big_msg_id, payload)
+            return
+        self._end += nbytes
+        try:
+            self._cut()
+        except ProtocolError as exc:
+            self.conn._fail_all(exc)
+            assert self.transport is not None
+            self.transport.abort()
+
+    def _cut(self) -> None:
+        buf, start, end = self._buf, self._start, self._end
+        while end - start >= FRAME_HEADER.size:
+            msg_id, length = FRAME_HEADER.unpack_from(buf, start)
+            if length > MAX_FRAME_BYTES:  # refused before waiting for (and buffering) it
+                raise ProtocolError(f"frame length {length} exceeds {MAX_FRAME_BYTES} bytes", 1)
+            at = start + FRAME_HEADER.size
+            if end - at >= length:
+                self.conn._frame(msg_id, bytes(buf[at:at + length]))
+                start = at + length
+                continue
+            if length >= BIG_FRAME_BYTES:
+                self._big = memoryview(self._big_buffer(length))[:length]
+                self._big[:end - at] = buf[at:end]
+                self._big_msg_id, self._big_filled = msg_id, end - at
+                start = end
+            break
+        if start == end:
+            start = end = 0
+        elif start and end == len(buf):  # a small frame's head at the end of the buffer: move it to the front
+            buf[:end - start] = buf[start:end]
+            start, end = 0, end - start
+        self._start, self._end = start, end
+
+    def _big_buffer(self, length: int) -> bytearray:
+        """A buffer of at least `length` bytes that nothing else refers to."""
+        for spare in self._spares:
+            # The list, `spare` and getrefcount's argument: no payload view of it is alive anywhere.
+            if len(spare) >= length and sys.getrefcount(spare) == 3:
+                return spare
+        fresh = bytearray(length)
+        if length <= SPARE_MAX_BYTES:
+            if len(self._spares) < SPARES:
+                self._spares.append(fresh)
+            else:  # in place of the smallest spare
+                self._spares[min(range(SPARES), key=lambda i: len(self._spares[i]))] = fresh
+        return fresh
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes; connection_lost says why
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._fail_all(exc or ConnectionError("the broker closed the connection"))
+        self.resume_writing()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            if not self._writable.done():
+                self._writable.set_result(None)
+            self._writable = None
+
+    async def drain(self) -> None:
+        if self._writable is not None:
+            await self._writable
+
+
 class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, endpoint: Endpoint):
+    def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint  # as the caller named it (a host name or an address)
-        self._reader = reader
-        self._writer = writer
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}  # by request id
         self._closed_exc: BaseException | None = None
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._frames = _Frames(self)
 
     @classmethod
     async def open(cls, endpoint: Endpoint, timeout_s: float) -> "Connection":
         """Raises NotSent (with the OSError or TimeoutError as its cause) when no connection is made."""
-        opening = asyncio.open_connection(endpoint.addr, endpoint.port, limit=1 << 20)
+        conn = cls(endpoint)
+        opening = asyncio.get_running_loop().create_connection(lambda: conn._frames, endpoint.addr, endpoint.port)
         try:
-            reader, writer = await asyncio.wait_for(opening, timeout_s)
+            await asyncio.wait_for(opening, timeout_s)
         except asyncio.TimeoutError as exc:  # before OSError, which it is
             raise NotSent(f"{endpoint}: no connection within {timeout_s:g} s") from exc
         except OSError as exc:
             raise NotSent(f"{endpoint}: {reason(exc)}") from exc
-        return cls(reader, writer, endpoint)
+        return conn
 
     @property
     def alive(self) -> bool:
-        """False once the connection ended, also when the broker's close arrived but the read loop has not run since
-        (a request written then would be lost with it, its outcome unknown)."""
-        return self._closed_exc is None and not self._reader.at_eof()
+        """False once the connection ended, also when the broker's close arrived but was not handled yet (a request
+        written then would be lost with it, its outcome unknown)."""
+        transport = self._frames.transport
+        return self._closed_exc is None and transport is not None and not transport.is_closing()
 
     def request_id(self) -> int:
         return next(self._ids)
 
     def abort(self) -> None:
         """Closes without waiting (the connection is dead already, or no longer wanted)."""
-        self._read_task.cancel()
-        self._writer.close()
+        self._fail_all(ConnectionError("client closed"))
+        if self._frames.transport is not None:
+            self._frames.transport.close()
 
     async def close(self) -> None:
-        self._read_task.cancel()
-        self._writer.close()
+        self.abort()
         try:
-            await self._writer.wait_closed()
+            await self._frames.closed
         except (ConnectionError, OSError):
             pass
 
     async def call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None) -> bytes:
-        """The answer's payload. Raises NotSent before the write; once written, the connection's end (a
-        ConnectionError) or asyncio.TimeoutError after `timeout_s` (a late answer is then dropped)."""
+        """The answer's payload (a memoryview for a big frame). Raises NotSent before the write; once written, the
+        connection's end (a ConnectionError) or asyncio.TimeoutError after `timeout_s` (a late answer is then
+        dropped)."""
         if not self.alive:
             raise NotSent(f"{self.endpoint}: the connection had ended ({self._closed_exc or 'closed by the broker'})")
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._writer.write(encode_frame(msg_id, payload))
-        await self._writer.drain()
+        assert self._frames.transport is not None
+        self._frames.transport.write(encode_frame(msg_id, payload))
+        await self._frames.drain()
         if timeout_s is None:
             return await future
         return await asyncio.wait_for(future, timeout_s)
 
-    async def _read_loop(self) -> None:
-        frames = FrameBuffer()
+    def _frame(self, msg_id: int, payload: bytes | memoryview) -> None:
+        if msg_id == MsgType.PING:
+            return
         try:
-            while True:
-                got = frames.next_frame()
-                if got is None:
-                    data = await self._reader.read(READ_BYTES)
-                    if not data:
-                        raise ConnectionError("the broker closed the connection")
-                    frames.feed(data)
-                    continue
-                msg_id, payload = got
-                if msg_id != MsgType.PING:
-                    self._deliver(msg_id, payload)
-        except asyncio.CancelledError:
-            self._fail_all(ConnectionError("client closed"))
-            raise
-        except BaseException as exc:  # every waiter learns why the connection ended
-            self._fail_all(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
+            self._deliver(msg_id, payload)
+        except ConnectionError as exc:  # every waiter learns why the connection ended
+            self._fail_all(exc)
+            if self._frames.transport is not None:
+                self._frames.transport.abort()
 
-    def _deliver(self, msg_id: int, payload: bytes) -> None:
+    def _deliver(self, msg_id: int, payload) -> None:
         request_id = int.from_bytes(payload[4:8] if msg_id == MsgType.CONSUME else payload[0:4], "little")
         future = self._pending.pop(request_id, None)
         if future is None:
@@ -106,7 +215,8 @@ class Connection:
             future.set_result(payload)
 
     def _fail_all(self, exc: BaseException) -> None:
-        self._closed_exc = exc
+        if self._closed_exc is None:
+            self._closed_exc = exc
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(exc)

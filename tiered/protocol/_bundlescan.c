@@ -198,11 +198,29 @@ static int raise_seq_not_below_last(uint32_t i, uint64_t prev, uint64_t step, Py
     return -1;
 }
 
-/* bundle.py's _walk_messages, without keeping messages: min and max timestamp. `strict` as there. */
-static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, uint64_t *high)
+/* What a chunk reader keeps of a walked message set (chunk.py's `_keep`): each message from `requested` on, up to
+ * the first above `hwmark`, appended to `out` as a Message, or (when `out` is NULL) only counted: how many, the
+ * first and last seq, the value bytes, and whether each kept seq is above the one kept before it. */
+typedef struct {
+    uint64_t requested, hwmark;
+    int above; /* a message above hwmark was met: none after it in this bundle is kept */
+    PyObject *out;
+    uint64_t kept, first, last, value_bytes;
+    int ascending;
+} keeper;
+
+static int keep_message(keeper *k, uint64_t seq, uint64_t ts, const uint8_t *key, int key_len, const uint8_t *value,
+                        Py_ssize_t value_len);
+
+/* bundle.py's _walk_messages: min and max timestamp, and each message to `keep` when it is not NULL. `strict` as
+ * there; `base` is the first seq of a non-sparse bundle (the walk of a sparse one takes its header's). A message
+ * is handed to `keep` once it was read whole, so a walk cut short by a fault has kept the messages before it, as
+ * the reference's list holds them. */
+static int walk_messages(span d, const header_t *h, uint64_t base, int strict, uint64_t *low, uint64_t *high,
+                         keeper *keep)
 {
     Py_ssize_t position = 0, end = d.end;
-    uint64_t seq = h->first_seq, ts = 0, lo = UINT64_MAX, hi = 0;
+    uint64_t seq = h->sparse ? h->first_seq : base, ts = 0, lo = UINT64_MAX, hi = 0;
     uint32_t count = h->count;
     for (uint32_t i = 0; i < count; i++) {
         if (position >= end)
@@ -232,6 +250,8 @@ static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, u
                     return raise_seq_not_below_last(i, seq, step, position);
                 seq += step;
             }
+        } else if (i) {
+            seq++; /* the caller checked that base + count - 1 fits 64 bits */
         }
         if (!(flags & USE_LAST_TS)) {
             if (end - position < 8)
@@ -243,12 +263,15 @@ static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, u
             lo = ts;
         if (ts > hi)
             hi = ts;
+        const uint8_t *key = NULL;
+        int key_len = -1;
         if (flags & HAVE_KEY) {
             if (position >= end)
                 return raise_protocol(position, "truncated message key length");
-            uint8_t key_len = d.data[position++];
+            key_len = d.data[position++];
             if (end - position < key_len)
                 return raise_protocol(position, "truncated message key");
+            key = d.data + position;
             position += key_len;
         }
         uint32_t size;
@@ -256,6 +279,8 @@ static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, u
             return -1;
         if (end - position < (Py_ssize_t)size)
             return raise_protocol(position, "truncated message content");
+        if (keep != NULL && keep_message(keep, seq, ts, key, key_len, d.data + position, size) < 0)
+            return -1;
         position += size;
     }
     if (position != end)
@@ -265,9 +290,10 @@ static int walk_messages(span d, const header_t *h, int strict, uint64_t *low, u
     return 0;
 }
 
-/* bundle.py's message_set for a snappy bundle: the claimed length checked, then snappy.uncompress(body). Returns a new
- * reference to the decompressed object, or NULL with ProtocolError raised. */
-static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t header_len)
+/* bundle.py's message_set for a snappy bundle: the claimed length checked, then snappy.uncompress(body). `b` is the
+ * bundle, which starts `offset` bytes into the buffer of `bundle_obj`. Returns a new reference to the decompressed
+ * object, or NULL with ProtocolError raised. */
+static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t offset, Py_ssize_t header_len)
 {
     span body = {b.data + header_len, b.end - header_len};
     uint32_t claimed;
@@ -286,7 +312,7 @@ static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t header
     PyObject *view = PyMemoryView_FromObject(bundle_obj);
     if (view == NULL)
         return NULL;
-    PyObject *body_view = PySequence_GetSlice(view, header_len, PY_SSIZE_T_MAX);
+    PyObject *body_view = PySequence_GetSlice(view, offset + header_len, offset + b.end);
     Py_DECREF(view);
     if (body_view == NULL)
         return NULL;
@@ -356,13 +382,13 @@ static PyObject *facts_of(PyObject *bundle_obj, span b, int strict)
         return NULL;
     span d = {b.data + h.header_len, b.end - h.header_len};
     if (h.codec == CODEC_SNAPPY) {
-        decompressed = uncompress_body(bundle_obj, b, h.header_len);
+        decompressed = uncompress_body(bundle_obj, b, 0, h.header_len);
         if (decompressed == NULL || PyObject_GetBuffer(decompressed, &dbuf, PyBUF_SIMPLE) < 0)
             goto done;
         d.data = dbuf.buf;
         d.end = dbuf.len;
     }
-    if (walk_messages(d, &h, strict, &low, &high) < 0)
+    if (walk_messages(d, &h, 0, strict, &low, &high, NULL) < 0)
         goto done;
     result = new_named(FactsType, 8, PyLong_FromLong(h.codec), PyLong_FromUnsignedLong(h.count), py_bool(h.sparse),
                        h.sparse ? PyLong_FromUnsignedLongLong(h.first_seq) : Py_NewRef(Py_None),
@@ -577,6 +603,286 @@ done:
     return result;
 }
 
+/* -- consume chunks ---------------------------------------------------------------------------------------------- */
+
+/* chunk.py's read_chunk, natively: the same walk of `{bundle_len varint, bundle}` records, the same messages kept and
+ * the same ProtocolError for the same fault. Every message is built as a tiered.protocol.bundle.Message (registered
+ * once by chunk.py): allocated by its type and its four slots set through the type's own member descriptors, which
+ * is what Message(value, key, ts_ms, seq) stores, without the frozen dataclass's __init__. An uncompressed message
+ * set is read in place in the chunk's buffer (the reference copies it first); values and keys are copied out, so the
+ * messages never hold the chunk. Seqs are u64 here; where the reference's would pass 64 bits (a base or a run of
+ * bundles ending at 2**64 - 1), or an argument is not a u64, the reader answers None and chunk.py reads the chunk
+ * with the reference. */
+
+#define PARTIAL_SLACK_BYTES 256 /* chunk.py's PARTIAL_SLACK_BYTES and INITIAL_NEED_BYTES */
+#define INITIAL_NEED_BYTES 1024
+
+static PyTypeObject *MessageType;
+static PyObject *MessageSlots[4]; /* the member descriptors of Message's value, key, ts_ms and seq */
+
+/* Sets slot `i` of `m` to `value` (a new reference, stolen; NULL fails). */
+static int set_slot(PyObject *m, int i, PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    int failed = Py_TYPE(MessageSlots[i])->tp_descr_set(MessageSlots[i], m, value);
+    Py_DECREF(value);
+    return failed;
+}
+
+static int keep_message(keeper *k, uint64_t seq, uint64_t ts, const uint8_t *key, int key_len, const uint8_t *value,
+                        Py_ssize_t value_len)
+{
+    if (k->above || seq < k->requested)
+        return 0;
+    if (seq > k->hwmark) {
+        k->above = 1;
+        return 0;
+    }
+    if (k->kept && seq <= k->last)
+        k->ascending = 0;
+    if (!k->kept++)
+        k->first = seq;
+    k->last = seq;
+    k->value_bytes += (uint64_t)value_len;
+    if (k->out == NULL)
+        return 0;
+    PyObject *m = MessageType->tp_alloc(MessageType, 0);
+    if (m == NULL)
+        return -1;
+    if (set_slot(m, 0, PyBytes_FromStringAndSize((const char *)value, value_len)) < 0
+        || set_slot(m, 1, key_len < 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)key, key_len)) < 0
+        || set_slot(m, 2, PyLong_FromUnsignedLongLong(ts)) < 0 || set_slot(m, 3, PyLong_FromUnsignedLongLong(seq)) < 0
+        || PyList_Append(k->out, m) < 0) {
+        Py_DECREF(m);
+        return -1;
+    }
+    Py_DECREF(m);
+    return 0;
+}
+
+/* An argument as a u64; 0 with `*fits` cleared (and no exception) when it is an int outside 0..2**64 - 1. */
+static int u64_arg(PyObject *obj, uint64_t *value, int *fits)
+{
+    *value = PyLong_AsUnsignedLongLong(obj);
+    if (*value == (uint64_t)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        *fits = 0;
+    }
+    return 0;
+}
+
+enum { CHUNK_OK = 0, CHUNK_FAILED = -1, CHUNK_TOO_WIDE = 1 };
+
+/* The loop of chunk.py's read_chunk over the chunk `c` (the buffer of `obj`). CHUNK_TOO_WIDE: a seq would pass 64
+ * bits; the reference reads the chunk. */
+static int read_records(PyObject *obj, span c, int have_base, uint64_t base, keeper *keep, uint64_t *first_out,
+                        Py_ssize_t *need_out)
+{
+    Py_ssize_t position = 0, end = c.end, need = 0;
+    uint64_t next_seq = have_base ? base : 0, first_seq = 0;
+    int next_wide = 0; /* next_seq is 2**64: the bundle before ended at the last u64 */
+    while (position < end) {
+        uint32_t size;
+        Py_ssize_t start;
+        int got = maybe_varint(c, position, &size, &start);
+        if (got == VARINT_ERROR)
+            return CHUNK_FAILED;
+        if (got == VARINT_TRUNCATED) {
+            if (end - position + INITIAL_NEED_BYTES > need)
+                need = end - position + INITIAL_NEED_BYTES;
+            break;
+        }
+        if (size == 0)
+            return raise_protocol(position, "zero-length bundle in chunk");
+        Py_ssize_t stop = start + (Py_ssize_t)size;
+        span b = {c.data + start, (stop <= end ? stop : end) - start};
+        header_t h;
+        if (read_header(b, &h) < 0)
+            return CHUNK_FAILED;
+        if (!h.sparse && !have_base && next_seq == 0 && !next_wide)
+            return raise_protocol(position, "a non-sparse bundle with no base seq to start from");
+        uint64_t first, last;
+        if (h.sparse) {
+            first = h.first_seq;
+            last = h.last_seq;
+        } else {
+            if (next_wide || h.count - 1 > UINT64_MAX - next_seq)
+                return CHUNK_TOO_WIDE;
+            first = next_seq;
+            last = next_seq + (h.count - 1);
+        }
+        next_wide = last == UINT64_MAX;
+        next_seq = last + 1;
+        if (first_seq == 0)
+            first_seq = first;
+        if (first > keep->hwmark)
+            break;
+        keep->above = 0;
+        uint64_t low, high;
+        if (stop <= end) {
+            if (last >= keep->requested) {
+                PyObject *decompressed = NULL;
+                Py_buffer dbuf = {0};
+                span d = {b.data + h.header_len, b.end - h.header_len};
+                if (h.codec == CODEC_SNAPPY) {
+                    decompressed = uncompress_body(obj, b, start, h.header_len);
+                    if (decompressed == NULL || PyObject_GetBuffer(decompressed, &dbuf, PyBUF_SIMPLE) < 0) {
+                        Py_XDECREF(decompressed);
+                        return CHUNK_FAILED;
+                    }
+                    d.data = dbuf.buf;
+                    d.end = dbuf.len;
+                }
+                int walked = walk_messages(d, &h, first, 0, &low, &high, keep);
+                if (dbuf.obj != NULL)
+                    PyBuffer_Release(&dbuf);
+                Py_XDECREF(decompressed);
+                if (walked < 0)
+                    return CHUNK_FAILED;
+            }
+        } else if (h.codec != CODEC_SNAPPY) {
+            /* A partial uncompressed bundle: its whole messages are kept, the fault that cuts it short is not one;
+             * ask for enough to finish it. */
+            span d = {b.data + h.header_len, b.end - h.header_len};
+            if (walk_messages(d, &h, first, 0, &low, &high, keep) < 0) {
+                if (!PyErr_ExceptionMatches(ProtocolError))
+                    return CHUNK_FAILED;
+                PyErr_Clear();
+            }
+            need = stop - position + PARTIAL_SLACK_BYTES;
+        } else {
+            need = stop - position;
+        }
+        position = stop;
+    }
+    *first_out = first_seq;
+    *need_out = need;
+    return CHUNK_OK;
+}
+
+/* The arguments (chunk, base_seq, requested_seq, hwmark) of read_chunk and scan_chunk into `keep`; 1 when one is
+ * not a u64 (the reference reads that chunk), -1 raised. */
+static int chunk_args(PyObject *const *args, Py_ssize_t nargs, const char *name, int *have_base, uint64_t *base,
+                      keeper *keep)
+{
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s takes (chunk, base_seq, requested_seq, hwmark)", name);
+        return -1;
+    }
+    int fits = 1;
+    *have_base = args[1] != Py_None;
+    *base = 0;
+    if ((*have_base && u64_arg(args[1], base, &fits) < 0) || u64_arg(args[2], &keep->requested, &fits) < 0
+        || u64_arg(args[3], &keep->hwmark, &fits) < 0)
+        return -1;
+    return !fits;
+}
+
+PyDoc_STRVAR(read_chunk_doc,
+"read_chunk($module, chunk, base_seq, requested_seq, hwmark, /)\n--\n\n"
+"chunk.py's read_chunk: (messages, first_seq, need_bytes) of a consume chunk, or None when a seq or an argument\n"
+"passes 64 bits (the reference then reads it). `base_seq` is None when the first bundle is sparse. Raises\n"
+"ProtocolError as the reference does.");
+
+static PyObject *read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (MessageType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Message is not registered");
+        return NULL;
+    }
+    int have_base;
+    uint64_t base;
+    keeper keep = {0};
+    int wide = chunk_args(args, nargs, "read_chunk", &have_base, &base, &keep);
+    if (wide)
+        return wide < 0 ? NULL : Py_NewRef(Py_None);
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    uint64_t first_seq = 0;
+    Py_ssize_t need = 0;
+    if ((keep.out = PyList_New(0)) != NULL) {
+        switch (read_records(args[0], (span){buf.buf, buf.len}, have_base, base, &keep, &first_seq, &need)) {
+        case CHUNK_OK:
+            result = Py_BuildValue("(OKn)", keep.out, (unsigned long long)first_seq, need);
+            break;
+        case CHUNK_TOO_WIDE:
+            result = Py_NewRef(Py_None);
+            break;
+        }
+        Py_DECREF(keep.out);
+    }
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+PyDoc_STRVAR(scan_chunk_doc,
+"scan_chunk($module, chunk, base_seq, requested_seq, hwmark, /)\n--\n\n"
+"read_chunk without building the messages: (first_seq, need_bytes, messages, first, last, value_bytes, ascending)\n"
+"of the messages read_chunk would return (first and last 0 when there are none; ascending: each seq above the one\n"
+"before), or None as read_chunk. Every message is read and checked as read_chunk reads it; same ProtocolError.");
+
+static PyObject *scan_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int have_base;
+    uint64_t base;
+    keeper keep = {0};
+    keep.ascending = 1;
+    int wide = chunk_args(args, nargs, "scan_chunk", &have_base, &base, &keep);
+    if (wide)
+        return wide < 0 ? NULL : Py_NewRef(Py_None);
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    uint64_t first_seq = 0;
+    Py_ssize_t need = 0;
+    switch (read_records(args[0], (span){buf.buf, buf.len}, have_base, base, &keep, &first_seq, &need)) {
+    case CHUNK_OK:
+        result = Py_BuildValue("(KnKKKKO)", (unsigned long long)first_seq, need, (unsigned long long)keep.kept,
+                               (unsigned long long)keep.first, (unsigned long long)keep.last,
+                               (unsigned long long)keep.value_bytes, keep.ascending ? Py_True : Py_False);
+        break;
+    case CHUNK_TOO_WIDE:
+        result = Py_NewRef(Py_None);
+        break;
+    }
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+PyDoc_STRVAR(register_message_doc, "register_message(message): the Message class read_chunk builds.");
+
+static PyObject *register_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *names[4] = {"value", "key", "ts_ms", "seq"};
+    if (nargs != 1 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "register_message takes (Message)");
+        return NULL;
+    }
+    PyObject *slots[4] = {NULL};
+    for (int i = 0; i < 4; i++) {
+        /* a member descriptor: what a __slots__ field is, and what stores it without the class's __setattr__ */
+        PyObject *d = PyObject_GetAttrString(args[0], names[i]);
+        slots[i] = d;
+        if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) {
+            if (d != NULL)
+                PyErr_Format(PyExc_TypeError, "Message.%s is not a slot", names[i]);
+            for (int j = 0; j <= i; j++)
+                Py_XDECREF(slots[j]);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        Py_XSETREF(MessageSlots[i], slots[i]);
+    Py_XSETREF(MessageType, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_RETURN_NONE;
+}
+
 /* -- the module -------------------------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(scan_bundle_doc,
@@ -638,6 +944,9 @@ static PyMethodDef methods[] = {
     {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
     {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
     {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},
+    {"read_chunk", (PyCFunction)(void (*)(void))read_chunk, METH_FASTCALL, read_chunk_doc},
+    {"scan_chunk", (PyCFunction)(void (*)(void))scan_chunk, METH_FASTCALL, scan_chunk_doc},
+    {"register_message", (PyCFunction)(void (*)(void))register_message, METH_FASTCALL, register_message_doc},
     {NULL, NULL, 0, NULL},
 };
 

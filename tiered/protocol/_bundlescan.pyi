@@ -6,7 +6,7 @@ from typing import overload
 
 from typing_extensions import Buffer
 
-from tiered.protocol.bundle import BundleFacts
+from tiered.protocol.bundle import BundleFacts, Message
 from tiered.protocol.requests import ProducePartition, ProduceRequest, ProduceTopic
 
 def scan_bundle(bundle: Buffer, strict: bool = True, /) -> BundleFacts:
@@ -17,6 +17,19 @@ def scan_produce(payload: Buffer, with_seqnum: bool, /) -> tuple[ProduceRequest,
     """requests.py's read_checked_produce, natively: the request and the facts of each bundle in request order;
     None when the framing does not parse (the reference reader then names the fault), ProtocolError for a bad
     bundle. RuntimeError until the four classes are registered."""
+
+def read_chunk(chunk: Buffer, base_seq: int | None, requested_seq: int, hwmark: int, /,
+               ) -> tuple[list[Message], int, int] | None:
+    """chunk.py's `_read_chunk_py`, natively: (messages, first_seq, need_bytes), the same messages and the same
+    ProtocolError; None when a seq or an argument passes 64 bits (the reference reads that chunk). RuntimeError
+    until Message is registered."""
+
+def scan_chunk(chunk: Buffer, base_seq: int | None, requested_seq: int, hwmark: int, /,
+               ) -> tuple[int, int, int, int, int, int, bool] | None:
+    """read_chunk without the messages: (first_seq, need_bytes, messages, first, last, value_bytes, ascending) of
+    the messages read_chunk would return, each read and checked as read_chunk reads it; None as read_chunk."""
+
+def register_message(message: type[Message], /) -> None: ...
 
 @overload
 def register(facts: type[BundleFacts], /) -> None: ...

@@ -53,7 +53,6 @@ class Handlers:
     admin: AdminHandler
 
 
-
 def settle_heap() -> None:
     """Sets what start-up left (the catalog's engine, the S3 client's service model, the partitions: some 190,000
     objects) aside from the cyclic collector (gc.freeze) before the first request, after collecting the young
@@ -64,6 +63,7 @@ def settle_heap() -> None:
     unfreeze."""
     gc.collect(1)
     gc.freeze()
+
 
 class Broker:
     def __init__(self, settings: Settings, registry: Registry, waiters: Waiters, metrics: Metrics, tier: Tier, *,

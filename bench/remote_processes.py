@@ -268,10 +268,7 @@ class _Session:
                         raise RuntimeError(f"replay stopped at seq {seq}: no messages (hwmark {got.hwmark})")
                 return messages, value_bytes, time.perf_counter() - started, fetches
 
-        cpu = os.times()
-        messages, value_bytes, seconds, fetches = asyncio.run(go())
-        done = os.times()
-        return messages, value_bytes, seconds, fetches, done.user + done.system - cpu.user - cpu.system
+        return _with_cpu_s(go)
 
     def _drain_messages(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int):
         async def go():
@@ -296,10 +293,7 @@ class _Session:
                         raise RuntimeError(f"replay stopped at seq {seq}: no messages (hwmark {got.hwmark})")
                 return messages, value_bytes, time.perf_counter() - started, fetches
 
-        cpu = os.times()
-        messages, value_bytes, seconds, fetches = asyncio.run(go())
-        done = os.times()
-        return messages, value_bytes, seconds, fetches, done.user + done.system - cpu.user - cpu.system
+        return _with_cpu_s(go)
 
     def probe(self, port: int, topic: str, seconds: float, interval_s: float):
         """A producer sending one small message every `interval_s` with durable acks, timing each ack, and a tail
@@ -411,3 +405,11 @@ class _Session:
         if size != end - start:
             raise RuntimeError(f"moto returned {size} bytes for {end - start}")
         return first_s, full_s, size
+
+
+def _with_cpu_s(go):
+    """Runs the coroutine function `go` (returning a tuple) and appends this process's CPU seconds it took."""
+    cpu = os.times()
+    result = asyncio.run(go())
+    done = os.times()
+    return (*result, done.user + done.system - cpu.user - cpu.system)

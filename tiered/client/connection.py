@@ -32,6 +32,7 @@ READ_BYTES = 256 * 1024  # the buffer small frames are received into
 BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own
 SPARES = 2  # big buffers kept for later frames: a reader holding its last answer while it asks again leaves one free
 SPARE_MAX_BYTES = 64 << 20  # a bigger buffer is not kept
+CLOSE_WAIT_S = 5.0  # close() waits at most this long for the transport to report the connection lost
 
 
 class NotSent(ConnectionError):
@@ -169,16 +170,18 @@ class Connection:
         return next(self._ids)
 
     def abort(self) -> None:
-        """Closes without waiting (the connection is dead already, or no longer wanted)."""
+        """Closes without waiting (the connection is dead already, or no longer wanted). Every request still waiting
+        has failed by then, so bytes not yet sent are dropped (transport.abort): a close that waited for them to
+        flush to a broker that does not read could wait forever (a Ctrl-C during a long poll must end the CLI)."""
         self._fail_all(ConnectionError("client closed"))
         if self._frames.transport is not None:
-            self._frames.transport.close()
+            self._frames.transport.abort()
 
     async def close(self) -> None:
         self.abort()
         try:
-            await self._frames.closed
-        except (ConnectionError, OSError):
+            await asyncio.wait_for(asyncio.shield(self._frames.closed), CLOSE_WAIT_S)
+        except (ConnectionError, OSError, asyncio.TimeoutError):
             pass
 
     async def call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None) -> bytes:

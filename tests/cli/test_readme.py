@@ -68,12 +68,18 @@ def test_every_command_of_using_it_works_in_order_on_a_fresh_data_directory(tmp_
     assert described.splitlines()[1:] == ["0\t1\t3", "1\t1\t1000", "2\t0\t0", "3\t0\t0"]
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _follow_then_interrupt(command: str, home: Path, env: dict) -> str:
     """Runs a following consume; a message produced meanwhile shows up at once (its response is flushed), then
     Ctrl-C stops it with status 130, no traceback, and only data on stdout."""
     topic = re.search(r"-t (\S+)", command).group(1)
+    # As a shell starts a foreground job: SIGINT at its default. A suite started in the background (`cmd &` in a
+    # script) inherits SIGINT ignored, and exec keeps it ignored: the Ctrl-C below would then never arrive.
     proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=home, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=_sigint_default)
     got = b""
     try:
         time.sleep(2.0)  # it starts at the end: nothing is printed until a new message comes

@@ -247,49 +247,50 @@ class _Session:
             chunk_module._native_read = native
 
     def _drain_chunks(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int):
-        async def go():
-            messages = value_bytes = fetches = 0
-            seq, size = first_seq, fetch_bytes
-            async with await Client.connect("127.0.0.1", port) as c:
-                started = time.perf_counter()
-                while seq <= last_seq:
-                    got = await c.consume_chunk(topic, 0, seq, fetch_bytes=size, end_seq=last_seq)
-                    fetches += 1
-                    s = got.summary
-                    if s.messages:  # ascending from seq with no gap: each seq once, in order
-                        if s.first != seq or not s.ascending or s.last - s.first + 1 != s.messages:
-                            raise RuntimeError(f"replay: expected seqs from {seq}, got {s}")
-                        messages += s.messages
-                        value_bytes += s.value_bytes
-                        seq = s.last + 1
-                    if got.need_bytes > size:
-                        size = got.need_bytes
-                    elif not s.messages:
-                        raise RuntimeError(f"replay stopped at seq {seq}: no messages (hwmark {got.hwmark})")
-                return messages, value_bytes, time.perf_counter() - started, fetches
+        async def read(c: Client, seq: int, size: int):
+            got = await c.consume_chunk(topic, 0, seq, fetch_bytes=size, end_seq=last_seq)
+            s = got.summary
+            if s.messages:  # ascending from seq with no gap: each seq once, in order
+                if s.first != seq or not s.ascending or s.last - s.first + 1 != s.messages:
+                    raise RuntimeError(f"replay: expected seqs from {seq}, got {s}")
+            return got, s.messages, s.messages, s.value_bytes
 
-        return _with_cpu_s(go)
+        return self._drain(port, first_seq, last_seq, fetch_bytes, read)
 
     def _drain_messages(self, port: int, topic: str, first_seq: int, last_seq: int, fetch_bytes: int):
+        async def read(c: Client, seq: int, size: int):
+            got = await c.consume(topic, 0, seq, fetch_bytes=size)
+            taken = value_bytes = 0
+            for m in got.messages:
+                if m.seq > last_seq:
+                    break
+                if m.seq != seq + taken:
+                    raise RuntimeError(f"replay: expected seq {seq + taken}, got {m.seq}")
+                taken += 1
+                value_bytes += len(m.value)
+            return got, len(got.messages), taken, value_bytes
+
+        return self._drain(port, first_seq, last_seq, fetch_bytes, read)
+
+    def _drain(self, port: int, first_seq: int, last_seq: int, fetch_bytes: int, read):
+        """The loop of both drains, on one connection: fetches from first_seq until last_seq was taken, the fetch
+        size raised to what the broker asks for. `read(client, seq, size)` fetches from seq, checks that the seqs it
+        takes come once and in order from seq, and returns (the response, the messages it held, the messages taken,
+        their value bytes). Returns (messages, value bytes, seconds, fetches, CPU seconds)."""
         async def go():
             messages = value_bytes = fetches = 0
             seq, size = first_seq, fetch_bytes
             async with await Client.connect("127.0.0.1", port) as c:
                 started = time.perf_counter()
                 while seq <= last_seq:
-                    got = await c.consume(topic, 0, seq, fetch_bytes=size)
+                    got, held, taken, taken_bytes = await read(c, seq, size)
                     fetches += 1
-                    for m in got.messages:
-                        if m.seq > last_seq:
-                            break
-                        if m.seq != seq:
-                            raise RuntimeError(f"replay: expected seq {seq}, got {m.seq}")
-                        messages += 1
-                        value_bytes += len(m.value)
-                        seq += 1
+                    messages += taken
+                    value_bytes += taken_bytes
+                    seq += taken
                     if got.need_bytes > size:
                         size = got.need_bytes
-                    elif not got.messages:
+                    elif not held:
                         raise RuntimeError(f"replay stopped at seq {seq}: no messages (hwmark {got.hwmark})")
                 return messages, value_bytes, time.perf_counter() - started, fetches
 

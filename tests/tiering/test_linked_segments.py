@@ -146,6 +146,28 @@ async def test_a_crash_during_a_private_copy_leaves_the_segment_and_recovery_rem
     await assert_objects_kept(store, {"segments/s": data})
 
 
+@pytest.mark.parametrize("refusal", [None, errno.EXDEV, errno.EOPNOTSUPP])
+async def test_a_private_copy_is_made_in_the_kernel_or_through_a_buffer(store, tmp_path, monkeypatch, refusal):
+    """make_private copies with copy_file_range, or through a buffer where the kernel or filesystem refuses it
+    (segment.copy_file, shared with the local store): the same bytes and times either way, the object kept."""
+    log = build(tmp_path / "p")
+    segment = log.segments[0]
+    log.close()
+    await store.put_file("segments/s", segment.path, immutable_source=True)
+    data = Path(segment.path).read_bytes()
+    before = os.stat(segment.path)
+    if refusal is not None:
+        def refuse(*args):
+            raise OSError(refusal, os.strerror(refusal))
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    assert make_private(segment.path)
+    after = os.stat(segment.path)
+    assert after.st_nlink == 1 and after.st_ino != before.st_ino and after.st_mtime_ns == before.st_mtime_ns
+    assert Path(segment.path).read_bytes() == data
+    assert not Path(f"{segment.path}.{PRIVATE}").exists()
+    await assert_objects_kept(store, {"segments/s": data})
+
+
 async def test_the_same_segment_put_twice_stays_one_linked_object(store, tmp_path):
     """The copier puts a segment again after a crash between its put and COPY_FINISHED: rename() between two links
     of one inode does nothing, so the temporary link is removed by hand."""

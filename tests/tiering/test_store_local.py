@@ -171,6 +171,27 @@ async def test_put_file_copies_in_the_kernel_or_through_a_buffer(store, tmp_path
     assert store.counters.put_bytes == len(data)
 
 
+async def test_a_copy_refused_after_its_first_bytes_fails_the_put(store, tmp_path, monkeypatch):
+    """copy_file_range refuses before copying anything; a refusal once bytes were copied is an error (the buffered
+    copy would start over a file that is not empty), so the put fails and leaves neither object nor temporary."""
+    source = tmp_path / "segment.ilog"
+    source.write_bytes(os.urandom(3 * 1024 * 1024))
+    real = os.copy_file_range
+    calls = []
+
+    def copy_then_refuse(src, dst, count, *args):
+        calls.append(count)
+        if len(calls) == 1:
+            return real(src, dst, 1024 * 1024)
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(local_store.os, "copy_file_range", copy_then_refuse)
+    with pytest.raises(StoreError, match=rf"\[Errno {errno.EXDEV}\]"):
+        await store.put_file("segments/t/0/1-9.ilog", source)
+    assert len(calls) == 2
+    assert [p.name for p in store.root.rglob("*") if p.is_file()] == []
+
+
 @pytest.mark.parametrize("sizes", [
     [local_store.DIRECT_MIN_BYTES],  # the smallest put written with O_DIRECT, one aligned chunk
     [102_400] * 82 + [5_000, 12],  # a block: its records, footer and trailer; an unaligned tail

@@ -763,22 +763,53 @@ static int read_records(PyObject *obj, span c, int have_base, uint64_t base, kee
     return CHUNK_OK;
 }
 
-/* The arguments (chunk, base_seq, requested_seq, hwmark) of read_chunk and scan_chunk into `keep`; 1 when one is
- * not a u64 (the reference reads that chunk), -1 raised. */
-static int chunk_args(PyObject *const *args, Py_ssize_t nargs, const char *name, int *have_base, uint64_t *base,
-                      keeper *keep)
+/* read_chunk and scan_chunk, one pass: the arguments (chunk, base_seq, requested_seq, hwmark), the chunk's buffer
+ * and read_records. `build` makes read_chunk's Message list and result; else the messages are only counted, for
+ * scan_chunk's. None when a seq or an argument is not a u64 (the reference reads that chunk). */
+static PyObject *chunk_pass(PyObject *const *args, Py_ssize_t nargs, int build)
 {
+    const char *name = build ? "read_chunk" : "scan_chunk";
+    if (build && MessageType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Message is not registered");
+        return NULL;
+    }
     if (nargs != 4) {
         PyErr_Format(PyExc_TypeError, "%s takes (chunk, base_seq, requested_seq, hwmark)", name);
-        return -1;
+        return NULL;
     }
-    int fits = 1;
-    *have_base = args[1] != Py_None;
-    *base = 0;
-    if ((*have_base && u64_arg(args[1], base, &fits) < 0) || u64_arg(args[2], &keep->requested, &fits) < 0
-        || u64_arg(args[3], &keep->hwmark, &fits) < 0)
-        return -1;
-    return !fits;
+    keeper keep = {0};
+    keep.ascending = 1;
+    int fits = 1, have_base = args[1] != Py_None;
+    uint64_t base = 0;
+    if ((have_base && u64_arg(args[1], &base, &fits) < 0) || u64_arg(args[2], &keep.requested, &fits) < 0
+        || u64_arg(args[3], &keep.hwmark, &fits) < 0)
+        return NULL;
+    if (!fits)
+        return Py_NewRef(Py_None);
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    uint64_t first_seq = 0;
+    Py_ssize_t need = 0;
+    if (!build || (keep.out = PyList_New(0)) != NULL) {
+        switch (read_records(args[0], (span){buf.buf, buf.len}, have_base, base, &keep, &first_seq, &need)) {
+        case CHUNK_OK:
+            if (build)
+                result = Py_BuildValue("(OKn)", keep.out, (unsigned long long)first_seq, need);
+            else
+                result = Py_BuildValue("(KnKKKKO)", (unsigned long long)first_seq, need, (unsigned long long)keep.kept,
+                                       (unsigned long long)keep.first, (unsigned long long)keep.last,
+                                       (unsigned long long)keep.value_bytes, keep.ascending ? Py_True : Py_False);
+            break;
+        case CHUNK_TOO_WIDE:
+            result = Py_NewRef(Py_None);
+            break;
+        }
+        Py_XDECREF(keep.out);
+    }
+    PyBuffer_Release(&buf);
+    return result;
 }
 
 PyDoc_STRVAR(read_chunk_doc,
@@ -789,35 +820,7 @@ PyDoc_STRVAR(read_chunk_doc,
 
 static PyObject *read_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (MessageType == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "Message is not registered");
-        return NULL;
-    }
-    int have_base;
-    uint64_t base;
-    keeper keep = {0};
-    int wide = chunk_args(args, nargs, "read_chunk", &have_base, &base, &keep);
-    if (wide)
-        return wide < 0 ? NULL : Py_NewRef(Py_None);
-    Py_buffer buf;
-    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
-        return NULL;
-    PyObject *result = NULL;
-    uint64_t first_seq = 0;
-    Py_ssize_t need = 0;
-    if ((keep.out = PyList_New(0)) != NULL) {
-        switch (read_records(args[0], (span){buf.buf, buf.len}, have_base, base, &keep, &first_seq, &need)) {
-        case CHUNK_OK:
-            result = Py_BuildValue("(OKn)", keep.out, (unsigned long long)first_seq, need);
-            break;
-        case CHUNK_TOO_WIDE:
-            result = Py_NewRef(Py_None);
-            break;
-        }
-        Py_DECREF(keep.out);
-    }
-    PyBuffer_Release(&buf);
-    return result;
+    return chunk_pass(args, nargs, 1);
 }
 
 PyDoc_STRVAR(scan_chunk_doc,
@@ -828,31 +831,7 @@ PyDoc_STRVAR(scan_chunk_doc,
 
 static PyObject *scan_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int have_base;
-    uint64_t base;
-    keeper keep = {0};
-    keep.ascending = 1;
-    int wide = chunk_args(args, nargs, "scan_chunk", &have_base, &base, &keep);
-    if (wide)
-        return wide < 0 ? NULL : Py_NewRef(Py_None);
-    Py_buffer buf;
-    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
-        return NULL;
-    PyObject *result = NULL;
-    uint64_t first_seq = 0;
-    Py_ssize_t need = 0;
-    switch (read_records(args[0], (span){buf.buf, buf.len}, have_base, base, &keep, &first_seq, &need)) {
-    case CHUNK_OK:
-        result = Py_BuildValue("(KnKKKKO)", (unsigned long long)first_seq, need, (unsigned long long)keep.kept,
-                               (unsigned long long)keep.first, (unsigned long long)keep.last,
-                               (unsigned long long)keep.value_bytes, keep.ascending ? Py_True : Py_False);
-        break;
-    case CHUNK_TOO_WIDE:
-        result = Py_NewRef(Py_None);
-        break;
-    }
-    PyBuffer_Release(&buf);
-    return result;
+    return chunk_pass(args, nargs, 0);
 }
 
 PyDoc_STRVAR(register_message_doc, "register_message(message): the Message class read_chunk builds.");

@@ -28,6 +28,10 @@ DEFAULT_ROLL_AGE_S = 7 * 86400
 MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
 MAX_POSITION = 0xFFFF_FFFF
 INDEX_WRITE_BATCH = 4096  # bytes of index entries (512) written to the index file at once
+_COPY_CALL_BYTES = 64 << 20  # asked of one copy_file_range call (copy_file)
+_COPY_BUFFER_BYTES = 1 << 20  # the buffer of copy_file where copy_file_range is refused
+# How a kernel or filesystem says it cannot copy_file_range these two files (copy_file).
+_NO_COPY_FILE_RANGE = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF)
 
 
 def roll_age_s(config: TopicConfig, rng: random.Random) -> int:
@@ -61,7 +65,8 @@ def write_all(fd: int, data: bytes | bytearray) -> None:
         view = view[written:]
 
 
-def fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Makes a directory's entries (a create, rename or unlink in it) durable; any error is raised."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -81,7 +86,7 @@ def make_private(path: str) -> bool:
         return False
     temp = f"{path}.{PRIVATE}"
     with open(path, "rb") as src, open(temp, "wb") as dst:
-        _copy_all(src, dst)
+        copy_file(src, dst.fileno())
         dst.flush()
         os.fsync(dst.fileno())
     os.utime(temp, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -92,18 +97,23 @@ def make_private(path: str) -> bool:
     return True
 
 
-def _copy_all(src: io.BufferedReader, dst: io.BufferedWriter) -> None:
-    # In the kernel when it can (a reflink where the filesystem has them), else through a buffer; a refusal comes
-    # before any byte is copied.
+def copy_file(src: io.BufferedReader, dst: int) -> int:
+    """Copies all of `src` into the empty file `dst` (both at their start); returns the bytes copied. Used for a
+    segment's private copy (make_private) and a local object store's copy of a segment (tiering/local_store.py).
+    In the kernel (copy_file_range: no pass through user space, a reflink where the filesystem has them) when it
+    can, else through a buffer: a filesystem or kernel without it refuses before any byte is copied, so a refusal
+    once `dst` holds bytes is an error, not a reason to start again."""
+    copied = 0
     try:
-        while os.copy_file_range(src.fileno(), dst.fileno(), 64 << 20):
-            pass
-        return
+        while n := os.copy_file_range(src.fileno(), dst, _COPY_CALL_BYTES):
+            copied += n
+        return copied
     except OSError as e:
-        if os.fstat(dst.fileno()).st_size or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
-                                                               errno.EOPNOTSUPP, errno.EBADF):
+        if os.fstat(dst).st_size or e.errno not in _NO_COPY_FILE_RANGE:
             raise
-    shutil.copyfileobj(src, dst, 1 << 20)
+    with open(dst, "wb", closefd=False) as out:
+        shutil.copyfileobj(src, out, _COPY_BUFFER_BYTES)
+        return out.tell()
 
 
 class SegmentFiles:

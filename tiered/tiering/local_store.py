@@ -37,15 +37,14 @@ import errno
 import mmap
 import os
 import secrets
-import shutil
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tiered.storage.segment import copy_file, fsync_dir
 from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_object_key
 
 TEMP_PREFIX = ".tiered-tmp-"
-_COPY_CHUNK = 1024 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: every write is buffered
 DIRECT_MIN_BYTES = 1 << 20  # smaller puts go through the page cache: O_DIRECT saves nothing worth a device wait
@@ -100,7 +99,7 @@ class LocalObjectStore(ObjectStore):
 
         def copy(fd: int) -> int:
             with open(path, "rb") as src:
-                return _copy_file(src, fd)
+                return copy_file(src, fd)
 
         return await self._io(None, self._write_atomically, target, copy)
 
@@ -196,7 +195,7 @@ class LocalObjectStore(ObjectStore):
                 _unlink_quietly(temp)
                 raise
             if self.fsync:
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
             return result
         raise AssertionError("unreachable")
 
@@ -232,7 +231,7 @@ class LocalObjectStore(ObjectStore):
                 _unlink_quietly(temp)
                 raise
             if self.fsync:
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
             return size
         raise AssertionError("unreachable")
 
@@ -317,25 +316,6 @@ class LocalObjectStore(ObjectStore):
             directory = directory.parent
 
 
-def _copy_file(src, dst: int) -> int:
-    """Copies all of `src` into the file `dst` (both at their start); returns the bytes copied. In the kernel
-    (copy_file_range: no pass through user space, a reflink where the filesystem has them) when it can, else through
-    a buffer (a filesystem or kernel without it says so with an OSError before copying anything)."""
-    copied = 0
-    try:
-        while True:
-            n = os.copy_file_range(src.fileno(), dst, _COPY_CHUNK * 64)
-            if n == 0:
-                return copied
-            copied += n
-    except OSError as e:
-        if copied or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
-            raise
-    with open(dst, "wb", closefd=False) as out:
-        shutil.copyfileobj(src, out, _COPY_CHUNK)
-        return out.tell()
-
-
 def _write_aligned(fd: int, chunk: memoryview) -> None:
     """One O_DIRECT write of an aligned chunk. A filesystem that refuses it (EINVAL: an alignment above
     DIRECT_ALIGN, or no O_DIRECT at all) raises _DirectRefused; a short write (a full disk) is an error, since the
@@ -373,14 +353,6 @@ def _info(object_key: str, st: os.stat_result) -> ObjectInfo:
 
 def _is_file(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:

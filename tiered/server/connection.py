@@ -18,6 +18,11 @@ buffer (a frame of BIG_FRAME_BYTES or more straight into a buffer of its own, wh
 without another copy), and frames are cut there, so a request costs no StreamReader buffering, no intermediate
 copies and no future per read. Buffers grow with the bytes received, never ahead of them. While more than
 MAX_QUEUED_BYTES of whole frames wait for the request task, reading pauses.
+
+A payload is never written once its frame is queued: a small frame's is a copy cut from the receive buffer, a big
+frame's buffer is dropped by the connection when it is queued, and neither is handed to a read again. The produce
+path depends on it: a record the log appends is a read-only view of its payload (ProducePartition.record), kept
+until its block is uploaded, long after the connection went on to later frames.
 """
 
 from __future__ import annotations

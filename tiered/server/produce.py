@@ -105,7 +105,7 @@ class ProduceHandler:
                         codes.append(ProduceStatus.OTHER_LEADER)
                     continue
                 try:
-                    appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts)
+                    appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts, p.record)
                 except InvalidSeqnums as exc:
                     log.info("produce %s/%d refused: %s", name, p.partition, exc)
                     codes.append(ProduceStatus.INVALID_SEQNUMS)

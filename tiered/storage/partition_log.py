@@ -218,17 +218,17 @@ class PartitionLog:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
             if first < 1 or last < first or last > MAX_SEQ:
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
-            if record is None:
-                record = b"".join((encode_varint(size), bundle))  # the bundle is copied once, from the request
+            # Without the request's own layout, the bundle is copied once, from the request.
+            written = record if record is not None else b"".join((encode_varint(size), bundle))
             now = self._now_s()
-            segment = self._segment_for(first, last, facts.sparse, len(record), now)
+            segment = self._segment_for(first, last, facts.sparse, len(written), now)
             config = self.config
-            position = segment.append(record, first, last, config.log_index_interval_bytes,
+            position = segment.append(written, first, last, config.log_index_interval_bytes,
                                       (facts.min_ts_ms, facts.max_ts_ms))
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
-            return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
+            return AppendResult(first, last, segment.base, position, position + len(written), written, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

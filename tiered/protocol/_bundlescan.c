@@ -964,7 +964,28 @@ static PyObject *register_types(PyObject *module, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* -- receive buffers ------------------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(receive_buffer_doc,
+"receive_buffer($module, size, /)\n--\n\n"
+"A bytearray of `size` bytes whose contents are not set (bytearray(size) zeroes them): for a buffer every byte of\n"
+"which is received into before any is read (tiered.server.connection). Zeroing it cost a pass over every byte of a\n"
+"big frame, in memory not yet in the cache.");
+
+static PyObject *receive_buffer(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t size = PyLong_AsSsize_t(arg);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a buffer size must not be negative");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, size); /* with NULL, the bytes are allocated and left as they are */
+}
+
 static PyMethodDef methods[] = {
+    {"receive_buffer", receive_buffer, METH_O, receive_buffer_doc},
     {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
     {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
     {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},

@@ -33,6 +33,7 @@ import logging
 from collections import deque
 
 from tiered.protocol import requests as rq
+from tiered.protocol.buffers import receive_buffer
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 
@@ -53,10 +54,13 @@ class CloseConnection(Exception):
     """Raised by a handler to close the connection after a request that must not be answered."""
 
 
-def _grown(data: bytearray, filled: int, capacity: int) -> bytearray:
-    """A new buffer of `capacity` bytes holding data[:filled]."""
-    grown = bytearray(capacity)
-    grown[:filled] = data[:filled]
+def _grown(data: bytearray, start: int, filled: int, capacity: int) -> bytearray:
+    """A new buffer of `capacity` bytes holding data[start:start + filled]. Its bytes past those are not set
+    (receive_buffer): they are received into before anything reads them, since frames are cut from received bytes
+    only and a big frame is queued once its buffer is full."""
+    grown = receive_buffer(capacity)
+    with memoryview(data) as source:
+        grown[:filled] = source[start : start + filled]
     return grown
 
 
@@ -176,7 +180,7 @@ class Connection(asyncio.BufferedProtocol):
                 capacity = min(2 * len(big), self._big_length)
                 if not self._draw(capacity - len(big)):
                     return memoryview(self._buf)
-                self._big = big = _grown(big, self._big_filled, capacity)
+                self._big = big = _grown(big, 0, self._big_filled, capacity)
             return memoryview(big)[self._big_filled :]  # never past the end of the big frame
         if self._end == len(self._buf):
             self._make_room()
@@ -273,7 +277,7 @@ class Connection(asyncio.BufferedProtocol):
                 if not self._draw(capacity):
                     start = end
                     break
-                self._big = _grown(buf[start + FRAME_HEADER.size : end], have, capacity)
+                self._big = _grown(buf, start + FRAME_HEADER.size, have, capacity)
                 self._big_msg_id, self._big_length, self._big_filled = msg_id, length, have
                 start = end
             break
@@ -286,7 +290,7 @@ class Connection(asyncio.BufferedProtocol):
         frame at _start moves to the front (it is shorter than a big frame, so it fits)."""
         size = self._end - self._start
         if len(self._buf) < READ_BYTES:
-            self._buf = _grown(self._buf[self._start : self._end], size, 2 * len(self._buf))
+            self._buf = _grown(self._buf, self._start, size, 2 * len(self._buf))
         else:
             self._buf[:size] = self._buf[self._start : self._end]
         self._start, self._end = 0, size

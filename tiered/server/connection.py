@@ -31,6 +31,8 @@ import asyncio
 import socket
 import logging
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 from tiered.protocol import requests as rq
 from tiered.protocol.buffers import receive_buffer
@@ -375,7 +377,9 @@ class Connection(asyncio.BufferedProtocol):
                     self.transport.resume_reading()
                 self._busy = True
                 try:
-                    await self.dispatch(msg_id, payload)
+                    handling = self.dispatch(msg_id, payload)
+                    if handling is not None:
+                        await handling
                 finally:
                     self._busy = False
                     if len(payload) >= BIG_FRAME_BYTES:
@@ -388,30 +392,31 @@ class Connection(asyncio.BufferedProtocol):
             await self.close()
             self.broker.connections.discard(self)
 
-    async def dispatch(self, msg_id: int, payload) -> None:
+    def dispatch(self, msg_id: int, payload) -> Coroutine[Any, Any, None] | None:
+        """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
+        task to await, or None for a ping; returned rather than awaited, so a request costs no coroutine of its own."""
         h = self.broker.handlers
         if msg_id == MsgType.PRODUCE:
-            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
-        elif msg_id == MsgType.PRODUCE_WITH_SEQNUM:
-            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
-        elif msg_id == MsgType.CONSUME:
-            await h.consume.handle(self, rq.read_consume_request(payload))
-        elif msg_id == MsgType.PING:
-            return  # pings from clients are ignored, as TANK does
-        elif msg_id == MsgType.DISCOVER_PARTITIONS:
-            await h.admin.discover_partitions(self, rq.read_discover_partitions_request(payload))
-        elif msg_id == MsgType.CREATE_TOPIC:
-            await h.admin.create_topic(self, rq.read_create_topic_request(payload))
-        elif msg_id == MsgType.RELOAD_CONF:
-            await h.admin.reload_conf(self, rq.read_reload_conf_request(payload))
-        elif msg_id == MsgType.STATUS:
-            await h.admin.status(self, rq.read_status_request(payload))
-        elif msg_id == MsgType.DISCOVER_TOPICS:
-            await h.admin.discover_topics(self, rq.read_discover_topics_request(payload))
-        elif msg_id == MsgType.DISCOVER_TOPOLOGY:
-            await h.admin.discover_topology(self, rq.read_discover_topology_request(payload))
-        else:
-            raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
+            return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
+        if msg_id == MsgType.PRODUCE_WITH_SEQNUM:
+            return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
+        if msg_id == MsgType.CONSUME:
+            return h.consume.handle(self, rq.read_consume_request(payload))
+        if msg_id == MsgType.PING:
+            return None  # pings from clients are ignored, as TANK does
+        if msg_id == MsgType.DISCOVER_PARTITIONS:
+            return h.admin.discover_partitions(self, rq.read_discover_partitions_request(payload))
+        if msg_id == MsgType.CREATE_TOPIC:
+            return h.admin.create_topic(self, rq.read_create_topic_request(payload))
+        if msg_id == MsgType.RELOAD_CONF:
+            return h.admin.reload_conf(self, rq.read_reload_conf_request(payload))
+        if msg_id == MsgType.STATUS:
+            return h.admin.status(self, rq.read_status_request(payload))
+        if msg_id == MsgType.DISCOVER_TOPICS:
+            return h.admin.discover_topics(self, rq.read_discover_topics_request(payload))
+        if msg_id == MsgType.DISCOVER_TOPOLOGY:
+            return h.admin.discover_topology(self, rq.read_discover_topology_request(payload))
+        raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
 
     # -- responses -------------------------------------------------------------------------------------------------
 
@@ -425,6 +430,14 @@ class Connection(asyncio.BufferedProtocol):
             self._queue_response(msg_id, payload)
         if self._writing_paused:
             await self._drain()
+
+    def try_send(self, msg_id: int, payload: bytes) -> bool:
+        """send() when it would not wait: the write lock is free and the client reads. False: nothing was queued,
+        await send(). Lets a handler answer without a coroutine of its own."""
+        if self._writing_paused or self.write_lock.locked():
+            return False
+        self._queue_response(msg_id, payload)
+        return True
 
     def _queue_response(self, msg_id: int, payload: bytes) -> None:
         """Only while the write lock is free: a consume response going out must not be cut into."""

@@ -278,26 +278,38 @@ def test_a_framing_fault_is_named_before_any_bad_bundle():
 
 def test_a_record_view_only_where_the_payload_holds_the_segment_bytes():
     """`record` is the payload's `{varint length, bundle}` when the length is minimally encoded (what a segment
-    holds: TANK's encoding); a non-minimal length, or a base seq between length and bundle (0x05), leaves it None so
-    the append builds the record. Native scan and reference reader agree, and every view is read-only."""
+    holds: TANK's encoding) and the record is at least half of the payload (which it keeps alive); a non-minimal
+    length, a base seq between length and bundle (0x05), or a record that is the smaller part of its payload leave
+    it None, so the append builds the record. Native scan and reference reader agree; every view is read-only."""
     small = encode_bundle([Message(b"v" * 20, None, 5)])
     big = encode_bundle([Message(b"w" * 300, None, 6)])  # a two-byte length
     assert len(small) < 0x80 <= len(big)
-    head = struct.pack("<HI", 2, 7) + b"\x03c++" + struct.pack("<BI", 0, 0) + b"\x01" + b"\x01t" + b"\x04"
-    payload = (head + struct.pack("<H", 0) + encode_varint(len(small)) + small
-               + struct.pack("<H", 1) + bytes([0x80 | len(small), 0x00]) + small  # the same length in two bytes
-               + struct.pack("<H", 2) + encode_varint(len(big)) + big
-               + struct.pack("<H", 3) + bytes([0x80 | (len(big) & 0x7F), 0x80 | (len(big) >> 7), 0x00]) + big)
-    for read in (read_checked_produce, reference_checked):
-        for buffer in (payload, bytearray(payload)):
-            req, facts = read(buffer, False)
-            parts = req.topics[0].partitions
-            assert [_record_of(p) for p in parts] == [encode_varint(len(small)) + small, None,
-                                                      encode_varint(len(big)) + big, None]
-            assert [f.messages for f in facts] == [1, 1, 1, 1]
-    assert assert_same_request(payload, False)[0] == "request"
+
+    def payload(*partitions: bytes) -> bytes:
+        head = struct.pack("<HI", 2, 7) + b"\x03c++" + struct.pack("<BI", 0, 0) + b"\x01\x01t"
+        return head + bytes([len(partitions)]) + b"".join(
+            struct.pack("<H", i) + p for i, p in enumerate(partitions))
+
+    def minimal(bundle: bytes) -> bytes:
+        return encode_varint(len(bundle)) + bundle
+
+    cases = [
+        (payload(minimal(small)), [minimal(small)]),
+        (payload(minimal(big)), [minimal(big)]),
+        (payload(bytes([0x80 | len(small), 0x00]) + small), [None]),  # the same length in two bytes
+        (payload(bytes([0x80 | (len(big) & 0x7F), 0x80 | (len(big) >> 7), 0x00]) + big), [None]),  # three
+        (payload(minimal(big), minimal(small)), [minimal(big), None]),  # the small one is not half the payload
+        (payload(minimal(small), minimal(small)), [None, None]),
+    ]
+    for raw, records in cases:
+        for read in (read_checked_produce, reference_checked):
+            for buffer in (raw, bytearray(raw)):
+                req, facts = read(buffer, False)
+                assert [_record_of(p) for p in req.topics[0].partitions] == records
+                assert [f.messages for f in facts] == [1] * len(records)
+        assert assert_same_request(raw, False)[0] == "request"
     with_seqnum = rq.encode_produce_request(rq.ProduceRequest(
-        1, (rq.ProduceTopic("t", (rq.ProducePartition(0, small, 10),)),), with_seqnum=True))
+        1, (rq.ProduceTopic("t", (rq.ProducePartition(0, big, 10),)),), with_seqnum=True))
     for read in (read_checked_produce, reference_checked):
         req, _ = read(with_seqnum, True)
-        assert req.topics[0].partitions[0].record is None and bytes(req.topics[0].partitions[0].bundle) == small
+        assert req.topics[0].partitions[0].record is None and bytes(req.topics[0].partitions[0].bundle) == big

@@ -529,8 +529,11 @@ static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_
                 goto fail_partitions;
             PyObject *bundle = PySequence_GetSlice(view, start, c->position);
             /* requests.py's ProducePartition.record: {length, bundle} as a segment holds it, when the payload has it
-             * contiguously (no base seq between) with the length in its minimal encoding. */
+             * contiguously (no base seq between) with the length in its minimal encoding, and it is at least half
+             * of the payload, which it keeps alive. */
+            Py_ssize_t record_len = c->position - length_at;
             PyObject *record = !with_seqnum && start - length_at == minimal_varint_size(size)
+                                       && record_len >= c->p.end - record_len
                                    ? PySequence_GetSlice(view, length_at, c->position)
                                    : Py_NewRef(Py_None);
             PyObject *p = new_named(PartitionType, 4, PyLong_FromUnsignedLong((unsigned long)partition), bundle,

@@ -28,8 +28,8 @@ DiscoverTopology (0x0c):    request_id u32, flags u8
 Readers take a frame payload (bytes or memoryview) and raise ProtocolError on anything that does not parse exactly
 to its end. Bundles are returned as views of the payload: `read_produce_request` checks framing only;
 `read_checked_produce` (what the broker reads) also validates every bundle completely, in one native pass when the
-extension (_bundlescan.c) is built, hands out read-only views only, and gives each plain-produce partition its
-`record` view (ProducePartition.record), which the log appends without a copy. A record view keeps its payload
+extension (_bundlescan.c) is built, hands out read-only views only, and gives a plain-produce partition its
+`record` view where it may (ProducePartition.record), which the log appends without a copy. A record view keeps its payload
 alive until its block is uploaded, so a payload must never be written after it is read (connection.py holds to it).
 
 The produce request types are NamedTuples rather than frozen dataclasses: the broker builds them for every request,
@@ -106,9 +106,11 @@ class ProducePartition(NamedTuple):
     base_seq: int | None = None  # ProduceWithSeqnum (0x05) only
     # `{varint length, bundle}` exactly as a segment holds it, as a read-only view of the payload: set by the broker's
     # reader (read_checked_produce) when the payload holds those bytes contiguously (a plain produce: no base seq
-    # between them) and the length is in its minimal encoding, so the append writes the payload's bytes without
-    # joining a copy. None otherwise: the append then builds the record (a segment holds TANK's bytes, and TANK
-    # writes the minimal encoding).
+    # between them), the length is in its minimal encoding, and the record is at least half of the payload, so the
+    # append writes the payload's bytes without joining a copy. None otherwise: the append then builds the record (a
+    # segment holds TANK's bytes, and TANK writes the minimal encoding). The half: a view keeps its whole payload
+    # alive until its block is uploaded, so what views hold stays within twice the bytes of the blocks holding them,
+    # whatever else a request carries (a big bundle for a partition not led here beside a small one, say).
     record: memoryview | None = None
 
 
@@ -149,7 +151,8 @@ def read_produce_request(payload: BytesLike, with_seqnum: bool, records: bool = 
             start = r.position
             bundle = r.take(size, f"bundle of {where}")
             record = None
-            if records and not with_seqnum and start - length_at == varint_size(size):
+            if (records and not with_seqnum and start - length_at == varint_size(size)
+                    and 2 * (r.position - length_at) >= len(r.view)):
                 record = r.view[length_at : r.position]
             partitions.append(ProducePartition(partition, bundle, base_seq, record))
         topics.append(ProduceTopic(name, tuple(partitions)))

@@ -203,6 +203,9 @@ class Tier(Protocol):
 
     async def admission(self) -> bool: ...
 
+    def admits_now(self) -> bool:
+        """Whether admission() would answer True at once; the produce path awaits admission() only when not."""
+
     def appended(self, topic: str, partition: int, appended: AppendResult,
                  durable: bool) -> asyncio.Future[AckOutcome] | None:
         """A record was appended locally; returns the future of its durable ack on a durable topic."""
@@ -262,6 +265,9 @@ class LocalOnly:
         return None
 
     async def admission(self) -> bool:
+        return True
+
+    def admits_now(self) -> bool:
         return True
 
     def appended(self, topic: str, partition: int, appended: AppendResult,

@@ -7,6 +7,7 @@ ProtocolError (text and position) for bad input, on hand-broken, mutated, trunca
 """
 
 import random
+import struct
 
 import pytest
 from hypothesis import given
@@ -32,6 +33,7 @@ from tiered.protocol.bundle import (
 from tiered.protocol import requests as rq
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.requests import read_checked_produce, read_produce_request
+from tiered.protocol.varint import encode_varint
 
 TS_VALUE = int.from_bytes(TS, "little")
 
@@ -190,8 +192,16 @@ def test_native_scan_survives_a_storm_of_mutations():
 
 
 def reference_checked(payload, with_seqnum: bool):
-    req = read_produce_request(payload, with_seqnum)
+    req = read_produce_request(payload, with_seqnum, records=True)
     return req, [_validate_bundle_py(p.bundle) for t in req.topics for p in t.partitions]
+
+
+def _record_of(p: rq.ProducePartition) -> bytes | None:
+    """The partition's record view as bytes, after checking what every view handed out must be: read-only."""
+    if p.record is None:
+        return None
+    assert p.record.readonly and p.bundle.readonly
+    return bytes(p.record)
 
 
 def request_outcome(read, payload, with_seqnum: bool) -> tuple:
@@ -199,7 +209,8 @@ def request_outcome(read, payload, with_seqnum: bool) -> tuple:
         req, facts = read(payload, with_seqnum)
     except ProtocolError as exc:
         return ("error", exc.what, exc.position)
-    topics = [(t.name, [(p.partition, bytes(p.bundle), p.base_seq) for p in t.partitions]) for t in req.topics]
+    topics = [(t.name, [(p.partition, bytes(p.bundle), p.base_seq, _record_of(p)) for p in t.partitions])
+              for t in req.topics]
     return ("request", req.request_id, topics, req.with_seqnum, req.client_version, req.client_id,
             req.required_acks, req.ack_timeout_ms, [tuple(f) for f in facts])
 
@@ -228,7 +239,7 @@ def checked_requests(draw) -> tuple[bytes, bool]:
     with_seqnum = draw(st.booleans())
     bundle = st.one_of(bundles(), bundles().flatmap(mutations), st.sampled_from([b[1] for b in BAD_BUNDLES]))
     partition = st.builds(rq.ProducePartition, st.integers(0, 0xFFFF), bundle,
-                          st.integers(0, 2**64 - 1) if with_seqnum else st.none())
+                          st.integers(0, 2**64 - 1) if with_seqnum else st.none(), record=st.none())
     topic = st.builds(rq.ProduceTopic, st.text(st.characters(max_codepoint=0xFF), max_size=8),
                       st.lists(partition, max_size=3).map(tuple))
     req = rq.ProduceRequest(draw(st.integers(0, 2**32 - 1)), tuple(draw(st.lists(topic, max_size=3))), with_seqnum,
@@ -263,3 +274,42 @@ def test_a_framing_fault_is_named_before_any_bad_bundle():
     with pytest.raises(ProtocolError, match="1 trailing bytes"):
         read_checked_produce(payload + b"\x00", False)
     assert assert_same_request(payload + b"\x00", False)[0] == "error"
+
+
+def test_a_record_view_only_where_the_payload_holds_the_segment_bytes():
+    """`record` is the payload's `{varint length, bundle}` when the length is minimally encoded (what a segment
+    holds: TANK's encoding) and the record is at least half of the payload (which it keeps alive); a non-minimal
+    length, a base seq between length and bundle (0x05), or a record that is the smaller part of its payload leave
+    it None, so the append builds the record. Native scan and reference reader agree; every view is read-only."""
+    small = encode_bundle([Message(b"v" * 20, None, 5)])
+    big = encode_bundle([Message(b"w" * 300, None, 6)])  # a two-byte length
+    assert len(small) < 0x80 <= len(big)
+
+    def payload(*partitions: bytes) -> bytes:
+        head = struct.pack("<HI", 2, 7) + b"\x03c++" + struct.pack("<BI", 0, 0) + b"\x01\x01t"
+        return head + bytes([len(partitions)]) + b"".join(
+            struct.pack("<H", i) + p for i, p in enumerate(partitions))
+
+    def minimal(bundle: bytes) -> bytes:
+        return encode_varint(len(bundle)) + bundle
+
+    cases = [
+        (payload(minimal(small)), [minimal(small)]),
+        (payload(minimal(big)), [minimal(big)]),
+        (payload(bytes([0x80 | len(small), 0x00]) + small), [None]),  # the same length in two bytes
+        (payload(bytes([0x80 | (len(big) & 0x7F), 0x80 | (len(big) >> 7), 0x00]) + big), [None]),  # three
+        (payload(minimal(big), minimal(small)), [minimal(big), None]),  # the small one is not half the payload
+        (payload(minimal(small), minimal(small)), [None, None]),
+    ]
+    for raw, records in cases:
+        for read in (read_checked_produce, reference_checked):
+            for buffer in (raw, bytearray(raw)):
+                req, facts = read(buffer, False)
+                assert [_record_of(p) for p in req.topics[0].partitions] == records
+                assert [f.messages for f in facts] == [1] * len(records)
+        assert assert_same_request(raw, False)[0] == "request"
+    with_seqnum = rq.encode_produce_request(rq.ProduceRequest(
+        1, (rq.ProduceTopic("t", (rq.ProducePartition(0, big, 10),)),), with_seqnum=True))
+    for read in (read_checked_produce, reference_checked):
+        req, _ = read(with_seqnum, True)
+        assert req.topics[0].partitions[0].record is None and bytes(req.topics[0].partitions[0].bundle) == big

@@ -156,3 +156,20 @@ async def test_memory_follows_the_bytes_received_not_the_length_announced(broker
         await asyncio.sleep(0.01)
     assert MIN_READ_BYTES + 2 * READ_BYTES < conns[0].receive_buffer_bytes <= MIN_READ_BYTES + 4 * READ_BYTES
     await raw.close()
+
+
+def test_receive_buffers_are_sized_and_grown_buffers_keep_their_bytes():
+    """receive_buffer leaves its bytes unset (natively): a grown buffer holds exactly the bytes it was given at its
+    start, and a frame is cut from received bytes only (the pipelined tests above hold every byte to the wire's)."""
+    from tiered.protocol.buffers import receive_buffer
+    from tiered.server.connection import _grown
+
+    assert [len(receive_buffer(n)) for n in (0, 1, BIG_FRAME_BYTES)] == [0, 1, BIG_FRAME_BYTES]
+    assert isinstance(receive_buffer(3), bytearray)
+    with pytest.raises((ValueError, OverflowError)):
+        receive_buffer(-1)
+    data = bytearray(b"header" + bytes(range(256)) * 4)
+    grown = _grown(data, 6, 1000, 4096)
+    assert len(grown) == 4096 and grown[:1000] == data[6:1006]
+    data[6:10] = b"XXXX"  # the grown buffer is a copy: later writes to the receive buffer do not reach it
+    assert grown[:4] == bytes(range(4))

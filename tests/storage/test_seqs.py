@@ -200,3 +200,36 @@ def test_a_closed_log_refuses_work(open_storage_log):
     for call in (lambda: log.append(plain_bundle(b"b")), lambda: locate(log, 1, 10), log.seal_active):
         with pytest.raises(ValueError):
             call()
+
+
+def test_a_record_view_of_the_request_writes_the_joined_bytes(open_storage_log, tmp_path):
+    """A plain produce's record is appended as the read-only view of its payload (ProducePartition.record): the
+    segment files, the records read back and each AppendResult are what the joined record gives, for one-, two- and
+    three-byte lengths, across a roll."""
+    from tiered.protocol import requests as rq
+    from tiered.storage.partition_log import PartitionLog
+    from tiered.storage.topic_config import TopicConfig
+
+    bundles = [plain_bundle(b"x" * size) for size in (40, 100, 300, 20_000, 50, 70_000, 60)]
+    config = TopicConfig(log_segment_bytes=40_000)
+    viewed = open_storage_log(config)
+    joined = PartitionLog.open(str(tmp_path / "joined"), config, now_s=viewed._now_s)
+    try:
+        for bundle in bundles:
+            req = rq.ProduceRequest(1, (rq.ProduceTopic("t", (rq.ProducePartition(0, bundle),)),))
+            read, [f] = rq.read_checked_produce(bytearray(rq.encode_produce_request(req)), False)
+            p = read.topics[0].partitions[0]
+            assert p.record is not None and p.record.readonly
+            got = viewed.append(p.bundle, None, f, p.record)
+            assert got.record is p.record  # no copy
+            assert got == joined.append(bytes(p.bundle))
+        assert len(viewed.segments) == len(joined.segments) >= 1  # rolled
+        assert segment_files(viewed.directory) == segment_files(joined.directory)
+        viewed.flush()
+        joined.flush()
+        for path in segment_files(viewed.directory):
+            with open(f"{viewed.directory}/{path}", "rb") as a, open(f"{joined.directory}/{path}", "rb") as b:
+                assert a.read() == b.read()
+        assert list(viewed.iter_records(1, MAX_SEQ)) == list(joined.iter_records(1, MAX_SEQ))
+    finally:
+        joined.close()

@@ -212,3 +212,39 @@ def test_runs_keep_the_bundle_index_the_footer_would_read_from_their_bundles():
     data, _ = encode_block([(run.meta(), records)], [run.index])
     [(_, index)] = read_block_indexes(data, len(data))
     assert list(zip(index.seqs[1:], index.positions[1:])) == run.index
+
+
+def test_records_as_read_only_views_give_the_block_of_their_bytes():
+    """Records handed over as read-only views of request payloads (AppendResult.record) build, check and encode the
+    same block as the same records as bytes: one-, two- and three-byte lengths, and the index past 64 KiB."""
+    from tiered.tiering.block_format import encode_block_pieces
+
+    rng = random.Random(11)
+    records = [record([rng.randbytes(rng.choice([5, 200, 3000, 40_000]))] * rng.randint(1, 3)) for _ in range(40)]
+    payload = bytearray(b"head" + b"".join(records))  # the records laid out as in one received payload
+    view = memoryview(payload).toreadonly()
+    views, at = [], 4
+    for r in records:
+        views.append(view[at : at + len(r)])
+        at += len(r)
+    blocks = []
+    for pieces in (records, views):
+        builder = leading(("t", 0))
+        seq = 1
+        for piece in pieces:
+            messages = record_stats(piece)[0]
+            builder.add("t", 0, seq, seq + messages - 1, piece, 1, now_ms=0, facts=validate_bundle(bundle_of(piece)))
+            seq += messages
+        [run] = builder.close().runs
+        parts, rows = encode_block_pieces([(run.meta(), run.records)], [run.index])
+        blocks.append((b"".join(parts), rows, run.index))
+    assert blocks[0] == blocks[1] and len(blocks[0][2]) > 3
+    assert [bytes(data) for _, data in decode_block(blocks[1][0])] == [b"".join(records)]
+
+
+def bundle_of(data) -> bytes:
+    """The bundle of one `{varint length, bundle}` record."""
+    from tiered.protocol.bundle import maybe_record
+
+    start, end = maybe_record(data)
+    return bytes(data[start:end])

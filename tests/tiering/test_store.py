@@ -213,3 +213,15 @@ async def test_put_of_pieces_stores_their_concatenation(store):
     assert store.counters.puts == 1 and store.counters.put_bytes == len(b"".join(pieces))
     await store.put("blocks/p/2.blk", [b"one piece"])
     assert await store.get("blocks/p/2.blk") == b"one piece"
+
+
+async def test_pieces_may_be_read_only_views_of_received_bytes(store):
+    """The records of a block may be read-only views of produce payloads (AppendResult.record), bytearray-backed:
+    stored byte for byte, alone or among bytes pieces, small (buffered writes) and past DIRECT_MIN_BYTES."""
+    payload = bytearray(os.urandom(3 << 20))
+    view = memoryview(payload).toreadonly()
+    pieces = [view[10:1000], b"footer", view[1000 : (3 << 20) - 5], b"", view[-5:]]
+    await store.put("blocks/p/3.blk", pieces)
+    assert await store.get("blocks/p/3.blk") == b"".join(pieces)
+    await store.put("blocks/p/4.blk", [view[7:300]])
+    assert await store.get("blocks/p/4.blk") == bytes(payload[7:300])

@@ -417,6 +417,17 @@ typedef struct {
     Py_ssize_t position;
 } cursor;
 
+/* The bytes of `value` as LEB128 with no needless continuation bytes (varint.py's varint_size). */
+static Py_ssize_t minimal_varint_size(uint32_t value)
+{
+    Py_ssize_t size = 1;
+    while (value >= 0x80) {
+        value >>= 7;
+        size++;
+    }
+    return size;
+}
+
 static int take(cursor *c, Py_ssize_t size, const uint8_t **out)
 {
     if (size < 0 || c->p.end - c->position < size)
@@ -505,7 +516,10 @@ static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_
             uint32_t size;
             Py_ssize_t after;
             const uint8_t *at;
-            if (take_le(c, 2, &partition) < 0 || varint_at(c->p, c->position, &size, &after) != VARINT_OK)
+            if (take_le(c, 2, &partition) < 0)
+                goto fail_partitions;
+            Py_ssize_t length_at = c->position;
+            if (varint_at(c->p, length_at, &size, &after) != VARINT_OK)
                 goto fail_partitions;
             c->position = after;
             if (with_seqnum && take_le(c, 8, &base_seq) < 0)
@@ -514,8 +528,16 @@ static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_
             if (take(c, size, &at) < 0)
                 goto fail_partitions;
             PyObject *bundle = PySequence_GetSlice(view, start, c->position);
-            PyObject *p = new_named(PartitionType, 3, PyLong_FromUnsignedLong((unsigned long)partition), bundle,
-                                    with_seqnum ? PyLong_FromUnsignedLongLong(base_seq) : Py_NewRef(Py_None));
+            /* requests.py's ProducePartition.record: {length, bundle} as a segment holds it, when the payload has it
+             * contiguously (no base seq between) with the length in its minimal encoding, and it is at least half
+             * of the payload, which it keeps alive. */
+            Py_ssize_t record_len = c->position - length_at;
+            PyObject *record = !with_seqnum && start - length_at == minimal_varint_size(size)
+                                       && record_len >= c->p.end - record_len
+                                   ? PySequence_GetSlice(view, length_at, c->position)
+                                   : Py_NewRef(Py_None);
+            PyObject *p = new_named(PartitionType, 4, PyLong_FromUnsignedLong((unsigned long)partition), bundle,
+                                    with_seqnum ? PyLong_FromUnsignedLongLong(base_seq) : Py_NewRef(Py_None), record);
             if (p == NULL)
                 goto fail_partitions;
             PyTuple_SET_ITEM(partitions, i, p);
@@ -558,7 +580,12 @@ static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_
     int with_seqnum = PyObject_IsTrue(args[1]);
     if (with_seqnum < 0)
         return NULL;
-    PyObject *view = PyMemoryView_FromObject(args[0]);
+    /* Read-only, so that no bundle or record view handed out can write into the payload. */
+    PyObject *writable = PyMemoryView_FromObject(args[0]);
+    if (writable == NULL)
+        return NULL;
+    PyObject *view = PyObject_CallMethod(writable, "toreadonly", NULL);
+    Py_DECREF(writable);
     if (view == NULL)
         return NULL;
     Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
@@ -919,7 +946,28 @@ static PyObject *register_types(PyObject *module, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* -- receive buffers ------------------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(receive_buffer_doc,
+"receive_buffer($module, size, /)\n--\n\n"
+"A bytearray of `size` bytes whose contents are not set (bytearray(size) zeroes them): for a buffer every byte of\n"
+"which is received into before any is read (tiered.server.connection). Zeroing it cost a pass over every byte of a\n"
+"big frame, in memory not yet in the cache.");
+
+static PyObject *receive_buffer(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t size = PyLong_AsSsize_t(arg);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a buffer size must not be negative");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, size); /* with NULL, the bytes are allocated and left as they are */
+}
+
 static PyMethodDef methods[] = {
+    {"receive_buffer", receive_buffer, METH_O, receive_buffer_doc},
     {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
     {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
     {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},

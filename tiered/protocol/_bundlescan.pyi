@@ -1,5 +1,5 @@
 """What the native module built from _bundlescan.c exports, for the type checker (a compiled module has no
-annotations of its own). Every function takes positional arguments only (METH_FASTCALL). The result types are the
+annotations of its own). Every function takes positional arguments only (METH_FASTCALL, METH_O). The result types are the
 NamedTuple classes given to `register`, which bundle.py and requests.py call once, at import."""
 
 from typing import overload
@@ -30,6 +30,9 @@ def scan_chunk(chunk: Buffer, base_seq: int | None, requested_seq: int, hwmark: 
     the messages read_chunk would return, each read and checked as read_chunk reads it; None as read_chunk."""
 
 def register_message(message: type[Message], /) -> None: ...
+
+def receive_buffer(size: int, /) -> bytearray:
+    """A bytearray of `size` bytes whose contents are not set: every byte must be written before any is read."""
 
 @overload
 def register(facts: type[BundleFacts], /) -> None: ...

@@ -28,7 +28,9 @@ DiscoverTopology (0x0c):    request_id u32, flags u8
 Readers take a frame payload (bytes or memoryview) and raise ProtocolError on anything that does not parse exactly
 to its end. Bundles are returned as views of the payload: `read_produce_request` checks framing only;
 `read_checked_produce` (what the broker reads) also validates every bundle completely, in one native pass when the
-extension (_bundlescan.c) is built.
+extension (_bundlescan.c) is built, hands out read-only views only, and gives a plain-produce partition its
+`record` view where it may (ProducePartition.record), which the log appends without a copy. A record view keeps its payload
+alive until its block is uploaded, so a payload must never be written after it is read (connection.py holds to it).
 
 The produce request types are NamedTuples rather than frozen dataclasses: the broker builds them for every request,
 and a tuple is built ten times faster.
@@ -45,6 +47,7 @@ from tiered.protocol.buffers import BytesLike
 from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.frame import MsgType
+from tiered.protocol.varint import varint_size
 from tiered.protocol.wire import U8, U16, U32, U64, Reader, pack, pack_count8, pack_str8, pack_varint
 
 __all__ = [
@@ -101,6 +104,14 @@ class ProducePartition(NamedTuple):
     partition: int
     bundle: bytes | memoryview
     base_seq: int | None = None  # ProduceWithSeqnum (0x05) only
+    # `{varint length, bundle}` exactly as a segment holds it, as a read-only view of the payload: set by the broker's
+    # reader (read_checked_produce) when the payload holds those bytes contiguously (a plain produce: no base seq
+    # between them), the length is in its minimal encoding, and the record is at least half of the payload, so the
+    # append writes the payload's bytes without joining a copy. None otherwise: the append then builds the record (a
+    # segment holds TANK's bytes, and TANK writes the minimal encoding). The half: a view keeps its whole payload
+    # alive until its block is uploaded, so what views hold stays within twice the bytes of the blocks holding them,
+    # whatever else a request carries (a big bundle for a partition not led here beside a small one, say).
+    record: memoryview | None = None
 
 
 class ProduceTopic(NamedTuple):
@@ -118,7 +129,11 @@ class ProduceRequest(NamedTuple):
     ack_timeout_ms: int = 0
 
 
-def read_produce_request(payload: BytesLike, with_seqnum: bool) -> ProduceRequest:
+def read_produce_request(payload: BytesLike, with_seqnum: bool, records: bool = False) -> ProduceRequest:
+    """`records`: also set each partition's `record` where the payload allows (what read_checked_produce reads), and
+    read through a read-only view, so no bundle or record handed out can write into the payload."""
+    if records:
+        payload = memoryview(payload).toreadonly()
     r = Reader(payload, "produce with seqnum request" if with_seqnum else "produce request")
     client_version, request_id = r.unpack(PRODUCE_HEAD, "header")
     client_id = r.str8("client id")
@@ -130,10 +145,16 @@ def read_produce_request(payload: BytesLike, with_seqnum: bool) -> ProduceReques
         for _ in range(r.u8(f"partition count of topic {name!r}")):
             partition = r.u16(f"partition id in topic {name!r}")
             where = f"{name}/{partition}"
+            length_at = r.position
             size = r.varint(f"bundle length of {where}")
             base_seq = r.u64(f"base seq of {where}") if with_seqnum else None
+            start = r.position
             bundle = r.take(size, f"bundle of {where}")
-            partitions.append(ProducePartition(partition, bundle, base_seq))
+            record = None
+            if (records and not with_seqnum and start - length_at == varint_size(size)
+                    and 2 * (r.position - length_at) >= len(r.view)):
+                record = r.view[length_at : r.position]
+            partitions.append(ProducePartition(partition, bundle, base_seq, record))
         topics.append(ProduceTopic(name, tuple(partitions)))
     r.finish()
     return ProduceRequest(
@@ -149,7 +170,7 @@ def read_checked_produce(payload: BytesLike, with_seqnum: bool) -> tuple[Produce
         got = _scan_produce(payload, with_seqnum)
         if got is not None:
             return got
-    req = read_produce_request(payload, with_seqnum)  # raises for the framing fault the native scan found
+    req = read_produce_request(payload, with_seqnum, records=True)  # raises for the framing fault the scan found
     return req, [validate_bundle(p.bundle) for t in req.topics for p in t.partitions]
 
 

@@ -29,7 +29,7 @@ The broker encodes its produce answers with `encode_produce_codes` (the same byt
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -174,10 +174,14 @@ def encode_produce_response(resp: ProduceResponse) -> bytes:
 _PLAIN_PARTITION_STATUSES = bytes(sorted(PRODUCE_PARTITION_STATUSES - {ProduceStatus.OTHER_LEADER}))
 
 
-def encode_produce_codes(request_id: int, topics: Iterable[tuple[str, int | None, bytes | bytearray]]) -> bytes:
+def encode_produce_codes(request_id: int, topics: Sequence[tuple[str, int | None, bytes | bytearray]]) -> bytes:
     """encode_produce_response for a broker's answer, without building the dataclasses: `topics` holds each request
     topic, in request order, as (name, topic-level status or None, a bytes-like of one partition status per
     partition); OTHER_LEADER is not among them. The same bytes as encode_produce_response, and the same refusals."""
+    if len(topics) == 1:  # what almost every request names: one topic, answered per partition
+        name, status, codes = topics[0]
+        if status is None and not codes.translate(None, _PLAIN_PARTITION_STATUSES):
+            return pack(REQUEST_ID, "request id", request_id) + codes
     out = bytearray(pack(REQUEST_ID, "request id", request_id))
     run_name = run_status = None
     for i, (name, status, codes) in enumerate(topics):

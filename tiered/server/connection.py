@@ -18,6 +18,11 @@ buffer (a frame of BIG_FRAME_BYTES or more straight into a buffer of its own, wh
 without another copy), and frames are cut there, so a request costs no StreamReader buffering, no intermediate
 copies and no future per read. Buffers grow with the bytes received, never ahead of them. While more than
 MAX_QUEUED_BYTES of whole frames wait for the request task, reading pauses.
+
+A payload is never written once its frame is queued: a small frame's is a copy cut from the receive buffer, a big
+frame's buffer is dropped by the connection when it is queued, and neither is handed to a read again. The produce
+path depends on it: a record the log appends is a read-only view of its payload (ProducePartition.record), kept
+until its block is uploaded, long after the connection went on to later frames.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ import asyncio
 import socket
 import logging
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 from tiered.protocol import requests as rq
+from tiered.protocol.buffers import receive_buffer
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
 
@@ -48,10 +56,13 @@ class CloseConnection(Exception):
     """Raised by a handler to close the connection after a request that must not be answered."""
 
 
-def _grown(data: bytearray, filled: int, capacity: int) -> bytearray:
-    """A new buffer of `capacity` bytes holding data[:filled]."""
-    grown = bytearray(capacity)
-    grown[:filled] = data[:filled]
+def _grown(data: bytearray, start: int, filled: int, capacity: int) -> bytearray:
+    """A new buffer of `capacity` bytes holding data[start:start + filled]. Its bytes past those are not set
+    (receive_buffer): they are received into before anything reads them, since frames are cut from received bytes
+    only and a big frame is queued once its buffer is full."""
+    grown = receive_buffer(capacity)
+    with memoryview(data) as source:
+        grown[:filled] = source[start : start + filled]
     return grown
 
 
@@ -171,7 +182,7 @@ class Connection(asyncio.BufferedProtocol):
                 capacity = min(2 * len(big), self._big_length)
                 if not self._draw(capacity - len(big)):
                     return memoryview(self._buf)
-                self._big = big = _grown(big, self._big_filled, capacity)
+                self._big = big = _grown(big, 0, self._big_filled, capacity)
             return memoryview(big)[self._big_filled :]  # never past the end of the big frame
         if self._end == len(self._buf):
             self._make_room()
@@ -268,7 +279,7 @@ class Connection(asyncio.BufferedProtocol):
                 if not self._draw(capacity):
                     start = end
                     break
-                self._big = _grown(buf[start + FRAME_HEADER.size : end], have, capacity)
+                self._big = _grown(buf, start + FRAME_HEADER.size, have, capacity)
                 self._big_msg_id, self._big_length, self._big_filled = msg_id, length, have
                 start = end
             break
@@ -281,7 +292,7 @@ class Connection(asyncio.BufferedProtocol):
         frame at _start moves to the front (it is shorter than a big frame, so it fits)."""
         size = self._end - self._start
         if len(self._buf) < READ_BYTES:
-            self._buf = _grown(self._buf[self._start : self._end], size, 2 * len(self._buf))
+            self._buf = _grown(self._buf, self._start, size, 2 * len(self._buf))
         else:
             self._buf[:size] = self._buf[self._start : self._end]
         self._start, self._end = 0, size
@@ -366,7 +377,9 @@ class Connection(asyncio.BufferedProtocol):
                     self.transport.resume_reading()
                 self._busy = True
                 try:
-                    await self.dispatch(msg_id, payload)
+                    handling = self.dispatch(msg_id, payload)
+                    if handling is not None:
+                        await handling
                 finally:
                     self._busy = False
                     if len(payload) >= BIG_FRAME_BYTES:
@@ -379,30 +392,31 @@ class Connection(asyncio.BufferedProtocol):
             await self.close()
             self.broker.connections.discard(self)
 
-    async def dispatch(self, msg_id: int, payload) -> None:
+    def dispatch(self, msg_id: int, payload) -> Coroutine[Any, Any, None] | None:
+        """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
+        task to await, or None for a ping; returned rather than awaited, so a request costs no coroutine of its own."""
         h = self.broker.handlers
         if msg_id == MsgType.PRODUCE:
-            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
-        elif msg_id == MsgType.PRODUCE_WITH_SEQNUM:
-            await h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
-        elif msg_id == MsgType.CONSUME:
-            await h.consume.handle(self, rq.read_consume_request(payload))
-        elif msg_id == MsgType.PING:
-            return  # pings from clients are ignored, as TANK does
-        elif msg_id == MsgType.DISCOVER_PARTITIONS:
-            await h.admin.discover_partitions(self, rq.read_discover_partitions_request(payload))
-        elif msg_id == MsgType.CREATE_TOPIC:
-            await h.admin.create_topic(self, rq.read_create_topic_request(payload))
-        elif msg_id == MsgType.RELOAD_CONF:
-            await h.admin.reload_conf(self, rq.read_reload_conf_request(payload))
-        elif msg_id == MsgType.STATUS:
-            await h.admin.status(self, rq.read_status_request(payload))
-        elif msg_id == MsgType.DISCOVER_TOPICS:
-            await h.admin.discover_topics(self, rq.read_discover_topics_request(payload))
-        elif msg_id == MsgType.DISCOVER_TOPOLOGY:
-            await h.admin.discover_topology(self, rq.read_discover_topology_request(payload))
-        else:
-            raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
+            return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
+        if msg_id == MsgType.PRODUCE_WITH_SEQNUM:
+            return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
+        if msg_id == MsgType.CONSUME:
+            return h.consume.handle(self, rq.read_consume_request(payload))
+        if msg_id == MsgType.PING:
+            return None  # pings from clients are ignored, as TANK does
+        if msg_id == MsgType.DISCOVER_PARTITIONS:
+            return h.admin.discover_partitions(self, rq.read_discover_partitions_request(payload))
+        if msg_id == MsgType.CREATE_TOPIC:
+            return h.admin.create_topic(self, rq.read_create_topic_request(payload))
+        if msg_id == MsgType.RELOAD_CONF:
+            return h.admin.reload_conf(self, rq.read_reload_conf_request(payload))
+        if msg_id == MsgType.STATUS:
+            return h.admin.status(self, rq.read_status_request(payload))
+        if msg_id == MsgType.DISCOVER_TOPICS:
+            return h.admin.discover_topics(self, rq.read_discover_topics_request(payload))
+        if msg_id == MsgType.DISCOVER_TOPOLOGY:
+            return h.admin.discover_topology(self, rq.read_discover_topology_request(payload))
+        raise CloseConnection(f"unsupported message id 0x{msg_id:02x}")
 
     # -- responses -------------------------------------------------------------------------------------------------
 
@@ -416,6 +430,14 @@ class Connection(asyncio.BufferedProtocol):
             self._queue_response(msg_id, payload)
         if self._writing_paused:
             await self._drain()
+
+    def try_send(self, msg_id: int, payload: bytes) -> bool:
+        """send() when it would not wait: the write lock is free and the client reads. False: nothing was queued,
+        await send(). Lets a handler answer without a coroutine of its own."""
+        if self._writing_paused or self.write_lock.locked():
+            return False
+        self._queue_response(msg_id, payload)
+        return True
 
     def _queue_response(self, msg_id: int, payload: bytes) -> None:
         """Only while the write lock is free: a consume response going out must not be cut into."""

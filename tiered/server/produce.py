@@ -4,7 +4,9 @@ Every bundle of the request is validated completely (read_checked_produce: heade
 count, no trailing bytes) before the request reaches this handler, so a malformed request changes nothing: its
 ProtocolError closes that connection only (connection.py), and no bad bundle ever reaches a log, a block or a
 consumer. Appends happen in request order. The answer is kept as plain status bytes per request topic and encoded
-with encode_produce_codes: a produce request costs no result objects.
+with encode_produce_codes: a produce request costs no result objects. A plain request costs no coroutine beyond its
+handler's either: admission is awaited only when the pipeline is full (Tier.admits_now), and the answer is queued
+directly when the connection takes it without waiting (Connection.try_send).
 
 What a partition's answer means (docs/operations.md, "What a produce answer means"):
 - 0x00: stored. On a durable topic: in the bucket and the catalog (its block is committed).
@@ -71,7 +73,7 @@ class ProduceHandler:
             # appended; TANK's client retries, and finds the partition's leader.
             await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
             return
-        if not await broker.tier.admission():
+        if not broker.tier.admits_now() and not await broker.tier.admission():
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)
             return
@@ -105,7 +107,7 @@ class ProduceHandler:
                         codes.append(ProduceStatus.OTHER_LEADER)
                     continue
                 try:
-                    appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts)
+                    appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts, p.record)
                 except InvalidSeqnums as exc:
                     log.info("produce %s/%d refused: %s", name, p.partition, exc)
                     codes.append(ProduceStatus.INVALID_SEQNUMS)
@@ -124,20 +126,25 @@ class ProduceHandler:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
             conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
             return
-        await self._send(conn, req, answers, started, redirects)
+        payload = self._answer(req, answers, started, redirects)
+        if not conn.try_send(MsgType.PRODUCE, payload):
+            await conn.send(MsgType.PRODUCE, payload)
 
-    async def _send(self, conn, req: ProduceRequest, answers: list[TopicAnswer], started: float,
-                    redirects: dict | None = None) -> None:
+    def _answer(self, req: ProduceRequest, answers: list[TopicAnswer], started: float,
+                redirects: dict | None = None) -> bytes:
+        """The response payload; counts the request's ack latency once per known topic it names."""
         elapsed = self.broker.clock.monotonic() - started
         metrics = self.broker.metrics
         topics = self.broker.registry.topics
-        for name in {name for name, _, _ in answers if name in topics}:  # never a label per unknown name
-            metrics.ack_latency(name, elapsed)
-        if redirects:
-            payload = encode_produce_response(_with_leaders(req.request_id, answers, redirects))
+        if len(answers) == 1:
+            if answers[0][0] in topics:
+                metrics.ack_latency(answers[0][0], elapsed)
         else:
-            payload = encode_produce_codes(req.request_id, answers)
-        await conn.send(MsgType.PRODUCE, payload)
+            for name in {name for name, _, _ in answers if name in topics}:  # never a label per unknown name
+                metrics.ack_latency(name, elapsed)
+        if redirects:
+            return encode_produce_response(_with_leaders(req.request_id, answers, redirects))
+        return encode_produce_codes(req.request_id, answers)
 
     async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
         topics = self.broker.registry.topics
@@ -170,7 +177,7 @@ class ProduceHandler:
             self.broker.metrics.inc(m.ACK_TIMEOUTS, not_confirmed)
             log.error("request %d: %d durable produces not confirmed within %.1f s (answered 0x03; their block "
                       "keeps retrying)", req.request_id, not_confirmed, self._ack_timeout_s(req))
-        await self._send(conn, req, answers, started, redirects)
+        await conn.send(MsgType.PRODUCE, self._answer(req, answers, started, redirects))
 
 
 def _with_leaders(request_id: int, answers: list[TopicAnswer], redirects: dict) -> ProduceResponse:

@@ -59,7 +59,9 @@ class AppendResult(NamedTuple):
     segment_base: int
     position: int
     end_position: int
-    record: bytes  # exactly the bytes written: {varint length, bundle}
+    # Exactly the bytes written, {varint length, bundle}: bytes, or a read-only view of the produce request's payload
+    # (ProducePartition.record), which keeps the payload alive. Consumers only read it, as a bytes-like object.
+    record: bytes | memoryview
     header: BundleFacts  # the bundle's header and timestamp bounds, so later stages need not read it again
 
 
@@ -191,11 +193,13 @@ class PartitionLog:
     # ------------------------------------------------------------------------------------------- writes
 
     def append(self, bundle: bytes | memoryview, base_seq: int | None = None,
-               facts: BundleFacts | None = None) -> AppendResult:
+               facts: BundleFacts | None = None, record: memoryview | None = None) -> AppendResult:
         """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq.
 
         The log holds only whole, valid bundles: the bundle is validated completely (ProtocolError, nothing written)
-        unless the caller passes the `facts` validate_bundle already returned for it."""
+        unless the caller passes the `facts` validate_bundle already returned for it. `record`: those bytes already
+        laid out, as the request holds them (ProducePartition.record: the length minimally encoded, read-only, never
+        written again); without it the record is built here, copying the bundle once."""
         facts = facts or validate_bundle(bundle)
         size = len(bundle)
         if size > MAX_VARINT:
@@ -214,16 +218,17 @@ class PartitionLog:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
             if first < 1 or last < first or last > MAX_SEQ:
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
-            record = b"".join((encode_varint(size), bundle))  # the bundle is copied once, from the request
+            # Without the request's own layout, the bundle is copied once, from the request.
+            written = record if record is not None else b"".join((encode_varint(size), bundle))
             now = self._now_s()
-            segment = self._segment_for(first, last, facts.sparse, len(record), now)
+            segment = self._segment_for(first, last, facts.sparse, len(written), now)
             config = self.config
-            position = segment.append(record, first, last, config.log_index_interval_bytes,
+            position = segment.append(written, first, last, config.log_index_interval_bytes,
                                       (facts.min_ts_ms, facts.max_ts_ms))
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
-            return AppendResult(first, last, segment.base, position, position + len(record), record, facts)
+            return AppendResult(first, last, segment.base, position, position + len(written), written, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

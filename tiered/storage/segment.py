@@ -55,7 +55,7 @@ class SegmentReader(io.FileIO):
             self.close()
 
 
-def write_all(fd: int, data: bytes | bytearray) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     written = os.write(fd, data)  # almost always all of it, at once
     if written == len(data):
         return
@@ -329,7 +329,7 @@ class ActiveSegment(SegmentFiles):
         """Whether a record keeps this segment's index columns within u32 (and TANK's seq span limit)."""
         return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
 
-    def append(self, record: bytes, first_seq: int, last_seq: int, interval: int,
+    def append(self, record: bytes | memoryview, first_seq: int, last_seq: int, interval: int,
                ts_bounds: tuple[int, int] | None = None) -> int:
         """Writes one whole record with one write; returns its position. On a failed write the file is cut back.
         `ts_bounds` is the bundle's (min, max) message timestamp; without it the segment's bounds are unknown."""

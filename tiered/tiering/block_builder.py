@@ -21,6 +21,7 @@ from tiered.catalog.blocks import RunMeta
 from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.block_format import INDEX_EVERY_BYTES
+from tiered.tiering.store import Piece
 
 TopicPartition = tuple[str, int]
 
@@ -36,7 +37,7 @@ class PendingRun:
     from_seq: int
     first_seq: int
     last_seq: int
-    records: list[bytes] = field(default_factory=list)
+    records: list[Piece] = field(default_factory=list)  # as AppendResult.record: bytes or read-only views
     messages: int = 0
     min_ts_ms: int = 0
     max_ts_ms: int = 0
@@ -74,7 +75,7 @@ def recorded_ts_bounds(low: int, high: int) -> tuple[int, int]:
     return min(low, MAX_RECORDED_TS_MS), min(high, MAX_RECORDED_TS_MS)
 
 
-def record_stats(record: bytes, facts: BundleFacts | None = None) -> tuple[int, int, int]:
+def record_stats(record: Piece, facts: BundleFacts | None = None) -> tuple[int, int, int]:
     """(messages, min ts, max ts as recorded) of one `{varint len, bundle}` record: from the `facts` the append path
     validated it with, else from one native pass over the bundle (records re-read from disk at start-up)."""
     if facts is None:
@@ -136,7 +137,7 @@ class BlockBuilder:
     def leads(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self._leading
 
-    def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: bytes, segment_base: int,
+    def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: Piece, segment_base: int,
             now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
         """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
         `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""

@@ -67,6 +67,7 @@ from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import encode_uvarint, maybe_varint
 from tiered.storage.topics import is_valid_topic_name
+from tiered.tiering.store import Piece
 
 MAGIC = b"TIEREDB1"
 FORMAT_VERSION = 3
@@ -129,8 +130,8 @@ def encode_block(runs: Sequence[tuple[RunMeta, bytes]],
     return b"".join(pieces), rows
 
 
-def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]],
-                        indexes: Sequence[IndexEntries] | None = None) -> tuple[list[bytes], list[RunRow]]:
+def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[Piece]]],
+                        indexes: Sequence[IndexEntries] | None = None) -> tuple[list[Piece], list[RunRow]]:
     """encode_block for runs given as lists of records, returned as the pieces whose concatenation is the object
     (the records themselves, then footer and trailer): the upload writes them out without joining them."""
     if not runs:
@@ -138,7 +139,7 @@ def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[bytes]]],
     if indexes is not None and len(indexes) != len(runs):
         raise ValueError(f"{len(indexes)} bundle indexes for {len(runs)} runs")
     rows: list[RunRow] = []
-    pieces: list[bytes] = []
+    pieces: list[Piece] = []
     footer = bytearray(FOOTER_HEADER.pack(len(runs)))
     last_of: dict[tuple[str, int], int] = {}
     position = 0
@@ -346,7 +347,7 @@ def _read_uvarint(buf: memoryview, at: int, base: int, what: str) -> tuple[int, 
     raise ProtocolError(f"{what}: truncated or overlong varint", base + at)
 
 
-def _check_record_pieces(records: Sequence[bytes], what: str, boundaries: Sequence[int]) -> None:
+def _check_record_pieces(records: Sequence[Piece], what: str, boundaries: Sequence[int]) -> None:
     """_check_records over the concatenation of `records` (at least one piece, each whole records), without joining
     them. A piece that is exactly one record with a one- or two-byte length (what the append path hands over) is
     checked inline, and may hold a boundary only at its start; any other goes through _check_records."""

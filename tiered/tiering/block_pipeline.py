@@ -86,6 +86,10 @@ class BlockPipeline:
         """When the oldest record of any block still uploading or committing arrived."""
         return min((b.opened_ms for b in self._open.values()), default=None)
 
+    def has_room(self) -> bool:
+        """Whether admission() would answer True at once."""
+        return len(self._tasks) < self.max_in_flight
+
     async def admission(self, timeout_s: float) -> bool:
         """Waits until fewer than `max_in_flight` blocks are in flight; False if that did not happen in time."""
         deadline = self.clock.monotonic() + timeout_s

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tiered.storage.segment import copy_file, fsync_dir
-from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_object_key
+from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
 
 TEMP_PREFIX = ".tiered-tmp-"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)
@@ -78,7 +78,7 @@ class LocalObjectStore(ObjectStore):
 
     # --- ObjectStore ----------------------------------------------------------------------------------------------
 
-    async def _put(self, object_key: str, pieces: list[bytes]) -> None:
+    async def _put(self, object_key: str, pieces: list[Piece]) -> None:
         path = self._path(object_key)
         if self.direct_io and sum(len(p) for p in pieces) >= DIRECT_MIN_BYTES:
             try:
@@ -235,7 +235,7 @@ class LocalObjectStore(ObjectStore):
             return size
         raise AssertionError("unreachable")
 
-    def _write_direct(self, fd: int, pieces: list[bytes]) -> None:
+    def _write_direct(self, fd: int, pieces: list[Piece]) -> None:
         """The pieces in order through a page-aligned buffer, DIRECT_CHUNK at a time; the last chunk is padded to
         DIRECT_ALIGN and the file cut back to the pieces' length."""
         try:
@@ -330,7 +330,7 @@ def _write_aligned(fd: int, chunk: memoryview) -> None:
         raise OSError(errno.EIO, f"short O_DIRECT write: {written} of {len(chunk)} bytes")
 
 
-def _write_pieces(fd: int, pieces: list[bytes]) -> None:
+def _write_pieces(fd: int, pieces: list[Piece]) -> None:
     """Writes the pieces in order with vectored writes (no joined copy in user space), finishing short writes."""
     index = 0
     while index < len(pieces):

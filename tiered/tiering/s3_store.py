@@ -27,7 +27,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_object_key
+from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
 
 STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
@@ -88,10 +88,11 @@ class S3ObjectStore(ObjectStore):
 
     # --- ObjectStore ----------------------------------------------------------------------------------------------
 
-    async def _put(self, object_key: str, pieces: list[bytes]) -> None:
+    async def _put(self, object_key: str, pieces: list[Piece]) -> None:
         client = await self._connected()
         # One request body: pieces are joined in a worker thread, off the event loop (a block is 8 MiB).
-        data = pieces[0] if len(pieces) == 1 else await asyncio.to_thread(b"".join, pieces)
+        data = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else await asyncio.to_thread(
+            b"".join, pieces)
         with self._errors(object_key):
             await client.put_object(Bucket=self.bucket, Key=self._key(object_key), Body=data)
 

@@ -314,6 +314,9 @@ class TieringService:
     async def admission(self) -> bool:
         return await self.durable.admission(self.ack_timeout_s)
 
+    def admits_now(self) -> bool:
+        return self.durable.pipeline.has_room()
+
     def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
         return self.durable.appended(topic, partition, appended, durable)
 

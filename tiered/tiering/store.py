@@ -30,6 +30,8 @@ DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MiB
 DEFAULT_PART_BYTES = 16 * MiB
 DEFAULT_LIST_PAGE = 1000
 
+Piece = bytes | memoryview  # one piece of an object put as pieces: bytes, or a read-only view of received bytes
+
 
 class StoreError(Exception):
     """The store failed (I/O, network, service error) after its own retries; the cause is chained."""
@@ -91,11 +93,12 @@ class ObjectStore(abc.ABC):
 
     # --- public API -----------------------------------------------------------------------------------------------
 
-    async def put(self, object_key: str, data: bytes | list[bytes]) -> None:
+    async def put(self, object_key: str, data: bytes | list[Piece]) -> None:
         """Stores `data` under `object_key`, replacing any object there. Readers see the old object or the new one.
 
         `data` may be a list of pieces, stored as their concatenation: a block goes out as its runs' records without
-        being joined first (joining 8 MiB into fresh memory on the event loop cost more than writing it out).
+        being joined first (joining 8 MiB into fresh memory on the event loop cost more than writing it out). A
+        piece may be a read-only view of a produce request's payload (AppendResult.record): stores only read it.
         """
         pieces = data if isinstance(data, list) else [bytes(data)]
         size = sum(len(p) for p in pieces)
@@ -213,7 +216,7 @@ class ObjectStore(abc.ABC):
     # --- backend --------------------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _put(self, object_key: str, pieces: list[bytes]) -> None:
+    async def _put(self, object_key: str, pieces: list[Piece]) -> None:
         """Stores the concatenation of `pieces` (at least one)."""
 
     @abc.abstractmethod

@@ -98,3 +98,22 @@ def test_first_available_only_moves_forward(cat):
     assert get_partition_states(cat, "t")[0].first_available_seq == 180
     with pytest.raises(UnknownPartition):
         set_first_available(cat, "t", 1, 5)
+
+
+def test_locking_partitions_of_one_topic_or_of_several_reads_the_same_rows(cat):
+    """lock_partitions has a prebuilt statement for one topic (every block commit) beside the general one: both read
+    the rows get_partition_states reads, and both refuse a partition that does not exist."""
+    from tiered.catalog.partitions import lock_partitions
+
+    create_topic(cat, "a", 3)
+    create_topic(cat, "b", 2)
+    claim_partitions(cat, 7, "a", [0, 2])
+    want = {(s.topic, s.partition): s for s in get_partition_states(cat)}
+    with cat.write() as conn:
+        one = lock_partitions(conn, [("a", 2), ("a", 0), ("a", 2)])
+        several = lock_partitions(conn, [("b", 1), ("a", 1), ("a", 0)])
+    assert one == {k: want[k] for k in (("a", 0), ("a", 2))}
+    assert several == {k: want[k] for k in (("a", 0), ("a", 1), ("b", 1))}
+    for keys in ([("a", 3)], [("a", 0), ("a", 3)], [("a", 0), ("c", 0)]):
+        with pytest.raises(UnknownPartition), cat.write() as conn:
+            lock_partitions(conn, keys)

@@ -79,24 +79,23 @@ def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[t
     transaction already holds the database) and returns them. Raises UnknownPartition for a missing one."""
     wanted = sorted(set(keys))
     states: dict[tuple[str, int], PartitionState] = {}
-    if wanted and len(wanted) <= BATCH and wanted[0][0] == wanted[-1][0]:  # one topic: the block path's usual case
-        rows = conn.execute(_LOCK_ONE_TOPIC, {"l_topic": wanted[0][0], "l_partitions": [p for _, p in wanted]})
-        states.update({(r.topic, r.partition): PartitionState(*r) for r in rows})
-        wanted = [key for key in wanted if key not in states]
-        if wanted:
-            raise UnknownPartition(*wanted[0])
     for start in range(0, len(wanted), BATCH):
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in wanted[start : start + BATCH]:
-            by_topic.setdefault(topic, []).append(partition)
-        # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes (SQLite
-        # does not for a row-value IN list). Batches go in key order, so the lock order holds across them.
-        rows = conn.execute(
-            select(*_COLUMNS)
-            .where(or_(*(and_(PartitionModel.topic == t, PartitionModel.partition.in_(ps)) for t, ps in by_topic.items())))
-            .order_by(PartitionModel.topic, PartitionModel.partition)
-            .with_for_update()
-        )
+        batch = wanted[start : start + BATCH]
+        if batch[0][0] == batch[-1][0]:  # one topic (a block commit's usual case): the statement built once
+            rows = conn.execute(_LOCK_ONE_TOPIC, {"l_topic": batch[0][0], "l_partitions": [p for _, p in batch]})
+        else:
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in batch:
+                by_topic.setdefault(topic, []).append(partition)
+            # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes
+            # (SQLite does not for a row-value IN list). Batches go in key order, so the lock order holds across them.
+            rows = conn.execute(
+                select(*_COLUMNS)
+                .where(or_(*(and_(PartitionModel.topic == t, PartitionModel.partition.in_(ps))
+                             for t, ps in by_topic.items())))
+                .order_by(PartitionModel.topic, PartitionModel.partition)
+                .with_for_update()
+            )
         states.update({(r.topic, r.partition): PartitionState(*r) for r in rows})
     for key in wanted:
         if key not in states:

@@ -93,7 +93,7 @@ class BlockPipeline:
     async def admission(self, timeout_s: float) -> bool:
         """Waits until fewer than `max_in_flight` blocks are in flight; False if that did not happen in time."""
         deadline = self.clock.monotonic() + timeout_s
-        while len(self._tasks) >= self.max_in_flight:
+        while not self.has_room():
             self._room.clear()
             left = deadline - self.clock.monotonic()
             if left <= 0:

@@ -5,7 +5,9 @@ Goals (local ack, bundles uncompressed, random content):
 - at most 5 CPU s/GB at 100-byte messages and 1.5 CPU s/GB at 1 KiB messages, bundles of 100.
 
 Beside them, for comparison, the same workloads against the broker without its tiering layer (bench/local_broker.py):
-what the append path alone costs, and so how much of each figure is the background upload of blocks.
+what the append path alone costs, and so how much of each figure is the background upload of blocks. And against
+bench/floor_server.py's three floors, which only write each request to a file and answer OK: the least a server in
+Python pays on this machine for the same bytes, so a broker figure below its floor is not a goal code can reach.
 
 One broker per workload (`tiered serve` on its embedded defaults: blocks are still uploaded to the local-directory
 store and committed to SQLite in the background, and that CPU counts), with one `produce.ack=local` topic. Each
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from bench import format_table
 from bench.bench_broker import Measurement, create_topic, produce
+from bench.floor_server import MODES, FloorProcess
 from bench.harness import BrokerProcess
 from bench.loadgen import Shape
 
@@ -35,11 +38,14 @@ class Workload:
     window: int
     goal: float | None  # µs per request for 1-message bundles, else CPU s/GB; None: a figure for comparison
     per_request: bool
-    local_only: bool = False  # the broker without its tiering layer: what the append path alone costs
+    # "whole": the broker; "no tiering": the broker without its tiering layer (what the append path alone costs);
+    # "floor: <mode>": bench/floor_server.py, the least a Python server does with the same requests
+    server: str = "whole"
 
     @property
     def topic(self) -> str:
-        return f"a{self.shape.msg_bytes}b{self.shape.bundle_msgs}w{self.window}{'l' if self.local_only else ''}"
+        server = {"whole": "", "no tiering": "l"}.get(self.server, "f" + self.server.removeprefix("floor: "))
+        return f"a{self.shape.msg_bytes}b{self.shape.bundle_msgs}w{self.window}{server}"
 
     def figure(self, m: Measurement) -> float:
         if self.per_request:
@@ -52,9 +58,10 @@ WORKLOADS = (
     Workload(Shape(100, 1), 256, 25.0, True),
     Workload(Shape(100, 100), 64, 5.0, False),
     Workload(Shape(1024, 100), 64, 1.5, False),
-    Workload(Shape(100, 1), 256, None, True, local_only=True),
-    Workload(Shape(100, 100), 64, None, False, local_only=True),
-    Workload(Shape(1024, 100), 64, None, False, local_only=True),
+    Workload(Shape(100, 1), 256, None, True, "no tiering"),
+    Workload(Shape(100, 100), 64, None, False, "no tiering"),
+    Workload(Shape(1024, 100), 64, None, False, "no tiering"),
+    *(Workload(Shape(size, 100), 64, None, False, f"floor: {mode}") for mode in MODES for size in (100, 1024)),
 )
 
 
@@ -74,25 +81,28 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: i
     seconds, warmup_s = (1.0, 0.3) if quick else (2.0, 0.5)
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-append-"))
     results = [Result(w) for w in WORKLOADS]
-    brokers: list[BrokerProcess] = []
+    brokers: list[BrokerProcess | FloorProcess] = []
     try:
         for w in WORKLOADS:
+            if w.server.startswith("floor: "):
+                brokers.append(FloorProcess(root / w.topic, w.server.removeprefix("floor: ")).start())
+                continue
             profile = profile_dir / f"broker-append-{w.topic}.prof" if profile_dir else None
-            broker = BrokerProcess(root / w.topic / "data", profile_path=profile, local_only=w.local_only)
-            brokers.append(broker.start())
+            brokers.append(BrokerProcess(root / w.topic / "data", profile_path=profile,
+                                         local_only=w.server == "no tiering").start())
             await create_topic(brokers[-1].port, w.topic, 1, {"produce.ack": "local"})
         for r in range(rounds):
-            for result, broker in zip(results, brokers):
+            for result, server in zip(results, brokers):
                 w = result.workload
-                log(f"  round {r + 1}/{rounds}: {w.shape.label}, window {w.window} ...")
-                m = await produce(broker.port, w.topic, w.shape, 1, seconds, broker.cpu_s, window=w.window,
+                log(f"  round {r + 1}/{rounds}: {w.shape.label}, window {w.window}, {w.server} ...")
+                m = await produce(server.port, w.topic, w.shape, 1, seconds, server.cpu_s, window=w.window,
                                   warmup_s=warmup_s if r == 0 else 0.0)
                 if m.errors or not m.messages:
                     raise RuntimeError(f"{w.shape.label}: {m.errors} failed requests ({m.first_error})")
                 result.runs.append(m)
     finally:
-        for broker in brokers:
-            broker.stop()
+        for server in brokers:
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)
     return results
 
@@ -109,7 +119,7 @@ def report(results: list[Result]) -> str:
         median = statistics.median(figures)
         runs = result.runs
         rows.append([
-            w.shape.label, w.window, "no tiering" if w.local_only else "whole",
+            w.shape.label, w.window, w.server,
             "CPU µs/request" if w.per_request else "CPU s/GB", median, min(figures), max(figures),
             "-" if w.goal is None else w.goal, "-" if w.goal is None else "yes" if median <= w.goal else "no",
             statistics.median(m.msgs_per_s for m in runs),
@@ -119,4 +129,6 @@ def report(results: list[Result]) -> str:
     rounds = len(results[0].runs) if results else 0
     return format_table(HEADERS, rows, f"Append path budgets (issue 13), produce.ack=local, 1 connection, medians of "
                                        f"{rounds} rounds; broker \"no tiering\": the same broker without its tiering "
-                                       "layer (no block upload, no catalog), for comparison")
+                                       "layer (no block upload, no catalog); \"floor\": bench/floor_server.py, which "
+                                       "only writes each request to a file and answers OK (asyncio: as the broker's "
+                                       "connections; blocking: a thread, one write per read; null: writes nothing)")

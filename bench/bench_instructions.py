@@ -17,8 +17,11 @@ instead of ~50x, and nothing before the measurement is counted), a warm-up of re
 (`callgrind_control -i on`); then, `repeats` times: the counters zeroed (`-z`), a fixed number of requests, a settle
 pause, a dump (`-d`), whose `summary:` line is the Ir of that window. The settle pause (also before the first window)
 lets the blocks holding the window's records close (at `block_max_age_ms`, 250 ms) and be uploaded and committed
-inside the window, so a whole-broker figure holds the tiering layer's work for its own records. Its idle work (the
-event loop's timers) is counted too and is small against the requests' (see "idle Ir/s" in the output).
+inside the window, so a whole-broker figure holds the tiering layer's work for its own records. Idle work is counted
+too: the whole broker's cluster coordinator ticks every 250 ms of wall time with catalog reads, ~10^7 instructions a
+second, and under valgrind a window lasts seconds. So an idle window (`IDLE_S`, after the warm-up) gives the idle
+rate, and "net of idle" is (Ir - idle rate x window seconds) / requests: what the requests cost, without the work
+that grows with valgrind's, so the machine's, slowness.
 
 Caveat for the whole broker: blocks close by age, and under valgrind the broker runs ~50x slower, so a block holds
 fewer requests than at full speed and the per-block work (upload, catalog commit) weighs more per request than it
@@ -73,6 +76,7 @@ WORKLOADS = (
 )
 WARMUP_REQUESTS = 300
 SETTLE_S = 1.5  # wall time: more than block_max_age_ms (250 ms) plus an upload and commit at valgrind's speed
+IDLE_S = 3.0  # the idle window: a dozen of the coordinator's 250 ms ticks
 START_TIMEOUT_S = 300.0
 
 # PYTHONHASHSEED fixed: str hashes (dict and set layouts, so probe counts) are otherwise random per process, and two
@@ -143,6 +147,7 @@ class Window:
     ir: int
     requests: int
     blocks: float  # blocks uploaded during the window (NaN: not a whole broker)
+    seconds: float  # wall time from the zeroing to the dump
 
 
 @dataclass
@@ -154,6 +159,11 @@ class Result:
 
     def per_request(self) -> list[float]:
         return [w.ir / w.requests for w in self.windows]
+
+    def net_per_request(self) -> list[float]:
+        """Less the idle rate over each window's wall time: what the requests themselves cost, without the timers'
+        work, which grows with valgrind's (so the machine's) slowness."""
+        return [(w.ir - self.idle_ir_per_s * w.seconds) / w.requests for w in self.windows]
 
 
 def _blocks(server) -> float:
@@ -182,20 +192,24 @@ async def measure(w: Workload, server_name: str, tree: Path, root: Path, quick: 
         await _produce(server.port, topic, w, min(WARMUP_REQUESTS, count))  # freshly instrumented code, not counted
         await asyncio.sleep(SETTLE_S)
         callgrind_control(server.pid, "--zero")
-        await asyncio.sleep(SETTLE_S)
+        started = time.monotonic()
+        await asyncio.sleep(IDLE_S)
+        seconds = time.monotonic() - started
         before = set(out_dir.glob("callgrind.out*"))
         callgrind_control(server.pid, "--dump")
-        result.idle_ir_per_s = dumped_ir(out_dir, before) / SETTLE_S
+        result.idle_ir_per_s = dumped_ir(out_dir, before) / seconds
         for i in range(repeats):
             log(f"  {w.shape.label}, {server_name}: window {i + 1}/{repeats}, {count} requests ...")
             blocks0 = _blocks(server)
             callgrind_control(server.pid, "--zero")
+            started = time.monotonic()
             answered = await _produce(server.port, topic, w, count)
             await asyncio.sleep(SETTLE_S)
+            seconds = time.monotonic() - started
             before = set(out_dir.glob("callgrind.out*"))
             callgrind_control(server.pid, "--dump")
             ir = dumped_ir(out_dir, before)
-            result.windows.append(Window(ir, answered, _blocks(server) - blocks0))
+            result.windows.append(Window(ir, answered, _blocks(server) - blocks0, seconds))
     finally:
         server.stop()
     return result
@@ -223,8 +237,8 @@ async def run(quick: bool, tree: Path, servers: tuple[str, ...], repeats: int, l
     return results
 
 
-HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "G instr/GB", "blocks",
-           "idle Ir/s")
+HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "net of idle", "G instr/GB",
+           "net G instr/GB", "blocks", "idle Ir/s", "window s")
 
 
 def report(results: list[Result], tree: Path) -> str:
@@ -236,12 +250,14 @@ def report(results: list[Result], tree: Path) -> str:
         spread = (max(per_request) - min(per_request)) / min(per_request) * 100
         per_gb = "-" if w.per_request_only else median / (w.shape.bundle_msgs * w.shape.msg_bytes)  # = 10^9 instr per GB
         blocks = "-" if r.windows[0].blocks != r.windows[0].blocks else "/".join(f"{x.blocks:.0f}" for x in r.windows)
-        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, per_gb, blocks,
-                     r.idle_ir_per_s])
+        net = statistics.median(r.net_per_request())
+        net_per_gb = "-" if w.per_request_only else net / (w.shape.bundle_msgs * w.shape.msg_bytes)
+        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, net, per_gb,
+                     net_per_gb, blocks, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
     where = "" if tree == REPO else f", brokers from {tree}"
     return format_table(HEADERS, rows, "User-space instructions per produce request (callgrind Ir; kernel work not "
                         f"counted), produce.ack=local, 1 connection{where}; median of {len(results[0].windows)} "
-                        "windows of one process, spread (max-min)/min; G instr/GB: 10^9 instructions per 10^9 bytes of "
+                        "windows of one process, spread (max-min)/min; net: less idle Ir/s x window s; G instr/GB: 10^9 instructions per 10^9 bytes of "
                         "message content; blocks: uploaded in each window (whole broker)")
 
 

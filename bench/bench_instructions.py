@@ -19,9 +19,10 @@ pause, a dump (`-d`), whose `summary:` line is the Ir of that window. The settle
 lets the blocks holding the window's records close (at `block_max_age_ms`, 250 ms) and be uploaded and committed
 inside the window, so a whole-broker figure holds the tiering layer's work for its own records. Idle work is counted
 too: the whole broker's cluster coordinator ticks every 250 ms of wall time with catalog reads, ~10^7 instructions a
-second, and under valgrind a window lasts seconds. So an idle window (`IDLE_S`, after the warm-up) gives the idle
-rate, and "net of idle" is (Ir - idle rate x window seconds) / requests: what the requests cost, without the work
-that grows with valgrind's, so the machine's, slowness.
+second, and under valgrind a window lasts seconds. An idle window (`IDLE_S`, after the warm-up) gives "idle Ir/s",
+printed with each window's seconds to show that share. It is not subtracted: under load the ticks run late and the
+idle window may hold the warm-up's last commits, so Ir - idle rate x seconds came out below the broker without
+tiering, which is impossible.
 
 Caveat for the whole broker: blocks close by age, and under valgrind the broker runs ~50x slower, so a block holds
 fewer requests than at full speed and the per-block work (upload, catalog commit) weighs more per request than it
@@ -160,11 +161,6 @@ class Result:
     def per_request(self) -> list[float]:
         return [w.ir / w.requests for w in self.windows]
 
-    def net_per_request(self) -> list[float]:
-        """Less the idle rate over each window's wall time: what the requests themselves cost, without the timers'
-        work, which grows with valgrind's (so the machine's) slowness."""
-        return [(w.ir - self.idle_ir_per_s * w.seconds) / w.requests for w in self.windows]
-
 
 def _blocks(server) -> float:
     if not isinstance(server, BrokerProcess) or server.program != ["tiered.cli.main", "serve"]:
@@ -237,8 +233,7 @@ async def run(quick: bool, tree: Path, servers: tuple[str, ...], repeats: int, l
     return results
 
 
-HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "net of idle", "G instr/GB",
-           "net G instr/GB", "blocks", "idle Ir/s", "window s")
+HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "G instr/GB", "blocks", "idle Ir/s", "window s")
 
 
 def report(results: list[Result], tree: Path) -> str:
@@ -250,14 +245,11 @@ def report(results: list[Result], tree: Path) -> str:
         spread = (max(per_request) - min(per_request)) / min(per_request) * 100
         per_gb = "-" if w.per_request_only else median / (w.shape.bundle_msgs * w.shape.msg_bytes)  # = 10^9 instr per GB
         blocks = "-" if r.windows[0].blocks != r.windows[0].blocks else "/".join(f"{x.blocks:.0f}" for x in r.windows)
-        net = statistics.median(r.net_per_request())
-        net_per_gb = "-" if w.per_request_only else net / (w.shape.bundle_msgs * w.shape.msg_bytes)
-        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, net, per_gb,
-                     net_per_gb, blocks, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
+        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, per_gb, blocks, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
     where = "" if tree == REPO else f", brokers from {tree}"
     return format_table(HEADERS, rows, "User-space instructions per produce request (callgrind Ir; kernel work not "
                         f"counted), produce.ack=local, 1 connection{where}; median of {len(results[0].windows)} "
-                        "windows of one process, spread (max-min)/min; net: less idle Ir/s x window s; G instr/GB: 10^9 instructions per 10^9 bytes of "
+                        "windows of one process, spread (max-min)/min; G instr/GB: 10^9 instructions per 10^9 bytes of "
                         "message content; blocks: uploaded in each window (whole broker)")
 
 

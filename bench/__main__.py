@@ -10,10 +10,10 @@
     python -m bench --json PATH          also write every figure as JSON
 
 `--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only snapshot`,
-`--only chaos`, `--only client`, `--only cluster` and `--only linger` run `python -m bench.bench_spark` /
-`bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` / `bench.bench_remote_compaction` /
-`bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster` / `bench.bench_linger` (modules
-of their own; `--quick` is passed on) when they exist.
+`--only chaos`, `--only client`, `--only cluster`, `--only linger` and `--only instructions` run
+`python -m bench.bench_spark` / `bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` /
+`bench.bench_remote_compaction` / `bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster`
+/ `bench.bench_linger` / `bench.bench_instructions` (modules of their own; `--quick` is passed on) when they exist.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "compaction": "bench.bench_compaction", "remote_compaction": "bench.bench_remote_compaction",
              "snapshot": "bench.bench_snapshot",
              "chaos": "bench.chaos", "client": "bench.bench_client",
-             "cluster": "bench.bench_cluster", "linger": "bench.bench_linger"}
+             "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
+             "instructions": "bench.bench_instructions"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

@@ -91,7 +91,10 @@ async def measure(conns, server_cpu, stop_after_s: float) -> tuple[float, float,
 
 
 async def produce(port: int, topic: str, shape: Shape, conns: int, seconds: float, server_cpu, *,
-                  window: int | None = None, warmup_s: float = 0.0, rate_per_s: float | None = None) -> Measurement:
+                  window: int | None = None, warmup_s: float = 0.0, rate_per_s: float | None = None,
+                  max_requests: int | None = None) -> Measurement:
+    """Closed loop (or open loop at `rate_per_s`) for `seconds`; with `max_requests`, each connection also stops after
+    that many requests (`seconds` is then a bound on the time)."""
     bundle = make_bundle(shape)
     frames = [produce_frame(topic, p, bundle) for p in range(conns)]
     window = window or window_for(len(frames[0]))
@@ -101,7 +104,8 @@ async def produce(port: int, topic: str, shape: Shape, conns: int, seconds: floa
         await asyncio.gather(*(c.run(time.monotonic() + warmup_s) for c in warm))
         for c in warm:
             c.transport.close()
-    made = [await open_conn(lambda f=f: ProduceConn(f, shape.bundle_msgs, window=window, rate_per_s=rate), port)
+    made = [await open_conn(lambda f=f: ProduceConn(f, shape.bundle_msgs, window=window, rate_per_s=rate,
+                                                     max_requests=max_requests), port)
             for f in frames]
     try:
         elapsed, srv, lg, other = await measure(made, server_cpu, seconds)

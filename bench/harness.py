@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -100,15 +101,19 @@ def stop_process(proc: subprocess.Popen | None, timeout_s: float = 30.0) -> None
 
 class BrokerProcess:
     """`tiered serve` as an operator runs it, on loopback ports of its own; with `local_only`, the same broker without
-    its tiering layer (bench/local_broker.py)."""
+    its tiering layer (bench/local_broker.py). `tree` is the checkout whose code runs (its working directory and
+    PYTHONPATH; this one by default), `wrapper` a command the interpreter runs under (valgrind, say)."""
 
     def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None,
-                 profile_path: Path | None = None, local_only: bool = False):
+                 profile_path: Path | None = None, local_only: bool = False, tree: Path = REPO,
+                 wrapper: Sequence[str] = ()):
         self.data_dir = data_dir
         self.port = free_port()
         self.http_port = free_port()
         self.extra = extra
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        self.tree = tree
+        self.wrapper = tuple(wrapper)
+        self.env = {**os.environ, "PYTHONPATH": str(tree), **(env or {})}
         self.profile_path = profile_path
         self.program = ["bench.local_broker"] if local_only else ["tiered.cli.main", "serve"]
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
@@ -116,13 +121,13 @@ class BrokerProcess:
 
     def start(self, timeout_s: float = 60.0) -> "BrokerProcess":
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        runner = [sys.executable]
+        runner = [*self.wrapper, sys.executable]
         if self.profile_path is not None:
             runner += ["-m", "cProfile", "-o", str(self.profile_path)]
         cmd = [*runner, "-m", *self.program, "-p", str(self.data_dir), "-l", f"127.0.0.1:{self.port}",
                "-P", f"127.0.0.1:{self.http_port}", "--log-level", "warning", *self.extra]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tree,
                                          preexec_fn=die_with_parent)
         wait_for_port(self.port, self.proc, timeout_s, "the broker", self.log_path, greeting=True)
         return self

@@ -160,15 +160,17 @@ class _Connected:
 
 
 class ProduceConn(_Connected, asyncio.Protocol):
-    """Produces `frame` (one bundle of `bundle_msgs` messages) until `stop_at` (time.monotonic())."""
+    """Produces `frame` (one bundle of `bundle_msgs` messages) until `stop_at` (time.monotonic()), and closed loop
+    at most `max_requests` requests when given (a fixed amount of work, for counts that must not depend on speed)."""
 
     def __init__(self, frame: bytes, bundle_msgs: int, *, window: int = 32, rate_per_s: float | None = None,
-                 record_latency: bool = False):
+                 record_latency: bool = False, max_requests: int | None = None):
         self.prefix = frame[:PRODUCE_ID_POSITION]
         self.suffix = frame[PRODUCE_ID_POSITION + U32.size:]
         self.bundle_msgs = bundle_msgs
         self.window = window
         self.rate_per_s = rate_per_s
+        self.max_requests = max_requests
         self.record_latency = record_latency or rate_per_s is not None
         self.stats = ConnStats()
         self.transport: asyncio.Transport | None = None
@@ -195,6 +197,8 @@ class ProduceConn(_Connected, asyncio.Protocol):
         return self.done
 
     def _send(self, count: int, now: float, scheduled: list[float] | None = None) -> None:
+        if self.max_requests is not None:
+            count = min(count, self.max_requests - (self.next_id - 1))
         if count <= 0:
             return
         frames = []

@@ -1,0 +1,277 @@
+"""User-space instructions per produce request (issue 13): the append path's cost in a unit the machine does not move.
+
+    python -m bench.bench_instructions [--quick] [--tree PATH] [--server NAME ...] [--repeats N]
+
+CPU seconds per request differ by 3x between the VMs this project runs on (an AMD EPYC then, a 2.1 GHz Xeon now) for
+the same code, so CPU figures of different sessions cannot be compared. Instructions executed can: each server runs
+under `valgrind --tool=callgrind` and the figure is callgrind's Ir (instructions executed in user space, every thread
+of the process) per produce request, and per GB of message content for bundles of 100. Kernel work (the socket, the
+file writes, the page cache) is not counted: a figure here is the Python and C the process runs, not its whole cost.
+
+Workloads are bench/bench_append.py's: 100 B x1 (window 256), 100 B x100 and 1 KiB x100 (window 64), one connection,
+`produce.ack=local`. Servers: the whole broker (`tiered serve` on its embedded defaults), the broker without its
+tiering layer (bench/local_broker.py), and bench/floor_server.py's asyncio and blocking floors.
+
+Per server process: valgrind starts it with instrumentation off (`--instr-atstart=no`: start-up runs ~5x slower
+instead of ~50x, and nothing before the measurement is counted), a warm-up of requests, instrumentation on
+(`callgrind_control -i on`); then, `repeats` times: the counters zeroed (`-z`), a fixed number of requests, a settle
+pause, a dump (`-d`), whose `summary:` line is the Ir of that window. The settle pause (also before the first window)
+lets the blocks holding the window's records close (at `block_max_age_ms`, 250 ms) and be uploaded and committed
+inside the window, so a whole-broker figure holds the tiering layer's work for its own records. Idle work is counted
+too: the whole broker's cluster coordinator ticks every 250 ms of wall time with catalog reads, ~10^7 instructions a
+second, and under valgrind a window lasts seconds. An idle window (`IDLE_S`, after the warm-up) gives "idle Ir/s",
+printed with each window's seconds to show that share. It is not subtracted: under load the ticks run late and the
+idle window may hold the warm-up's last commits, so Ir - idle rate x seconds came out below the broker without
+tiering, which is impossible.
+
+Caveat for the whole broker: blocks close by age, and under valgrind the broker runs ~50x slower, so a block holds
+fewer requests than at full speed and the per-block work (upload, catalog commit) weighs more per request than it
+does natively. The number of blocks in each window is printed (read from GET /metrics outside the counted window):
+compare whole-broker figures only at similar requests per block.
+
+`--tree PATH` runs the brokers from another checkout of this repository (working directory and PYTHONPATH; its
+native extensions must be built): the before/after of a change, in instructions. The floor servers are always this
+tree's. The spread is (max - min) / min over the `repeats` windows of one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import format_table
+from bench.bench_broker import create_topic, produce
+from bench.floor_server import MODES
+from bench.harness import REPO, BrokerProcess, die_with_parent, free_port, stop_process, wait_for_port
+from bench.loadgen import Shape
+
+SERVERS = ("whole", "no tiering", *(f"floor: {m}" for m in MODES if m != "null"))
+
+
+@dataclass(frozen=True)
+class Workload:
+    shape: Shape
+    window: int
+    requests: int  # counted per window
+    quick_requests: int
+
+    @property
+    def per_request_only(self) -> bool:
+        return self.shape.bundle_msgs == 1
+
+
+WORKLOADS = (
+    Workload(Shape(100, 1), 256, 2000, 600),
+    Workload(Shape(100, 100), 64, 300, 100),
+    Workload(Shape(1024, 100), 64, 300, 100),
+)
+WARMUP_REQUESTS = 300
+SETTLE_S = 1.5  # wall time: more than block_max_age_ms (250 ms) plus an upload and commit at valgrind's speed
+IDLE_S = 3.0  # the idle window: a dozen of the coordinator's 250 ms ticks
+START_TIMEOUT_S = 300.0
+
+# PYTHONHASHSEED fixed: str hashes (dict and set layouts, so probe counts) are otherwise random per process, and two
+# processes of the same code would differ by that alone. PYTHONMALLOC is left to pymalloc, what the broker runs on:
+# with PYTHONMALLOC=malloc the counts were no steadier (both within 1% over repeated windows, see docs/benchmarks.md)
+# and glibc's malloc replaced pymalloc's cheaper paths, so the figure would measure an allocator nobody runs.
+SERVER_ENV = {"PYTHONHASHSEED": "0"}
+
+
+def valgrind_command(out_dir: Path) -> list[str]:
+    """callgrind with instrumentation off until `callgrind_control -i on`; all threads in one count
+    (`--separate-threads=no`); children not traced (the servers start none)."""
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=no", "--trace-children=no",
+            f"--callgrind-out-file={out_dir}/callgrind.out", "--dump-instr=no", "--compress-strings=no",
+            "--log-file=" + str(out_dir / "valgrind.log")]
+
+
+def callgrind_control(pid: int, *args: str) -> None:
+    done = subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or "Error" in done.stdout:
+        raise RuntimeError(f"callgrind_control {' '.join(args)} {pid}: {done.stdout}{done.stderr}")
+
+
+def dumped_ir(out_dir: Path, before: set[Path]) -> int:
+    """Ir of the one dump file written since `before` (its `summary:` line, else `totals:`)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = set(out_dir.glob("callgrind.out*")) - before
+        for path in new:
+            text = path.read_text(errors="replace")
+            found = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
+            if found:
+                return int(found.group(1))
+        time.sleep(0.2)
+    raise RuntimeError(f"no callgrind dump appeared in {out_dir}")
+
+
+class FloorUnderValgrind:
+    """bench/floor_server.py in a child process under `wrapper` (FloorProcess runs the bare interpreter)."""
+
+    def __init__(self, directory: Path, mode: str, wrapper: list[str]):
+        self.directory = directory
+        self.mode = mode
+        self.wrapper = wrapper
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "FloorUnderValgrind":
+        self.proc = subprocess.Popen([*self.wrapper, sys.executable, "-m", "bench.floor_server", "--port",
+                                      str(self.port), "--dir", str(self.directory), "--mode", self.mode], cwd=REPO,
+                                     env={**os.environ, "PYTHONPATH": str(REPO), **SERVER_ENV},
+                                     preexec_fn=die_with_parent)
+        wait_for_port(self.port, self.proc, START_TIMEOUT_S, f"the {self.mode} floor server", Path("/dev/null"),
+                      greeting=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+@dataclass
+class Window:
+    ir: int
+    requests: int
+    blocks: float  # blocks uploaded during the window (NaN: not a whole broker)
+    seconds: float  # wall time from the zeroing to the dump
+
+
+@dataclass
+class Result:
+    workload: Workload
+    server: str
+    windows: list[Window] = field(default_factory=list)
+    idle_ir_per_s: float = float("nan")
+
+    def per_request(self) -> list[float]:
+        return [w.ir / w.requests for w in self.windows]
+
+
+def _blocks(server) -> float:
+    if not isinstance(server, BrokerProcess) or server.program != ["tiered.cli.main", "serve"]:
+        return float("nan")
+    return server.metrics().get("tiered_blocks_uploaded_total", float("nan"))
+
+
+async def measure(w: Workload, server_name: str, tree: Path, root: Path, quick: bool, repeats: int, log) -> Result:
+    out_dir = root / "callgrind"
+    out_dir.mkdir(parents=True)
+    wrapper = valgrind_command(out_dir)
+    topic = "instr"
+    server: BrokerProcess | FloorUnderValgrind
+    if server_name.startswith("floor: "):
+        server = FloorUnderValgrind(root / "floor", server_name.removeprefix("floor: "), wrapper).start()
+    else:
+        server = BrokerProcess(root / "data", env=SERVER_ENV, local_only=server_name == "no tiering", tree=tree,
+                               wrapper=wrapper).start(timeout_s=START_TIMEOUT_S)
+        await create_topic(server.port, topic, 1, {"produce.ack": "local"})
+    result = Result(w, server_name)
+    count = w.quick_requests if quick else w.requests
+    try:
+        await _produce(server.port, topic, w, WARMUP_REQUESTS)
+        callgrind_control(server.pid, "--instr=on")
+        await _produce(server.port, topic, w, min(WARMUP_REQUESTS, count))  # freshly instrumented code, not counted
+        await asyncio.sleep(SETTLE_S)
+        callgrind_control(server.pid, "--zero")
+        started = time.monotonic()
+        await asyncio.sleep(IDLE_S)
+        seconds = time.monotonic() - started
+        before = set(out_dir.glob("callgrind.out*"))
+        callgrind_control(server.pid, "--dump")
+        result.idle_ir_per_s = dumped_ir(out_dir, before) / seconds
+        for i in range(repeats):
+            log(f"  {w.shape.label}, {server_name}: window {i + 1}/{repeats}, {count} requests ...")
+            blocks0 = _blocks(server)
+            callgrind_control(server.pid, "--zero")
+            started = time.monotonic()
+            answered = await _produce(server.port, topic, w, count)
+            await asyncio.sleep(SETTLE_S)
+            seconds = time.monotonic() - started
+            before = set(out_dir.glob("callgrind.out*"))
+            callgrind_control(server.pid, "--dump")
+            ir = dumped_ir(out_dir, before)
+            result.windows.append(Window(ir, answered, _blocks(server) - blocks0, seconds))
+    finally:
+        server.stop()
+    return result
+
+
+async def _produce(port: int, topic: str, w: Workload, requests: int) -> int:
+    """`requests` produce requests, closed loop; the number answered (all of them, or an error)."""
+    m = await produce(port, topic, w.shape, 1, 3600.0, lambda: 0.0, window=w.window, max_requests=requests)
+    answered = m.messages // w.shape.bundle_msgs
+    if m.errors or answered != requests:
+        raise RuntimeError(f"{w.shape.label}: {answered} of {requests} requests answered, {m.errors} failed "
+                           f"({m.first_error})")
+    return answered
+
+
+async def run(quick: bool, tree: Path, servers: tuple[str, ...], repeats: int, log=print) -> list[Result]:
+    results = []
+    for w in WORKLOADS:
+        for name in servers:
+            root = Path(tempfile.mkdtemp(prefix="tiered-bench-instr-"))
+            try:
+                results.append(await measure(w, name, tree, root, quick, repeats, log))
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "G instr/GB", "blocks", "idle Ir/s", "window s")
+
+
+def report(results: list[Result], tree: Path) -> str:
+    rows = []
+    for r in results:
+        w = r.workload
+        per_request = r.per_request()
+        median = statistics.median(per_request)
+        spread = (max(per_request) - min(per_request)) / min(per_request) * 100
+        per_gb = "-" if w.per_request_only else median / (w.shape.bundle_msgs * w.shape.msg_bytes)  # = 10^9 instr per GB
+        blocks = "-" if r.windows[0].blocks != r.windows[0].blocks else "/".join(f"{x.blocks:.0f}" for x in r.windows)
+        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, per_gb, blocks, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
+    where = "" if tree == REPO else f", brokers from {tree}"
+    return format_table(HEADERS, rows, "User-space instructions per produce request (callgrind Ir; kernel work not "
+                        f"counted), produce.ack=local, 1 connection{where}; median of {len(results[0].windows)} "
+                        "windows of one process, spread (max-min)/min; G instr/GB: 10^9 instructions per 10^9 bytes of "
+                        "message content; blocks: uploaded in each window (whole broker)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_instructions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests per window")
+    parser.add_argument("--tree", type=Path, default=REPO, help="checkout whose brokers run (default: this one)")
+    parser.add_argument("--server", action="append", choices=SERVERS, help="only this server (repeatable)")
+    parser.add_argument("--repeats", type=int, default=2, help="counted windows per server process (default 2)")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("bench_instructions: valgrind (with callgrind_control) is not installed", file=sys.stderr)
+        return 1
+    tree = args.tree.resolve()
+    servers = tuple(args.server or SERVERS)
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    print(report(asyncio.run(run(args.quick, tree, servers, max(1, args.repeats), log)), tree))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,7 +34,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tiered.protocol.bundle import BundleHeader, Message, decode_bundle, maybe_record, read_bundle_header
+from tiered.protocol.bundle import Message, maybe_record, read_bundle_header
+from tiered.protocol.chunk import record_messages
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.compaction_checkpoint import read_checkpoint, write_checkpoint
 from tiered.storage.compaction_plan import (
@@ -50,6 +51,7 @@ from tiered.storage.compaction_plan import (
 from tiered.storage.compaction_swap import StepHook, SwapError, SwapIncomplete, discard_uncommitted, swap_in
 from tiered.storage.compaction_writer import GroupWriter, OutputSegment, OutputTooLarge
 from tiered.storage.partition_log import PartitionLog, StoredRecord
+from tiered.storage.records import BUNDLE_HEAD_BYTES
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 
@@ -209,14 +211,12 @@ def _range(log: PartitionLog) -> list[SealedSegment]:
     return chosen
 
 
-def _messages(record: StoredRecord) -> tuple[BundleHeader, list[Message]]:
+def _messages(record: StoredRecord) -> tuple[int, list[Message]]:
+    """(where the bundle starts in the record, its messages): decoded natively when the extension is built."""
     got = maybe_record(record.record)
     if got is None:  # iter_records reads whole records only
         raise ProtocolError(f"record at {record.position} of segment {record.segment_base} is cut short")
-    start, end = got
-    bundle = record.record[start:end]
-    header = read_bundle_header(bundle)
-    return header, decode_bundle(bundle, record.first_seq)
+    return got[0], record_messages(record.record, record.first_seq)
 
 
 def scan_record(record: StoredRecord, keys: KeyIndex, tally: SegmentTally) -> None:
@@ -254,7 +254,9 @@ class GroupRewrite:
                                   int(group.input_bytes * OUTPUT_ALLOWANCE))
 
     def add(self, record: StoredRecord) -> None:
-        header, messages = _messages(record)
+        start, messages = _messages(record)
+        # The header was checked by the decoding; the writer needs its codec and sparse flag.
+        header = read_bundle_header(record.record[start:start + BUNDLE_HEAD_BYTES])
         kept = []
         for m in messages:
             keep = self.rule.keeps(m)

@@ -44,7 +44,6 @@ from tiered.storage.compaction_plan import (
     KeyIndex,
     SegmentTally,
     dirty_ratio,
-    is_tombstone,
     kept_per_segment,
     plan_groups,
 )
@@ -224,11 +223,7 @@ def scan_record(record: StoredRecord, keys: KeyIndex, tally: SegmentTally) -> No
     the tally of its segment."""
     _, messages = _messages(record)
     tally.messages += len(messages)
-    for message in messages:
-        if message.key:
-            keys.add(message)
-        else:
-            tally.keyless += 1
+    tally.keyless += keys.add_messages(messages)
 
 
 def _read_keys(log: PartitionLog, segments: list[SealedSegment]) -> tuple[KeyIndex, list[SegmentTally]]:
@@ -257,13 +252,8 @@ class GroupRewrite:
         start, messages = _messages(record)
         # The header was checked by the decoding; the writer needs its codec and sparse flag.
         header = read_bundle_header(record.record[start:start + BUNDLE_HEAD_BYTES])
-        kept = []
-        for m in messages:
-            keep = self.rule.keeps(m)
-            if keep:
-                kept.append(m)
-            if not keep and is_tombstone(m):
-                self.dropped_tombstones += 1
+        kept, dropped_tombstones = self.rule.split(messages)
+        self.dropped_tombstones += dropped_tombstones
         self.kept_messages += len(kept)
         if len(kept) == len(messages):
             self.writer.add_whole(record.record, header, messages)

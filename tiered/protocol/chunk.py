@@ -9,6 +9,9 @@ asks for a fetch size that covers it. Messages below the requested seq are dropp
 reader needs (how many messages, their first and last seq, their value bytes, whether the seqs ascend), without a
 Message per message.
 
+`record_messages` reads one whole stored record as `decode_bundle` does, through the native read_chunk: the decoding
+of a compaction pass, which reads every record of its range twice.
+
 `read_chunk` and `scan_chunk` run natively (`_bundlescan.read_chunk`, built by `pip install`) when the extension is there: about
 ten times less CPU per message, which is most of what a consumer spends. `_read_chunk_py` is its pure-Python
 reference and fallback (and reads the rare chunk whose seqs pass 64 bits), `_scan_chunk_py` is built on it; the

@@ -21,6 +21,10 @@ A pass (one at a time per log):
    order matters: a tombstone is only dropped after the older values of its key are gone.
 4. The checkpoint (compaction_checkpoint) records how far the pass got and when it ran.
 
+Records are decoded by tiered.protocol.chunk.record_messages, natively where the extension is built (the pure
+decoder elsewhere writes the same bytes); what stays per message in Python is one loop per record over the key index
+(KeyIndex.add_messages) and one over the keep rule (KeepRule.split), and the re-encoding of kept messages.
+
 `scan_record` (step 2) and `GroupRewrite` (step 3) take records from anywhere: the pass from the bucket
 (tiered.tiering.bucket_compaction) feeds them records streamed from remote segments and block runs.
 """

@@ -21,11 +21,11 @@ from tests.support.storage_helpers import FakeClock, storage_config
 from tiered.protocol import chunk as chunk_module
 from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, read_bundle_header
 from tiered.protocol.errors import ProtocolError
+from tiered.protocol.varint import maybe_varint
 from tiered.storage import PartitionLog
 from tiered.storage.compaction import CompactionReport, compact_partition, scan_record
 from tiered.storage.compaction_plan import KeyIndex, SegmentTally
 from tiered.storage.partition_log import StoredRecord
-from tiered.protocol.varint import maybe_varint
 
 RETENTION_S = 100
 CONFIG = storage_config(log_segment_bytes=2000, log_index_interval_bytes=128, log_cleanup_policy="cleanup",

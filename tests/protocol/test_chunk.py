@@ -15,7 +15,7 @@ from tests.protocol.bad_bundles import BAD_BUNDLES
 from tests.protocol.strategies import budget, bundles, message_lists, mutations
 from tiered.protocol import chunk as chunk_module
 from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, Message, encode_bundle, encode_record
-from tiered.protocol.chunk import ChunkRead, _read_chunk_py, _scan_chunk_py, read_chunk, scan_chunk
+from tiered.protocol.chunk import ChunkRead, _read_chunk_py, _scan_chunk_py, read_chunk, record_messages, scan_chunk
 from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import encode_varint
@@ -171,3 +171,63 @@ def test_native_reader_survives_a_storm_of_mutations():
             elif position < len(data):
                 del data[position]
         assert_same(bytes(data), rng.choice([None, 1, 2**40]), rng.choice([0, 3, 50]), UINT64_MAX)
+
+
+# ------------------------------------------------------------------------------------------------ record_messages
+
+
+def record_outcome(record: bytes, first_seq: int, native: bool) -> tuple:
+    saved = chunk_module._native_read
+    if not native:
+        chunk_module._native_read = None  # as where the extension is not built: decode_bundle reads the record
+    try:
+        return ("read", record_messages(record, first_seq))
+    except ProtocolError as exc:
+        return ("error", exc.what, exc.position)
+    finally:
+        chunk_module._native_read = saved
+
+
+def assert_record_same(record: bytes, first_seq: int) -> tuple:
+    """record_messages natively and through decode_bundle: the same messages or the same ProtocolError."""
+    pure = record_outcome(record, first_seq, False)
+    assert record_outcome(record, first_seq, True) == pure, (record.hex(), first_seq)
+    return pure
+
+
+def test_record_messages_are_decode_bundles():
+    for record in (plain(0, 3), plain(3, 20, CODEC_SNAPPY), plain(23, 1, key=b""), plain(24, 600, CODEC_SNAPPY, b"k"),
+                   sparse([10, 11, 15]), sparse([41, 42, 43, 90], CODEC_SNAPPY), sparse([91, 2**32])):
+        for first_seq in (0, 1, 2**40, UINT64_MAX - 2, UINT64_MAX, 2**64 + 5):  # the last two: decode_bundle reads
+            read = assert_record_same(record, first_seq)
+            assert read[0] == "read" and read[1]
+    assert [m.seq for m in record_messages(sparse([10, 11, 15]), 3)] == [10, 11, 15]
+    assert [m.seq for m in record_messages(plain(0, 3), UINT64_MAX)] == [UINT64_MAX, 2**64, 2**64 + 1]
+    # A record cut short, and one with bytes after it (not what a stored record is: decode_bundle reads its bundle).
+    assert assert_record_same(plain(0, 3)[:-1], 1) == ("error", "record is cut short", None)
+    assert assert_record_same(plain(0, 3) + b"\x00", 1)[0] == "read"
+
+
+def test_record_messages_of_bad_truncated_and_random_records_alike():
+    errors = 0
+    for _, bundle, _ in BAD_BUNDLES:
+        errors += assert_record_same(encode_record(bundle), 7)[0] == "error"
+    assert errors > len(BAD_BUNDLES) - 4
+    record = plain(0, 30, CODEC_SNAPPY)
+    for end in range(len(record) + 1):
+        assert_record_same(record[:end], 1)
+    rng = random.Random(20261127)
+    seeds = [plain(0, 12), plain(0, 40, CODEC_SNAPPY), sparse([3, 4, 9]), sparse([3, 4, 9, 200], CODEC_SNAPPY)]
+    for _ in range(5000):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = rng.choice([0, 0xFF, 0x80, rng.randrange(256)])
+        assert_record_same(bytes(data), rng.choice([1, 2**40]))
+    for _ in range(2000):
+        assert_record_same(rng.randbytes(rng.randrange(40)), 1)
+
+
+@budget(200)
+@given(bundles(), st.integers(0, 2**41))
+def test_generated_records_alike(bundle, first_seq):
+    assert assert_record_same(encode_record(bundle), first_seq)[0] == "read"

@@ -9,6 +9,9 @@ asks for a fetch size that covers it. Messages below the requested seq are dropp
 reader needs (how many messages, their first and last seq, their value bytes, whether the seqs ascend), without a
 Message per message.
 
+`record_messages` reads one whole stored record as `decode_bundle` does, through the native read_chunk: the decoding
+of a compaction pass, which reads every record of its range twice.
+
 `read_chunk` and `scan_chunk` run natively (`_bundlescan.read_chunk`, built by `pip install`) when the extension is there: about
 ten times less CPU per message, which is most of what a consumer spends. `_read_chunk_py` is its pure-Python
 reference and fallback (and reads the rare chunk whose seqs pass 64 bits), `_scan_chunk_py` is built on it; the
@@ -26,10 +29,13 @@ from tiered.protocol.bundle import (
     CODEC_NONE,
     Message,
     bundle_seq_range,
+    decode_bundle,
     decode_message_set,
+    maybe_record,
     message_set,
     read_bundle_header,
 )
+from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import maybe_varint
 
@@ -88,6 +94,23 @@ def read_chunk(chunk: BytesLike, base_seq: int | None, requested_seq: int, hwmar
             messages, first_seq, need_bytes = got
             return ChunkRead(messages, messages[-1].seq + 1 if messages else 0, need_bytes, first_seq)
     return _read_chunk_py(chunk, base_seq, requested_seq, hwmark)
+
+
+def record_messages(record: BytesLike, first_seq: int) -> list[Message]:
+    """Every message of one whole stored record (`{bundle_len varint, bundle}`, nothing after it) whose bundle, if
+    not sparse, starts at `first_seq`: `decode_bundle`'s messages and ProtocolError. Natively, it is read_chunk of a
+    chunk of that one record with nothing dropped (requested seq 0, hwmark the last u64), which walks the bundle as
+    decode_bundle does (not strict, the same header, snappy and message checks and texts). A record that is not
+    exactly one whole record, or whose seqs pass 64 bits, is read by decode_bundle itself."""
+    got = maybe_record(record)
+    if got is None:
+        raise ProtocolError("record is cut short")
+    start, end = got
+    if _native_read is not None and end == len(record):
+        read = _native_read(record, first_seq, 0, UINT64_MAX)
+        if read is not None:
+            return read[0]
+    return decode_bundle(record[start:end], first_seq)
 
 
 def _read_chunk_py(chunk: BytesLike, base_seq: int | None, requested_seq: int, hwmark: int) -> ChunkRead:

@@ -21,6 +21,10 @@ A pass (one at a time per log):
    order matters: a tombstone is only dropped after the older values of its key are gone.
 4. The checkpoint (compaction_checkpoint) records how far the pass got and when it ran.
 
+Records are decoded by tiered.protocol.chunk.record_messages, natively where the extension is built (the pure
+decoder elsewhere writes the same bytes); what stays per message in Python is one loop per record over the key index
+(KeyIndex.add_messages) and one over the keep rule (KeepRule.split), and the re-encoding of kept messages.
+
 `scan_record` (step 2) and `GroupRewrite` (step 3) take records from anywhere: the pass from the bucket
 (tiered.tiering.bucket_compaction) feeds them records streamed from remote segments and block runs.
 """
@@ -34,7 +38,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tiered.protocol.bundle import BundleHeader, Message, decode_bundle, maybe_record, read_bundle_header
+from tiered.protocol.bundle import Message, maybe_record, read_bundle_header
+from tiered.protocol.chunk import record_messages
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.compaction_checkpoint import read_checkpoint, write_checkpoint
 from tiered.storage.compaction_plan import (
@@ -43,13 +48,13 @@ from tiered.storage.compaction_plan import (
     KeyIndex,
     SegmentTally,
     dirty_ratio,
-    is_tombstone,
     kept_per_segment,
     plan_groups,
 )
 from tiered.storage.compaction_swap import StepHook, SwapError, SwapIncomplete, discard_uncommitted, swap_in
 from tiered.storage.compaction_writer import GroupWriter, OutputSegment, OutputTooLarge
 from tiered.storage.partition_log import PartitionLog, StoredRecord
+from tiered.storage.records import BUNDLE_HEAD_BYTES
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 
@@ -209,14 +214,12 @@ def _range(log: PartitionLog) -> list[SealedSegment]:
     return chosen
 
 
-def _messages(record: StoredRecord) -> tuple[BundleHeader, list[Message]]:
+def _messages(record: StoredRecord) -> tuple[int, list[Message]]:
+    """(where the bundle starts in the record, its messages): decoded natively when the extension is built."""
     got = maybe_record(record.record)
     if got is None:  # iter_records reads whole records only
         raise ProtocolError(f"record at {record.position} of segment {record.segment_base} is cut short")
-    start, end = got
-    bundle = record.record[start:end]
-    header = read_bundle_header(bundle)
-    return header, decode_bundle(bundle, record.first_seq)
+    return got[0], record_messages(record.record, record.first_seq)
 
 
 def scan_record(record: StoredRecord, keys: KeyIndex, tally: SegmentTally) -> None:
@@ -224,11 +227,7 @@ def scan_record(record: StoredRecord, keys: KeyIndex, tally: SegmentTally) -> No
     the tally of its segment."""
     _, messages = _messages(record)
     tally.messages += len(messages)
-    for message in messages:
-        if message.key:
-            keys.add(message)
-        else:
-            tally.keyless += 1
+    tally.keyless += keys.add_messages(messages)
 
 
 def _read_keys(log: PartitionLog, segments: list[SealedSegment]) -> tuple[KeyIndex, list[SegmentTally]]:
@@ -254,14 +253,11 @@ class GroupRewrite:
                                   int(group.input_bytes * OUTPUT_ALLOWANCE))
 
     def add(self, record: StoredRecord) -> None:
-        header, messages = _messages(record)
-        kept = []
-        for m in messages:
-            keep = self.rule.keeps(m)
-            if keep:
-                kept.append(m)
-            if not keep and is_tombstone(m):
-                self.dropped_tombstones += 1
+        start, messages = _messages(record)
+        # The header was checked by the decoding; the writer needs its codec and sparse flag.
+        header = read_bundle_header(record.record[start:start + BUNDLE_HEAD_BYTES])
+        kept, dropped_tombstones = self.rule.split(messages)
+        self.dropped_tombstones += dropped_tombstones
         self.kept_messages += len(kept)
         if len(kept) == len(messages):
             self.writer.add_whole(record.record, header, messages)

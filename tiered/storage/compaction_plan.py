@@ -28,10 +28,6 @@ from tiered.storage.compaction_checkpoint import Checkpoint
 from tiered.storage.segment import MAX_REL_SEQ, SealedSegment
 
 
-def is_tombstone(message: Message) -> bool:
-    return bool(message.key) and not message.value
-
-
 def dirty_ratio(segments: Sequence[SealedSegment], cleaned_upto: int) -> float:
     """TANK's trigger: bytes of sealed segments not compacted yet over all sealed bytes (0 when there are none)."""
     total = sum(s.size for s in segments)
@@ -66,10 +62,17 @@ class KeyIndex:
     def __len__(self) -> int:
         return len(self.latest)
 
-    def add(self, message: Message) -> None:
-        """Messages must come in seq order (the range is read oldest first)."""
-        if message.key:
-            self.latest[message.key] = -message.seq if not message.value else message.seq
+    def add_messages(self, messages: Sequence[Message]) -> int:
+        """Learns the keys of a record's messages, which must come in seq order (the range is read oldest first);
+        returns how many carry no key. One call per record, its loop on locals: it runs for every message."""
+        latest = self.latest
+        keyless = 0
+        for m in messages:
+            if m.key:
+                latest[m.key] = m.seq if m.value else -m.seq
+            else:
+                keyless += 1
+        return keyless
 
 
 @dataclass
@@ -94,13 +97,25 @@ class KeepRule:
         live = sum(1 for seq in self.keys.latest.values() if seq < 0 and not self.tombstone_expired(-seq))
         return live + bool(self.forced)
 
-    def keeps(self, message: Message) -> bool:
-        if not message.key or message.seq == self.forced:
-            return True
-        latest = self.keys.latest[message.key]
-        if latest == message.seq:
-            return True
-        return latest == -message.seq and not self.tombstone_expired(message.seq)
+    def split(self, messages: Sequence[Message]) -> tuple[list[Message], int]:
+        """(the messages of a record that survive, how many tombstones it loses). A message survives when it has no
+        key, is the latest of its key (a tombstone only until its retention passed) or is the forced one. One call
+        per record, its loop on locals: it runs for every message."""
+        latest = self.keys.latest
+        forced = self.forced
+        kept = []
+        dropped_tombstones = 0
+        for m in messages:
+            key = m.key
+            if not key or m.seq == forced:
+                kept.append(m)
+                continue
+            seq = latest[key]
+            if seq == m.seq or (seq == -m.seq and not self.tombstone_expired(m.seq)):
+                kept.append(m)
+            elif not m.value:  # not kept, so it has a key: a tombstone
+                dropped_tombstones += 1
+        return kept, dropped_tombstones
 
 
 def kept_per_segment(tallies: Sequence[SegmentTally], rule: KeepRule) -> KeepRule:

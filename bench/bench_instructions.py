@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import statistics
@@ -51,8 +50,8 @@ from pathlib import Path
 
 from bench import format_table
 from bench.bench_broker import create_topic, produce
-from bench.floor_server import MODES
-from bench.harness import REPO, BrokerProcess, die_with_parent, free_port, stop_process, wait_for_port
+from bench.floor_server import MODES, FloorProcess
+from bench.harness import REPO, BrokerProcess
 from bench.loadgen import Shape
 
 SERVERS = ("whole", "no tiering", *(f"floor: {m}" for m in MODES if m != "null"))
@@ -115,34 +114,6 @@ def dumped_ir(out_dir: Path, before: set[Path]) -> int:
     raise RuntimeError(f"no callgrind dump appeared in {out_dir}")
 
 
-class FloorUnderValgrind:
-    """bench/floor_server.py in a child process under `wrapper` (FloorProcess runs the bare interpreter)."""
-
-    def __init__(self, directory: Path, mode: str, wrapper: list[str]):
-        self.directory = directory
-        self.mode = mode
-        self.wrapper = wrapper
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> "FloorUnderValgrind":
-        self.proc = subprocess.Popen([*self.wrapper, sys.executable, "-m", "bench.floor_server", "--port",
-                                      str(self.port), "--dir", str(self.directory), "--mode", self.mode], cwd=REPO,
-                                     env={**os.environ, "PYTHONPATH": str(REPO), **SERVER_ENV},
-                                     preexec_fn=die_with_parent)
-        wait_for_port(self.port, self.proc, START_TIMEOUT_S, f"the {self.mode} floor server", Path("/dev/null"),
-                      greeting=True)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-
 @dataclass
 class Window:
     ir: int
@@ -173,9 +144,10 @@ async def measure(w: Workload, server_name: str, tree: Path, root: Path, quick: 
     out_dir.mkdir(parents=True)
     wrapper = valgrind_command(out_dir)
     topic = "instr"
-    server: BrokerProcess | FloorUnderValgrind
+    server: BrokerProcess | FloorProcess
     if server_name.startswith("floor: "):
-        server = FloorUnderValgrind(root / "floor", server_name.removeprefix("floor: "), wrapper).start()
+        server = FloorProcess(root / "floor", server_name.removeprefix("floor: "), wrapper,
+                              SERVER_ENV).start(timeout_s=START_TIMEOUT_S)
     else:
         server = BrokerProcess(root / "data", env=SERVER_ENV, local_only=server_name == "no tiering", tree=tree,
                                wrapper=wrapper).start(timeout_s=START_TIMEOUT_S)

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Sequence
 
 from bench.harness import REPO, die_with_parent, free_port, process_cpu_s, stop_process, wait_for_port
 from tiered.protocol.frame import FRAME_HEADER, MsgType, encode_frame
@@ -61,19 +62,31 @@ def answer(buf: bytearray | memoryview, start: int) -> bytes:
     return ANSWER_HEADER + bytes(buf[start + ID_AT : start + ID_AT + U32.size]) + b"\x00"
 
 
-def open_file(directory: Path | None) -> int | None:
-    """A new file for one connection's requests (None: `null` mode writes nothing)."""
-    if directory is None:
-        return None
+def new_file(directory: Path) -> int:
+    """A new file for one connection's requests."""
     return os.open(directory / f"{next(_numbers)}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
 
 
 _numbers = itertools.count()
 
 
+def make_room(buf: bytearray, start: int, end: int) -> tuple[bytearray, int, int]:
+    """For a full receive buffer holding a partial frame at buf[start:end]: (buffer, 0, end - start) with that frame
+    at the front. It moves there when it does not start the buffer; when it does (one frame fills the buffer), it gets
+    a new buffer of its own size, at least twice the old one."""
+    have = end - start
+    if start == 0:
+        length = FRAME_HEADER.unpack_from(buf, 0)[1] + FRAME_HEADER.size
+        grown = bytearray(max(length, 2 * len(buf)))
+        grown[:have] = buf
+        return grown, 0, have
+    buf[:have] = buf[start:end]
+    return buf, 0, have
+
+
 class AsyncFloor(asyncio.BufferedProtocol):
     def __init__(self, directory: Path | None):
-        self.fd = open_file(directory)
+        self.fd = None if directory is None else new_file(directory)  # None: `null` mode writes nothing
         self.buf = bytearray(READ_BYTES)
         self.start = self.end = 0
 
@@ -88,15 +101,7 @@ class AsyncFloor(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.end == len(self.buf):
-            have = self.end - self.start
-            if self.start == 0:  # one frame fills the buffer: it gets a buffer of its own size
-                length = FRAME_HEADER.unpack_from(self.buf, 0)[1] + FRAME_HEADER.size
-                grown = bytearray(max(length, 2 * len(self.buf)))
-                grown[:have] = self.buf
-                self.buf = grown
-            else:
-                self.buf[:have] = self.buf[self.start : self.end]
-            self.start, self.end = 0, have
+            self.buf, self.start, self.end = make_room(self.buf, self.start, self.end)
         return memoryview(self.buf)[self.end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -121,7 +126,7 @@ def serve_blocking(listener: socket.socket, directory: Path) -> None:
 
 
 def _blocking_connection(conn: socket.socket, directory: Path) -> None:
-    fd = os.open(directory / f"{next(_numbers)}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
+    fd = new_file(directory)
     buf = bytearray(BLOCKING_READ_BYTES)
     view = memoryview(buf)
     start = end = 0
@@ -129,15 +134,10 @@ def _blocking_connection(conn: socket.socket, directory: Path) -> None:
         conn.sendall(PING)
         while True:
             if end == len(buf):
-                have = end - start
-                if start == 0:
-                    length = FRAME_HEADER.unpack_from(buf, 0)[1] + FRAME_HEADER.size
+                buf, start, end = make_room(buf, start, end)
+                if view.obj is not buf:
                     view.release()
-                    buf = buf + bytearray(max(length, 2 * len(buf)) - len(buf))
                     view = memoryview(buf)
-                else:
-                    buf[:have] = buf[start:end]
-                start, end = 0, have
             n = conn.recv_into(view[end:])
             if not n:
                 return
@@ -164,23 +164,32 @@ async def serve_async(port: int, directory: Path | None) -> None:
 
 class FloorProcess:
     """A floor server in a child process of its own (so that its CPU time can be read alone), as the harness's
-    BrokerProcess: `port`, `start()`, `cpu_s()`, `stop()`."""
+    BrokerProcess: `port`, `start()`, `pid`, `cpu_s()`, `stop()`; `wrapper` is a command the interpreter runs under
+    (valgrind, say) and `env` is added to the environment."""
 
-    def __init__(self, directory: Path, mode: str):
+    def __init__(self, directory: Path, mode: str, wrapper: Sequence[str] = (), env: dict[str, str] | None = None):
         self.directory = directory
         self.mode = mode
+        self.wrapper = tuple(wrapper)
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "FloorProcess":
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.floor_server", "--port", str(self.port), "--dir",
-                                      str(self.directory), "--mode", self.mode], cwd=REPO, preexec_fn=die_with_parent)
-        wait_for_port(self.port, self.proc, 30.0, f"the {self.mode} floor server", Path("/dev/null"), greeting=True)
+    def start(self, timeout_s: float = 30.0) -> "FloorProcess":
+        self.proc = subprocess.Popen([*self.wrapper, sys.executable, "-m", "bench.floor_server", "--port",
+                                      str(self.port), "--dir", str(self.directory), "--mode", self.mode], cwd=REPO,
+                                     env=self.env, preexec_fn=die_with_parent)
+        wait_for_port(self.port, self.proc, timeout_s, f"the {self.mode} floor server", Path("/dev/null"),
+                      greeting=True)
         return self
 
-    def cpu_s(self) -> float:
+    @property
+    def pid(self) -> int:
         assert self.proc is not None, "start() first"
-        return process_cpu_s(self.proc.pid)
+        return self.proc.pid
+
+    def cpu_s(self) -> float:
+        return process_cpu_s(self.pid)
 
     def stop(self) -> None:
         stop_process(self.proc)

@@ -121,4 +121,8 @@ async def until_reader_gone(work, interval_s: float = READER_CHECK_S) -> None:
                 raise BrokenPipeError("stdout's reader went away")
         task.result()
     finally:
-        task.cancel()
+        if not task.done():
+            task.cancel()
+            # Whatever it ends with now (the cancel, or the client closing under it) was already reported by
+            # what stopped us: mark it retrieved so asyncio does not print it at exit.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())

@@ -319,47 +319,45 @@ class Planning:
 
 def fill_catalog(url: str) -> None:
     """One topic of PLAN_PARTITIONS x PLAN_SEGMENTS_PER_PARTITION remote segments (16 MiB, 40,000 seqs each) and a
-    tail of block runs, written in one transaction as the copier and the block pipeline would leave them."""
-    from sqlalchemy import insert, update
-
+    tail of block runs, in the end states the copier and the block pipeline leave, written through the catalog's
+    own functions (those of `tiered catalog rebuild`, in batches) so that the rows keep up with the schema."""
     from tiered.catalog import Catalog
+    from tiered.catalog import partitions as catalog_partitions
     from tiered.catalog import topics as catalog_topics
-    from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
+    from tiered.catalog.blocks import RunRow
+    from tiered.catalog.restore import (PartitionBounds, RestoredBlock, insert_committed_blocks,
+                                        insert_finished_segments, restore_partition_bounds)
+    from tiered.catalog.segments import SegmentMeta
     from tiered.tiering import keys
 
     cat = Catalog.open(url)
     try:
         catalog_topics.create_topic(cat, TOPIC, PLAN_PARTITIONS)
+        epoch = catalog_partitions.claim_partitions(cat, 1, TOPIC, range(PLAN_PARTITIONS))
         now = datetime.now(timezone.utc)
-        segments, blocks, runs = [], [], []
         seqs_per_segment, t0 = 40_000, 1_700_000_000_000
-        for p in range(PLAN_PARTITIONS):
-            for i in range(PLAN_SEGMENTS_PER_PARTITION):
-                base, last = i * seqs_per_segment + 1, (i + 1) * seqs_per_segment
-                segments.append(dict(
-                    topic=TOPIC, partition=p, base_seq=base, last_seq=last,
-                    object_key=keys.segment_key(TOPIC, p, base, last, 1_700_000_000 + i),
-                    index_object_key=keys.segment_index_key(TOPIC, p, base, last, 1_700_000_000 + i),
-                    size_bytes=16 << 20, index_size_bytes=32 << 10, min_ts_ms=t0 + i * 60_000,
-                    max_ts_ms=t0 + i * 60_000 + 59_999, freeze_ts=now, leader_epoch=1, state="COPY_FINISHED",
-                    updated_at=now,
-                ))
-            first = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + 1
-            for j in range(PLAN_RUNS_PER_PARTITION):
-                block_id = len(blocks) + 1
-                blocks.append(dict(block_id=block_id, object_key=keys.block_key(1, keys.new_block_id(t0 + block_id)),
-                                   state="committed", broker_id=1, size_bytes=64 << 10, created_at=now,
-                                   committed_at=now))
-                runs.append(dict(block_id=block_id, topic=TOPIC, partition=p, first_seq=first + j * 100,
-                                 last_seq=first + j * 100 + 99, position=0, length_bytes=64 << 10, messages=100,
-                                 min_ts_ms=t0, max_ts_ms=t0))
+        first = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + 1
         hwmark = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + PLAN_RUNS_PER_PARTITION * 100
-        with cat.write() as conn:
-            conn.execute(insert(SegmentModel), segments)
-            conn.execute(insert(BlockModel), blocks)
-            conn.execute(insert(BlockRunModel), runs)
-            conn.execute(update(PartitionModel).where(PartitionModel.topic == TOPIC)
-                         .values(hwmark_seq=hwmark, first_available_seq=1, leader_broker=1, leader_epoch=1))
+        for p in range(PLAN_PARTITIONS):
+            insert_finished_segments(cat, [
+                SegmentMeta(
+                    topic=TOPIC, partition=p, base_seq=i * seqs_per_segment + 1, last_seq=(i + 1) * seqs_per_segment,
+                    object_key=keys.segment_key(TOPIC, p, i * seqs_per_segment + 1, (i + 1) * seqs_per_segment,
+                                                1_700_000_000 + i),
+                    index_object_key=keys.segment_index_key(TOPIC, p, i * seqs_per_segment + 1,
+                                                            (i + 1) * seqs_per_segment, 1_700_000_000 + i),
+                    size_bytes=16 << 20, index_size_bytes=32 << 10, min_ts_ms=t0 + i * 60_000,
+                    max_ts_ms=t0 + i * 60_000 + 59_999, freeze_ts=now, leader_epoch=epoch[p])
+                for i in range(PLAN_SEGMENTS_PER_PARTITION)], now=now)
+            insert_committed_blocks(cat, [
+                RestoredBlock(
+                    object_key=keys.block_key(1, keys.new_block_id(t0 + p * PLAN_RUNS_PER_PARTITION + j)),
+                    broker_id=1, size_bytes=64 << 10, created_at=now, committed_at=now,
+                    runs=[RunRow(topic=TOPIC, partition=p, from_seq=first + j * 100, first_seq=first + j * 100,
+                                 last_seq=first + j * 100 + 99, messages=100, min_ts_ms=t0, max_ts_ms=t0,
+                                 leader_epoch=epoch[p], position=0, length_bytes=64 << 10)])
+                for j in range(PLAN_RUNS_PER_PARTITION)])
+        restore_partition_bounds(cat, [PartitionBounds(TOPIC, p, 1, hwmark) for p in range(PLAN_PARTITIONS)])
     finally:
         cat.close()
 

@@ -1,4 +1,4 @@
-"""block_runs without its foreign key to blocks: a wide block commits without a trigger call per run.
+"""Wide blocks commit like narrow ones: block_runs without its foreign key to blocks, partitions pages half free.
 
 Revision ID: 0005
 Revises: 0004
@@ -12,6 +12,11 @@ holds the block row's lock and moves it to `committed` (or by the rebuild, right
 block row is deleted only from `deleting`, which it reaches only once no run references it, checked under the block
 row's lock (tiered.catalog.blocks). `tiered catalog check` reports a run whose block row is missing or not
 committed. The index on block_runs.block_id stays: every prune asks whether a block still has runs.
+
+The same commit rewrites the partitions row of each of its 1,600 partitions; on PostgreSQL each rewrite is a new row
+version, and on full pages (fillfactor 100) most of them went to another page with a new primary key entry. With
+fillfactor 50 the new version lands on its own page (a HOT update): the UPDATE took 4.3 ms instead of 7.2 (median,
+bench.bench_scale_commit). Pages already written fill up as they are rewritten. SQLite has no such setting.
 Written by hand and frozen, like the others.
 """
 
@@ -30,8 +35,12 @@ FOREIGN_KEY = "fk_block_runs_block_id_blocks"
 def upgrade() -> None:
     with op.batch_alter_table("block_runs") as batch:
         batch.drop_constraint(FOREIGN_KEY, type_="foreignkey")
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("ALTER TABLE partitions SET (fillfactor = 50)")
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("ALTER TABLE partitions RESET (fillfactor)")
     with op.batch_alter_table("block_runs") as batch:
         batch.create_foreign_key(FOREIGN_KEY, "blocks", ["block_id"], ["block_id"])

@@ -243,8 +243,8 @@ def commit_block(
                 raise Discontinuity(key[0], key[1], state.hwmark_seq, mine[0].from_seq)
             changes.append((key[0], key[1], mine[-1].last_seq, state.first_available_seq or mine[0].first_seq))
         conn.execute(statement(backend, _INSERT_RUNS, RUNS),
-                     {"block_id": block_id, **RUNS.params(backend, [_run_values(run) for run in runs])})
-        conn.execute(statement(backend, _RAISE_HWMARKS, HWMARKS), HWMARKS.params(backend, changes))
+                     {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
+        conn.execute(statement(backend, _RAISE_HWMARKS, HWMARKS), HWMARKS.params(changes))
     return {(topic, partition): hwmark for topic, partition, hwmark, _ in changes}
 
 

@@ -82,7 +82,7 @@ def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[t
     wanted = sorted(set(keys))
     backend = conn.dialect.name
     template = _LOCK + ('ORDER BY p.topic, p."partition" FOR UPDATE OF p' if backend == "postgresql" else "")
-    rows = conn.execute(statement(backend, template, KEYS), KEYS.params(backend, wanted))
+    rows = conn.execute(statement(backend, template, KEYS), KEYS.params(wanted))
     states = {(r[0], r[1]): PartitionState(*r) for r in rows}
     if len(states) != len(wanted):
         raise UnknownPartition(*next(key for key in wanted if key not in states))

@@ -12,10 +12,10 @@
     python -m bench --json PATH          also write every figure as JSON
 
 `--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only snapshot`,
-`--only chaos`, `--only client`, `--only cluster`, `--only linger` and `--only instructions` run
+`--only chaos`, `--only client`, `--only cluster`, `--only linger`, `--only instructions` and `--only scale_commit` run
 `python -m bench.bench_spark` / `bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` /
 `bench.bench_remote_compaction` / `bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster`
-/ `bench.bench_linger` / `bench.bench_instructions` (modules of their own; `--quick` or `--smoke` is passed on) when
+/ `bench.bench_linger` / `bench.bench_instructions` / `bench.bench_scale_commit` (modules of their own; `--quick` or `--smoke` is passed on) when
 they exist. A benchmark that cannot run on this machine (valgrind or PostgreSQL missing) says why and is skipped; the
 exit status is bench.sizes.CANNOT_RUN when no benchmark asked for could run.
 """
@@ -47,7 +47,7 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "snapshot": "bench.bench_snapshot",
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
-             "instructions": "bench.bench_instructions"}
+             "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

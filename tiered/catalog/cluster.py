@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -165,46 +164,6 @@ def assign(cat: Catalog, topic: str, leaders: Mapping[int, int | None], *,
             if moved.rowcount:
                 done.append(partition)
     return done
-
-
-def spread(partitions: Sequence[tuple[str, int]], live: Iterable[int],
-           load: Mapping[int, int]) -> dict[tuple[str, int], int]:
-    """Which live broker takes each partition: fewest leaderships first (then the lowest id), one at a time, so a
-    batch lands evenly. Pure: every broker computes the same answer from the same view."""
-    brokers = sorted(set(live))
-    if not brokers:
-        return {}
-    counts = {b: load.get(b, 0) for b in brokers}
-    out: dict[tuple[str, int], int] = {}
-    for key in sorted(partitions):
-        chosen = min(brokers, key=lambda b: (counts[b], b))
-        out[key] = chosen
-        counts[chosen] += 1
-    return out
-
-
-def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> dict[tuple[str, int], int]:
-    """Which partitions to move, and where, so that every live broker leads as many as the others, give or take
-    one: one partition at a time from the broker leading the most to the one leading the fewest (ties: the lowest
-    id), each taken from the topic the receiver leads least of, so topics spread too. Pure."""
-    brokers = sorted(set(live))
-    if len(brokers) < 2:
-        return {}
-    held: dict[int, list[tuple[str, int]]] = {b: [] for b in brokers}
-    for a in assignments:
-        if a.leader_broker in held:
-            held[a.leader_broker].append((a.topic, a.partition))
-    moves: dict[tuple[str, int], int] = {}
-    while True:
-        most = max(brokers, key=lambda b: (len(held[b]), -b))
-        fewest = min(brokers, key=lambda b: (len(held[b]), b))
-        if len(held[most]) - len(held[fewest]) <= 1:
-            return moves
-        topics_of_fewest = Counter(topic for topic, _ in held[fewest])
-        key = min(held[most], key=lambda k: (topics_of_fewest[k[0]], k[0], -k[1]))
-        held[most].remove(key)
-        held[fewest].append(key)
-        moves[key] = fewest
 
 
 def request_handover(cat: Catalog, topic: str, partition: int, to_broker: int) -> bool:

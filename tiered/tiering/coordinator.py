@@ -34,11 +34,11 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.cluster_decision import ClusterView, Decision, decide, leader_of, lease_fresh, spread
 
 log = logging.getLogger("tiered.cluster")
 
 TICK_S = 0.25  # a handover's new leader claims at its next tick: this is most of a clean move's stall
-LEASE_SAFETY = 0.8  # acknowledge only while the last renewal is younger than this share of the lease
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
 
@@ -99,7 +99,7 @@ class Coordinator:
         self._renewed_at = started
 
     def _lease_fresh(self, now: float) -> bool:
-        return self._renewed_at is not None and now - self._renewed_at < LEASE_SAFETY * self.lease_ms / 1000.0
+        return lease_fresh(self._renewed_at, self.lease_ms, now)
 
     def holds_lease(self) -> bool:
         """Whether this broker may acknowledge: its lease was renewed in time, and never lapsed unverified."""
@@ -145,7 +145,7 @@ class Coordinator:
         if others and leading:
             load = Counter(a.leader_broker for a in await self.catalog.read(catalog_cluster.assignments)
                            if a.leader_broker in others)
-            targets = catalog_cluster.spread(sorted(leading), others, load)
+            targets = spread(sorted(leading), others, load)
             await self._hand_over({key: (targets[key], leading[key]) for key in leading}, deadline)
         await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
 
@@ -164,16 +164,16 @@ class Coordinator:
             self.live.add(self.broker_id)
 
     def _leader(self, broker_id: int | None) -> Leader | None:
-        """Where to redirect to: a live broker other than this one (this one, not leading yet: no leader yet)."""
-        if broker_id is None or broker_id == self.broker_id or broker_id not in self.live \
-                or not self.addresses.get(broker_id):
-            return None
-        return Leader(broker_id, self.addresses[broker_id])
+        return leader_of(self.view(()), broker_id)
 
     async def tick(self) -> None:
         """One look at the members and the assignments: claim, hand over, follow (module docstring)."""
         async with self._ticking:
             await self._tick()
+
+    def view(self, assignments) -> ClusterView:
+        return ClusterView(self.broker_id, frozenset(self.live), dict(self.addresses), assignments, self.lease_ms,
+                           self._renewed_at, self._evicted)
 
     async def _tick(self) -> None:
         started = self.clock.monotonic()
@@ -181,59 +181,32 @@ class Coordinator:
         topics = await self.catalog.read(catalog_topics.list_topics)
         await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
         assignments = await self.catalog.read(catalog_cluster.assignments)
-        leading = self.leadership.leading()
-        me = self.broker_id
-        serving = not self._evicted and self._lease_fresh(self.clock.monotonic())
-        load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
-        claims: dict[str, dict[int, int]] = {}
-        assigned_here = False  # a claim of a partition whose row names this broker id
-        orphans: list[tuple[str, int]] = []
-        epochs: dict[tuple[str, int], int] = {}
-        handovers: dict[tuple[str, int], tuple[int, int]] = {}
-        for a in assignments:
-            key = (a.topic, a.partition)
-            epochs[key] = a.leader_epoch
-            if key in leading:
-                if a.leader_epoch > leading[key]:
-                    log.warning("%s/%d was claimed by broker %s (epoch %d): no longer led here", a.topic,
-                                a.partition, a.leader_broker, a.leader_epoch)
-                    self.leadership.lost(*key)
-                    self.sink.follow(a.topic, a.partition, self._leader(a.leader_broker), a.hwmark_seq,
-                                     a.first_available_seq)
-                elif a.handover_to is not None and a.handover_to != me and a.handover_to in self.live:
-                    handovers[key] = (a.handover_to, a.leader_epoch)
-                continue
-            if a.leader_broker == me or a.leader_broker is None or a.leader_broker not in self.live:
-                # Assigned here but not claimed yet, or orphaned: nobody leads it this moment (0xfd, not a
-                # redirect that could bounce between two brokers that each think the other leads).
-                self.sink.follow(a.topic, a.partition, None, a.hwmark_seq, a.first_available_seq)
-                if a.leader_broker == me:
-                    if serving:
-                        claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
-                        assigned_here = True
-                else:
-                    orphans.append(key)
-            else:
-                self.sink.follow(a.topic, a.partition, self._leader(a.leader_broker), a.hwmark_seq,
-                                 a.first_available_seq)
-        if serving:
-            for key, broker in catalog_cluster.spread(orphans, self.live, load).items():
-                if broker == me:
-                    claims.setdefault(key[0], {})[key[1]] = epochs[key]
-        if assigned_here:
+        decision = decide(self.view(assignments), self.leadership.leading(), self.clock.monotonic())
+        await self._apply(decision, started)
+
+    async def _apply(self, decision: Decision, started: float) -> None:
+        """Carries one decision out; `started`: when the look it was decided from began."""
+        for f in decision.lost:
+            log.warning("%s/%d was claimed by broker %s: no longer led here", *f.key,
+                        f.leader.broker_id if f.leader else "(not live)")
+            self.leadership.lost(*f.key)
+            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+        for f in decision.follows:
+            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+        if decision.renew_first:
             # A row naming this broker id that this process does not lead is either assigned here and not claimed
             # yet, or was claimed by another process that took this broker id over (a new volume, a rescheduled
             # pod): the lease says which. Taking it back would fence the process that now owns the id.
             await self.renew()
             if self._evicted:
                 return
-        for topic, expected in sorted(claims.items()):
+        for topic, expected in sorted(decision.claims.items()):
             await self._claim(topic, expected)
         if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
             self._lapsed = False  # the epochs read after the renewal showed what is still led here
             log.info("lease renewed and partitions checked: acknowledging again")
-        if handovers:
-            await self._hand_over(handovers, self.clock.monotonic() + CLAIM_WAIT_S)
+        if decision.handovers:
+            await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
 
     async def _claim(self, topic: str, expected: Mapping[int, int]) -> None:
         plans = await self.leadership.claim(topic, dict(expected))
@@ -284,7 +257,7 @@ class Coordinator:
         await self._refresh_members()
         assignments = await self.catalog.read(catalog_cluster.assignments)
         load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
-        placed = catalog_cluster.spread([("", p) for p in range(partitions)], self.live, load)
+        placed = spread([("", p) for p in range(partitions)], self.live, load)
         return {p: broker for (_, p), broker in placed.items()}
 
     def status(self) -> dict:

@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import CatalogError
-from tiered.catalog.models import BrokerModel, PartitionModel
+from tiered.catalog.models import BrokerModel, ClusterChangeModel, PartitionModel
 
 
 class SingleBrokerCatalog(CatalogError):
@@ -133,6 +133,42 @@ def members(cat: Catalog) -> list[Member]:
         ).all()
     return [Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live), r.lease_expires_at)
             for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """One tick's look at the catalog: the members, and the change counter (migration 0006; None: no row)."""
+
+    members: tuple[Member, ...]
+    changes: int | None
+
+
+def look(cat: Catalog) -> Look:
+    """The members and the change counter, in one small statement: what a broker reads every tick. The assignments
+    are re-read only when the counter moved or the members changed (tiered.tiering.coordinator)."""
+    changes = select(ClusterChangeModel.version).where(ClusterChangeModel.id == 1).scalar_subquery()
+    with cat.read() as conn:
+        rows = conn.execute(
+            select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
+                   (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at,
+                   changes.label("changes"))
+            .order_by(BrokerModel.broker_id)
+        ).all()
+        if not rows:
+            return Look((), conn.execute(select(changes)).scalar())
+    return Look(tuple(Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live),
+                             r.lease_expires_at) for r in rows), rows[0].changes)
+
+
+def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:
+    """One partition's assignment and committed bounds (a follower asked for what its read needs)."""
+    query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
+                   PartitionModel.leader_epoch, PartitionModel.hwmark_seq, PartitionModel.first_available_seq,
+                   PartitionModel.handover_to).where(PartitionModel.topic == topic,
+                                                     PartitionModel.partition == partition)
+    with cat.read() as conn:
+        row = conn.execute(query).first()
+    return Assignment(*row) if row is not None else None
 
 
 def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:

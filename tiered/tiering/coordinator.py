@@ -34,7 +34,7 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.cluster_decision import ClusterView, Decision, decide, leader_of, lease_fresh, spread
+from tiered.tiering.cluster_decision import ClusterView, Decision, Follow, decide, leader_of, lease_fresh, spread
 
 log = logging.getLogger("tiered.cluster")
 
@@ -84,6 +84,14 @@ class Coordinator:
         self._evicted = False  # another process took this broker id: never lead again
         self.live: set[int] = set()
         self.addresses: dict[int, str] = {}
+        # What the last full look was decided from: the change counter and the membership (live brokers, their
+        # addresses, whether this one could claim). While neither moved, nothing a decision depends on did, and a
+        # tick reads one small statement (tiered.catalog.cluster.look) instead of every partition.
+        self._seen: tuple | None = None
+        # What the server was last told of each partition followed (one owner: every follow goes through
+        # `_follow`): a full look re-tells only what changed. A partition led here is not in it.
+        self._followed: dict[tuple[str, int], Follow] = {}
+        self._bounds_asked: dict[tuple[str, int], float] = {}  # monotonic time a read last asked for a follower's
         # One tick at a time (the loop's, a topic creation's): a tick reads the epochs, then compares them with what
         # is led here; a claim by another tick in between would look like a partition lost.
         self._ticking = asyncio.Lock()
@@ -124,7 +132,7 @@ class Coordinator:
             log.error("broker id %d was taken over by another process: this one stops leading", self.broker_id)
             for topic, partition in list(self.leadership.leading()):
                 self.leadership.lost(topic, partition)
-                self.sink.follow(topic, partition, None, None)
+                self._no_leader(topic, partition)
             # It could only answer "no leader" from now on (the new leader has its id): it stops, and its clients
             # find the new process through the other brokers' redirects.
             self.sink.evicted(f"broker id {self.broker_id} was taken over by another process")
@@ -157,7 +165,9 @@ class Coordinator:
             await self.clock.sleep(TICK_S)
 
     async def _refresh_members(self) -> None:
-        members = await self.catalog.read(catalog_cluster.members)
+        self._take_members(await self.catalog.read(catalog_cluster.members))
+
+    def _take_members(self, members: Sequence[catalog_cluster.Member]) -> None:
         self.live = {mb.broker_id for mb in members if mb.live}
         self.addresses = {mb.broker_id: mb.advertised for mb in members}
         if self._lease_fresh(self.clock.monotonic()) and not self._evicted:
@@ -177,12 +187,62 @@ class Coordinator:
 
     async def _tick(self) -> None:
         started = self.clock.monotonic()
-        await self._refresh_members()
+        look = await self.catalog.read(catalog_cluster.look)
+        self._take_members(look.members)
+        seen = (look.changes, frozenset(self.live), tuple(sorted(self.addresses.items())),
+                not self._evicted and self._lease_fresh(self.clock.monotonic()))
+        if look.changes is not None and seen == self._seen:
+            # No partition, epoch, assignment, handover, topic or member moved since the last full look (the
+            # counter is bumped in the transaction of each change): its decision stands. That is also what a
+            # lapsed lease needs to see to acknowledge again: no epoch moved while it was lapsed.
+            self._checked(started)
+            return
+        self._seen = None  # until this look is carried out (a failure in between looks again next time)
         topics = await self.catalog.read(catalog_topics.list_topics)
         await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
         assignments = await self.catalog.read(catalog_cluster.assignments)
-        decision = decide(self.view(assignments), self.leadership.leading(), self.clock.monotonic())
+        leading = self.leadership.leading()
+        decision = decide(self.view(assignments), leading, self.clock.monotonic())
+        for key in leading:
+            self._followed.pop(key, None)
         await self._apply(decision, started)
+        # A claim or a handover changes the catalog, and so the counter: the next tick looks again anyway. One that
+        # changed nothing (a topic this broker cannot serve) is tried again at the next tick, as before.
+        if not decision.claims and not decision.handovers and not decision.renew_first:
+            self._seen = seen
+
+    def _checked(self, started: float) -> None:
+        """The epochs were read (or known unchanged) after the look that began at `started`."""
+        if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
+            self._lapsed = False  # the epochs read after the renewal showed what is still led here
+            log.info("lease renewed and partitions checked: acknowledging again")
+
+    def _follow(self, f: Follow) -> None:
+        """Tells the server, unless it was told exactly this last time."""
+        if self._followed.get(f.key) != f:
+            self._followed[f.key] = f
+            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+
+    def _no_leader(self, topic: str, partition: int) -> None:
+        self._followed.pop((topic, partition), None)
+        self.sink.follow(topic, partition, None, None)
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        """A read on a follower went past the bounds it knows: the partition's row is read now (at most once per
+        tick per partition), and the server told its leader and committed bounds. True if it was told (the read
+        looks again). This is how a follower's high-water mark stays current without every broker polling every
+        partition's bounds: the change counter does not move on commits."""
+        key = (topic, partition)
+        now = self.clock.monotonic()
+        if now - self._bounds_asked.get(key, float("-inf")) < TICK_S:
+            return False
+        self._bounds_asked[key] = now
+        a = await self.catalog.read(catalog_cluster.assignment, topic, partition)
+        if a is None or key in self.leadership.leading():
+            return False
+        leader = self._leader(a.leader_broker) if a.leader_broker in self.live else None
+        self._follow(Follow(key, leader, a.hwmark_seq, a.first_available_seq))
+        return True
 
     async def _apply(self, decision: Decision, started: float) -> None:
         """Carries one decision out; `started`: when the look it was decided from began."""
@@ -190,9 +250,9 @@ class Coordinator:
             log.warning("%s/%d was claimed by broker %s: no longer led here", *f.key,
                         f.leader.broker_id if f.leader else "(not live)")
             self.leadership.lost(*f.key)
-            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+            self._follow(f)
         for f in decision.follows:
-            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+            self._follow(f)
         if decision.renew_first:
             # A row naming this broker id that this process does not lead is either assigned here and not claimed
             # yet, or was claimed by another process that took this broker id over (a new volume, a rescheduled
@@ -202,9 +262,7 @@ class Coordinator:
                 return
         for topic, expected in sorted(decision.claims.items()):
             await self._claim(topic, expected)
-        if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
-            self._lapsed = False  # the epochs read after the renewal showed what is still led here
-            log.info("lease renewed and partitions checked: acknowledging again")
+        self._checked(started)
         if decision.handovers:
             await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
 
@@ -223,7 +281,7 @@ class Coordinator:
         is committed; each partition is assigned to its new leader, who claims it at its next tick; once it has,
         clients are redirected there."""
         for topic, partition in moves:
-            self.sink.follow(topic, partition, None, None)
+            self._no_leader(topic, partition)
         await self.leadership.give_up(sorted(moves), deadline)
         by_topic: dict[str, dict[int, tuple[int, int]]] = {}
         for (topic, partition), move in moves.items():
@@ -246,8 +304,8 @@ class Coordinator:
                 if a.partition in waiting and a.leader_epoch > waiting[a.partition]:
                     del waiting[a.partition]
                     if (a.topic, a.partition) not in self.leadership.leading():
-                        self.sink.follow(a.topic, a.partition, self._leader(a.leader_broker), a.hwmark_seq,
-                                         a.first_available_seq)
+                        self._follow(Follow((a.topic, a.partition), self._leader(a.leader_broker), a.hwmark_seq,
+                                            a.first_available_seq))
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)

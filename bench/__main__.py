@@ -10,10 +10,10 @@
     python -m bench --json PATH          also write every figure as JSON
 
 `--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only snapshot`,
-`--only chaos`, `--only client`, `--only cluster`, `--only linger` and `--only instructions` run
+`--only chaos`, `--only client`, `--only cluster`, `--only linger`, `--only instructions` and `--only scale_idle` run
 `python -m bench.bench_spark` / `bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` /
 `bench.bench_remote_compaction` / `bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster`
-/ `bench.bench_linger` / `bench.bench_instructions` (modules of their own; `--quick` is passed on) when they exist.
+/ `bench.bench_linger` / `bench.bench_instructions` / `bench.bench_scale_idle` (modules of their own; `--quick` is passed on) when they exist.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "snapshot": "bench.bench_snapshot",
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
-             "instructions": "bench.bench_instructions"}
+             "instructions": "bench.bench_instructions", "scale_idle": "bench.bench_scale_idle"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

@@ -101,11 +101,12 @@ def _note(a, live: set[int]) -> str:
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
     from tiered.catalog import cluster
+    from tiered.tiering.cluster_decision import plan_rebalance
 
     try:
         with _open(args) as catalog:
             live = [m.broker_id for m in cluster.members(catalog) if m.live]
-            moves = cluster.plan_rebalance(cluster.assignments(catalog), live)
+            moves = plan_rebalance(cluster.assignments(catalog), live)
             if not args.dry_run:
                 for (topic, partition), target in sorted(moves.items()):
                     cluster.request_handover(catalog, topic, partition, target)

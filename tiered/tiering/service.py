@@ -143,6 +143,9 @@ class TieringService:
     def may_acknowledge(self) -> bool:
         return self.coordinator is not None and self.coordinator.holds_lease()
 
+    def durable_trouble(self) -> str | None:
+        return self.durable.trouble() if hasattr(self, "durable") else None
+
     async def refresh_follower(self, topic: str, partition: int) -> bool:
         return self.coordinator is not None and await self.coordinator.refresh_follower(topic, partition)
 

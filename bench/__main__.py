@@ -11,13 +11,11 @@
                                          benchmarks
     python -m bench --json PATH          also write every figure as JSON
 
-`--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only snapshot`,
-`--only chaos`, `--only client`, `--only cluster`, `--only linger` and `--only instructions` run
-`python -m bench.bench_spark` / `bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` /
-`bench.bench_remote_compaction` / `bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster`
-/ `bench.bench_linger` / `bench.bench_instructions` (modules of their own; `--quick` or `--smoke` is passed on) when
-they exist. A benchmark that cannot run on this machine (valgrind or PostgreSQL missing) says why and is skipped; the
-exit status is bench.sizes.CANNOT_RUN when no benchmark asked for could run.
+Every other `--only NAME` (spark, remote, cli, compaction, remote_compaction, snapshot, chaos, client, cluster,
+linger, instructions, scale_commit, scale_idle, ...) runs the module DELEGATED[NAME] names, a benchmark of its own
+(`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on this machine
+(valgrind or PostgreSQL missing) says why and is skipped; the exit status is bench.sizes.CANNOT_RUN when no benchmark
+asked for could run.
 """
 
 from __future__ import annotations
@@ -47,7 +45,8 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "snapshot": "bench.bench_snapshot",
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
-             "instructions": "bench.bench_instructions"}
+             "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
+             "scale_idle": "bench.bench_scale_idle"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

@@ -81,11 +81,12 @@ class Service:
 
     async def rebalance(self) -> None:
         from tiered.catalog import cluster
+        from tiered.tiering.cluster_decision import plan_rebalance
 
         def ask() -> int:
             with self.catalog() as cat:
                 live = [m.broker_id for m in cluster.members(cat) if m.live]
-                moves = cluster.plan_rebalance(cluster.assignments(cat), live)
+                moves = plan_rebalance(cluster.assignments(cat), live)
                 for (topic, partition), target in moves.items():
                     cluster.request_handover(cat, topic, partition, target)
                 return len(moves)

@@ -162,15 +162,19 @@ static int builder_append(Builder *b, int64_t seq, uint64_t ts_ms, const uint8_t
     if (put_valid(&b->stamp_valid, b->rows, stamp_valid, f) < 0)
         return -1;
     b->stamp_nulls += !stamp_valid;
-    if (key != NULL) {
+    /* An empty key or value copies nothing: the vector may have no memory yet (NULL), and memcpy from or to NULL is
+     * undefined even for 0 bytes (UBSan found it). */
+    if (key_len) {
         memcpy(b->keys.ptr + b->keys.len, key, key_len);
         b->keys.len += key_len;
     }
     if (put_valid(&b->key_valid, b->rows, key != NULL, f) < 0)
         return -1;
     b->key_nulls += key == NULL;
-    memcpy(b->values.ptr + b->values.len, value, value_len);
-    b->values.len += value_len;
+    if (value_len) {
+        memcpy(b->values.ptr + b->values.len, value, value_len);
+        b->values.len += value_len;
+    }
     if (put_i32(&b->key_offsets, (int32_t)b->keys.len, f) < 0 ||
         put_i32(&b->value_offsets, (int32_t)b->values.len, f) < 0)
         return -1;

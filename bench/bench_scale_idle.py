@@ -1,6 +1,6 @@
 """An idle cluster at scale, and a failover at that size (issue 28 goals 1 and 2; docs/scale.md "Idle cost").
 
-    python -m bench.bench_scale_idle [--quick] [--topics 25] [--partitions 4096] [--settle-s 20] [--measure-s 30]
+    python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--settle-s 20] [--measure-s 30]
                                      [--mode idle|failover|both] [--lease-ms 10000] [--sample 64]
 
 - idle: three `tiered serve` processes on one real PostgreSQL (a temp cluster) and a local-directory store they
@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 from bench.harness import REPO, BrokerProcess, PgCluster, find_pg_bindir, process_cpu_s
 
 BROKERS = 3
@@ -173,8 +174,7 @@ def print_failover(figures: dict[str, float]) -> None:
 async def run(args: argparse.Namespace) -> int:
     bindir = find_pg_bindir()
     if bindir is None:
-        print("bench_scale_idle: PostgreSQL binaries not found (run `sh .ci/system-deps`)", file=sys.stderr)
-        return 1
+        cannot_run("bench_scale_idle: PostgreSQL binaries not found (run `sh .ci/system-deps`)")
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-scale-"))
     pg = PgCluster(bindir).start()
     service = Service(root, pg, args.lease_ms, args.tree.resolve())
@@ -197,7 +197,8 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_scale_idle", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 topics x 256 partitions, 5 s settle, 10 s measured")
+    add_size_options(parser, quick="4 topics x 256 partitions, 5 s settle, 10 s measured",
+                     smoke="1 topic x 8 partitions, 1 s settle, 2 s measured, lease 2 s (figures mean nothing)")
     parser.add_argument("--topics", type=int, default=25)
     parser.add_argument("--partitions", type=int, default=4096, help="partitions per topic")
     parser.add_argument("--settle-s", type=float, default=20.0)
@@ -212,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("topics", "partitions", "lease_ms", "sample"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.quick:
+    size = size_of(args)
+    if size is Size.QUICK:
         args.topics, args.partitions, args.settle_s, args.measure_s = 4, 256, 5.0, 10.0
+    elif size is Size.SMOKE:
+        args.topics, args.partitions, args.settle_s, args.measure_s, args.lease_ms = 1, 8, 1.0, 2.0, 2_000
+        args.sample = min(args.sample, 4)
     return asyncio.run(run(args))
 
 

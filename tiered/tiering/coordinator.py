@@ -202,7 +202,9 @@ class Coordinator:
         await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
         assignments = await self.catalog.read(catalog_cluster.assignments)
         leading = self.leadership.leading()
-        decision = decide(self.view(assignments), leading, self.clock.monotonic())
+        # Pure, and linear in the partitions: on a worker thread, so that a large catalog's look does not hold up
+        # the event loop (produces and their acks) while it is decided.
+        decision = await asyncio.to_thread(decide, self.view(assignments), leading, self.clock.monotonic())
         for key in leading:
             self._followed.pop(key, None)
         await self._apply(decision, started)

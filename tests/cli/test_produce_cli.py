@@ -49,7 +49,8 @@ def _restore_store(objects):
 
 def test_an_unconfirmed_produce_says_it_may_still_be_committed_and_where_to_check(broker_process, tmp_path):
     objects = tmp_path / "objects"
-    bp = broker_process("--store", f"file://{objects}")
+    # The broker's ack deadline (4 s, not the default 10 s) stays well past the client's own 1.5 s below.
+    bp = broker_process("--store", f"file://{objects}", "--produce-ack-timeout-ms", "4000")
     b = ("-b", f"127.0.0.1:{bp.port}")
     tiered("topic", "create", *b, "t1", "1")
     tiered("produce", *b, "-t", "t1", "before")

@@ -23,6 +23,7 @@ from tiered.tiering.block_format import decode_block
 from tiered.tiering.store import open_store
 
 from tests.support.broker import local_settings
+from tests.support.polling import eventually
 
 
 @pytest.fixture
@@ -268,10 +269,13 @@ async def test_local_ack_topics_answer_at_append_and_are_still_uploaded(durable,
         await c.create_topic("fast", 1, {"produce.ack": "local"})
         await c.produce("fast", 0, [b"a", b"b"])
         assert [m.value for m in (await c.consume("fast", 0, 1)).messages] == [b"a", b"b"]
-    for _ in range(50):
-        if app.tier.store.counters.puts >= 2:  # the topic object, then the block
-            break
-        await asyncio.sleep(0.05)
+    # Acknowledged at append, committed later: wait (bounded) for the catalog to name both seqs. Waiting for the
+    # block's PUT was not enough: the catalog commit comes after it.
+    def committed() -> bool:
+        with Catalog.open(catalog_url) as cat:
+            return all(catalog_blocks.find_run(cat, "fast", 0, seq) is not None for seq in (1, 2))
+
+    await eventually(committed, what="fast/0's block committed to the catalog")
     await _assert_durable(catalog_url, durable.bucket, "fast", 0, [b"a", b"b"])
     await _stop(app)
 

@@ -8,6 +8,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS   ?=
+# Test processes (pytest-xdist): each has its own ports, PostgreSQL cluster and moto server; 0 runs in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test bench system-deps venv clean
 
@@ -29,7 +31,7 @@ run: $(STAMP)
 	$(VENV)/bin/tiered serve $(ARGS)
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench $(ARGS)

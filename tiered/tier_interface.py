@@ -217,6 +217,10 @@ class Tier(Protocol):
     async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None: ...
 
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        """A read on a partition led elsewhere went past the bounds known here: the tier tells the sink the
+        catalog's bounds now (through `follow`). True if it did, and the read should look again."""
+
     async def flush(self, deadline: float) -> None: ...
 
     async def stop(self, deadline: float) -> None: ...
@@ -257,6 +261,9 @@ class LocalOnly:
 
     def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
         return None
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        return False
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
         return []

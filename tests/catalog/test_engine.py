@@ -16,6 +16,8 @@ from tiered.catalog.partitions import claim_partitions
 from tiered.catalog.segments import find_remote_segment
 from tiered.catalog.topics import create_topic, get_topic
 
+from tests.support.ports import free_port
+
 from .rows import T0, run
 
 
@@ -57,11 +59,7 @@ def test_sqlite_is_set_up_for_durability_and_concurrency(tmp_path):
 
 
 def test_unreachable_postgresql_is_catalog_unavailable(pg_cluster):
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     with Catalog.open(f"postgresql://postgres@127.0.0.1:{port}/x") as cat:
         with pytest.raises(CatalogUnavailable):
             get_topic(cat, "t")

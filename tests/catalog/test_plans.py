@@ -50,7 +50,9 @@ def full_scans(backend: str, plan: str) -> list[str]:
             for n in nodes
             if "Seq Scan" in n or (re.search(r"Index (Only )?Scan", n) and "Index Cond" not in n)
         ]
-    return [line for line in plan.splitlines() if line.startswith("SCAN ") and "CONSTANT ROW" not in line]
+    # A scan of json_each reads the rows the statement was given (tiered.catalog.arrays), not a table.
+    return [line for line in plan.splitlines()
+            if line.startswith("SCAN ") and "CONSTANT ROW" not in line and not line.startswith("SCAN json_each")]
 
 
 @pytest.fixture

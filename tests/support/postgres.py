@@ -21,12 +21,13 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import free_port
 
 TEMPLATE_DB = "tiered_template"
 
@@ -42,12 +43,6 @@ def _find_bindir() -> Path:
     if on_path and shutil.which("initdb"):
         return Path(on_path).parent
     raise RuntimeError("PostgreSQL server binaries not found (initdb, pg_ctl): run `make system-deps`")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PgCluster:
@@ -111,7 +106,7 @@ class PgCluster:
 @pytest.fixture(scope="session")
 def pg_cluster():
     root = Path(tempfile.mkdtemp(prefix="tiered-pg-"))
-    cluster = PgCluster(_find_bindir(), root, _free_port())
+    cluster = PgCluster(_find_bindir(), root, free_port())
     try:
         cluster.init()
         cluster.start()

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select, update
+from sqlalchemy import Connection, insert, select, update
 
+from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
 from tiered.catalog.models import PartitionEpochModel, PartitionModel
@@ -44,14 +45,14 @@ _COLUMNS = (
 )
 
 
-# lock_partitions' statement for the partitions of one topic, built once (it runs for every block commit).
-_LOCK_ONE_TOPIC = (
-    select(*_COLUMNS)
-    .where(PartitionModel.topic == bindparam("l_topic"),
-           PartitionModel.partition.in_(bindparam("l_partitions", expanding=True)))
-    .order_by(PartitionModel.topic, PartitionModel.partition)
-    .with_for_update()
-)
+# The partitions a statement names, as one bound value (tiered.catalog.arrays).
+KEYS = RowSource("k", (("topic", "text"), ("partition", "integer")))
+# lock_partitions' one statement, whatever the number of partitions: PostgreSQL locks the rows as the ORDER BY emits
+# them, so in (topic, partition) order; SQLite's write transaction already holds the database.
+_LOCK = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.first_available_seq, p.hwmark_seq,
+       p.remote_bytes
+FROM {k} JOIN partitions AS p ON p.topic = k.topic AND p."partition" = k."partition"
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,30 +77,15 @@ class Claim:
 
 def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], PartitionState]:
     """Locks the partitions rows of `keys` in (topic, partition) order (FOR UPDATE on PostgreSQL; the SQLite write
-    transaction already holds the database) and returns them. Raises UnknownPartition for a missing one."""
+    transaction already holds the database) and returns them, in one statement whatever their number. Raises
+    UnknownPartition for a missing one."""
     wanted = sorted(set(keys))
-    states: dict[tuple[str, int], PartitionState] = {}
-    for start in range(0, len(wanted), BATCH):
-        batch = wanted[start : start + BATCH]
-        if batch[0][0] == batch[-1][0]:  # one topic (a block commit's usual case): the statement built once
-            rows = conn.execute(_LOCK_ONE_TOPIC, {"l_topic": batch[0][0], "l_partitions": [p for _, p in batch]})
-        else:
-            by_topic: dict[str, list[int]] = {}
-            for topic, partition in batch:
-                by_topic.setdefault(topic, []).append(partition)
-            # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes
-            # (SQLite does not for a row-value IN list). Batches go in key order, so the lock order holds across them.
-            rows = conn.execute(
-                select(*_COLUMNS)
-                .where(or_(*(and_(PartitionModel.topic == t, PartitionModel.partition.in_(ps))
-                             for t, ps in by_topic.items())))
-                .order_by(PartitionModel.topic, PartitionModel.partition)
-                .with_for_update()
-            )
-        states.update({(r.topic, r.partition): PartitionState(*r) for r in rows})
-    for key in wanted:
-        if key not in states:
-            raise UnknownPartition(*key)
+    backend = conn.dialect.name
+    template = _LOCK + ('ORDER BY p.topic, p."partition" FOR UPDATE OF p' if backend == "postgresql" else "")
+    rows = conn.execute(statement(backend, template, KEYS), KEYS.params(wanted))
+    states = {(r[0], r[1]): PartitionState(*r) for r in rows}
+    if len(states) != len(wanted):
+        raise UnknownPartition(*next(key for key in wanted if key not in states))
     return states
 
 

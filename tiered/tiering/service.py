@@ -143,6 +143,9 @@ class TieringService:
     def may_acknowledge(self) -> bool:
         return self.coordinator is not None and self.coordinator.holds_lease()
 
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        return self.coordinator is not None and await self.coordinator.refresh_follower(topic, partition)
+
     async def hand_over(self, deadline: float) -> None:
         """Stops looking at the assignments and renewing, hands every partition led here to the other live
         brokers (each a clean handover), then ends the lease."""

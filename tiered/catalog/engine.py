@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy import Connection, Engine, create_engine, event, exc, literal_column
 from sqlalchemy.engine import URL, make_url
 
 from tiered.catalog.errors import CatalogUnavailable
@@ -186,6 +186,15 @@ def translate_errors() -> Iterator[None]:
         if _sqlite_busy(error):
             raise CatalogUnavailable(str(error)) from error
         raise
+
+
+def inline_limit(n: int):
+    """A LIMIT written into the statement's text instead of sent as a parameter (SQLAlchemy's default). PostgreSQL
+    plans a prepared statement (psycopg prepares after 5 executions) for an unknown LIMIT as if it returned a tenth
+    of the rows, which makes the generic plan look dearer than the custom plans for LIMIT 1: it then plans every
+    execution anew. With the number in the text the generic plan is kept, and planning happens once per session.
+    One statement text per distinct limit: callers use a few."""
+    return literal_column(str(int(n)))
 
 
 def utcnow(now: datetime | None = None) -> datetime:

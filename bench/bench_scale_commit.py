@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import format_table, percentile
-from bench.sizes import Size, add_size_options, cannot_run, size_of
 from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
 from bench.loadgen import FRAME_HEADER, U32, make_bundle, open_conn, _Connected
 from bench.loadgen import Shape
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 from tiered.protocol import requests as rq
 from tiered.protocol.frame import MsgType, encode_frame
 

@@ -23,7 +23,7 @@ def test_topic_produce_consume_status_round_trip(broker_process):
     described = tiered("topic", "describe", "-b", b, "orders").stdout.decode().splitlines()
     assert described[1:] == ["0\t0\t0", "1\t1\t5"]
     status = tiered("status", "-b", b).stdout.decode()
-    assert "topics 1" in status and "partitions 2" in status
+    assert status.startswith(f"broker {b}\n") and "topics 1" in status and "partitions 2" in status
 
 
 def test_produce_with_explicit_seq_makes_sparse_bundles(broker_process):

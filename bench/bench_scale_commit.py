@@ -273,14 +273,15 @@ async def wait_led(service: Service, topics: list[str], partitions: int, timeout
     from tiered.catalog import Catalog, partitions as parts
 
     deadline = time.monotonic() + timeout_s
+    waiting = list(topics)
     with Catalog.open(service.pg.url()) as cat:
-        while True:
-            led = sum(1 for s in await asyncio.to_thread(parts.get_partition_states, cat)
-                      if s.topic in topics and s.leader_epoch)
-            if led == len(topics) * partitions:
-                return
+        while waiting:  # one topic's rows per look: the catalog and this process stay out of the broker's way
+            states = await asyncio.to_thread(parts.get_partition_states, cat, waiting[0])
+            if len(states) == partitions and all(s.leader_epoch for s in states):
+                waiting.pop(0)
+                continue
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {led} of {len(topics) * partitions} partitions led after {timeout_s} s")
+                raise RuntimeError(f"topics {waiting} not all led after {timeout_s} s")
             await asyncio.sleep(0.05)
 
 

@@ -168,6 +168,7 @@ def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
     print(f"\nidle cluster: {BROKERS} brokers, {topics} topics x {partitions} partitions = {topics * partitions} "
           f"partitions, no traffic")
     print(f"{'process':<28} {'cores':>8} {'goal':>8}")
+    print(f"{'-' * 28} {'-' * 8} {'-' * 8}")
     for name, value in cores.items():
         goal = GOAL_PG_CORES if name.startswith("PostgreSQL") else GOAL_BROKER_CORES
         print(f"{name:<28} {value:>8.4f} {goal:>8.2f}")
@@ -175,6 +176,8 @@ def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
 
 def print_failover(figures: dict[str, float]) -> None:
     print("\nfailover: kill -9 of broker 0")
+    print(f"{'measure':<34} {'value':>10}")
+    print(f"{'-' * 34} {'-' * 10}")
     for name, value in figures.items():
         print(f"{name:<34} {value:>10.2f}" if isinstance(value, float) else f"{name:<34} {value:>10}")
 

@@ -9,7 +9,9 @@ import pytest
 from tiered.catalog import TopicExists, UnknownPartition, UnknownTopic
 from tiered.catalog import cluster
 from tiered.catalog.brokers import BrokerRow, list_brokers
-from tiered.catalog.partitions import PartitionState, claim_partitions, get_partition_states, set_first_available
+from tiered.catalog.partitions import (
+    PartitionState, claim_partitions, get_partition_state, get_partition_states, set_first_available,
+)
 from tiered.catalog.topics import create_topic, get_topic, list_topics, update_topic_config
 
 from .rows import T0
@@ -119,3 +121,12 @@ def test_locking_partitions_of_one_topic_or_of_several_reads_the_same_rows(cat):
     for keys in ([("a", 3)], [("a", 0), ("a", 3)], [("a", 0), ("c", 0)]):
         with pytest.raises(UnknownPartition), cat.write() as conn:
             lock_partitions(conn, keys)
+
+
+def test_one_partition_state_is_read_by_its_key(cat):
+    create_topic(cat, "t", 3)
+    claim_partitions(cat, 4, "t", [1])
+    one = get_partition_state(cat, "t", 1)
+    assert one == [s for s in get_partition_states(cat, "t") if s.partition == 1][0]
+    assert (one.leader_broker, one.leader_epoch) == (4, 1)
+    assert get_partition_state(cat, "t", 3) is None and get_partition_state(cat, "nope", 0) is None

@@ -139,7 +139,7 @@ async def test_s3_errors_are_retried_and_every_ack_lands(durable, s3_faults, tmp
 
 
 async def test_a_store_that_goes_away_answers_not_confirmed_and_nothing_unacknowledged_is_visible(
-        durable, s3_faults, tmp_path):
+        durable, s3_faults, tmp_path, caplog):
     catalog_url = f"sqlite:///{tmp_path}/c.db"
     app = await durable(catalog_url)
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
@@ -150,6 +150,9 @@ async def test_a_store_that_goes_away_answers_not_confirmed_and_nothing_unacknow
         with pytest.raises(TankError) as caught:
             await c.produce("outage", 0, [b"during"])
         assert caught.value.code == ProduceStatus.ACK_TIMEOUT  # appended, not confirmed: it may still commit
+        # The broker's line names why: the store's error on the block's upload.
+        said = [r.getMessage() for r in caplog.records if "durable produces not confirmed within" in r.getMessage()]
+        assert said and ": PUT " in said[-1], said
         # Not committed, so not visible: a consumer sees only what the catalog holds.
         got = await c.consume("outage", 0, 1)
         assert [m.value for m in got.messages] == [b"before"] and got.hwmark == 1

@@ -27,11 +27,6 @@ CONFIG = storage_config(log_segment_bytes=3000, log_index_interval_bytes=128, lo
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fsync_off(fsync_off):
-    """No machine crash here, only a process's: fsync off, in this process and in the forked children."""
-
-
 class SimulatedCrash(BaseException):
     """Raised by a step hook: like a kill, no cleanup code of the compaction runs (it only catches Exception)."""
 
@@ -151,6 +146,7 @@ def test_kill_9_of_a_process_at_every_step_of_three_groups(reference, tmp_path):
     a real process and a real SIGKILL each, without an interpreter start-up each."""
     source, steps, states, final = reference
     third_group = [i for i, name in enumerate(steps) if name.startswith("write ")][3]
+    # fsync off in the children as in this process (tests/conftest.py: fsync_off).
     imports = CHILD.split("directory, kill_at")[0] + "os.fsync = os.fdatasync = lambda fd: None\n"
     with ForkServer(imports, cwd=REPO, env={"PYTHONPATH": str(REPO)}) as children:
         for k in range(third_group):

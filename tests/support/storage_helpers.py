@@ -94,18 +94,3 @@ def locate(log: PartitionLog, seq: int, fetch_size: int, hwmark: int | None = No
         return got if got is not None else local_miss(where.seq, bounds)
     return where
 
-
-def _no_sync(fd: int) -> None:
-    return None
-
-
-@pytest.fixture(scope="module")
-def fsync_off():
-    """os.fsync and os.fdatasync as no-ops, for a module whose crashes are a process's (an exception, kill -9),
-    never the machine's: a reopen reads the page cache either way, so what it sees is the same, and the calls are
-    still made in the same order. On a busy disk fsync was most of such a module's time. (The tests' PostgreSQL
-    runs with fsync=off for the same reason.)"""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "fsync", _no_sync)
-        patch.setattr(os, "fdatasync", _no_sync)
-        yield

@@ -93,4 +93,3 @@ def locate(log: PartitionLog, seq: int, fetch_size: int, hwmark: int | None = No
         got = log.read(where.seq, fetch_size, hw)
         return got if got is not None else local_miss(where.seq, bounds)
     return where
-

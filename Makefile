@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml $(wildcard tiered/spark/_decode*.[ch] tiered/protocol/_
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tiered needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create a virtual environment: install the python3-venv package" >&2; exit 1; }
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+	@# setuptools calls [tool.setuptools.ext-modules] experimental on every build: a notice, not a problem.
+	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q --disable-pip-version-check -e '.[test,spark]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -1,6 +1,7 @@
 """Wide blocks and partition creation (issue 28, goals 3 and 4).
 
     python -m bench.bench_scale_commit [--quick|--smoke] [--part commit|durable|create] [--backend sqlite|postgresql]
+                                       [--tree CHECKOUT]
 
 - commit: `catalog.blocks.commit_block` called in this process, on a throwaway PostgreSQL cluster (fsync off) and on
   SQLite (a file, synchronous=FULL, as the broker opens it): a wide block of 1,600 runs (8 topics x 200 partitions,
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from bench import format_table, percentile
 from bench.sizes import Size, add_size_options, cannot_run, size_of
-from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
 from bench.loadgen import FRAME_HEADER, U32, make_bundle, open_conn, _Connected
 from bench.loadgen import Shape
 from tiered.protocol import requests as rq
@@ -242,12 +243,13 @@ class AckResult:
 class Service:
     """moto, PostgreSQL and one broker, in processes of their own."""
 
-    def __init__(self):
+    def __init__(self, tree: Path = REPO, profile: Path | None = None):
         self.root = Path(tempfile.mkdtemp(prefix="tiered-bench-scale-"))
         self.moto = MotoProcess(self.root).start()
         self.pg = PgCluster(find_pg_bindir()).start()
         self.broker = BrokerProcess(self.root / "data", "--store", f"s3://{self.moto.bucket}/bench", "--s3-path-style",
-                                    "--catalog", self.pg.url(), env=self.moto.env).start()
+                                    "--catalog", self.pg.url(), env=self.moto.env, tree=tree,
+                                    profile_path=profile).start()
 
     def stop(self) -> None:
         for part in (self.broker, self.moto, self.pg):
@@ -277,9 +279,9 @@ async def wait_led(service: Service, topics: list[str], partitions: int, timeout
             await asyncio.sleep(0.05)
 
 
-async def run_durable(size: Size, log=print) -> list[AckResult]:
+async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResult]:
     seconds = size.pick(12.0, 4.0, 1.0)
-    service = Service()
+    service = Service(tree)
     try:
         client = await _client(service.broker.port)
         try:
@@ -327,31 +329,29 @@ class CreateResult:
     led_s: float
 
 
-async def run_create(size: Size, log=print) -> list[CreateResult]:
-    count = size.pick(CREATE_TOPICS, 3, 1)
-    service = Service()
-    out: list[CreateResult] = []
-    try:
-        client = await _client(service.broker.port)
+async def create_topics(port: int, names: list[str], partitions: int) -> None:
+    """One connection per topic: a broker closes a connection idle for 16 s, as TANK does."""
+    for name in names:
+        client = await _client(port)
         try:
-            log(f"  create: one topic of {CREATE_PARTITIONS} partitions ...")
-            t0 = time.monotonic()
-            await client.create_topic("create0", CREATE_PARTITIONS, {})
-            answered = time.monotonic() - t0
-            await wait_led(service, ["create0"], CREATE_PARTITIONS)
-            out.append(CreateResult(f"1 topic x {CREATE_PARTITIONS}", CREATE_PARTITIONS, answered,
-                                    time.monotonic() - t0))
-            log(f"  create: {count} topics of {CREATE_PARTITIONS} partitions ...")
-            names = [f"many{i}" for i in range(count)]
-            t0 = time.monotonic()
-            for name in names:
-                await client.create_topic(name, CREATE_PARTITIONS, {})
-            answered = time.monotonic() - t0
-            await wait_led(service, names, CREATE_PARTITIONS)
-            out.append(CreateResult(f"{count} topics x {CREATE_PARTITIONS}", count * CREATE_PARTITIONS, answered,
-                                    time.monotonic() - t0))
+            await client.create_topic(name, partitions, {})
         finally:
             await client.close()
+
+
+async def run_create(size: Size, tree: Path = REPO, log=print, profile: Path | None = None) -> list[CreateResult]:
+    count = size.pick(CREATE_TOPICS, 3, 1)
+    service = Service(tree, profile)
+    out: list[CreateResult] = []
+    try:
+        for names in (["create0"], [f"many{i}" for i in range(count)]):
+            log(f"  create: {len(names)} topic(s) of {CREATE_PARTITIONS} partitions ...")
+            t0 = time.monotonic()
+            await create_topics(service.broker.port, names, CREATE_PARTITIONS)
+            answered = time.monotonic() - t0
+            await wait_led(service, names, CREATE_PARTITIONS)
+            out.append(CreateResult(f"{len(names)} topic(s) x {CREATE_PARTITIONS}", len(names) * CREATE_PARTITIONS,
+                                    answered, time.monotonic() - t0))
     finally:
         service.stop()
     return out
@@ -371,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", action="append", choices=("commit", "durable", "create"))
     parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"),
                         help="catalog of the commit part (default: both)")
+    parser.add_argument("--tree", type=Path, default=REPO,
+                        help="the checkout whose broker runs the durable and create parts (another commit's, for a "
+                             "before/after)")
+    parser.add_argument("--profile", type=Path, help="cProfile the broker of the create part into this file")
     args = parser.parse_args(argv)
     parts = args.part or ["commit", "durable", "create"]
     size = size_of(args)
@@ -386,10 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         print(commit_report(run_commit(args.backend or ["postgresql", "sqlite"], size, log)))
     if "durable" in parts:
         print()
-        print(durable_report(asyncio.run(run_durable(size, log))))
+        print(durable_report(asyncio.run(run_durable(size, args.tree, log))))
     if "create" in parts:
         print()
-        print(create_report(asyncio.run(run_create(size, log))))
+        print(create_report(asyncio.run(run_create(size, args.tree, log, args.profile))))
     return 0
 
 

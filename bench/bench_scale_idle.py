@@ -1,6 +1,6 @@
 """An idle cluster at scale, and a failover at that size (issue 28 goals 1 and 2; docs/scale.md "Idle cost").
 
-    python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--settle-s 20] [--measure-s 30]
+    python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--settle-s 60] [--measure-s 30]
                                      [--mode idle|failover|both] [--lease-ms 10000] [--sample 64]
 
 - idle: three `tiered serve` processes on one real PostgreSQL (a temp cluster) and a local-directory store they
@@ -71,15 +71,23 @@ class Service:
 async def create_topics(service: Service, topics: int, partitions: int) -> list[str]:
     from tiered.client import Client
 
-    client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()])
     names = [f"idle{i:02d}" for i in range(topics)]
-    try:
-        for i, name in enumerate(names):
-            started = time.monotonic()
-            await client.create_topic(name, partitions, DURABLE)
-            log(f"topic {i + 1}/{topics}: {name}, {partitions} partitions in {time.monotonic() - started:.1f} s")
-    finally:
-        await client.close()
+    for i, name in enumerate(names):
+        started = time.monotonic()
+        for attempt in range(3):
+            # A creation already done answers EXISTS: sent again over a new connection if the last one was lost.
+            client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()])
+            try:
+                await client.create_topic(name, partitions, DURABLE)
+                break
+            except (ConnectionError, OSError) as error:
+                log(f"topic {name}: {error}; asking again")
+                for b, bp in service.brokers.items():
+                    if bp.proc.poll() is not None:
+                        raise RuntimeError(f"broker {b} exited: {bp.output()}") from None
+            finally:
+                await client.close()
+        log(f"topic {i + 1}/{topics}: {name}, {partitions} partitions in {time.monotonic() - started:.1f} s")
     deadline = time.monotonic() + 600
     while True:
         unclaimed = [k for k, (_, epoch) in (await asyncio.to_thread(service.claimed)).items() if not epoch]
@@ -201,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                      smoke="1 topic x 8 partitions, 1 s settle, 2 s measured, lease 2 s (figures mean nothing)")
     parser.add_argument("--topics", type=int, default=25)
     parser.add_argument("--partitions", type=int, default=4096, help="partitions per topic")
-    parser.add_argument("--settle-s", type=float, default=20.0)
+    parser.add_argument("--settle-s", type=float, default=60.0,
+                        help="after the claims: the start-up work of each claim (loading what is copied) ends")
     parser.add_argument("--measure-s", type=float, default=30.0)
     parser.add_argument("--mode", choices=("idle", "failover", "both"), default="both")
     parser.add_argument("--lease-ms", type=int, default=10_000)

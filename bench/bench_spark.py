@@ -4,7 +4,8 @@ a topic with 10,000 remote segments.
 
     python -m bench.bench_spark            256 MiB of history (about 6 minutes)
     python -m bench.bench_spark --quick    32 MiB, one repeat, the native decoder only (about 2 minutes)
-    python -m bench.bench_spark --smoke    2 MiB, local[1] only, SQLite planning only: every step once
+    python -m bench.bench_spark --smoke    2 MiB, local[1] only with no untimed pass first, SQLite planning only:
+                                           every step once, figures that mean nothing
 
 Decode rate. The bundles of the throughput history below (64 MiB of it), built in memory and decoded into Arrow
 record batches by `decoding.decode_records` in this process, with the pure decoder and with the native one
@@ -232,7 +233,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env: dict[str, str], repeats: int,
-                 moto: MotoProcess) -> Throughput:
+                 moto: MotoProcess, warm_up: bool = True) -> Throughput:
     os.environ.update(env)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -254,7 +255,8 @@ def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env
             payload = F.sum(F.length("value") + F.coalesce(F.length("key"), F.lit(0)))
             return df.agg(F.count(F.lit(1)).alias("n"), payload.alias("bytes")).collect()[0]
 
-        aggregate()  # untimed: Python workers start, the JVM compiles the query's hot code
+        if warm_up:
+            aggregate()  # untimed: Python workers start, the JVM compiles the query's hot code
         runs, before = [], spark_cpu_s(moto)
         for _ in range(repeats):
             started = time.perf_counter()
@@ -269,7 +271,7 @@ def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env
 
 
 def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int,
-               cores_list: tuple[int, ...] = (1, 2)) -> tuple[list[Throughput], dict]:
+               cores_list: tuple[int, ...] = (1, 2), warm_up: bool = True) -> tuple[list[Throughput], dict]:
     root.mkdir(parents=True, exist_ok=True)
     moto = MotoProcess(root).start()
     catalog_url = f"sqlite:///{root / 'catalog.db'}"
@@ -297,7 +299,7 @@ def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int,
     try:
         for decoder in decoders:
             for cores in cores_list:
-                result = spark_replay(cores, decoder, catalog_url, store_url, env, repeats, moto)
+                result = spark_replay(cores, decoder, catalog_url, store_url, env, repeats, moto, warm_up)
                 if (result.messages, result.payload_bytes) != (consumer.messages, consumer.payload_bytes):
                     raise AssertionError(f"{result.reader} read {result.messages} messages / {result.payload_bytes} "
                                          f"bytes, the broker {consumer.messages} / {consumer.payload_bytes}")
@@ -434,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     plans: list[Planning] = []
     try:
         rates = decode_rates(min(total, 64 << 20), ["python", "native"], max(3, repeats))
-        results, notes = throughput(total, root / "replay", decoders, repeats, size.pick((1, 2), (1, 2), (1,)))
+        results, notes = throughput(total, root / "replay", decoders, repeats, size.pick((1, 2), (1, 2), (1,)),
+                                    warm_up=size is not Size.SMOKE)
         if not args.no_planning:
             plans = planning("sqlite", f"sqlite:///{root / 'plan.db'}", plan_repeats)
             bindir = find_pg_bindir() if size is not Size.SMOKE else None

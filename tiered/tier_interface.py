@@ -185,6 +185,10 @@ class Tier(Protocol):
     def may_acknowledge(self) -> bool:
         """False while this broker cannot be sure it still leads (its lease is not renewed): produce answers 0xfd."""
 
+    def durable_trouble(self) -> str | None:
+        """Why blocks are not being committed right now (the latest failed upload or commit, while it is retried),
+        or None: what an ack-timeout log line names."""
+
     async def hand_over(self, deadline: float) -> None:
         """A graceful stop: commits what it holds and hands every partition it leads to another live broker."""
 
@@ -249,6 +253,9 @@ class LocalOnly:
 
     def may_acknowledge(self) -> bool:
         return True
+
+    def durable_trouble(self) -> str | None:
+        return None
 
     async def hand_over(self, deadline: float) -> None:
         return None

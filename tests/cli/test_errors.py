@@ -133,3 +133,13 @@ def test_a_consumer_whose_reader_goes_away_ends_quietly(broker_process, drain):
     _, err = consumer.communicate(timeout=60)
     assert first.startswith(b"1\t00000 ")
     assert (consumer.returncode, err) == (0, b"")
+
+
+def test_serve_without_s3_credentials_refuses_in_one_line(tmp_path):
+    env = {k: "" for k in os.environ if k.startswith("AWS_")}
+    env.update({"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                "AWS_EC2_METADATA_DISABLED": "true", "TIERED_STORE_URL": "s3://bucket/prefix"})
+    proc = tiered("serve", "-p", str(tmp_path / "data"), "-l", "127.0.0.1:0", "-P", "off", check=False, env=env,
+                  timeout_s=60)
+    err = one_line_error(proc, "serve", 1)
+    assert "no S3 credentials for s3://bucket/prefix: set AWS_ACCESS_KEY_ID" in err

@@ -50,7 +50,7 @@ def normalize_url(url: str | URL) -> URL:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername not in ("postgresql+psycopg", "sqlite", "sqlite+pysqlite"):
-        raise ValueError(f"unsupported catalog URL {mask_url(parsed)}: use sqlite:///path or postgresql://...")
+        raise ValueError(f"unsupported catalog URL {mask_url(parsed)}: use sqlite:///path or postgresql+psycopg://user@host/db")
     return parsed
 
 

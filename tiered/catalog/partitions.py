@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
-from tiered.catalog.models import PartitionEpochModel, PartitionModel
+from tiered.catalog.models import PartitionEpochModel, PartitionModel, UtcDateTime
 
 # Statements that name many partitions are sent in batches of this many: well under PostgreSQL's 65,535 bind
 # parameters and SQLite's 32,766, with room for the other parameters of a statement.
@@ -52,6 +52,16 @@ KEYS = RowSource("k", (("topic", "text"), ("partition", "integer")))
 _LOCK = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.first_available_seq, p.hwmark_seq,
        p.remote_bytes
 FROM {k} JOIN partitions AS p ON p.topic = k.topic AND p."partition" = k."partition"
+"""
+
+
+# claim_leadership's rows: each partition claimed, with its new epoch and the seq that epoch starts at.
+CLAIMED = RowSource("c", (("partition", "integer"), ("leader_epoch", "bigint"), ("start_seq", "bigint")))
+_CLAIM = """UPDATE partitions AS p SET leader_broker = :broker_id, leader_epoch = c.leader_epoch, handover_to = NULL
+FROM {c} WHERE p.topic = :topic AND p."partition" = c."partition"
+"""
+_RECORD_CLAIMS = """INSERT INTO partition_epochs (topic, "partition", leader_epoch, broker_id, disk_id, start_seq, claimed_at)
+SELECT :topic, c."partition", c.leader_epoch, :broker_id, :disk_id, c.start_seq, :claimed_at FROM {c}
 """
 
 
@@ -117,18 +127,14 @@ def claim_leadership(
         states = lock_partitions(conn, ((topic, p) for p in since))
         numbers = sorted(p for p in since if expected_epochs is None or p not in expected_epochs
                          or states[(topic, p)].leader_epoch == expected_epochs[p])
-        for start in range(0, len(numbers), BATCH):
-            chunk = numbers[start : start + BATCH]
-            conn.execute(
-                update(PartitionModel)
-                .where(PartitionModel.topic == topic, PartitionModel.partition.in_(chunk))
-                .values(leader_broker=broker_id, leader_epoch=PartitionModel.leader_epoch + 1, handover_to=None)
-            )
-            conn.execute(insert(PartitionEpochModel), [
-                {"topic": topic, "partition": p, "leader_epoch": states[(topic, p)].leader_epoch + 1,
-                 "broker_id": broker_id, "disk_id": disk_id, "start_seq": states[(topic, p)].hwmark_seq + 1,
-                 "claimed_at": claimed_at} for p in chunk
-            ])  # fmt: skip
+        if numbers:
+            backend = conn.dialect.name
+            rows = [(p, states[(topic, p)].leader_epoch + 1, states[(topic, p)].hwmark_seq + 1) for p in numbers]
+            conn.execute(statement(backend, _CLAIM, CLAIMED),
+                         {"topic": topic, "broker_id": broker_id, **CLAIMED.params(rows)})
+            conn.execute(statement(backend, _RECORD_CLAIMS, CLAIMED).bindparams(bindparam("claimed_at", type_=UtcDateTime())),
+                         {"topic": topic, "broker_id": broker_id, "disk_id": disk_id, "claimed_at": claimed_at,
+                          **CLAIMED.params(rows)})
         history = _history(conn, topic, {p: e for p, e in since.items() if e is not None and p in numbers})
         for p in numbers:
             before = states[(topic, p)]

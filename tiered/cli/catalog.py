@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     text = "reconstruct the catalog from the object store alone (brokers stopped)"
     rebuild = commands.add_parser("rebuild", help=text, description=text)
     rebuild.add_argument("--catalog", dest="catalog_url", metavar="URL",
-                         help="catalog to fill: sqlite:///path or postgresql://user@host/db")
+                         help="catalog to fill: sqlite:///path or postgresql+psycopg://user@host/db")
     rebuild.add_argument("--store", dest="store_url", metavar="URL",
                          help="object store: s3://bucket/prefix or file:///dir")
     rebuild.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     text = "check that every acknowledged seq has exactly one location in the catalog"
     check = commands.add_parser("check", help=text, description=text)
     check.add_argument("--catalog", dest="catalog_url", metavar="URL",
-                       help="catalog to check: sqlite:///path or postgresql://user@host/db")
+                       help="catalog to check: sqlite:///path or postgresql+psycopg://user@host/db")
     check.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
     check.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog)")
     check.add_argument("-t", "--topic", help="only this topic")

@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--catalog",
             dest="catalog_url",
             metavar="URL",
-            help="catalog URL: sqlite:///path or postgresql://user@host/db (default: from the settings)",
+            help="catalog URL: sqlite:///path or postgresql+psycopg://user@host/db (default: from the settings)",
         )
         command.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
         command.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog)")

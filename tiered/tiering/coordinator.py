@@ -202,7 +202,9 @@ class Coordinator:
         await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
         assignments = await self.catalog.read(catalog_cluster.assignments)
         leading = self.leadership.leading()
-        decision = decide(self.view(assignments), leading, self.clock.monotonic())
+        # Pure, and linear in the partitions: on a worker thread, so that a large catalog's look does not hold up
+        # the event loop (produces and their acks) while it is decided.
+        decision = await asyncio.to_thread(decide, self.view(assignments), leading, self.clock.monotonic())
         for key in leading:
             self._followed.pop(key, None)
         await self._apply(decision, started)
@@ -300,10 +302,12 @@ class Coordinator:
         straight to where they will be served."""
         waiting = dict(epochs)
         while waiting:
-            for a in await self.catalog.read(catalog_cluster.assignments, topic):
+            assignments = await self.catalog.read(catalog_cluster.assignments, topic)
+            leading = self.leadership.leading()  # once per look, not per partition: it is every partition led here
+            for a in assignments:
                 if a.partition in waiting and a.leader_epoch > waiting[a.partition]:
                     del waiting[a.partition]
-                    if (a.topic, a.partition) not in self.leadership.leading():
+                    if (a.topic, a.partition) not in leading:
                         self._follow(Follow((a.topic, a.partition), self._leader(a.leader_broker), a.hwmark_seq,
                                             a.first_available_seq))
             if not waiting or self.clock.monotonic() >= deadline:

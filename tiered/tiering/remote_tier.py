@@ -51,12 +51,10 @@ class RemoteTier:
         self.copier = SegmentCopier(store, catalog, metrics=metrics, epoch_of=epoch_of,
                                     committed_up_to=committed_up_to, on_copied=self._copied, on_fenced=on_fenced,
                                     grace=grace, clock=clock)
-        # What the copier knows of copied segments is the whole truth only for a partition led here (a partition led
-        # elsewhere gets its segments copied by its leader): otherwise unknown, and remote segments are looked up.
+        # The reader asks the catalog where a seq is (tiered.catalog.locate), never what this broker believes was
+        # copied: a remote compaction or another broker's copy changes the locations without telling the copier.
         self.reader = RemoteReader(store, catalog, metrics, budget=ReadBudget(read_budget_bytes),
-                                   pace=hot_path.turn if hot_path is not None else None,
-                                   highest_copied=lambda t, p: (
-            self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
+                                   pace=hot_path.turn if hot_path is not None else None)
         self._reconcile_cursor: str | None = None
         self._cleanup_cursors: dict[tuple[str, int], int] = {}  # per partition: the next page of abandoned copies
         self._cleanup_due = 0.0  # monotonic time of the next page scan for abandoned copies

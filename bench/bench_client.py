@@ -1,4 +1,4 @@
-"""`python -m bench.bench_client [--quick]`: what one request costs the client (tiered.client) itself.
+"""`python -m bench.bench_client [--quick | --smoke]`: what one request costs the client (tiered.client) itself.
 
 The client talks to the load generator's NullServer (bench/loadgen.py; a child process, so the two use both cores),
 which answers every produce OK and every consume with a ready-made chunk at once: the figures are the client's
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from bench.sizes import add_size_options, size_of
 from tiered.client import Client
 
 MESSAGE = b"m" * 100
@@ -75,9 +76,10 @@ def _free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_client")
-    parser.add_argument("--quick", action="store_true", help="fewer requests")
-    parser.add_argument("--repeat", type=int, default=5, help="measured runs of each workload (the best is shown)")
+    add_size_options(parser, quick="fewer requests", smoke="100 requests, one measured run")
+    parser.add_argument("--repeat", type=int, help="measured runs of each workload (the best is shown; default 5)")
     args = parser.parse_args()
+    size = size_of(args)
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "bench.loadgen", "null-server", "--port", str(port)])
     try:
@@ -87,7 +89,7 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.02)
-        rows = asyncio.run(measure(port, 2_000 if args.quick else 10_000, args.repeat))
+        rows = asyncio.run(measure(port, size.pick(10_000, 2_000, 100), args.repeat or size.pick(5, 5, 1)))
     finally:
         server.terminate()
         server.wait(10)

@@ -322,4 +322,8 @@ def load_settings(
             values[name] = _convert(name, flags[name], f"flag {_FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}")
     if "broker_id" not in values:
         values["broker_id"] = parse_broker_id("auto")  # the documented default
-    return replace(Settings(), **values, topic_defaults=topic_defaults)
+    settings = replace(Settings(), **values, topic_defaults=topic_defaults)
+    for path in (settings.data_dir, settings.state_dir):
+        if path.exists() and not path.is_dir():
+            raise SettingsError(f"data directory {settings.data_dir}: {path} is not a directory")
+    return settings

@@ -79,6 +79,24 @@ def test_two_locations_for_one_seq_are_reported(cat):
     assert len(problems) == 1 and "seqs 5..10 have two locations" in problems[0]
 
 
+def test_a_run_whose_block_row_is_gone_or_not_committed_is_reported(cat):
+    """No foreign key holds block_runs to blocks (migration 0005): the check stands in for it."""
+    from sqlalchemy import delete, update
+
+    from tiered.catalog.models import BlockModel
+
+    create_topic(cat, "t", 1)
+    claim_partitions(cat, 1, "t", [0])
+    first = committed(cat, "blk/1", run("t", 0, 1, 10))
+    second = committed(cat, "blk/2", run("t", 0, 11, 20))
+    assert check_catalog(cat).ok
+    with cat.write() as conn:
+        conn.execute(delete(BlockModel).where(BlockModel.block_id == first))
+        conn.execute(update(BlockModel).where(BlockModel.block_id == second).values(state="deleting"))
+    assert check_catalog(cat).problems == [f"t/0: run block {first}@0: its block row is missing",
+                                           "t/0: run blk/2@0: its block is deleting, not committed"]
+
+
 def test_retention_leftovers_below_the_start_are_not_problems(cat):
     create_topic(cat, "t", 1)
     claim_partitions(cat, 1, "t", [0])

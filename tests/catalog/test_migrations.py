@@ -152,13 +152,49 @@ def test_current_does_not_create_a_sqlite_file(tmp_path):
     assert not path.parent.exists()
 
 
+def test_0005_drops_the_runs_foreign_key_of_a_catalog_in_use(empty_url):
+    """A catalog at 0004 holding a committed run keeps it, and loses only the foreign key to blocks (and its
+    partitions pages are left half free on PostgreSQL); the downgrade puts the key back."""
+    from alembic import command as alembic_command
+
+    from tiered.catalog import blocks, partitions
+
+    assert upgrade(empty_url, "0004") == (None, "0004")
+    with Catalog.open(empty_url) as cat:
+        topics.create_topic(cat, "t", 1, now=T0)
+        epoch = partitions.claim_partitions(cat, 1, "t", [0])[0]
+        block_id = blocks.insert_pending_block(cat, "blk/1", 1, 10, now=T0)
+        with cat.write() as conn:  # the commit as 0004's code wrote it: the run inserted with the key in force
+            conn.execute(insert(blocks.BlockRunModel).values(
+                block_id=block_id, position=0, topic="t", partition=0, from_seq=1, first_seq=1, last_seq=5,
+                length_bytes=10, messages=5, min_ts_ms=0, max_ts_ms=0, leader_epoch=epoch))
+
+    def run_keys(url: str) -> list:
+        with Catalog.open(url) as cat, cat.read() as conn:
+            return inspect(conn).get_foreign_keys("block_runs")
+
+    assert [k["referred_table"] for k in run_keys(empty_url)] == ["blocks"]
+    assert upgrade(empty_url) == ("0004", head())
+    assert run_keys(empty_url) == []
+    with Catalog.open(empty_url) as cat, cat.read() as conn:
+        if cat.backend == "postgresql":  # HOT updates of the row every commit rewrites
+            assert inspect(conn).get_table_options("partitions")["postgresql_with"] == {"fillfactor": "50"}
+    with Catalog.open(empty_url) as cat:
+        assert blocks.find_run(cat, "t", 0, 3).block_id == block_id
+    config = alembic_config()
+    with Catalog.open(empty_url) as cat, cat.write() as conn:
+        config.attributes["connection"] = conn
+        alembic_command.downgrade(config, "0004")
+    assert [k["referred_table"] for k in run_keys(empty_url)] == ["blocks"]
+
+
 def test_migrations_ship_as_a_package():
     """`tiered db upgrade` from an installed wheel needs env.py, the template and the revisions inside the
     `migrations` package (pyproject packages `migrations*` with its *.mako)."""
     folder = migrations_dir()
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
-    assert head() == "0004"
+    assert head() == "0006"
 
 
 def test_alembic_commands_work_given_only_a_url(tmp_path):

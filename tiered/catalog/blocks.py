@@ -18,13 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from operator import attrgetter
 
 from sqlalchemy import Connection, bindparam, delete, exists, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
-from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.arrays import RowSource, statement
+from tiered.catalog.engine import Catalog, inline_limit, utcnow
 from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock
-from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
+from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.states import BLOCK_TRANSITIONS, BlockState
 
@@ -139,13 +141,18 @@ _MARK_COMMITTED = (
     .values(state=BlockState.COMMITTED, committed_at=bindparam("b_at"))
 )
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
-_INSERT_RUNS = insert(BlockRunModel.__table__)
-_PARTITIONS = PartitionModel.__table__
-_RAISE_HWMARKS = (
-    update(_PARTITIONS)
-    .where(_PARTITIONS.c.topic == bindparam("k_topic"), _PARTITIONS.c.partition == bindparam("k_partition"))
-    .values(hwmark_seq=bindparam("k_hwmark"), first_available_seq=bindparam("k_first"))
-)
+# commit_block's rows as bound values (tiered.catalog.arrays): one INSERT for every run of the block and one UPDATE
+# for every partition it raises, whatever their number (a block may hold runs of thousands of partitions).
+_RUN_TYPES = {"topic": "text", "partition": "integer", "messages": "integer"}
+RUNS = RowSource("r", tuple((f, _RUN_TYPES.get(f, "bigint")) for f in _RUN_FIELDS))
+HWMARKS = RowSource("h", (("topic", "text"), ("partition", "integer"), ("hwmark", "bigint"), ("first", "bigint")))
+_QUOTED_RUN_FIELDS = [f'"{f}"' for f in _RUN_FIELDS]
+_INSERT_RUNS = (f"INSERT INTO block_runs (block_id, {', '.join(_QUOTED_RUN_FIELDS)})\n"
+                f"SELECT :block_id, {', '.join('r.' + f for f in _QUOTED_RUN_FIELDS)} FROM {{r}}")
+# UPDATE ... FROM on both backends (SQLite has it since 3.33): driven by the rows given, each a primary key probe.
+_RAISE_HWMARKS = """UPDATE partitions AS p SET hwmark_seq = h.hwmark, first_available_seq = h.first FROM {h}
+WHERE p.topic = h.topic AND p."partition" = h."partition"
+"""
 
 
 def insert_pending_block(
@@ -213,6 +220,7 @@ def commit_block(
     keys = sorted(by_partition)
     committed_at = utcnow(now)
     with cat.write() as conn:
+        backend = conn.dialect.name
         partitions = lock_partitions(conn, keys)
         moved = conn.execute(_MARK_COMMITTED, {"b_id": block_id, "b_broker": broker_id, "b_at": committed_at})
         if moved.rowcount == 0:
@@ -224,26 +232,23 @@ def commit_block(
             if block.state == BlockState.COMMITTED:
                 return {key: partitions[key].hwmark_seq for key in keys}
             BLOCK_TRANSITIONS.check(block.state, BlockState.COMMITTED, f"{block_id}")
+        changes = []
         for key in keys:
             state = partitions[key]
             # Raising inside the transaction rolls back the block's state change above.
             if state.leader_broker != broker_id or state.leader_epoch != epochs[key]:
                 raise StaleEpoch(key[0], key[1], epochs[key], state.leader_epoch, state.leader_broker)
-            first = by_partition[key][0]
-            if first.from_seq != state.hwmark_seq + 1 or first.leader_epoch != epochs[key]:
-                raise Discontinuity(key[0], key[1], state.hwmark_seq, first.from_seq)
-        conn.execute(_INSERT_RUNS, [{"block_id": block_id, **{f: getattr(run, f) for f in _RUN_FIELDS}} for run in runs])
-        changes = [
-            {
-                "k_topic": key[0],
-                "k_partition": key[1],
-                "k_hwmark": by_partition[key][-1].last_seq,
-                "k_first": partitions[key].first_available_seq or by_partition[key][0].first_seq,
-            }
-            for key in keys
-        ]
-        conn.execute(_RAISE_HWMARKS, changes)
-    return {(c["k_topic"], c["k_partition"]): c["k_hwmark"] for c in changes}
+            mine = by_partition[key]
+            if mine[0].from_seq != state.hwmark_seq + 1 or mine[0].leader_epoch != epochs[key]:
+                raise Discontinuity(key[0], key[1], state.hwmark_seq, mine[0].from_seq)
+            changes.append((key[0], key[1], mine[-1].last_seq, state.first_available_seq or mine[0].first_seq))
+        conn.execute(statement(backend, _INSERT_RUNS, RUNS),
+                     {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
+        conn.execute(statement(backend, _RAISE_HWMARKS, HWMARKS), HWMARKS.params(changes))
+    return {(topic, partition): hwmark for topic, partition, hwmark, _ in changes}
+
+
+_run_values = attrgetter(*_RUN_FIELDS)
 
 
 def abandon_block(
@@ -287,7 +292,7 @@ def _locations(topic: str, partition: int, from_seq: int, limit: int):
             BlockRunModel.last_seq >= from_seq,
         )
         .order_by(BlockRunModel.last_seq)
-        .limit(limit)
+        .limit(inline_limit(limit))
     )
 
 

@@ -6,7 +6,8 @@ one location: a readable (COPY_FINISHED) remote segment or a committed block run
 - a seq range no location answers for (a hole: a consumer there would be skipped past acknowledged messages);
 - two locations answering for one seq (two segments, two runs, or a run a segment already holds);
 - a location reaching past the high-water mark (committed seqs beyond what the catalog says is committed);
-- a location with from_seq > first_seq or first_seq > last_seq.
+- a location with from_seq > first_seq or first_seq > last_seq;
+- a run whose block row is missing or not `committed` (no foreign key holds block_runs to blocks: migration 0005).
 Locations wholly below the first available seq are retention's leftovers, not problems. The walk reads every
 readable segment and run row in pages, per partition, in seq order: its cost grows with the catalog, so it is an
 operator's tool and a test oracle, never on a request path.
@@ -22,7 +23,7 @@ from sqlalchemy import Connection, select
 from tiered.catalog.engine import Catalog
 from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import get_partition_states
-from tiered.catalog.states import SegmentState
+from tiered.catalog.states import BlockState, SegmentState
 
 PAGE = 5000
 
@@ -34,6 +35,7 @@ class Location:
     from_seq: int
     first_seq: int
     last_seq: int
+    problem: str = ""  # what is wrong with the row itself, whatever the seqs around it
 
 
 @dataclass
@@ -84,6 +86,8 @@ def _check(result: PartitionCheck, locations: list[Location]) -> PartitionCheck:
     covered_to = low - 1 if low else 0  # the highest seq answered for so far, from `low` up
     previous: Location | None = None
     for loc in locations:
+        if loc.problem:
+            result.problems.append(f"{loc.kind} {loc.name}: {loc.problem}")
         if not loc.from_seq <= loc.first_seq <= loc.last_seq:
             result.problems.append(f"{loc.kind} {loc.name}: seqs from {loc.from_seq}, first {loc.first_seq}, "
                                    f"last {loc.last_seq} out of order")
@@ -137,14 +141,19 @@ def _runs(conn: Connection, topic: str, partition: int) -> Iterator[Location]:
     while True:
         later = (runs.last_seq > after[0]) | ((runs.last_seq == after[0]) & (runs.position > after[1]))
         rows = conn.execute(
-            select(runs.last_seq, runs.position, runs.from_seq, runs.first_seq, BlockModel.object_key)
-            .join(BlockModel, BlockModel.block_id == runs.block_id)
+            select(runs.last_seq, runs.position, runs.from_seq, runs.first_seq, runs.block_id, BlockModel.object_key,
+                   BlockModel.state)
+            .outerjoin(BlockModel, BlockModel.block_id == runs.block_id)
             .where(runs.topic == topic, runs.partition == partition, later)
             .order_by(runs.last_seq, runs.position)
             .limit(PAGE)
         ).all()
-        for last, position, from_seq, first, object_key in rows:
-            yield Location("run", f"{object_key}@{position}", from_seq, first, last)
+        for last, position, from_seq, first, block_id, object_key, state in rows:
+            if object_key is None:
+                yield Location("run", f"block {block_id}@{position}", from_seq, first, last, "its block row is missing")
+            else:
+                yield Location("run", f"{object_key}@{position}", from_seq, first, last,
+                               "" if state == BlockState.COMMITTED else f"its block is {state}, not committed")
         if len(rows) < PAGE:
             return
         after = (rows[-1].last_seq, rows[-1].position)

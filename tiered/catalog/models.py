@@ -94,6 +94,9 @@ class PartitionModel(Base):
     """One row per partition: who leads it, and what the catalog holds of it."""
 
     __tablename__ = "partitions"
+    # Every commit rewrites the row of each partition it raises (on PostgreSQL a new row version): half of each page
+    # is left free so that the new version lands on the row's own page (a HOT update, no primary key entry written).
+    __table_args__ = {"postgresql_with": {"fillfactor": 50}}
 
     topic: Mapped[str] = mapped_column(Text, ForeignKey("topics.name", ondelete="CASCADE"), primary_key=True)
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -151,6 +154,18 @@ class BrokerModel(Base):
     process: Mapped[str] = mapped_column(Text, server_default="")  # "host:pid" of the process holding the lease
 
 
+class ClusterChangeModel(Base):
+    """One row (id 1): a counter the catalog's triggers bump whenever what the coordinators read changes: a
+    partition created or deleted, its assigned leader, epoch or handover, its first available seq moved by retention,
+    a topic created, deleted or reconfigured (migration 0006). A broker re-reads the assignments only when it moved
+    (tiered.tiering.coordinator); committed high-water marks do not bump it."""
+
+    __tablename__ = "cluster_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
 class BlockModel(Base):
     """One multi-partition object in the bucket. The row exists before the object does (the intent row)."""
 
@@ -190,11 +205,12 @@ class BlockRunModel(Base):
             postgresql_include=["first_seq", "position", "length_bytes", "block_id", "from_seq", "min_ts_ms",
                                 "max_ts_ms"],
         ),
-        # The foreign key's own index: "does any run still reference this block?" is asked on every prune.
+        # "Does any run still reference this block?" is asked on every prune. No foreign key to blocks (0005): its
+        # trigger ran once per run of every commit, and the transitions keep every run's block row (blocks.py).
         Index(None, "block_id"),
     )
 
-    block_id: Mapped[int] = mapped_column(BlockId, ForeignKey("blocks.block_id"), primary_key=True)
+    block_id: Mapped[int] = mapped_column(BlockId, primary_key=True)
     position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     topic: Mapped[str] = mapped_column(Text)
     partition: Mapped[int] = mapped_column(Integer)

@@ -11,11 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
+from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
-from tiered.catalog.models import PartitionEpochModel, PartitionModel
+from tiered.catalog.models import PartitionEpochModel, PartitionModel, UtcDateTime
 
 # Statements that name many partitions are sent in batches of this many: well under PostgreSQL's 65,535 bind
 # parameters and SQLite's 32,766, with room for the other parameters of a statement.
@@ -44,14 +45,24 @@ _COLUMNS = (
 )
 
 
-# lock_partitions' statement for the partitions of one topic, built once (it runs for every block commit).
-_LOCK_ONE_TOPIC = (
-    select(*_COLUMNS)
-    .where(PartitionModel.topic == bindparam("l_topic"),
-           PartitionModel.partition.in_(bindparam("l_partitions", expanding=True)))
-    .order_by(PartitionModel.topic, PartitionModel.partition)
-    .with_for_update()
-)
+# The partitions a statement names, as one bound value (tiered.catalog.arrays).
+KEYS = RowSource("k", (("topic", "text"), ("partition", "integer")))
+# lock_partitions' one statement, whatever the number of partitions: PostgreSQL locks the rows as the ORDER BY emits
+# them, so in (topic, partition) order; SQLite's write transaction already holds the database.
+_LOCK = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.first_available_seq, p.hwmark_seq,
+       p.remote_bytes
+FROM {k} JOIN partitions AS p ON p.topic = k.topic AND p."partition" = k."partition"
+"""
+
+
+# claim_leadership's rows: each partition claimed, with its new epoch and the seq that epoch starts at.
+CLAIMED = RowSource("c", (("partition", "integer"), ("leader_epoch", "bigint"), ("start_seq", "bigint")))
+_CLAIM = """UPDATE partitions AS p SET leader_broker = :broker_id, leader_epoch = c.leader_epoch, handover_to = NULL
+FROM {c} WHERE p.topic = :topic AND p."partition" = c."partition"
+"""
+_RECORD_CLAIMS = """INSERT INTO partition_epochs (topic, "partition", leader_epoch, broker_id, disk_id, start_seq, claimed_at)
+SELECT :topic, c."partition", c.leader_epoch, :broker_id, :disk_id, c.start_seq, :claimed_at FROM {c}
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,30 +87,15 @@ class Claim:
 
 def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], PartitionState]:
     """Locks the partitions rows of `keys` in (topic, partition) order (FOR UPDATE on PostgreSQL; the SQLite write
-    transaction already holds the database) and returns them. Raises UnknownPartition for a missing one."""
+    transaction already holds the database) and returns them, in one statement whatever their number. Raises
+    UnknownPartition for a missing one."""
     wanted = sorted(set(keys))
-    states: dict[tuple[str, int], PartitionState] = {}
-    for start in range(0, len(wanted), BATCH):
-        batch = wanted[start : start + BATCH]
-        if batch[0][0] == batch[-1][0]:  # one topic (a block commit's usual case): the statement built once
-            rows = conn.execute(_LOCK_ONE_TOPIC, {"l_topic": batch[0][0], "l_partitions": [p for _, p in batch]})
-        else:
-            by_topic: dict[str, list[int]] = {}
-            for topic, partition in batch:
-                by_topic.setdefault(topic, []).append(partition)
-            # One `topic = ? AND partition IN (...)` per topic: both planners turn each into primary key probes
-            # (SQLite does not for a row-value IN list). Batches go in key order, so the lock order holds across them.
-            rows = conn.execute(
-                select(*_COLUMNS)
-                .where(or_(*(and_(PartitionModel.topic == t, PartitionModel.partition.in_(ps))
-                             for t, ps in by_topic.items())))
-                .order_by(PartitionModel.topic, PartitionModel.partition)
-                .with_for_update()
-            )
-        states.update({(r.topic, r.partition): PartitionState(*r) for r in rows})
-    for key in wanted:
-        if key not in states:
-            raise UnknownPartition(*key)
+    backend = conn.dialect.name
+    template = _LOCK + ('ORDER BY p.topic, p."partition" FOR UPDATE OF p' if backend == "postgresql" else "")
+    rows = conn.execute(statement(backend, template, KEYS), KEYS.params(wanted))
+    states = {(r[0], r[1]): PartitionState(*r) for r in rows}
+    if len(states) != len(wanted):
+        raise UnknownPartition(*next(key for key in wanted if key not in states))
     return states
 
 
@@ -131,18 +127,14 @@ def claim_leadership(
         states = lock_partitions(conn, ((topic, p) for p in since))
         numbers = sorted(p for p in since if expected_epochs is None or p not in expected_epochs
                          or states[(topic, p)].leader_epoch == expected_epochs[p])
-        for start in range(0, len(numbers), BATCH):
-            chunk = numbers[start : start + BATCH]
-            conn.execute(
-                update(PartitionModel)
-                .where(PartitionModel.topic == topic, PartitionModel.partition.in_(chunk))
-                .values(leader_broker=broker_id, leader_epoch=PartitionModel.leader_epoch + 1, handover_to=None)
-            )
-            conn.execute(insert(PartitionEpochModel), [
-                {"topic": topic, "partition": p, "leader_epoch": states[(topic, p)].leader_epoch + 1,
-                 "broker_id": broker_id, "disk_id": disk_id, "start_seq": states[(topic, p)].hwmark_seq + 1,
-                 "claimed_at": claimed_at} for p in chunk
-            ])  # fmt: skip
+        if numbers:
+            backend = conn.dialect.name
+            rows = [(p, states[(topic, p)].leader_epoch + 1, states[(topic, p)].hwmark_seq + 1) for p in numbers]
+            conn.execute(statement(backend, _CLAIM, CLAIMED),
+                         {"topic": topic, "broker_id": broker_id, **CLAIMED.params(rows)})
+            conn.execute(statement(backend, _RECORD_CLAIMS, CLAIMED).bindparams(bindparam("claimed_at", type_=UtcDateTime())),
+                         {"topic": topic, "broker_id": broker_id, "disk_id": disk_id, "claimed_at": claimed_at,
+                          **CLAIMED.params(rows)})
         history = _history(conn, topic, {p: e for p, e in since.items() if e is not None and p in numbers})
         for p in numbers:
             before = states[(topic, p)]
@@ -184,6 +176,16 @@ def get_partition_states(cat: Catalog, topic: str | None = None) -> list[Partiti
         query = query.where(PartitionModel.topic == topic)
     with cat.read() as conn:
         return [PartitionState(*r) for r in conn.execute(query)]
+
+
+def get_partition_state(cat: Catalog, topic: str, partition: int) -> PartitionState | None:
+    """One partition, by its primary key (None if it does not exist): for a caller that wants one partition of a
+    topic, so that its cost does not grow with the topic's partitions."""
+    with cat.read() as conn:
+        row = conn.execute(
+            select(*_COLUMNS).where(PartitionModel.topic == topic, PartitionModel.partition == partition)
+        ).first()
+    return PartitionState(*row) if row else None
 
 
 def set_first_available(cat: Catalog, topic: str, partition: int, seq: int) -> int:

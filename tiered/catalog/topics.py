@@ -8,9 +8,10 @@ from datetime import datetime
 
 from sqlalchemy import exc, insert, select, update
 
+from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import TopicExists, UnknownTopic
-from tiered.catalog.models import PartitionModel, TopicModel
+from tiered.catalog.models import TopicModel
 
 MAX_PARTITIONS = 65535  # partition ids are u16 on TANK's wire
 
@@ -24,6 +25,12 @@ class TopicRow:
 
 
 _COLUMNS = (TopicModel.name, TopicModel.partitions, TopicModel.config_text, TopicModel.created_at)
+# A new topic's partitions rows, in one statement however many (tiered.catalog.arrays): 4,096 rows as 4,096 sets
+# of parameters cost a tenth of a second on PostgreSQL.
+NEW_PARTITIONS = RowSource("n", (("partition", "integer"), ("leader_broker", "integer")))
+_INSERT_PARTITIONS = """INSERT INTO partitions (topic, "partition", leader_broker)
+SELECT :topic, n."partition", n.leader_broker FROM {n}
+"""
 
 
 def create_topic(
@@ -45,8 +52,8 @@ def create_topic(
                 )
             )
             assigned = leaders or {}
-            conn.execute(insert(PartitionModel), [{"topic": name, "partition": p, "leader_broker": assigned.get(p)}
-                                                  for p in range(partitions)])
+            conn.execute(statement(conn.dialect.name, _INSERT_PARTITIONS, NEW_PARTITIONS),
+                         {"topic": name, **NEW_PARTITIONS.params([(p, assigned.get(p)) for p in range(partitions)])})
     except exc.IntegrityError as error:
         # The only unique key a new topic can collide on is its name.
         raise TopicExists(name) from error

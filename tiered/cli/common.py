@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import select
 import sys
 from dataclasses import dataclass
 from typing import IO
@@ -23,6 +24,7 @@ from tqdm import tqdm
 from tiered.client import Client, TankError, Unreachable
 from tiered.client.connection import reason
 from tiered.config import DEFAULT_PORT, SettingsError, parse_endpoint
+from tiered.protocol.errors import ProtocolError
 
 BROKER_ENV = "TIERED_BROKER"
 DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
@@ -102,8 +104,26 @@ def run(coro, command: str) -> int:
         return fail(command, exc, status=2)
     except (CommandError, TankError, SettingsError) as exc:
         return fail(command, exc)
+    except ProtocolError as exc:
+        return fail(command, f"the broker did not answer in TANK's protocol ({exc}): does -b name its TANK port "
+                             f"(default {DEFAULT_PORT}), not its HTTP port?")
+    except BrokenPipeError:
+        if stdout_closed():
+            raise  # whoever read our output went away (`| head`): a normal end, main() exits quietly
+        return fail(command, "lost the broker: broken pipe")
     except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
         return fail(command, f"lost the broker: {reason(exc)}")
+
+
+def stdout_closed(stream: IO | None = None) -> bool:
+    """Whether the reader of `stream` (stdout) has gone away: a pipe with no reader polls as an error."""
+    stream = stream if stream is not None else sys.stdout
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def fail(command: str, error: object, status: int = 1) -> int:

@@ -7,9 +7,10 @@ with `-F seq,key,content,ts` (tab separated, one message per line). Only data go
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
-from tiered.cli.common import Progress, UsageError, add_broker_argument, connect, run
+from tiered.cli.common import Progress, UsageError, add_broker_argument, connect, run, stdout_closed
 from tiered.cli.produce import topic_partition
 from tiered.protocol.codes import UINT64_MAX
 
@@ -63,6 +64,10 @@ def render(message, fields: list[str]) -> bytes:
     return b"\t".join(parts) + b"\n"
 
 
+# How often a quiet tail checks that someone still reads its output.
+READER_CHECK_S = 0.5
+
+
 async def consume(args) -> int:
     topic, partition = topic_partition(args)
     fields = parse_fields(args.fields)
@@ -91,12 +96,33 @@ async def consume(args) -> int:
                     if not write((m,)):
                         break
             else:
-                async for batch in client.tail_batches(topic, partition, seq, fetch_bytes=args.fetch_size):
-                    going = write(batch)
-                    out.flush()  # each response's messages are visible at once when following
-                    if not going:
-                        break
+                async def follow() -> None:
+                    async for batch in client.tail_batches(topic, partition, seq, fetch_bytes=args.fetch_size):
+                        going = write(batch)
+                        out.flush()  # each response's messages are visible at once when following
+                        if not going:
+                            break
+
+                await until_reader_gone(follow())
     finally:
         progress.finish()
         out.flush()
     return 0
+
+
+async def until_reader_gone(work, interval_s: float = READER_CHECK_S) -> None:
+    """Runs `work`; if stdout's reader goes away first (`| head` while the tail is quiet), stops it and raises
+    BrokenPipeError, the normal end of a command whose output nobody reads (`tail -f` does the same)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=interval_s)
+            if not task.done() and stdout_closed():
+                raise BrokenPipeError("stdout's reader went away")
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            # Whatever it ends with now (the cancel, or the client closing under it) was already reported by
+            # what stopped us: mark it retrieved so asyncio does not print it at exit.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())

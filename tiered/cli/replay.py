@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import sys
 
+from tiered.cli.catalogs import locate, open_existing
 from tiered.cli.common import (
     CommandError,
     Progress,
@@ -108,6 +109,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 ValueError)
     progress = Progress(args.topic)
     try:
+        # The catalog must exist before Spark opens it: a missing SQLite file would be created empty.
+        open_existing(locate({k: getattr(args, k) for k in ("catalog_url", "config", "data_dir")})).close()
         options = read_options(args)
         if args.parquet:
             stats = replay.export_parquet(options, args.parquet, latest_per_key=args.latest_per_key,

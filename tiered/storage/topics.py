@@ -57,10 +57,6 @@ def topic_path(base: str, name: str) -> str:
     return os.path.join(base, validate_topic_name(name))
 
 
-def partition_path(base: str, name: str, partition: int) -> str:
-    return os.path.join(topic_path(base, name), str(partition))
-
-
 def _write_synced(path: str, data: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)
@@ -90,8 +86,10 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
         os.mkdir(os.path.join(staging, str(p)), 0o755)
     if config_text.strip():
         _write_synced(os.path.join(staging, TOPIC_CONFIG), config_text)
-    for p in range(partitions):
-        fsync_dir(os.path.join(staging, str(p)))
+    # One fsync of the staging directory makes its entries durable, the partitions' empty directories with them:
+    # a directory is created whole by its mkdir, which the filesystem's journal (ext4, XFS) commits, in order,
+    # no later than this fsync. A sync per partition directory cost a flush each: 4,096 of them for a topic of
+    # 4,096 partitions, seconds on a disk that honours them.
     fsync_dir(staging)
     if os.path.lexists(final):  # created meanwhile by someone else: leave both for an operator to compare
         raise TopicDirExists(f"topic {name!r} already exists")

@@ -107,6 +107,10 @@ class DurablePath:
         if block is not None:
             self.pipeline.submit(block)
 
+    def trouble(self) -> str | None:
+        """The latest failed upload or commit of a block, while it is being retried."""
+        return self.pipeline.retry.last_failure
+
     def due_ms(self) -> float | None:
         """When the open block closes by time (None: nothing is open): at its age limit, or, latency-first and with no
         upload in flight, once it has lingered and the last early close is far enough back."""

@@ -135,6 +135,12 @@ class TieringService:
     def may_acknowledge(self) -> bool:
         return self.coordinator is not None and self.coordinator.holds_lease()
 
+    def durable_trouble(self) -> str | None:
+        return self.durable.trouble() if hasattr(self, "durable") else None
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        return self.coordinator is not None and await self.coordinator.refresh_follower(topic, partition)
+
     async def hand_over(self, deadline: float) -> None:
         """Stops looking at the assignments and renewing, hands every partition led here to the other live
         brokers (each a clean handover), then ends the lease."""
@@ -261,7 +267,8 @@ class TieringService:
                                           since, expected_epochs=expected)
         plans = []
         for p, claim in sorted(claims.items()):
-            await self.remote.copier.load_copied(topic, p)
+            if claim.before.hwmark_seq:  # never committed (a new topic's): nothing of it can be in the bucket
+                await self.remote.copier.load_copied(topic, p)
             plans.append(plan_partition(local[p], claim, broker_id=self.broker_id, disk_id=self.disk_id,
                                         highest_copied_seq=self.state.highest_copied_seq(TopicPartition(topic, p))))
         return plans

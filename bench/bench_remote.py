@@ -212,11 +212,11 @@ async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, r
     await client.call("connect", app.broker.port)
 
     def empty_all():
-        remote.segments = RangeCache()
+        remote.segments = RangeCache(remote.clock.monotonic)
         remote.indexes = SizedLru(64 << 20, lambda index: index.size_bytes)
 
     def empty_rows():
-        remote.segments = RangeCache()
+        remote.segments = RangeCache(remote.clock.monotonic)
 
     local, cold, index_cached, warm = Row("local"), Row("remote cold"), Row("remote index cached"), Row("remote warm")
     moto = Row("moto GET (no broker)")

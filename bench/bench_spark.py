@@ -179,8 +179,8 @@ def wait_until_tiered(broker: BrokerProcess, timeout_s: float) -> bool:
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/v1/tier", timeout=10) as resp:
             parts = [p for p in json.loads(resp.read()) if p["topic"] == TOPIC]
-        if parts and all(p["pending_segments"] == 0 and p["remote_segments_last"] > 0
-                         and p["local_first"] == p["remote_segments_last"] + 1 for p in parts):
+        if parts and all(p["pending_segments"] == 0 and p["highest_copied_seq"] > 0
+                         and p["local_first"] == p["highest_copied_seq"] + 1 for p in parts):
             return True
         time.sleep(0.5)
     return False

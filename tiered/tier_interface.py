@@ -66,7 +66,7 @@ class PartitionPlan:
     epoch: int
     committed: int  # the catalog's high-water mark
     first_available: int  # the catalog's first available seq (0: the catalog holds nothing yet)
-    copied_last: int  # the highest seq in a readable remote segment (0: none)
+    highest_copied_seq: int  # the highest seq in a readable remote segment (0: none)
     truncate_after: int | None
     next_seq: int
     reupload_after: int | None

@@ -10,6 +10,8 @@ from sqlalchemy import delete
 from tests.support.compaction import log_messages, rows
 from tests.tiering.test_remote_compaction import GRACE, NOW_S, chunk_bytes, compactor, decode_segment
 from tests.tiering.test_run_compaction import RunHistory, logs
+from tests.tiering.tier_state import led_state
+from tiered.clock import SYSTEM_CLOCK
 from tiered import metrics as m
 from tiered.catalog.blocks import runs_for_range
 from tiered.catalog.check import check_partition
@@ -37,8 +39,10 @@ async def test_a_seq_compacted_from_runs_into_a_segment_is_read_by_its_leader(s3
     p0, p1 = logs(tmp_path, seed=21)
     history = RunHistory(s3_store, cat, p0, p1)
     await history.commit_new()
-    tier = RemoteTier(s3_store, acat, Sink(), metrics=Metrics(), epoch_of=lambda t, p: history.epoch,
-                      committed_up_to=lambda t, p: history.committed[p], on_fenced=lambda *a: None, grace=GRACE)
+    # Led here, with no segment copied (the topic does not copy them): the state the bug needed.
+    state = led_state({("t", 0): history.epoch, ("t", 1): history.epoch}, committed_seq=history.committed[0])
+    tier = RemoteTier(s3_store, acat, Sink(), metrics=Metrics(), state=state, fence=lambda *a: None, grace=GRACE,
+                      clock=SYSTEM_CLOCK)
     before = {m.seq: m for m in log_messages(p0)}
     seq = max(before)  # in the last run, read before the swap: its location is cached
     chunk = await tier.read("t", 0, seq, 100_000)
@@ -64,7 +68,7 @@ async def test_a_hole_is_reported_only_where_the_catalog_check_finds_one(s3_stor
     history = RunHistory(s3_store, cat, p0, p1)
     await history.commit_new()
     metrics = Metrics()
-    reader = RemoteReader(s3_store, acat, metrics)
+    reader = RemoteReader(s3_store, acat, metrics, clock=SYSTEM_CLOCK)
     committed = history.committed[0]
     assert isinstance(locate(cat, "t", 0, committed), InRun)
 

@@ -12,6 +12,7 @@ from tests.support.compaction import rows
 from tests.tiering.test_rebuild import brokers  # noqa: F401 (a fixture)
 from tests.tiering.test_remote_compaction import chunk_bytes, decode_segment
 from tests.tiering.test_rebuild_compacted import COMPACTED
+from tiered.clock import SYSTEM_CLOCK
 from tiered.catalog import Catalog
 from tiered.catalog.locate import InRun, locate
 from tiered.catalog.blocks import RunLocation, runs_for_range
@@ -51,7 +52,7 @@ async def test_a_run_swapped_for_a_segment_right_after_the_lookup_is_read(broker
         seq = log.segments[-1].last  # in the last sealed segment's runs, which the bucket's pass replaces
         assert readable_segments(cat, "compacted", 0) == [] and run_for(cat, seq)
 
-        reader = RemoteReader(store, acat, Metrics())
+        reader = RemoteReader(store, acat, Metrics(), clock=SYSTEM_CLOCK)
         query = reader._query
         swapped = []
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows
 from tests.support.storage_helpers import FakeClock, storage_config
+from tests.tiering.tier_state import led_state
+from tiered.clock import SYSTEM_CLOCK
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
@@ -366,7 +368,7 @@ async def test_consumers_of_the_bucket_read_a_consistent_history_across_a_swap(s
     last = plog.segments[-1].last
     expected = Model(RETENTION_S * 1000).compact(before, int(NOW_S * 1000))
     compact_partition(plog, NOW_S, force=True)
-    planned = RemoteReader(s3_store, acat, Metrics())
+    planned = RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK)
     assert rows(await read_through(planned, "t", 1, last)) == rows(before)  # its cache holds the old locations
 
     # A consumer reading while the groups are swapped one after the other gets, at every point, messages that
@@ -374,7 +376,7 @@ async def test_consumers_of_the_bucket_read_a_consistent_history_across_a_swap(s
     async def consume_during() -> list[list]:
         reads = []
         for _ in range(3):
-            reads.append(await read_through(RemoteReader(s3_store, acat, Metrics()), "t", 1, last))
+            reads.append(await read_through(RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK), "t", 1, last))
         return reads
 
     report, reads = await asyncio.gather(compactor(s3_store, acat, tmp_path).compact("t", 0, plog, epoch),
@@ -389,7 +391,7 @@ async def test_consumers_of_the_bucket_read_a_consistent_history_across_a_swap(s
     # The reader that planned before the swap still reads the old objects (within the grace period); a new one
     # reads the compacted history.
     assert rows(await read_through(planned, "t", 1, last)) == rows(before)
-    assert rows(await read_through(RemoteReader(s3_store, acat, Metrics()), "t", 1, last)) == rows(expected)
+    assert rows(await read_through(RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK), "t", 1, last)) == rows(expected)
     plog.close()
 
 
@@ -418,9 +420,9 @@ async def test_the_copier_leaves_a_segment_whose_seqs_the_bucket_holds(s3_store,
     plog, _ = history(tmp_path, seed=6, bundles=40)
     epoch = await copy_history(s3_store, cat, "t", plog)
     before = readable_segments(cat, "t", 0)
-    copier = SegmentCopier(s3_store, acat, metrics=Metrics(), epoch_of=lambda t, p: epoch,
-                           committed_up_to=lambda t, p: 10**9, on_copied=lambda job: None,
-                           on_fenced=lambda key, expected, reason: None, grace=GRACE)
+    copier = SegmentCopier(s3_store, acat, metrics=Metrics(), state=led_state({("t", 0): epoch}, committed_seq=10**9),
+                           on_copied=lambda job: None, fence=lambda key, epoch, reason: None, grace=GRACE,
+                           clock=SYSTEM_CLOCK)
     # A compaction output based inside a copied segment (a large group cut in two): already in the bucket.
     inner = plog.segments[1]
     cut = SealedSegment(inner.directory, inner.base + 1, inner.last, inner.freeze_ts, inner.size,

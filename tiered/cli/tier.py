@@ -19,7 +19,7 @@ from tiered.config import DEFAULT_HTTP_PORT, SettingsError, parse_endpoint
 
 COLUMNS = (
     ("topic", "topic"), ("p", "partition"), ("local", None), ("local bytes", "local_bytes"), ("remote", None),
-    ("committed", "committed"), ("hwmark", "hwmark"), ("pending segs", "pending_segments"),
+    ("committed", "committed_seq"), ("hwmark", "hwmark"), ("pending segs", "pending_segments"),
     ("pending bytes", "pending_segment_bytes"), ("compaction", "compaction"),
 )
 
@@ -54,8 +54,8 @@ def rows(partitions: list[dict]) -> list[list[str]]:
     out = []
     for p in partitions:
         # A broker without a tier below (a plain TANK broker) reports no remote fields.
-        committed = p.get("committed", 0)
-        remote_last = max(p.get("remote_segments_last", 0), committed)
+        committed = p.get("committed_seq", 0)
+        remote_last = max(p.get("highest_copied_seq", 0), committed)
         role = "" if p["role"] == "leader" else f" {p['role'].upper()}"  # led elsewhere, or being opened
         out.append([
             p["topic"], str(p["partition"]), _range(p["local_first"], p["local_last"]), str(p["local_bytes"]),

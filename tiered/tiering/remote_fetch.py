@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from tiered import metrics as m
 from tiered.catalog.locate import InRun, InSegment, Nowhere, locate
 from tiered.catalog.segments import SegmentRow
+from tiered.clock import Clock
 from tiered.metrics import Metrics
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.index import SparseIndex
@@ -112,7 +113,7 @@ class _Ahead:
         self.chain = chain
         self.follow: int | None = None
         self.task: asyncio.Task | None = None
-        self.expiry: asyncio.TimerHandle | None = None
+        self.expiry: asyncio.Task | None = None  # drops it once AHEAD_TTL_S passed on the reader's clock
 
     def drop(self) -> None:
         if self.expiry is not None:
@@ -130,18 +131,19 @@ class RemoteReader(RunReads):
 
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, metrics: Metrics, *, max_concurrency: int = 8,
                  budget: ReadBudget | None = None, read_ahead: bool = True, ahead_depth: int = AHEAD_DEPTH,
-                 pace: Pace | None = None):
+                 pace: Pace | None = None, clock: Clock):
         self.store = store
+        self.clock = clock  # the location caches' ages and the read-aheads' time to live
         self.catalog = catalog
         self.metrics = metrics
         self.budget = budget if budget is not None else ReadBudget(DEFAULT_READ_BUDGET_BYTES)
         self.read_ahead = read_ahead
         self.ahead_depth = ahead_depth  # windows read ahead of a consumer reading in order
         self.pace = pace  # GETs of segment windows take in their bytes when it lets them (hot_path.HotPathGate)
-        self.segments: RangeCache[SegmentRow] = RangeCache()
+        self.segments: RangeCache[SegmentRow] = RangeCache(clock.monotonic)
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
-        super().__init__(self.budget.cache_bytes)  # the block-run caches: runs, footers, run_bytes
+        super().__init__(self.budget.cache_bytes, clock)  # the block-run caches: runs, footers, run_bytes
         self._slots = asyncio.Semaphore(max_concurrency)  # GETs in flight, read-aheads included
         self._ahead: dict[tuple[str, int], list[_Ahead]] = {}
         # The seqs that would continue recent answers, per partition: a fetch asking one of them reads in order,
@@ -396,10 +398,14 @@ class RemoteReader(RunReads):
             return
         entry = _Ahead(seq, chain)
         entry.task = asyncio.get_running_loop().create_task(self._read_ahead(topic, partition, entry, fetch_size))
-        entry.expiry = asyncio.get_running_loop().call_later(AHEAD_TTL_S, self._expire, topic, partition, entry)
+        entry.expiry = asyncio.get_running_loop().create_task(self._expire_later(topic, partition, entry))
         entries.append(entry)
         while len(entries) > AHEAD_PER_PARTITION:
             entries.pop(0).drop()
+
+    async def _expire_later(self, topic: str, partition: int, entry: _Ahead) -> None:
+        await self.clock.sleep(AHEAD_TTL_S)
+        self._expire(topic, partition, entry)
 
     def _expire(self, topic: str, partition: int, entry: _Ahead) -> None:
         entries = self._ahead.get((topic, partition), [])

@@ -13,7 +13,7 @@ import logging
 from typing import Awaitable, Callable, TypeVar
 
 from tiered.catalog.errors import CatalogUnavailable
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import Clock
 from tiered.metrics import Counter, Metrics
 from tiered.tiering.store import StoreError
 
@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 
 class Retrying:
-    def __init__(self, metrics: Metrics, *, clock: Clock = SYSTEM_CLOCK, first_s: float = RETRY_FIRST_S,
+    def __init__(self, metrics: Metrics, *, clock: Clock, first_s: float = RETRY_FIRST_S,
                  max_s: float = RETRY_MAX_S):
         self.metrics = metrics
         self.clock = clock

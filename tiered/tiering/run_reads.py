@@ -29,6 +29,7 @@ from typing import Any
 
 from tiered import metrics as m
 from tiered.catalog.blocks import RunLocation
+from tiered.clock import Clock
 from tiered.metrics import Metrics
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
@@ -152,8 +153,8 @@ class RunReads:
     _get: Callable[[str, int, int], Awaitable[bytes | None]]
     _failed: Callable[..., Unreadable]
 
-    def __init__(self, cache_bytes: int):
-        self.runs: RangeCache[RunLocation] = RangeCache()  # safe to cache, as segment rows are (tiered.tiering.caches)
+    def __init__(self, cache_bytes: int, clock: Clock):
+        self.runs: RangeCache[RunLocation] = RangeCache(clock.monotonic)  # safe to cache, as segment rows are (tiered.tiering.caches)
         # The bundle indexes of each block's runs, from its footer (read once per block; version 3).
         self.footers: SizedLru[str, BlockIndexes] = SizedLru(cache_bytes // 4, lambda footer: footer.size_bytes)
         # A run of a block without indexes is read whole, so a consumer reading such a run in fetches smaller than the

@@ -8,6 +8,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS   ?=
+# Test processes (pytest-xdist): each has its own ports, PostgreSQL cluster and moto server; 0 runs in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test bench system-deps venv clean
 
@@ -18,7 +20,8 @@ $(STAMP): pyproject.toml $(wildcard tiered/spark/_decode*.[ch] tiered/protocol/_
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tiered needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create a virtual environment: install the python3-venv package" >&2; exit 1; }
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+	@# setuptools calls [tool.setuptools.ext-modules] experimental on every build: a notice, not a problem.
+	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q --disable-pip-version-check -e '.[test,spark]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -29,7 +32,7 @@ run: $(STAMP)
 	$(VENV)/bin/tiered serve $(ARGS)
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench $(ARGS)

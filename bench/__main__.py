@@ -3,17 +3,24 @@
     python -m bench                      broker throughput, the append path's budgets, then durable acks on both
                                          backends (~12 minutes)
     python -m bench --quick              shorter runs, durable acks on file+sqlite only (~2 minutes)
+    python -m bench --smoke              the smallest size: every step once, figures that mean nothing (what
+                                         tests/test_bench_smoke.py runs, one benchmark at a time)
     python -m bench --only broker        one benchmark: broker, append, durable or spark (repeatable)
     python -m bench --only durable --backend s3+postgresql
     python -m bench --profile DIR        cProfile the broker of the throughput (one file per workload) and append
                                          benchmarks
     python -m bench --json PATH          also write every figure as JSON
 
-`--only spark`, `--only remote`, `--only cli`, `--only compaction`, `--only remote_compaction`, `--only snapshot`,
-`--only chaos`, `--only client`, `--only cluster`, `--only linger`, `--only instructions` and `--only scale_commit` run
-`python -m bench.bench_spark` / `bench.bench_remote` / `bench.bench_cli` / `bench.bench_compaction` /
-`bench.bench_remote_compaction` / `bench.bench_snapshot` / `bench.chaos` / `bench.bench_client` / `bench.bench_cluster`
-/ `bench.bench_linger` / `bench.bench_instructions` / `bench.bench_scale_commit` (modules of their own; `--quick` is passed on) when they exist.
+Every other `--only NAME` (spark, remote, cli, compaction, remote_compaction, snapshot, chaos, client, cluster,
+<<<<<<< HEAD
+linger, instructions, scale_commit, scale_idle, scale_lookup, ...) runs the module DELEGATED[NAME] names, a benchmark of its own
+(`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on this machine
+=======
+linger, instructions, scale_commit, scale_idle, restarts, ...) runs the module DELEGATED[NAME] names, a benchmark of
+its own (`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on this machine
+>>>>>>> main
+(valgrind or PostgreSQL missing) says why and is skipped; the exit status is bench.sizes.CANNOT_RUN when no benchmark
+asked for could run.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 
 from bench import bench_append, bench_broker, bench_durable
 from bench.harness import REPO
+from bench.sizes import CANNOT_RUN, add_size_options, size_of
 
 # Benchmarks run in this process whose broker --profile profiles: name -> (module, what it measures).
 PROFILED = {"broker": (bench_broker, "broker throughput (issue 3)"),
@@ -42,7 +50,12 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "snapshot": "bench.bench_snapshot",
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
-             "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit"}
+             "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
+<<<<<<< HEAD
+             "scale_idle": "bench.bench_scale_idle", "scale_lookup": "bench.bench_scale_lookup"}
+=======
+             "scale_idle": "bench.bench_scale_idle", "restarts": "bench.bench_restarts"}
+>>>>>>> main
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 
@@ -80,7 +93,7 @@ def to_json(value):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short runs (about 2 minutes in all)")
+    add_size_options(parser, quick="short runs (about 2 minutes in all)")
     parser.add_argument("--only", action="append", choices=NAMES, help="run only this benchmark (repeatable)")
     parser.add_argument("--backend", action="append", choices=("file+sqlite", "s3+postgresql"),
                         help="durable benchmark backend (repeatable; default: both, file+sqlite only with --quick)")
@@ -88,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                         "this directory")
     parser.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
+    size = size_of(args)
     only = args.only or ["broker", "append", "durable"]
+    skipped = []
     started = time.monotonic()
     print(f"tiered benchmarks, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
     print(f"machine: {machine()}")
@@ -100,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{what} ...")
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(module.run(args.quick, args.profile, log))
+        results = asyncio.run(module.run(size, args.profile, log))
         figures[name] = results
         print()
         print(module.report(results))
     if "durable" in only:
         log("durable acks (issue 4) ...")
-        results = asyncio.run(bench_durable.run(args.quick, args.backend, log))
+        results = asyncio.run(bench_durable.run(size, args.backend, log))
         figures["durable"] = results
         print()
         print(bench_durable.report(results))
@@ -117,13 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{name}: {module} does not exist yet")
             continue
         print(flush=True)
-        done = subprocess.run([sys.executable, "-m", module, *(["--quick"] if args.quick else [])], cwd=REPO)
-        if done.returncode:
+        done = subprocess.run([sys.executable, "-m", module, *size.flags], cwd=REPO)
+        if done.returncode == CANNOT_RUN:
+            print(f"\n{name}: cannot run on this machine (see above)")
+            skipped.append(name)
+        elif done.returncode:
             return done.returncode
     if args.json:
         args.json.write_text(json.dumps(to_json(figures), indent=1))
     print(f"\ntook {time.monotonic() - started:.0f} s")
-    return 0
+    return CANNOT_RUN if skipped and len(skipped) == len(set(only)) else 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from bench.bench_broker import Measurement, create_topic, produce
 from bench.floor_server import MODES, FloorProcess
 from bench.harness import BrokerProcess
 from bench.loadgen import Shape
+from bench.sizes import Size
 
 
 @dataclass(frozen=True)
@@ -74,16 +75,24 @@ class Result:
         return [self.workload.figure(m) for m in self.runs]
 
 
-async def run(quick: bool, profile_dir: Path | None = None, log=print, rounds: int | None = None) -> list[Result]:
+def smoke_workloads() -> tuple[Workload, ...]:
+    """The first workload of each server (the broker, the broker without tiering, each floor)."""
+    first: dict[str, Workload] = {}
+    for w in WORKLOADS:
+        first.setdefault(w.server, w)
+    return tuple(first.values())
+
+
+async def run(size: Size, profile_dir: Path | None = None, log=print, rounds: int | None = None) -> list[Result]:
     """One broker per workload (so that a profile, one file per workload, holds that workload only), all started
     first; then the rounds, each running every workload in turn against its broker."""
-    rounds = rounds or (3 if quick else 5)
-    seconds, warmup_s = (1.0, 0.3) if quick else (2.0, 0.5)
+    rounds = rounds or size.pick(5, 3, 1)
+    seconds, warmup_s = size.pick((2.0, 0.5), (1.0, 0.3), (0.2, 0.0))
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-append-"))
-    results = [Result(w) for w in WORKLOADS]
+    results = [Result(w) for w in (smoke_workloads() if size is Size.SMOKE else WORKLOADS)]
     brokers: list[BrokerProcess | FloorProcess] = []
     try:
-        for w in WORKLOADS:
+        for w in (r.workload for r in results):
             if w.server.startswith("floor: "):
                 brokers.append(FloorProcess(root / w.topic, w.server.removeprefix("floor: ")).start())
                 continue

@@ -30,6 +30,7 @@ from pathlib import Path
 from bench import format_table
 from bench.harness import REPO, BrokerProcess, die_with_parent, free_port, process_cpu_s, self_cpu_s, wait_for_port
 from bench.loadgen import ConsumeConn, ProduceConn, Shape, make_bundle, open_conn, produce_frame
+from bench.sizes import Size
 
 SHAPES = tuple(Shape(m, b) for m in (100, 1024) for b in (1, 100, 1000))
 CONNECTIONS = (1, 8)
@@ -178,20 +179,23 @@ def _check(m: Measurement, what: str) -> None:
         raise RuntimeError(f"{what}: nothing was acknowledged")
 
 
-async def run(quick: bool, profile_dir: Path | None = None, log=print) -> dict:
-    produce_s, consume_s, alone_s, warmup_s = (0.8, 0.5, 0.4, 0.2) if quick else (3.0, 2.0, 1.0, 0.5)
+async def run(size: Size, profile_dir: Path | None = None, log=print) -> dict:
+    produce_s, consume_s, alone_s, warmup_s = size.pick((3.0, 2.0, 1.0, 0.5), (0.8, 0.5, 0.4, 0.2),
+                                                        (0.2, 0.2, 0.1, 0.0))
+    # The smoke size: one shape and one connection count, every step once.
+    shapes, connections = size.pick((SHAPES, CONNECTIONS), (SHAPES, CONNECTIONS), (SHAPES[1:2], CONNECTIONS[:1]))
     produce_rows: list[Row] = []
     consume_rows: list[Row] = []
     null = NullServerProcess().start()
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-broker-"))
     try:
-        for shape in SHAPES:
+        for shape in shapes:
             topic = f"m{shape.msg_bytes}b{shape.bundle_msgs}"
             profile = profile_dir / f"broker-{topic}.prof" if profile_dir else None
             broker = BrokerProcess(root / topic / "data", profile_path=profile).start()
             try:
                 await create_topic(broker.port, topic, PARTITIONS, {"produce.ack": "local"})
-                for conns in CONNECTIONS:
+                for conns in connections:
                     where = f"{shape.label}, {conns} connection(s)"
                     window = window_for(len(produce_frame(topic, 0, make_bundle(shape))))
                     log(f"  produce {where} ...")
@@ -208,7 +212,7 @@ async def run(quick: bool, profile_dir: Path | None = None, log=print) -> dict:
                     consume_rows.append(Row(shape, conns, 1, c, c_alone))
                 # Each consumer asks for seq 0 once; anything more read from the bucket is worth knowing about.
                 remote_gets = broker.metrics().get("tiered_remote_gets_total", 0)
-                if remote_gets > sum(CONNECTIONS):
+                if remote_gets > sum(connections):
                     log(f"  note: {remote_gets:.0f} consume requests of {topic} were served from the object store")
             finally:
                 broker.stop()

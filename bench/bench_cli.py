@@ -1,4 +1,4 @@
-"""`python -m bench.bench_cli [--quick]`: single-producer throughput of `tiered produce -f FILE` on a durable topic,
+"""`python -m bench.bench_cli [--quick | --smoke]`: single-producer throughput of `tiered produce -f FILE` on a durable topic,
 against the broker's block window (`--block-max-age-ms`).
 
 On a durable topic a produce is answered when its block commits, at most one block window after its bundle
@@ -19,11 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import format_table
 from bench.harness import REPO, BrokerProcess
+from bench.sizes import add_size_options, size_of
 
 # (lines, -s, --in-flight): the defaults, one message per bundle pipelined, and the old behaviour (one at a time).
 FULL = [(100_000, 500, 64), (100_000, 1000, 64), (5_000, 1, 64), (40, 1, 1)]
 QUICK = [(20_000, 500, 64), (1_000, 1, 64), (20, 1, 1)]
+SMOKE = [(1_000, 500, 64), (20, 1, 1)]
 WINDOWS_MS = (50, 250)
 
 
@@ -54,21 +57,20 @@ def one_row(root: Path, window_ms: int, lines: int, bundle: int, in_flight: int)
 
 
 def report(rows: list[dict]) -> str:
-    head = ("block window", "lines", "-s", "--in-flight", "seconds", "messages/s")
-    table = [head] + [(f"{r['window_ms']} ms", f"{r['lines']:,}", str(r["bundle"]), str(r["in_flight"]),
-                       f"{r['seconds']:.2f}", f"{r['rate']:,.0f}") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
+    return format_table(("block window", "lines", "-s", "--in-flight", "seconds", "messages/s"),
+                        [(f"{r['window_ms']} ms", r["lines"], r["bundle"], r["in_flight"], r["seconds"],
+                          round(r["rate"])) for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_cli", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer lines")
+    add_size_options(parser, quick="fewer lines", smoke="fewest lines, one window")
     args = parser.parse_args(argv)
+    size = size_of(args)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
-        for window_ms in WINDOWS_MS:
-            for lines, bundle, in_flight in QUICK if args.quick else FULL:
+        for window_ms in size.pick(WINDOWS_MS, WINDOWS_MS, WINDOWS_MS[:1]):
+            for lines, bundle, in_flight in size.pick(FULL, QUICK, SMOKE):
                 print(f"window {window_ms} ms, {lines} lines, -s {bundle}, --in-flight {in_flight} ...",
                       file=sys.stderr, flush=True)
                 rows.append(one_row(Path(tmp), window_ms, lines, bundle, in_flight))

@@ -1,4 +1,4 @@
-"""`python -m bench.bench_client [--quick]`: what one request costs the client (tiered.client) itself.
+"""`python -m bench.bench_client [--quick | --smoke]`: what one request costs the client (tiered.client) itself.
 
 The client talks to the load generator's NullServer (bench/loadgen.py; a child process, so the two use both cores),
 which answers every produce OK and every consume with a ready-made chunk at once: the figures are the client's
@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from bench import format_table
+from bench.sizes import add_size_options, size_of
 from tiered.client import Client
 
 MESSAGE = b"m" * 100
@@ -75,9 +77,10 @@ def _free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_client")
-    parser.add_argument("--quick", action="store_true", help="fewer requests")
-    parser.add_argument("--repeat", type=int, default=5, help="measured runs of each workload (the best is shown)")
+    add_size_options(parser, quick="fewer requests", smoke="100 requests, one measured run")
+    parser.add_argument("--repeat", type=int, help="measured runs of each workload (the best is shown; default 5)")
     args = parser.parse_args()
+    size = size_of(args)
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "bench.loadgen", "null-server", "--port", str(port)])
     try:
@@ -87,16 +90,12 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.02)
-        rows = asyncio.run(measure(port, 2_000 if args.quick else 10_000, args.repeat))
+        rows = asyncio.run(measure(port, size.pick(10_000, 2_000, 100), args.repeat or size.pick(5, 5, 1)))
     finally:
         server.terminate()
         server.wait(10)
-    head = ("workload", "requests", "seconds", "requests/s", "µs/request", "client CPU µs/request")
-    table = [head] + [(n, f"{k:,}", f"{s:.2f}", f"{k / s:,.0f}", f"{s / k * 1e6:.0f}", f"{c / k * 1e6:.0f}")
-                      for n, k, s, c in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    for r in table:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print(format_table(("workload", "requests", "seconds", "requests/s", "µs/request", "client CPU µs/request"),
+                       [(n, k, s, round(k / s), round(s / k * 1e6), round(c / k * 1e6)) for n, k, s, c in rows]))
 
 
 if __name__ == "__main__":

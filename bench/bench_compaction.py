@@ -3,7 +3,7 @@ reclaims, on workloads with 10% distinct keys.
 
     python -m bench.bench_compaction            128 MiB of sealed history per workload (about 3 minutes)
     python -m bench.bench_compaction --quick    16 MiB per workload
-    python -m bench --only compaction [--quick]
+    python -m bench --only compaction [--quick | --smoke]
 
 Each workload writes a partition directly with tiered.storage.PartitionLog (no broker: the pass is what is
 measured), `log.segment.bytes=32mb`, bundles of 100 messages produced as TANK's client would (snappy when it
@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import format_table
+from bench.sizes import add_size_options, size_of
 from tiered.protocol.bundle import Message, decode_bundle, encode_bundle, maybe_record
 from tiered.storage import PartitionLog, TopicConfig
 from tiered.storage.compaction import compact_partition
@@ -179,11 +180,12 @@ def report(results: list[Result], total_bytes: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_compaction", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="16 MiB per workload")
-    parser.add_argument("--mib", type=int, help="MiB of sealed history per workload (default 128, 16 with --quick)")
+    add_size_options(parser, quick="16 MiB per workload", smoke="1 MiB per workload")
+    parser.add_argument("--mib", type=int, help="MiB of sealed history per workload (default 128, 16 with --quick, 1 with --smoke)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    total = (args.mib or (16 if args.quick else 128)) << 20
+    size = size_of(args)
+    total = (args.mib or size.pick(128, 16, 1)) << 20
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-compaction-"))
     try:

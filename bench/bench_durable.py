@@ -30,6 +30,7 @@ from bench import format_table, percentile
 from bench.bench_broker import Measurement, create_topic, produce
 from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
 from bench.loadgen import Shape
+from bench.sizes import Size
 
 GIB = 1 << 30
 PARTITIONS = 8
@@ -43,6 +44,9 @@ class LatencyRun:
     seconds: float
     quick_seconds: float
     full_only: bool = False
+
+    def seconds_at(self, size: Size) -> float:
+        return size.pick(self.seconds, self.quick_seconds, min(self.quick_seconds, 0.5))
 
 
 LATENCY_RUNS = (
@@ -116,8 +120,8 @@ class BackendResult:
     idle_statements: int = 0
 
 
-def backends(quick: bool, names: list[str] | None, log=print) -> list[str]:
-    wanted = names or (["file+sqlite"] if quick else ["file+sqlite", "s3+postgresql"])
+def backends(size: Size, names: list[str] | None, log=print) -> list[str]:
+    wanted = names or (["file+sqlite"] if size.short else ["file+sqlite", "s3+postgresql"])
     if "s3+postgresql" in wanted and find_pg_bindir() is None:
         log("  s3+postgresql skipped: PostgreSQL server binaries not found (make system-deps)")
         wanted = [n for n in wanted if n != "s3+postgresql"]
@@ -178,7 +182,7 @@ def _delta(after: dict, before: dict, name: str) -> float:
     return after[name] - before[name]
 
 
-async def run_backend(name: str, quick: bool, log=print) -> BackendResult:
+async def run_backend(name: str, size: Size, log=print) -> BackendResult:
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-durable-"))
     backend = start_backend(name, root)
     result = BackendResult(name)
@@ -187,9 +191,9 @@ async def run_backend(name: str, quick: bool, log=print) -> BackendResult:
         try:
             await create_topic(broker.port, "durable", PARTITIONS, {"produce.ack": "durable"})
             await create_topic(broker.port, "local", PARTITIONS, {"produce.ack": "local"})
-            await _latency(broker, result, quick, log)
-            await _ratio(broker, backend, result, quick, log)
-            await _idle(broker, result, quick, log)
+            await _latency(broker, result, size, log)
+            await _ratio(broker, backend, result, size, log)
+            await _idle(broker, result, size, log)
         finally:
             broker.stop()
     finally:
@@ -198,11 +202,11 @@ async def run_backend(name: str, quick: bool, log=print) -> BackendResult:
     return result
 
 
-async def _latency(broker: BrokerProcess, result: BackendResult, quick: bool, log) -> None:
+async def _latency(broker: BrokerProcess, result: BackendResult, size: Size, log) -> None:
     for run in LATENCY_RUNS:
-        if quick and run.full_only:
+        if size.short and run.full_only:
             continue
-        seconds = run.quick_seconds if quick else run.seconds
+        seconds = run.seconds_at(size)
         log(f"  {result.backend}: durable ack latency at {run.rate_per_s:,.0f} msgs/s ({run.shape.label}) ...")
         before = await wait_committed(broker)
         m = await produce(broker.port, "durable", run.shape, 1, seconds, broker.cpu_s, rate_per_s=run.rate_per_s)
@@ -213,13 +217,13 @@ async def _latency(broker: BrokerProcess, result: BackendResult, quick: bool, lo
                                             int(_delta(after, before, "tiered_store_puts_total"))))
 
 
-async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult, quick: bool, log) -> None:
+async def _ratio(broker: BrokerProcess, backend: Backend, result: BackendResult, size: Size, log) -> None:
     """Durable and local halves alternate (durable, local, durable, local) so that a change in the machine's other
     load hits both modes alike. The ingest figures are the counters' deltas over the durable halves of the first
     workload, each from a moment with no block pending to the moment its last block is committed."""
-    half_s = 1.0 if quick else 6.0
+    half_s = size.pick(6.0, 1.0, 0.3)
     for i, run in enumerate(RATIO_RUNS):
-        if quick and i:
+        if size.short and i:
             continue
         log(f"  {result.backend}: durable vs local, {run.shape.label}, {run.conns} connection(s) ...")
         halves: dict[str, list[Measurement]] = {"durable": [], "local": []}
@@ -257,8 +261,8 @@ def merge(parts: list[Measurement]) -> Measurement:
     )
 
 
-async def _idle(broker: BrokerProcess, result: BackendResult, quick: bool, log) -> None:
-    idle_s = 6.0 if quick else 21.0  # past at least one 10 s catalog heartbeat in a full run
+async def _idle(broker: BrokerProcess, result: BackendResult, size: Size, log) -> None:
+    idle_s = size.pick(21.0, 6.0, 0.5)  # past at least one 10 s catalog heartbeat in a full run
     log(f"  {result.backend}: idle for {idle_s:.0f} s ...")
     before = await wait_committed(broker)
     t0 = time.monotonic()
@@ -269,10 +273,10 @@ async def _idle(broker: BrokerProcess, result: BackendResult, quick: bool, log) 
     result.idle_statements = int(_delta(after, before, "tiered_catalog_statements_total"))
 
 
-async def run(quick: bool, names: list[str] | None = None, log=print) -> list[BackendResult]:
+async def run(size: Size, names: list[str] | None = None, log=print) -> list[BackendResult]:
     out = []
-    for name in backends(quick, names, log):
-        out.append(await run_backend(name, quick, log))
+    for name in backends(size, names, log):
+        out.append(await run_backend(name, size, log))
     return out
 
 

@@ -1,6 +1,6 @@
 """User-space instructions per produce request (issue 13): the append path's cost in a unit the machine does not move.
 
-    python -m bench.bench_instructions [--quick] [--tree PATH] [--server NAME ...] [--repeats N]
+    python -m bench.bench_instructions [--quick | --smoke] [--tree PATH] [--server NAME ...] [--repeats N]
 
 CPU seconds per request differ by 3x between the VMs this project runs on (an AMD EPYC then, a 2.1 GHz Xeon now) for
 the same code, so CPU figures of different sessions cannot be compared. Instructions executed can: each server runs
@@ -29,6 +29,9 @@ fewer requests than at full speed and the per-block work (upload, catalog commit
 does natively. The number of blocks in each window is printed (read from GET /metrics outside the counted window):
 compare whole-broker figures only at similar requests per block.
 
+`--smoke` counts one window of 50 requests of the first workload on the whole broker only (unless `--server` says
+otherwise), after a warm-up of 50: every step once, figures that mean nothing.
+
 `--tree PATH` runs the brokers from another checkout of this repository (working directory and PYTHONPATH; its
 native extensions must be built): the before/after of a change, in instructions. The floor servers are always this
 tree's. The spread is (max - min) / min over the `repeats` windows of one process.
@@ -53,6 +56,7 @@ from bench.bench_broker import create_topic, produce
 from bench.floor_server import MODES, FloorProcess
 from bench.harness import REPO, BrokerProcess
 from bench.loadgen import Shape
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 
 SERVERS = ("whole", "no tiering", *(f"floor: {m}" for m in MODES if m != "null"))
 
@@ -75,6 +79,7 @@ WORKLOADS = (
     Workload(Shape(1024, 100), 64, 300, 100),
 )
 WARMUP_REQUESTS = 300
+SMOKE_REQUESTS = 50  # per window and for the warm-up
 SETTLE_S = 1.5  # wall time: more than block_max_age_ms (250 ms) plus an upload and commit at valgrind's speed
 IDLE_S = 3.0  # the idle window: a dozen of the coordinator's 250 ms ticks
 START_TIMEOUT_S = 300.0
@@ -139,7 +144,7 @@ def _blocks(server) -> float:
     return server.metrics().get("tiered_blocks_uploaded_total", float("nan"))
 
 
-async def measure(w: Workload, server_name: str, tree: Path, root: Path, quick: bool, repeats: int, log) -> Result:
+async def measure(w: Workload, server_name: str, tree: Path, root: Path, size: Size, repeats: int, log) -> Result:
     out_dir = root / "callgrind"
     out_dir.mkdir(parents=True)
     wrapper = valgrind_command(out_dir)
@@ -153,11 +158,12 @@ async def measure(w: Workload, server_name: str, tree: Path, root: Path, quick: 
                                wrapper=wrapper).start(timeout_s=START_TIMEOUT_S)
         await create_topic(server.port, topic, 1, {"produce.ack": "local"})
     result = Result(w, server_name)
-    count = w.quick_requests if quick else w.requests
+    count = size.pick(w.requests, w.quick_requests, SMOKE_REQUESTS)
+    warmup = size.pick(WARMUP_REQUESTS, WARMUP_REQUESTS, SMOKE_REQUESTS)
     try:
-        await _produce(server.port, topic, w, WARMUP_REQUESTS)
+        await _produce(server.port, topic, w, warmup)
         callgrind_control(server.pid, "--instr=on")
-        await _produce(server.port, topic, w, min(WARMUP_REQUESTS, count))  # freshly instrumented code, not counted
+        await _produce(server.port, topic, w, min(warmup, count))  # freshly instrumented code, not counted
         await asyncio.sleep(SETTLE_S)
         callgrind_control(server.pid, "--zero")
         started = time.monotonic()
@@ -193,13 +199,13 @@ async def _produce(port: int, topic: str, w: Workload, requests: int) -> int:
     return answered
 
 
-async def run(quick: bool, tree: Path, servers: tuple[str, ...], repeats: int, log=print) -> list[Result]:
+async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, log=print) -> list[Result]:
     results = []
-    for w in WORKLOADS:
+    for w in WORKLOADS[:1] if size is Size.SMOKE else WORKLOADS:
         for name in servers:
             root = Path(tempfile.mkdtemp(prefix="tiered-bench-instr-"))
             try:
-                results.append(await measure(w, name, tree, root, quick, repeats, log))
+                results.append(await measure(w, name, tree, root, size, repeats, log))
             finally:
                 shutil.rmtree(root, ignore_errors=True)
     return results
@@ -227,21 +233,23 @@ def report(results: list[Result], tree: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_instructions", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests per window")
+    add_size_options(parser, quick="fewer requests per window",
+                     smoke="one window of 50 requests, the first workload, the whole broker only")
     parser.add_argument("--tree", type=Path, default=REPO, help="checkout whose brokers run (default: this one)")
     parser.add_argument("--server", action="append", choices=SERVERS, help="only this server (repeatable)")
-    parser.add_argument("--repeats", type=int, default=2, help="counted windows per server process (default 2)")
+    parser.add_argument("--repeats", type=int, help="counted windows per server process (default 2, 1 with --smoke)")
     args = parser.parse_args(argv)
+    size = size_of(args)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        print("bench_instructions: valgrind (with callgrind_control) is not installed", file=sys.stderr)
-        return 1
+        cannot_run("valgrind (with callgrind_control) is not installed")
     tree = args.tree.resolve()
-    servers = tuple(args.server or SERVERS)
+    servers = tuple(args.server or (SERVERS[:1] if size is Size.SMOKE else SERVERS))
+    repeats = max(1, args.repeats or size.pick(2, 2, 1))
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    print(report(asyncio.run(run(args.quick, tree, servers, max(1, args.repeats), log)), tree))
+    print(report(asyncio.run(run(size, tree, servers, repeats, log)), tree))
     return 0
 
 

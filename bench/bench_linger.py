@@ -3,7 +3,7 @@ PUTs per GiB at a high rate, for cost-first (the default: a block waits out `blo
 latency-first (`--block-linger-ms 5`: with no upload in flight a block closes 5 ms after its oldest record; early
 closes at most `block_max_puts_per_s` = 10 a second).
 
-    python -m bench.bench_linger [--quick] [--backend file+sqlite|s3+postgresql ...]
+    python -m bench.bench_linger [--quick | --smoke] [--backend file+sqlite|s3+postgresql ...]
 
 One fresh `tiered serve` per backend and policy, one durable topic of 8 partitions. Latency: open-loop producers of
 100-byte messages on one connection, from each request's scheduled send time to its response (bench_durable's
@@ -27,6 +27,7 @@ from bench.bench_broker import create_topic, produce
 from bench.bench_durable import LATENCY_RUNS, PARTITIONS, _delta, backends, start_backend, wait_committed
 from bench.harness import BrokerProcess
 from bench.loadgen import Shape
+from bench.sizes import Size, add_size_options, size_of
 
 POLICIES = {"cost-first": (), "latency-first": ("--block-linger-ms", "5", "--block-max-puts-per-s", "10")}
 HIGH_RATE = Shape(1024, 1000)
@@ -44,7 +45,7 @@ class PolicyResult:
     early_closes: int = 0
 
 
-async def run_policy(backend_name: str, policy: str, quick: bool, log) -> PolicyResult:
+async def run_policy(backend_name: str, policy: str, size: Size, log) -> PolicyResult:
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-linger-"))
     backend = start_backend(backend_name, root)
     result = PolicyResult(backend_name, policy)
@@ -55,7 +56,7 @@ async def run_policy(backend_name: str, policy: str, quick: bool, log) -> Policy
             for run in LATENCY_RUNS:
                 if run.full_only:
                     continue
-                seconds = run.quick_seconds if quick else run.seconds
+                seconds = run.seconds_at(size)
                 log(f"  {backend_name}, {policy}: {run.rate_per_s:,.0f} msgs/s ({run.shape.label}) ...")
                 before = await wait_committed(broker)
                 m = await produce(broker.port, "durable", run.shape, 1, seconds, broker.cpu_s,
@@ -67,7 +68,7 @@ async def run_policy(backend_name: str, policy: str, quick: bool, log) -> Policy
                                        percentile(xs, 0.99) * 1000, puts, puts * 3600.0 / m.seconds, m.errors))
             log(f"  {backend_name}, {policy}: high rate ({HIGH_RATE.label}, 8 connections) ...")
             before = await wait_committed(broker)
-            m = await produce(broker.port, "durable", HIGH_RATE, 8, 2.0 if quick else 6.0, broker.cpu_s, window=8)
+            m = await produce(broker.port, "durable", HIGH_RATE, 8, size.pick(6.0, 2.0, 0.3), broker.cpu_s, window=8)
             after = await wait_committed(broker)
             result.ingest_puts = int(_delta(after, before, "tiered_store_puts_total"))
             result.ingest_gib = _delta(after, before, 'tanksrv_topic_produced_bytes{m="durable"}') / GIB
@@ -96,18 +97,19 @@ def report(results: list[PolicyResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_linger", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short runs, file+sqlite only")
+    add_size_options(parser, quick="short runs, file+sqlite only", smoke="shortest runs, file+sqlite only")
     parser.add_argument("--backend", action="append", choices=["file+sqlite", "s3+postgresql"])
     args = parser.parse_args(argv)
+    size = size_of(args)
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     async def everything() -> list[PolicyResult]:
         out = []
-        for name in backends(args.quick, args.backend, log):
+        for name in backends(size, args.backend, log):
             for policy in POLICIES:
-                out.append(await run_policy(name, policy, args.quick, log))
+                out.append(await run_policy(name, policy, size, log))
         return out
 
     print(report(asyncio.run(everything())))

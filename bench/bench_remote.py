@@ -3,6 +3,8 @@ fetch, and replay of history from the bucket through the broker, all in one run.
 
     python -m bench.bench_remote                 1 GiB replay, 100 fetches per latency row, SQLite and PostgreSQL
     python -m bench.bench_remote --quick         64 MiB replay, 30 fetches per row (under a minute)
+    python -m bench.bench_remote --smoke         8 MiB replay at the default read-ahead only, 3 fetches per row,
+                                                 SQLite only: every step once, figures that mean nothing
     python -m bench.bench_remote --profile       also cProfile the broker's event loop over warm fetches and a
                                                  second replay pass, and print the top costs
 
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.remote_processes import ClientProcess, Moto, Postgres, own_cpu_s
+from bench.sizes import Size, add_size_options, size_of
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
@@ -209,11 +212,11 @@ async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, r
     await client.call("connect", app.broker.port)
 
     def empty_all():
-        remote.segments = RangeCache()
+        remote.segments = RangeCache(remote.clock.monotonic)
         remote.indexes = SizedLru(64 << 20, lambda index: index.size_bytes)
 
     def empty_rows():
-        remote.segments = RangeCache()
+        remote.segments = RangeCache(remote.clock.monotonic)
 
     local, cold, index_cached, warm = Row("local"), Row("remote cold"), Row("remote index cached"), Row("remote warm")
     moto = Row("moto GET (no broker)")
@@ -597,19 +600,20 @@ def profile_table(title: str, profile: cProfile.Profile, top: int = 12) -> str:
 
 async def run_backend(backend: str, catalog_url: str, moto: Moto, client: ClientProcess, prober: ClientProcess,
                       bucket: str, args, workdir: Path) -> list[str]:
-    samples = 30 if args.quick else 100
+    size = args.size
+    samples = size.pick(100, 30, 3)
     rng = random.Random(5)
     out = []
     data_dir = workdir / f"data-{backend}"
     app = await start_broker(data_dir, catalog_url, bucket)
     try:
         log(f"{backend}: producing the latency topic ...")
-        ranges = await produce_and_tier(app, client, TOPIC, LATENCY_CONFIG, (23 if args.quick else 63) << 20)
+        ranges = await produce_and_tier(app, client, TOPIC, LATENCY_CONFIG, size.pick(63, 23, 13) << 20)
         log(f"{backend}: remote {ranges['remote_first']}..{ranges['remote_last']} in {len(ranges['segments'])} "
             f"segments, local {ranges['local_first']}..{ranges['hwmark']}; measuring fetches ...")
         rows = await latency_rows(app, client, ranges, samples, rng, moto.url, bucket)
         profiled = await profile_warm(app, client, ranges, samples, rng) if args.profile else None
-        restarts = 5 if args.quick else 12
+        restarts = size.pick(12, 5, 1)
         log(f"{backend}: restarting the broker on an empty disk, {restarts} times ...")
         first_fetch = Row("first after restart")
         for _ in range(restarts):
@@ -623,18 +627,19 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
             out.append(profiled)
         if backend != args.replay_backend:
             return out
-        size, segment = (64 << 20, 16 << 20) if args.quick else (1024 << 20, 64 << 20)
-        log(f"{backend}: producing {size >> 20} MiB in {segment >> 20} MiB segments for the replay ...")
+        replay_bytes, segment = size.pick((1024 << 20, 64 << 20), (64 << 20, 16 << 20), (8 << 20, 2 << 20))
+        log(f"{backend}: producing {replay_bytes >> 20} MiB in {segment >> 20} MiB segments for the replay ...")
         started = time.monotonic()
         config = {"log.segment.bytes": str(segment), **REPLAY_CONFIG}
-        ranges = await produce_and_tier(app, client, REPLAY_TOPIC, config, size + segment // 2)
+        ranges = await produce_and_tier(app, client, REPLAY_TOPIC, config, replay_bytes + segment // 2)
         log(f"{backend}: produced and tiered in {time.monotonic() - started:.0f} s; replaying "
             f"{ranges['remote_first']}..{ranges['remote_last']} ...")
         from tiered.tiering.remote_fetch import AHEAD_DEPTH
 
         reader = app.tier.remote.reader
         by_depth = {}
-        for depth in (*[d for d in REPLAY_DEPTHS if d != AHEAD_DEPTH], AHEAD_DEPTH):  # the default's last
+        depths = [] if size is Size.SMOKE else [d for d in REPLAY_DEPTHS if d != AHEAD_DEPTH]
+        for depth in (*depths, AHEAD_DEPTH):  # the default's last
             reader.ahead_depth = depth
             by_depth[depth] = await replay(app, client, moto, ranges)
         result = by_depth[AHEAD_DEPTH]
@@ -646,7 +651,7 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         out.append(depth_table(by_depth, AHEAD_DEPTH, result.moto_ceiling_mb_s))
         out.append(consumer_table(by_consumer, result.moto_ceiling_mb_s))
         log(f"{backend}: produce and tail latency, idle then during replays ...")
-        iso = await isolation(app, client, prober, moto, ranges, 6.0 if args.quick else 15.0, args.yield_off)
+        iso = await isolation(app, client, prober, moto, ranges, size.pick(15.0, 6.0, 1.0), args.yield_off)
         out.append(goals_table(backend, rows, result, iso))
         if args.profile:
             log(f"{backend}: replaying again under cProfile ...")
@@ -711,15 +716,18 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_remote", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="64 MiB replay, 30 fetches per row")
+    add_size_options(parser, quick="64 MiB replay, 30 fetches per row",
+                     smoke="8 MiB replay, 3 fetches per row, SQLite only (default backend)")
     parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"),
-                        help="catalog backend (repeatable; default: both; the replay runs on the first)")
+                        help="catalog backend (repeatable; default: both, sqlite only with --smoke; the replay runs "
+                             "on the first)")
     parser.add_argument("--profile", action="store_true", help="cProfile the broker over warm fetches and a replay")
     parser.add_argument("--yield-off", action="store_true",
                         help="probe produce and tail latency once more during replays that do not give way to the "
                              "hot path (remote_read_yield_ms 0)")
     args = parser.parse_args(argv)
-    args.backend = args.backend or ["sqlite", "postgresql"]
+    args.size = size_of(args)
+    args.backend = args.backend or (["sqlite"] if args.size is Size.SMOKE else ["sqlite", "postgresql"])
     args.replay_backend = args.backend[0]
     started = time.monotonic()
     print(f"remote fetch benchmark, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")

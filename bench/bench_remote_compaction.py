@@ -5,7 +5,7 @@ the space it reclaims in the bucket and the extra space it takes meanwhile, on a
     python -m bench.bench_remote_compaction            64 MiB of history (about 15 seconds)
     python -m bench.bench_remote_compaction --quick    16 MiB
     python -m bench.bench_remote_compaction --distinct 0.9    keys drawn from 90% of the message count
-    python -m bench --only remote_compaction [--quick]
+    python -m bench --only remote_compaction [--quick | --smoke]
 
 moto's S3 server runs in a child process (bench/remote_processes.Moto), the catalog is SQLite. The history is
 written with tiered.storage.PartitionLog (`log.segment.bytes=8mb`, bundles of 100 messages of 100 B random values,
@@ -48,6 +48,7 @@ from pathlib import Path
 from bench import format_table
 from bench.bench_compaction import MESSAGE_OVERHEAD, NOW, PER_BUNDLE, fill, log
 from bench.remote_processes import Moto
+from bench.sizes import add_size_options, size_of
 from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
@@ -245,12 +246,13 @@ def report(results: list[Result], total_bytes: int, distinct: float = 0.1) -> st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_remote_compaction", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="16 MiB of history")
-    parser.add_argument("--mib", type=int, help="MiB of history (default 64, 16 with --quick)")
+    add_size_options(parser, quick="16 MiB of history", smoke="1 MiB of history")
+    parser.add_argument("--mib", type=int, help="MiB of history (default 64, 16 with --quick, 1 with --smoke)")
     parser.add_argument("--distinct", type=float, default=0.1, help="keys drawn from this share of the messages")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    total = (args.mib or (16 if args.quick else 64)) << 20
+    size = size_of(args)
+    total = (args.mib or size.pick(64, 16, 1)) << 20
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-remote-compaction-"))
     try:

@@ -2,6 +2,7 @@
 
     python -m bench.bench_restarts                  24 restarts, the broker as it is
     python -m bench.bench_restarts --no-freeze      the same without settle_heap (tiered/server/broker.py)
+    python -m bench.bench_restarts --quick | --smoke   8 restarts | 1 restart after 9 MiB (every step once)
 
 bench.bench_remote's setup at a smaller size: moto in a child process, the broker in this one, the measuring client
 in another. A topic of 4 MiB segments is produced and its sealed segments copied; then, each time, the broker is
@@ -25,7 +26,9 @@ import time
 from pathlib import Path
 
 from bench import bench_remote as br
+from bench import format_table
 from bench.remote_processes import ClientProcess, Moto
+from bench.sizes import add_size_options, size_of
 
 BUCKET = "bench-restarts"
 
@@ -105,15 +108,22 @@ async def run(args) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_restarts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--restarts", type=int, default=24)
-    parser.add_argument("--mib", type=int, default=12, help="MiB produced before the restarts (default 12)")
+    parser.add_argument("--restarts", type=int, help="default 24, 8 with --quick, 1 with --smoke")
+    parser.add_argument("--mib", type=int, help="MiB produced before the restarts (default 12, 9 with --smoke: two "
+                                                "sealed 4 MiB segments)")
     parser.add_argument("--no-freeze", action="store_true", help="start without settle_heap")
+    add_size_options(parser, quick="8 restarts", smoke="1 restart after 9 MiB")
     args = parser.parse_args(argv)
+    size = size_of(args)
+    args.restarts = args.restarts or size.pick(24, 8, 1)
+    args.mib = args.mib or size.pick(12, 12, 9)
     print(f"first fetch after a restart, {time.strftime('%Y-%m-%d %H:%M %Z')}; load average {os.getloadavg()[0]:.2f}"
           f"{'; without settle_heap' if args.no_freeze else ''}")
     firsts = asyncio.run(run(args))
-    print(f"n={len(firsts)}: first byte p50 {br.ms(br.quantile(firsts, .5))} ms, p90 {br.ms(br.quantile(firsts, .9))}"
-          f" ms, max {br.ms(max(firsts))} ms; load average after {os.getloadavg()[0]:.2f}")
+    print(format_table(("restarts", "first byte p50 ms", "p90 ms", "max ms"),
+                       [(len(firsts), br.ms(br.quantile(firsts, .5)), br.ms(br.quantile(firsts, .9)),
+                         br.ms(max(firsts)))]))
+    print(f"load average after {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Wide blocks and partition creation (issue 28, goals 3 and 4).
 
-    python -m bench.bench_scale_commit [--quick] [--part commit|durable|create] [--backend sqlite|postgresql]
+    python -m bench.bench_scale_commit [--quick|--smoke] [--part commit|durable|create] [--backend sqlite|postgresql]
                                        [--tree CHECKOUT]
 
 - commit: `catalog.blocks.commit_block` called in this process, on a throwaway PostgreSQL cluster (fsync off) and on
@@ -35,6 +35,7 @@ from bench import format_table, percentile
 from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
 from bench.loadgen import FRAME_HEADER, U32, make_bundle, open_conn, _Connected
 from bench.loadgen import Shape
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 from tiered.protocol import requests as rq
 from tiered.protocol.frame import MsgType, encode_frame
 
@@ -116,8 +117,8 @@ def measure_commits(url: str, backend: str, rounds: int, log=print, server_cpu=l
     return list(results.values())
 
 
-def run_commit(backends: list[str], quick: bool, log=print) -> list[CommitResult]:
-    rounds = 30 if quick else 200
+def run_commit(backends: list[str], size: Size, log=print) -> list[CommitResult]:
+    rounds = size.pick(200, 30, 3)
     out: list[CommitResult] = []
     for backend in backends:
         log(f"  commit on {backend}: {rounds} wide and {rounds} narrow blocks ...")
@@ -285,8 +286,8 @@ async def wait_led(service: Service, topics: list[str], partitions: int, timeout
             await asyncio.sleep(0.05)
 
 
-async def run_durable(quick: bool, tree: Path = REPO, log=print) -> list[AckResult]:
-    seconds = 4.0 if quick else 12.0
+async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResult]:
+    seconds = size.pick(12.0, 4.0, 1.0)
     service = Service(tree)
     try:
         client = await _client(service.broker.port)
@@ -356,8 +357,8 @@ async def create_topics(port: int, names: list[str], partitions: int) -> None:
             await client.close()
 
 
-async def run_create(quick: bool, tree: Path = REPO, log=print, profile: Path | None = None) -> list[CreateResult]:
-    count = 3 if quick else CREATE_TOPICS
+async def run_create(size: Size, tree: Path = REPO, log=print, profile: Path | None = None) -> list[CreateResult]:
+    count = size.pick(CREATE_TOPICS, 3, 1)
     service = Service(tree, profile)
     out: list[CreateResult] = []
     try:
@@ -384,7 +385,7 @@ def create_report(results: list[CreateResult]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_scale_commit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
+    add_size_options(parser)
     parser.add_argument("--part", action="append", choices=("commit", "durable", "create"))
     parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"),
                         help="catalog of the commit part (default: both)")
@@ -394,23 +395,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, help="cProfile the broker of the create part into this file")
     args = parser.parse_args(argv)
     parts = args.part or ["commit", "durable", "create"]
+    size = size_of(args)
     if find_pg_bindir() is None:
-        print("bench_scale_commit needs the PostgreSQL server binaries (make system-deps)", file=sys.stderr)
-        return 1
+        cannot_run("bench_scale_commit needs the PostgreSQL server binaries (make system-deps)")
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    print(f"wide blocks and partition creation (issue 28){' --quick' if args.quick else ''}")
+    print(f"wide blocks and partition creation (issue 28){''.join(' ' + f for f in size.flags)}")
     if "commit" in parts:
         print()
-        print(commit_report(run_commit(args.backend or ["postgresql", "sqlite"], args.quick, log)))
+        print(commit_report(run_commit(args.backend or ["postgresql", "sqlite"], size, log)))
     if "durable" in parts:
         print()
-        print(durable_report(asyncio.run(run_durable(args.quick, args.tree, log))))
+        print(durable_report(asyncio.run(run_durable(size, args.tree, log))))
     if "create" in parts:
         print()
-        print(create_report(asyncio.run(run_create(args.quick, args.tree, log, args.profile))))
+        print(create_report(asyncio.run(run_create(size, args.tree, log, args.profile))))
     return 0
 
 

@@ -3,7 +3,7 @@ of the same history, with `tiered replay` (one process) and with Spark `local[2]
 
     python -m bench.bench_snapshot            64 MiB of history (about 3 minutes)
     python -m bench.bench_snapshot --quick    16 MiB
-    python -m bench --only snapshot [--quick]
+    python -m bench --only snapshot [--quick | --smoke]
 
 The history is written with tiered.storage.PartitionLog (`log.segment.bytes=8mb`, bundles of 100 messages of
 100 B random values, uncompressed; keys drawn uniformly from one tenth of the message count, 5% of the messages
@@ -36,6 +36,7 @@ from pathlib import Path
 from bench import format_table
 from bench.bench_compaction import MESSAGE_OVERHEAD, PER_BUNDLE, log
 from bench.bench_remote_compaction import copy_history
+from bench.sizes import add_size_options, size_of
 from tiered.catalog import Catalog
 from tiered.catalog.migrate import upgrade
 from tiered.protocol.bundle import Message, encode_bundle
@@ -178,16 +179,17 @@ def report(results: list[Result], total_bytes: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_snapshot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="16 MiB of history")
-    parser.add_argument("--mib", type=int, help="MiB of history (default 64, 16 with --quick)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each query (default 3)")
+    add_size_options(parser, quick="16 MiB of history", smoke="1 MiB of history")
+    parser.add_argument("--mib", type=int, help="MiB of history (default 64, 16 with --quick, 1 with --smoke)")
+    parser.add_argument("--repeats", type=int, help="timed runs of each query (default 3, 1 with --smoke)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    total = (args.mib or (16 if args.quick else 64)) << 20
+    size = size_of(args)
+    total = (args.mib or size.pick(64, 16, 1)) << 20
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-snapshot-"))
     try:
-        results = run(total, root, args.repeats)
+        results = run(total, root, args.repeats or size.pick(3, 3, 1))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(report(results, total))

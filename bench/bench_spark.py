@@ -4,6 +4,8 @@ a topic with 10,000 remote segments.
 
     python -m bench.bench_spark            256 MiB of history (about 6 minutes)
     python -m bench.bench_spark --quick    32 MiB, one repeat, the native decoder only (about 2 minutes)
+    python -m bench.bench_spark --smoke    2 MiB, local[1] only with no untimed pass first, SQLite planning only:
+                                           every step once, figures that mean nothing
 
 Decode rate. The bundles of the throughput history below (64 MiB of it), built in memory and decoded into Arrow
 record batches by `decoding.decode_records` in this process, with the pure decoder and with the native one
@@ -50,6 +52,7 @@ from pathlib import Path
 
 from bench import format_table
 from bench.harness import REPO, BrokerProcess, MotoProcess, PgCluster, find_pg_bindir, process_cpu_s
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 
 TOPIC = "history"
 PARTITIONS = 2
@@ -176,8 +179,8 @@ def wait_until_tiered(broker: BrokerProcess, timeout_s: float) -> bool:
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/v1/tier", timeout=10) as resp:
             parts = [p for p in json.loads(resp.read()) if p["topic"] == TOPIC]
-        if parts and all(p["pending_segments"] == 0 and p["remote_segments_last"] > 0
-                         and p["local_first"] == p["remote_segments_last"] + 1 for p in parts):
+        if parts and all(p["pending_segments"] == 0 and p["highest_copied_seq"] > 0
+                         and p["local_first"] == p["highest_copied_seq"] + 1 for p in parts):
             return True
         time.sleep(0.5)
     return False
@@ -230,7 +233,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env: dict[str, str], repeats: int,
-                 moto: MotoProcess) -> Throughput:
+                 moto: MotoProcess, warm_up: bool = True) -> Throughput:
     os.environ.update(env)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -252,7 +255,8 @@ def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env
             payload = F.sum(F.length("value") + F.coalesce(F.length("key"), F.lit(0)))
             return df.agg(F.count(F.lit(1)).alias("n"), payload.alias("bytes")).collect()[0]
 
-        aggregate()  # untimed: Python workers start, the JVM compiles the query's hot code
+        if warm_up:
+            aggregate()  # untimed: Python workers start, the JVM compiles the query's hot code
         runs, before = [], spark_cpu_s(moto)
         for _ in range(repeats):
             started = time.perf_counter()
@@ -266,7 +270,8 @@ def spark_replay(cores: int, decoder: str, catalog_url: str, store_url: str, env
         spark.stop()
 
 
-def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int) -> tuple[list[Throughput], dict]:
+def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int,
+               cores_list: tuple[int, ...] = (1, 2), warm_up: bool = True) -> tuple[list[Throughput], dict]:
     root.mkdir(parents=True, exist_ok=True)
     moto = MotoProcess(root).start()
     catalog_url = f"sqlite:///{root / 'catalog.db'}"
@@ -293,8 +298,8 @@ def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int) 
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     try:
         for decoder in decoders:
-            for cores in (1, 2):
-                result = spark_replay(cores, decoder, catalog_url, store_url, env, repeats, moto)
+            for cores in cores_list:
+                result = spark_replay(cores, decoder, catalog_url, store_url, env, repeats, moto, warm_up)
                 if (result.messages, result.payload_bytes) != (consumer.messages, consumer.payload_bytes):
                     raise AssertionError(f"{result.reader} read {result.messages} messages / {result.payload_bytes} "
                                          f"bytes, the broker {consumer.messages} / {consumer.payload_bytes}")
@@ -319,47 +324,45 @@ class Planning:
 
 def fill_catalog(url: str) -> None:
     """One topic of PLAN_PARTITIONS x PLAN_SEGMENTS_PER_PARTITION remote segments (16 MiB, 40,000 seqs each) and a
-    tail of block runs, written in one transaction as the copier and the block pipeline would leave them."""
-    from sqlalchemy import insert, update
-
+    tail of block runs, in the end states the copier and the block pipeline leave, written through the catalog's
+    own functions (those of `tiered catalog rebuild`, in batches) so that the rows keep up with the schema."""
     from tiered.catalog import Catalog
+    from tiered.catalog import partitions as catalog_partitions
     from tiered.catalog import topics as catalog_topics
-    from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
+    from tiered.catalog.blocks import RunRow
+    from tiered.catalog.restore import (PartitionBounds, RestoredBlock, insert_committed_blocks,
+                                        insert_finished_segments, restore_partition_bounds)
+    from tiered.catalog.segments import SegmentMeta
     from tiered.tiering import keys
 
     cat = Catalog.open(url)
     try:
         catalog_topics.create_topic(cat, TOPIC, PLAN_PARTITIONS)
+        epoch = catalog_partitions.claim_partitions(cat, 1, TOPIC, range(PLAN_PARTITIONS))
         now = datetime.now(timezone.utc)
-        segments, blocks, runs = [], [], []
         seqs_per_segment, t0 = 40_000, 1_700_000_000_000
-        for p in range(PLAN_PARTITIONS):
-            for i in range(PLAN_SEGMENTS_PER_PARTITION):
-                base, last = i * seqs_per_segment + 1, (i + 1) * seqs_per_segment
-                segments.append(dict(
-                    topic=TOPIC, partition=p, base_seq=base, last_seq=last,
-                    object_key=keys.segment_key(TOPIC, p, base, last, 1_700_000_000 + i),
-                    index_object_key=keys.segment_index_key(TOPIC, p, base, last, 1_700_000_000 + i),
-                    size_bytes=16 << 20, index_size_bytes=32 << 10, min_ts_ms=t0 + i * 60_000,
-                    max_ts_ms=t0 + i * 60_000 + 59_999, freeze_ts=now, leader_epoch=1, state="COPY_FINISHED",
-                    updated_at=now,
-                ))
-            first = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + 1
-            for j in range(PLAN_RUNS_PER_PARTITION):
-                block_id = len(blocks) + 1
-                blocks.append(dict(block_id=block_id, object_key=keys.block_key(1, keys.new_block_id(t0 + block_id)),
-                                   state="committed", broker_id=1, size_bytes=64 << 10, created_at=now,
-                                   committed_at=now))
-                runs.append(dict(block_id=block_id, topic=TOPIC, partition=p, first_seq=first + j * 100,
-                                 last_seq=first + j * 100 + 99, position=0, length_bytes=64 << 10, messages=100,
-                                 min_ts_ms=t0, max_ts_ms=t0))
+        first = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + 1
         hwmark = PLAN_SEGMENTS_PER_PARTITION * seqs_per_segment + PLAN_RUNS_PER_PARTITION * 100
-        with cat.write() as conn:
-            conn.execute(insert(SegmentModel), segments)
-            conn.execute(insert(BlockModel), blocks)
-            conn.execute(insert(BlockRunModel), runs)
-            conn.execute(update(PartitionModel).where(PartitionModel.topic == TOPIC)
-                         .values(hwmark_seq=hwmark, first_available_seq=1, leader_broker=1, leader_epoch=1))
+        for p in range(PLAN_PARTITIONS):
+            insert_finished_segments(cat, [
+                SegmentMeta(
+                    topic=TOPIC, partition=p, base_seq=i * seqs_per_segment + 1, last_seq=(i + 1) * seqs_per_segment,
+                    object_key=keys.segment_key(TOPIC, p, i * seqs_per_segment + 1, (i + 1) * seqs_per_segment,
+                                                1_700_000_000 + i),
+                    index_object_key=keys.segment_index_key(TOPIC, p, i * seqs_per_segment + 1,
+                                                            (i + 1) * seqs_per_segment, 1_700_000_000 + i),
+                    size_bytes=16 << 20, index_size_bytes=32 << 10, min_ts_ms=t0 + i * 60_000,
+                    max_ts_ms=t0 + i * 60_000 + 59_999, freeze_ts=now, leader_epoch=epoch[p])
+                for i in range(PLAN_SEGMENTS_PER_PARTITION)], now=now)
+            insert_committed_blocks(cat, [
+                RestoredBlock(
+                    object_key=keys.block_key(1, keys.new_block_id(t0 + p * PLAN_RUNS_PER_PARTITION + j)),
+                    broker_id=1, size_bytes=64 << 10, created_at=now, committed_at=now,
+                    runs=[RunRow(topic=TOPIC, partition=p, from_seq=first + j * 100, first_seq=first + j * 100,
+                                 last_seq=first + j * 100 + 99, messages=100, min_ts_ms=t0, max_ts_ms=t0,
+                                 leader_epoch=epoch[p], position=0, length_bytes=64 << 10)])
+                for j in range(PLAN_RUNS_PER_PARTITION)])
+        restore_partition_bounds(cat, [PartitionBounds(TOPIC, p, 1, hwmark) for p in range(PLAN_PARTITIONS)])
     finally:
         cat.close()
 
@@ -411,31 +414,37 @@ def planning(backend: str, url: str, repeats: int) -> list[Planning]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_spark", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="32 MiB of history, one repeat, the native decoder only, fewer planning repeats")
-    parser.add_argument("--mib", type=int, help="MiB of history to replay (default 256, 32 with --quick)")
+    add_size_options(parser, quick="32 MiB of history, one repeat, the native decoder only, fewer planning repeats",
+                     smoke="2 MiB of history, local[1] only, planning on SQLite only")
+    parser.add_argument("--mib", type=int, help="MiB of history to replay (default 256, 32 with --quick, 2 with "
+                                                "--smoke)")
     parser.add_argument("--repeats", type=int, help="timed repeats of each read (default 3, 1 with --quick)")
     parser.add_argument("--decoders", help="Spark decoders to replay with, comma-separated (default native,python; "
                                            "native with --quick)")
     parser.add_argument("--no-planning", action="store_true", help="skip the planning benchmark")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    total = (args.mib or (32 if args.quick else 256)) << 20
-    repeats = args.repeats or (1 if args.quick else 3)
-    decoders = (args.decoders or ("native" if args.quick else "native,python")).split(",")
+    size = size_of(args)
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        cannot_run("Spark needs Java (make system-deps installs it)")
+    total = (args.mib or size.pick(256, 32, 2)) << 20
+    repeats = args.repeats or size.pick(3, 1, 1)
+    decoders = (args.decoders or ("native" if size.short else "native,python")).split(",")
+    plan_repeats = size.pick(7, 3, 1)
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-spark-"))
     load = os.getloadavg()[0]
     plans: list[Planning] = []
     try:
         rates = decode_rates(min(total, 64 << 20), ["python", "native"], max(3, repeats))
-        results, notes = throughput(total, root / "replay", decoders, repeats)
+        results, notes = throughput(total, root / "replay", decoders, repeats, size.pick((1, 2), (1, 2), (1,)),
+                                    warm_up=size is not Size.SMOKE)
         if not args.no_planning:
-            plans = planning("sqlite", f"sqlite:///{root / 'plan.db'}", 3 if args.quick else 7)
-            bindir = find_pg_bindir()
+            plans = planning("sqlite", f"sqlite:///{root / 'plan.db'}", plan_repeats)
+            bindir = find_pg_bindir() if size is not Size.SMOKE else None
             if bindir is not None:
                 pg = PgCluster(bindir).start()
                 try:
-                    plans += [p for p in planning("postgresql", pg.url(), 3 if args.quick else 7) if p.backend != "-"]
+                    plans += [p for p in planning("postgresql", pg.url(), plan_repeats) if p.backend != "-"]
                 finally:
                     pg.stop()
     finally:

@@ -16,7 +16,7 @@ Then every partition is read from its first seq to its end and checked:
 Values the broker answered with an error may or may not be there (the outcome of such a produce is unknown); none
 may be there twice.
 
-`python -m bench.chaos [--rounds N] [--seed S] [--local-store]` prints the table; tests/durability/test_chaos.py runs a
+`python -m bench.chaos [--rounds N | --quick | --smoke] [--seed S] [--local-store]` prints the table; tests/durability/test_chaos.py runs a
 few rounds. `--local-store` puts the objects in a local directory beside the volumes instead of moto's S3 (the same
 filesystem: sealed segments are stored as hard links to the volume's files, blocks written with O_DIRECT).
 """
@@ -35,7 +35,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import format_table
 from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
+from bench.sizes import add_size_options, cannot_run, size_of
 
 TOPIC = "chaos"
 PARTITIONS = 3
@@ -64,8 +66,7 @@ class ChaosReport:
         rows = [("rounds", str(self.rounds)), ("actions", actions), ("acknowledged messages", str(self.acks)),
                 ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
                 ("catalog problems", str(len(self.catalog_problems))), ("seconds", f"{self.seconds:.0f}")]
-        width = max(len(name) for name, _ in rows)
-        lines = [f"{name:<{width}}  {value}" for name, value in rows]
+        lines = [format_table(("figure", "value"), rows)]
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
         lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
         return "\n".join(lines)
@@ -223,14 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=20261123)
-    parser.add_argument("--quick", action="store_true", help="5 rounds")
+    add_size_options(parser, quick="5 rounds", smoke="1 round")
     parser.add_argument("--local-store", action="store_true", help="a local-directory store instead of moto's S3")
     args = parser.parse_args(argv)
-    rounds = 5 if args.quick else args.rounds
+    rounds = size_of(args).pick(args.rounds, 5, 1)
     bindir = find_pg_bindir()
     if bindir is None:
-        print("PostgreSQL server binaries are missing (Debian package postgresql)", file=sys.stderr)
-        return 1
+        cannot_run("PostgreSQL server binaries are missing (Debian package postgresql; make system-deps)")
     root = Path(tempfile.mkdtemp(prefix="tiered-chaos-"))
     pg = PgCluster(bindir).start()
     moto = MotoProcess(root).start()

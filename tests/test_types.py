@@ -6,6 +6,7 @@ holds the stub of the native module (tiered/protocol/_bundlescan.pyi) to what th
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -16,8 +17,12 @@ from tests.support.broker import REPO
 
 def _mypy(*argv: str) -> tuple[int, str]:
     """Runs a mypy entry point from the repository root with the project's configuration: (exit status, report).
-    The cache (.mypy_cache) makes a run after the first one take well under a second."""
-    proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, timeout=240)
+    The cache makes a run after the first one take well under a second. Each test process has its own cache
+    (.mypy_cache/<xdist worker>): two mypy runs writing one cache at once could corrupt it."""
+    cache = REPO / ".mypy_cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    env = {**os.environ, "MYPY_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timezone
 from typing import Protocol
 
 
@@ -37,6 +38,11 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def utc_now(clock: Clock) -> datetime:
+    """The clock's wall time as an aware UTC datetime: what catalog functions that record or compare times take."""
+    return datetime.fromtimestamp(clock.now_ms() / 1000.0, timezone.utc)
 
 
 async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> bool:

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from tiered import process_metrics
 from tiered.protocol.bundle import NATIVE_SCAN
 from tiered.protocol.consume_response import ConsumeTopicResult
 
@@ -98,7 +99,7 @@ PUT_ERRORS = _declare("tiered_put_errors_total", "failed attempts to upload a bl
 COMMIT_ERRORS = _declare("tiered_commit_errors_total", "failed attempts to commit a block to the catalog")
 CATALOG_ERRORS = _declare("tiered_catalog_errors_total",
                          "failed catalog writes (block intent rows, segment copy states, pruning)")
-ACK_TIMEOUTS = _declare("tiered_durable_ack_timeouts_total", "produce acks answered 0x02 after the ack timeout")
+ACK_TIMEOUTS = _declare("tiered_durable_ack_timeouts_total", "produce acks answered 0x03 (ack timeout): not committed within the ack timeout")
 FENCED_PARTITIONS = _declare("tiered_fenced_partitions_total", "partitions fenced by a newer leader epoch")
 SEGMENTS_COPIED = _declare("tiered_segments_copied_total", "sealed segments copied to the bucket")
 SEGMENT_BYTES_COPIED = _declare("tiered_segment_bytes_copied_total", "segment and index bytes copied")
@@ -186,6 +187,13 @@ COMPACTION_TOMBSTONES = Gauge("tiered_compaction_tombstones",
                               "tombstones kept by the latest compaction pass of each partition")
 NATIVE_BUNDLE_SCAN = Gauge("tiered_native_bundle_scan", "1 when produce requests are read by the native extension, "
                            "0 when by the pure-Python fallback")
+BUILD_INFO = Gauge("tiered_build_info", "always 1: the version, the Python and the native extensions in use, as labels")
+PROCESS_CPU = Counter("process_cpu_seconds_total", "user and system CPU time spent, in seconds")
+PROCESS_RESIDENT = Gauge("process_resident_memory_bytes", "resident memory size in bytes")
+PROCESS_VIRTUAL = Gauge("process_virtual_memory_bytes", "virtual memory size in bytes")
+PROCESS_START = Gauge("process_start_time_seconds", "start time of the process since the epoch, in seconds")
+PROCESS_OPEN_FDS = Gauge("process_open_fds", "open file descriptors")
+PROCESS_MAX_FDS = Gauge("process_max_fds", "the limit of open file descriptors")
 
 
 
@@ -210,6 +218,23 @@ class Metrics:
         # An install without a C compiler runs the pure-Python reading of produce requests: correct, several times
         # slower per request. Exported so that such a deployment is seen, not guessed from its CPU.
         self.gauge(NATIVE_BUNDLE_SCAN, lambda: 1.0 if NATIVE_SCAN else 0.0)
+        self._process_families()
+
+    def _process_families(self) -> None:
+        from tiered import __version__
+
+        labels = process_metrics.build_labels(__version__, NATIVE_SCAN)
+        self.gauge(BUILD_INFO, lambda: {labels: 1.0})
+        self.counter_fn(PROCESS_CPU, process_metrics.cpu_seconds)
+        self.gauge(PROCESS_MAX_FDS, process_metrics.max_fds)
+        memory = process_metrics.memory_bytes()
+        if memory is not None:  # Linux: the families that need /proc
+            self.gauge(PROCESS_RESIDENT, lambda: (process_metrics.memory_bytes() or (0.0, 0.0))[0])
+            self.gauge(PROCESS_VIRTUAL, lambda: (process_metrics.memory_bytes() or (0.0, 0.0))[1])
+            self.gauge(PROCESS_OPEN_FDS, lambda: process_metrics.open_fds() or 0.0)
+            started = process_metrics.start_time_s()
+            if started is not None:
+                self.gauge(PROCESS_START, lambda: started)
 
     def produced(self, topic: str, size_bytes: int, messages: int) -> None:
         self.produced_bytes[topic] += size_bytes

@@ -92,10 +92,6 @@ class Supervisor:
         await self.clock.sleep(seconds)
         self._recovered(name)
 
-    def mark_healthy(self, name: str) -> None:
-        """Called by a supervised loop once it has done useful work after a restart."""
-        self._recovered(name)
-
     def problems(self) -> str:
         """What readiness reports: every task that is failing, with its last error; "" when none is."""
         return "; ".join(f"{name}: {error}" for name, error in sorted(self.failing.items()))

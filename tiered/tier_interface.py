@@ -66,7 +66,7 @@ class PartitionPlan:
     epoch: int
     committed: int  # the catalog's high-water mark
     first_available: int  # the catalog's first available seq (0: the catalog holds nothing yet)
-    copied_last: int  # the highest seq in a readable remote segment (0: none)
+    highest_copied_seq: int  # the highest seq in a readable remote segment (0: none)
     truncate_after: int | None
     next_seq: int
     reupload_after: int | None
@@ -185,6 +185,10 @@ class Tier(Protocol):
     def may_acknowledge(self) -> bool:
         """False while this broker cannot be sure it still leads (its lease is not renewed): produce answers 0xfd."""
 
+    def durable_trouble(self) -> str | None:
+        """Why blocks are not being committed right now (the latest failed upload or commit, while it is retried),
+        or None: what an ack-timeout log line names."""
+
     async def hand_over(self, deadline: float) -> None:
         """A graceful stop: commits what it holds and hands every partition it leads to another live broker."""
 
@@ -217,6 +221,10 @@ class Tier(Protocol):
     async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None: ...
 
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        """A read on a partition led elsewhere went past the bounds known here: the tier tells the sink the
+        catalog's bounds now (through `follow`). True if it did, and the read should look again."""
+
     async def flush(self, deadline: float) -> None: ...
 
     async def stop(self, deadline: float) -> None: ...
@@ -246,6 +254,9 @@ class LocalOnly:
     def may_acknowledge(self) -> bool:
         return True
 
+    def durable_trouble(self) -> str | None:
+        return None
+
     async def hand_over(self, deadline: float) -> None:
         return None
 
@@ -257,6 +268,9 @@ class LocalOnly:
 
     def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
         return None
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        return False
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
         return []

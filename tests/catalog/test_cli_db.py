@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import argparse
 
 import pytest
@@ -27,8 +29,12 @@ def empty_url(request, tmp_path):
 
 
 def test_upgrade_then_current(capsys, empty_url):
-    code, out, _ = run(capsys, "current", "--catalog", empty_url)
-    assert code == 1 and f"is empty (no revision), not at head {head()}" in out
+    code, out, err = run(capsys, "current", "--catalog", empty_url)
+    if empty_url.startswith("sqlite"):  # a file that is not there: said so, and not created
+        assert code == 1 and "no catalog at " in err and "nothing was created" in err
+        assert not Path(empty_url.removeprefix("sqlite:///")).exists()
+    else:
+        assert code == 1 and f"is empty (no revision), not at head {head()}" in out
     code, out, _ = run(capsys, "upgrade", "--catalog", empty_url)
     assert (code, out) == (0, f"catalog {empty_url} upgraded from empty to revision {head()} (head)")
     assert current(empty_url) == head()

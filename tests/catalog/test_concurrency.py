@@ -23,6 +23,8 @@ from tiered.catalog.errors import Discontinuity
 from tiered.catalog.partitions import claim_partitions, get_partition_states
 from tiered.catalog.topics import create_topic
 
+from tests.support.postgres import libpq_url
+
 from .rows import T0, run
 
 PARTITIONS = 6
@@ -109,14 +111,14 @@ def test_concurrent_prunes_of_shared_blocks_mark_every_block(cat, epochs):
 
 def hold_partition_lock(url: str, partition: int) -> psycopg.Connection:
     """Another session holding the partition row's lock, as a slow committer would."""
-    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    conninfo = libpq_url(url)
     conn = psycopg.connect(conninfo)
     conn.execute("SELECT 1 FROM partitions WHERE topic = 't' AND partition = %s FOR UPDATE", (partition,))
     return conn
 
 
 def wait_until_blocked(url: str) -> None:
-    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    conninfo = libpq_url(url)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         for _ in range(200):
             waiting = conn.execute(

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tiered.catalog import Catalog, CatalogUnavailable, mask_url
 from tiered.catalog.blocks import commit_block, find_run, insert_pending_block, runs_for_range
-from tiered.catalog.engine import normalize_url
+from tiered.catalog.engine import normalize_url, split_pooled
 from tiered.catalog.models import BlockModel
 from tiered.catalog.partitions import claim_partitions
 from tiered.catalog.segments import find_remote_segment
 from tiered.catalog.topics import create_topic, get_topic
+
+from tests.support.ports import free_port
 
 from .rows import T0, run
 
@@ -55,11 +59,7 @@ def test_sqlite_is_set_up_for_durability_and_concurrency(tmp_path):
 
 
 def test_unreachable_postgresql_is_catalog_unavailable(pg_cluster):
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     with Catalog.open(f"postgresql://postgres@127.0.0.1:{port}/x") as cat:
         with pytest.raises(CatalogUnavailable):
             get_topic(cat, "t")
@@ -102,3 +102,40 @@ def test_statement_counts(cat):
     assert cost(lambda: find_run(cat, "b", 7, 3))[0] == 1
     assert cost(lambda: runs_for_range(cat, "a", 0, 1, 10))[0] == 1
     assert cost(lambda: find_remote_segment(cat, "a", 0, 1))[0] == 1
+
+
+@pytest.mark.parametrize("given,pooled", [("postgresql://u@h/db?pooled=true", True), ("postgresql://u@h/db?pooled=0", False),
+                                          ("postgresql://u@h/db", False)])
+def test_pooled_is_read_from_the_url_and_taken_out_of_it(given, pooled):
+    url, said = split_pooled(normalize_url(given))
+    assert (said, "pooled" in url.query, url.database) == (pooled, False, "db")
+
+
+@pytest.mark.parametrize("url,message", [
+    ("postgresql://u:secret@h/db?pooled=maybe", "bad pooled='maybe' in catalog URL postgresql+psycopg://u:***@h/db"),
+    ("sqlite:///x.db?pooled=true", "pooled= is for PostgreSQL catalog URLs"),
+])
+def test_a_bad_pooled_parameter_is_one_clear_line(url, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        Catalog.open(url)
+    assert "\n" not in str(error.value) and "secret" not in str(error.value)
+
+
+def test_through_pgbouncer_nothing_outlives_a_transaction(pgbouncer_url, pg_url):
+    """Behind a transaction-mode pooler: the timeouts hold in every transaction (reads too), and no statement is
+    prepared on the server however often it runs (psycopg prepares after 5 executions unless told not to)."""
+    with Catalog.open(pgbouncer_url, lock_timeout_ms=1234) as cat:
+        assert cat.pooled
+        create_topic(cat, "t", 1)
+        for _ in range(8):
+            get_topic(cat, "t")
+        with cat.read() as conn:
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1234ms"
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar_one() == "30s"
+            assert conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one() == 0
+        with cat.write() as conn:
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar_one() == "1234ms"
+    with Catalog.open(pg_url) as direct, direct.read() as conn:
+        assert not direct.pooled
+        # Set as connection options there, for the session.
+        assert conn.exec_driver_sql("SHOW lock_timeout").scalar_one() == "10s"

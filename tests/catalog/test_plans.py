@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event
 
-from tiered.catalog import SegmentState, blocks, partitions, segments, topics
+from tiered.catalog import Catalog, SegmentState, blocks, partitions, segments, topics
 
 from .rows import T0, run, segment
 
@@ -176,3 +176,141 @@ def test_a_full_scan_is_seen(cat, filled):
 
     [(_, plan)] = explain(cat, unindexed)
     assert full_scans(cat.backend, plan) != [], plan
+
+
+# -- at scale: real statistics, generic plans ------------------------------------------------------------------------
+
+BULK_PARTITIONS, BULK_RUNS, BULK_SEGMENTS = 1000, 50_000, 50_000  # 50 runs and 50 segments per partition
+
+
+def bulk_load(conn, partitions: int, runs: int, segments: int, runs_per_block: int = 50) -> None:
+    """Topic `bulk`: `partitions` partitions, `runs` committed block runs (100 seqs each) and `segments` readable
+    remote segments (1,000 seqs each) spread over them, written by generate_series in a few statements. Block ids
+    start at 10**9, past any the sequence hands out."""
+    conn.exec_driver_sql(
+        "INSERT INTO topics (name, partitions, config_text, created_at) VALUES ('bulk', %(p)s, '', now())",
+        {"p": partitions})
+    conn.exec_driver_sql(
+        "INSERT INTO partitions (topic, partition, leader_epoch, first_available_seq, hwmark_seq, remote_bytes)"
+        " SELECT 'bulk', g, 1, 1, (%(r)s / %(p)s) * 100, 0 FROM generate_series(0, %(p)s - 1) g",
+        {"p": partitions, "r": runs})
+    conn.exec_driver_sql(
+        "INSERT INTO blocks (block_id, object_key, state, broker_id, size_bytes, created_at, committed_at)"
+        " SELECT 1000000000 + g, 'bulk/blk/' || g, 'committed', 1, 8388608, now(), now()"
+        " FROM generate_series(0, (%(r)s - 1) / %(k)s) g", {"r": runs, "k": runs_per_block})
+    conn.exec_driver_sql(
+        "INSERT INTO block_runs (block_id, position, topic, partition, from_seq, first_seq, last_seq, length_bytes,"
+        " messages, min_ts_ms, max_ts_ms, leader_epoch)"
+        " SELECT 1000000000 + j / %(k)s, (j %% %(k)s) * 1000, 'bulk', j %% %(p)s, (j / %(p)s) * 100 + 1,"
+        " (j / %(p)s) * 100 + 1, (j / %(p)s) * 100 + 100, 1000, 100, 0, 0, 1 FROM generate_series(0, %(r)s - 1) j",
+        {"r": runs, "k": runs_per_block, "p": partitions})
+    conn.exec_driver_sql(
+        "INSERT INTO segments (topic, partition, base_seq, last_seq, from_seq, object_key, index_object_key,"
+        " size_bytes, index_size_bytes, min_ts_ms, max_ts_ms, freeze_ts, leader_epoch, state, updated_at)"
+        " SELECT 'bulk', j %% %(p)s, (j / %(p)s) * 1000 + 1, (j / %(p)s) * 1000 + 1000, (j / %(p)s) * 1000 + 1,"
+        " 'bulk/seg/' || j, 'bulk/idx/' || j, 1048576, 4096, 0, 0, now(), 1, 'COPY_FINISHED', now()"
+        " FROM generate_series(0, %(s)s - 1) j", {"s": segments, "p": partitions})
+    conn.exec_driver_sql("ANALYZE")
+
+
+@pytest.fixture(scope="module")
+def large(_pg_databases):
+    """A PostgreSQL catalog with the `bulk` topic loaded and analyzed, shared by this module's tests (they only read
+    it). Direct: the plans are the server's, pooled or not."""
+    url = _pg_databases.take()
+    try:
+        with Catalog.open(url) as catalog:
+            with catalog.write() as conn:
+                bulk_load(conn, BULK_PARTITIONS, BULK_RUNS, BULK_SEGMENTS)
+            yield catalog
+    finally:
+        _pg_databases.give_back(url)
+
+
+MIDDLE = BULK_RUNS // BULK_PARTITIONS * 50  # a seq half way through a partition's history
+LARGE_LOOKUPS = {
+    "find_run": (lambda c: blocks.find_run(c, "bulk", 7, MIDDLE), "ix_block_runs_lookup"),
+    "runs_for_range": (lambda c: blocks.runs_for_range(c, "bulk", 7, MIDDLE, 5), "ix_block_runs_lookup"),
+    "find_remote_segment": (lambda c: segments.find_remote_segment(c, "bulk", 7, MIDDLE), "ix_segments_lookup"),
+    "readable_segments_from": (lambda c: segments.readable_segments_from(c, "bulk", 7, MIDDLE, 2),
+                               "ix_segments_lookup"),
+    "highest_copied_seq": (lambda c: segments.highest_copied_seq(c, "bulk", 7), "ix_segments_lookup"),
+    "remote_retention": (
+        lambda c: segments.segments_for_remote_retention(c, "bulk", 7, now=T0, max_age=timedelta(0), max_bytes=None),
+        "ix_segments_lookup",
+    ),
+    "partition_state": (lambda c: partitions.get_partition_state(c, "bulk", 7), "pk_partitions"),
+    "unfinished_deletions": (
+        lambda c: segments.list_segments(c, "bulk", 7, states=(SegmentState.DELETE_STARTED,), limit=10),
+        "ix_segments_delete_started",
+    ),
+}
+
+
+def captured(cat, call) -> list[tuple[str, dict]]:
+    sent = []
+
+    def capture(_conn, _cursor, statement, parameters, _context, executemany):
+        sent.append((statement, parameters))
+
+    event.listen(cat.engine, "before_cursor_execute", capture)
+    try:
+        call()
+    finally:
+        event.remove(cat.engine, "before_cursor_execute", capture)
+    return sent
+
+
+def numbered(statement: str, parameters: dict) -> tuple[str, list]:
+    """The statement with psycopg's %(name)s placeholders as PostgreSQL's $1, $2... and the values in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%")
+    return text, [parameters[n] for n in names]
+
+
+@pytest.mark.parametrize("name", LARGE_LOOKUPS)
+def test_lookups_stay_index_scans_on_large_tables(large, name):
+    """With 50,000 runs and segments analyzed, the planner (sequential scans allowed) still reads the index."""
+    call, index = LARGE_LOOKUPS[name]
+    [(statement, parameters)] = captured(large, lambda: call(large))
+    with large.engine.connect() as conn:
+        rows = conn.exec_driver_sql("EXPLAIN " + statement, parameters).all()
+        conn.rollback()
+    plan = "\n".join(r[0] for r in rows)
+    assert full_scans("postgresql", plan) == [] and index in plan, plan
+
+
+@pytest.mark.parametrize("name", LARGE_LOOKUPS)
+def test_lookups_get_a_generic_plan(large, name):
+    """A statement run many times on one session (psycopg prepares it after 5 executions) is planned once: from the
+    sixth execution PostgreSQL keeps a generic plan, when it costs no more than the custom ones (a LIMIT sent as a
+    parameter would not: planned for an unknown number of rows, it looks dearer than a plan for LIMIT 1). The
+    generic plan is an index scan too."""
+    call, index = LARGE_LOOKUPS[name]
+    [(statement, parameters)] = captured(large, lambda: call(large))
+    text, values = numbered(statement, parameters)
+    with large.engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        with driver.transaction():
+            driver.execute(f"PREPARE lookup AS {text}")
+            execute = "EXECUTE lookup" + (f"({', '.join(['%s'] * len(values))})" if values else "")
+            with driver.cursor() as cur:
+                import psycopg
+
+                cur = psycopg.ClientCursor(driver)  # EXECUTE takes its arguments as literals
+                for _ in range(8):
+                    cur.execute(execute, values)
+                    cur.fetchall()
+                [(generic, custom)] = cur.execute(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'lookup'").fetchall()
+                cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                plan = "\n".join(r[0] for r in cur.execute("EXPLAIN " + execute, values).fetchall())
+            driver.execute("DEALLOCATE lookup")
+    assert generic >= 3 and custom <= 5, (generic, custom, text)
+    assert full_scans("postgresql", plan) == [] and index in plan, plan

@@ -6,7 +6,8 @@ import pytest
 
 from tiered.catalog import BlockState, SegmentState, UnknownPartition
 from tiered.catalog.blocks import RunLocation, find_run, get_block, insert_pending_block, runs_for_range
-from tiered.catalog.brokers import list_brokers, register_broker
+from tiered.catalog import cluster
+from tiered.catalog.brokers import list_brokers
 from tiered.catalog.partitions import claim_partitions, get_partition_states
 from tiered.catalog.restore import (
     PartitionBounds,
@@ -34,7 +35,7 @@ def bounds(cat):
 
 def test_empty_means_no_topic_block_or_segment(cat):
     assert catalog_is_empty(cat)
-    register_broker(cat, 1, "127.0.0.1:11011", now=T0)
+    cluster.register(cat, 1, "b1", "127.0.0.1:11011", "127.0.0.1:8080", 10_000, now=T0)
     assert catalog_is_empty(cat)  # brokers do not count: they register again on start
     insert_pending_block(cat, "blk/1", 1, 10, now=T0)
     assert not catalog_is_empty(cat)
@@ -45,7 +46,7 @@ def test_empty_means_no_topic_block_or_segment(cat):
 
 
 def test_clear_deletes_everything_but_brokers(cat):
-    register_broker(cat, 1, "127.0.0.1:11011", now=T0)
+    cluster.register(cat, 1, "b1", "127.0.0.1:11011", "127.0.0.1:8080", 10_000, now=T0)
     create_topic(cat, "t", 2)
     epoch = claim_partitions(cat, 1, "t", [0])[0]
     insert_committed_blocks(cat, [block("blk/1", run("t", 0, 1, 10), run("t", 1, 1, 5, 100))])

@@ -6,9 +6,12 @@ from datetime import timedelta
 
 import pytest
 
-from tiered.catalog import TopicExists, UnknownBroker, UnknownPartition, UnknownTopic
-from tiered.catalog.brokers import BrokerRow, heartbeat, list_brokers, register_broker
-from tiered.catalog.partitions import PartitionState, claim_partitions, get_partition_states, set_first_available
+from tiered.catalog import TopicExists, UnknownPartition, UnknownTopic
+from tiered.catalog import cluster
+from tiered.catalog.brokers import BrokerRow, list_brokers
+from tiered.catalog.partitions import (
+    PartitionState, claim_partitions, get_partition_state, get_partition_states, set_first_available,
+)
 from tiered.catalog.topics import create_topic, get_topic, list_topics, update_topic_config
 
 from .rows import T0
@@ -55,20 +58,21 @@ def test_partition_states_of_all_topics_in_order(cat):
     assert [(s.topic, s.partition) for s in get_partition_states(cat)] == [("a", 0), ("b", 0), ("b", 1)]
 
 
-def test_register_and_heartbeat_brokers(cat):
-    register_broker(cat, 2, "10.0.0.2:11011", now=T0)
-    register_broker(cat, 1, "10.0.0.1:11011", now=T0)
-    heartbeat(cat, 1, now=T0 + timedelta(seconds=5))
+def test_brokers_as_registered_and_renewed_by_the_cluster_functions(cat):
+    # Lease 0: the leases are not what is tested, and on SQLite another id's live lease would refuse the next one.
+    cluster.register(cat, 2, "b2", "10.0.0.2:11011", "10.0.0.2:8080", 0, now=T0)
+    cluster.register(cat, 1, "b1", "10.0.0.1:11011", "10.0.0.1:8080", 0, now=T0)
+    assert cluster.renew(cat, 1, "b1", 0, now=T0 + timedelta(seconds=5))
     assert list_brokers(cat) == [
         BrokerRow(1, "10.0.0.1:11011", T0, T0 + timedelta(seconds=5)),
         BrokerRow(2, "10.0.0.2:11011", T0, T0),
     ]
-    # A restart re-registers: new address and start time, same row.
+    # A restart re-registers: new address, start time and incarnation, same row; the old incarnation renews no more.
     later = T0 + timedelta(hours=1)
-    register_broker(cat, 1, "10.0.0.9:11011", now=later)
+    cluster.register(cat, 1, "b1-again", "10.0.0.9:11011", "10.0.0.9:8080", 0, now=later)
     assert list_brokers(cat)[0] == BrokerRow(1, "10.0.0.9:11011", later, later)
-    with pytest.raises(UnknownBroker):
-        heartbeat(cat, 3)
+    assert not cluster.renew(cat, 1, "b1", 0, now=later)
+    assert not cluster.renew(cat, 3, "b3", 0)  # never registered
 
 
 def test_claim_bumps_epochs_and_sets_the_leader(cat):
@@ -117,3 +121,12 @@ def test_locking_partitions_of_one_topic_or_of_several_reads_the_same_rows(cat):
     for keys in ([("a", 3)], [("a", 0), ("a", 3)], [("a", 0), ("c", 0)]):
         with pytest.raises(UnknownPartition), cat.write() as conn:
             lock_partitions(conn, keys)
+
+
+def test_one_partition_state_is_read_by_its_key(cat):
+    create_topic(cat, "t", 3)
+    claim_partitions(cat, 4, "t", [1])
+    one = get_partition_state(cat, "t", 1)
+    assert one == [s for s in get_partition_states(cat, "t") if s.partition == 1][0]
+    assert (one.leader_broker, one.leader_epoch) == (4, 1)
+    assert get_partition_state(cat, "t", 3) is None and get_partition_state(cat, "nope", 0) is None

@@ -49,7 +49,8 @@ def _restore_store(objects):
 
 def test_an_unconfirmed_produce_says_it_may_still_be_committed_and_where_to_check(broker_process, tmp_path):
     objects = tmp_path / "objects"
-    bp = broker_process("--store", f"file://{objects}")
+    # The broker's ack deadline (4 s, not the default 10 s) stays well past the client's own 1.5 s below.
+    bp = broker_process("--store", f"file://{objects}", "--produce-ack-timeout-ms", "4000")
     b = ("-b", f"127.0.0.1:{bp.port}")
     tiered("topic", "create", *b, "t1", "1")
     tiered("produce", *b, "-t", "t1", "before")
@@ -108,19 +109,19 @@ def test_progress_goes_to_a_terminal_stderr_only_when_the_data_does_not(broker_p
     bp = broker_process()
     b = ["-b", f"127.0.0.1:{bp.port}"]
     tiered("topic", "create", *b, "p", "1", "-o", "produce.ack=local")
-    data = b"".join(b"m%d\n" % i for i in range(30_000))
-    out, terminal = _on_terminal(["produce", *b, "-t", "p", "-f", "-", "-s", "1"], stdout_too=False, input=data)
-    assert b"msg/s" in terminal and b"produced 30,000 messages" in terminal and out == b""
+    data = b"".join(b"m%d\n" % i for i in range(10_000))
+    out, terminal = _on_terminal(["produce", *b, "-t", "p", "-f", "-", "-s", "20"], stdout_too=False, input=data)
+    assert b"msg/s" in terminal and b"produced 10,000 messages" in terminal and out == b""
     # From a file of known size the bar counts its bytes, so it has a percentage and an ETA.
     source = tmp_path / "lines.txt"
     source.write_bytes(data)
     tiered("topic", "create", *b, "pf", "1", "-o", "produce.ack=local")
-    out, terminal = _on_terminal(["produce", *b, "-t", "pf", "-f", str(source), "-s", "1"], stdout_too=False)
+    out, terminal = _on_terminal(["produce", *b, "-t", "pf", "-f", str(source), "-s", "20"], stdout_too=False)
     assert b"%|" in terminal and b"B/s" in terminal and out == b""
     # Data to a pipe, stderr a terminal: the bar is drawn on stderr, stdout holds only the data.
-    out, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "-s", "2048"], stdout_too=False)
-    assert out.splitlines() == [b"m%d" % i for i in range(30_000)]
+    out, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "--fetch-size", "2048"], stdout_too=False)
+    assert out.splitlines() == [b"m%d" % i for i in range(10_000)]
     assert b"msg" in terminal
     # Data and stderr on the same terminal: no bar, only clean lines.
-    _, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "-l", "3"], stdout_too=True)
+    _, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "-n", "3"], stdout_too=True)
     assert terminal.replace(b"\r\n", b"\n") == b"m0\nm1\nm2\n"

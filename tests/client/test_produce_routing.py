@@ -5,7 +5,6 @@ twice when its answer was lost."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -15,15 +14,10 @@ from tiered.protocol.bundle import Message
 from tiered.protocol.codes import Endpoint, ProduceStatus
 from tiered.protocol.frame import MsgType
 
+from tests.support.ports import free_port
+
 P = MsgType.PRODUCE
 T0, T1 = ("t", 0), ("t", 1)
-
-
-def free_port() -> int:
-    """A port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def produced(broker) -> list[tuple[str, int]]:

@@ -16,7 +16,6 @@ class PartitionLog:
     acked: list[bytes] = field(default_factory=list)  # in ack order: a partition's produces are sequential
     unsure: set[bytes] = field(default_factory=set)  # may or may not be stored (NotConfirmed, a lost connection)
     refused: set[bytes] = field(default_factory=set)  # answered "not stored"
-    stalls: list[float] = field(default_factory=list)  # seconds between two acks, when longer than 0.3 s
 
 
 class Producers:
@@ -33,7 +32,6 @@ class Producers:
     async def _run(self, partition: int) -> None:
         log = self.logs[partition]
         n = 0
-        last_ack = time.monotonic()
         while not self._stop.is_set():
             value = f"p{partition}-{n}".encode()
             n += 1
@@ -45,10 +43,6 @@ class Producers:
             except (TankError, ConnectionError) as exc:
                 (log.unsure if isinstance(exc, ConnectionError) else log.refused).add(value)
             else:
-                now = time.monotonic()
-                if now - last_ack > 0.3:
-                    log.stalls.append(now - last_ack)
-                last_ack = now
                 log.acked.append(value)
             await asyncio.sleep(self.pause_s)
 

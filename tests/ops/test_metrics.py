@@ -3,6 +3,8 @@ names with exact values, and the tiering metrics with the values the bucket and 
 
 from __future__ import annotations
 
+import os
+import platform
 import random
 import re
 import time
@@ -177,7 +179,29 @@ async def test_every_exported_metric_is_documented_with_its_type(ops_broker):
     exported = dict(re.findall(r"^# TYPE (\S+) (\S+)$", m.text, re.M))
     documented = {}
     for line in (REPO / "docs" / "operations.md").read_text().splitlines():
-        row = re.match(r"^\| `((?:tanksrv|tiered)_[a-z_]+)(?:\{[^}]*\})?` \| (\w+) \|", line)
+        row = re.match(r"^\| `((?:tanksrv|tiered|process)_[a-z_]+)(?:\{[^}]*\})?` \| (\w+) \|", line)
         if row:
             documented[row.group(1)] = row.group(2)
     assert documented == exported
+
+
+def test_build_info_and_process_families_read_this_process():
+    from tiered import __version__
+    from tiered.metrics import Metrics
+
+    text = Metrics().render()
+    info = re.search(r'^tiered_build_info\{version="([^"]+)",python="([^"]+)",.*native_bundle_scan="([01])".*\} 1$',
+                     text, re.M)
+    assert info and info.group(1) == __version__ and info.group(2) == platform.python_version()
+    values = {name: float(v) for name, v in re.findall(r"^(process_[a-z_]+) (\S+)$", text, re.M)}
+    assert set(values) == {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+                           "process_open_fds", "process_max_fds", "process_start_time_seconds"}
+    assert values["process_cpu_seconds_total"] > 0 and values["process_resident_memory_bytes"] > 1 << 20
+    assert values["process_virtual_memory_bytes"] >= values["process_resident_memory_bytes"]
+    assert 3 <= values["process_open_fds"] <= values["process_max_fds"]
+    assert abs(values["process_start_time_seconds"] - start_time_by_proc_ctime()) < 5
+
+
+def start_time_by_proc_ctime() -> float:
+    """This process's start by another route: the creation time of /proc/self (set when the process was made)."""
+    return os.stat(f"/proc/{os.getpid()}").st_ctime

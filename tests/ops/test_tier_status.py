@@ -42,7 +42,7 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
     sealed = list(hist.log.segments)
     assert sealed
     copier = app.tier.remote.copier
-    await eventually(lambda: copier.pending == 0 and copier.copied_last.get(("hist", 0)) == sealed[-1].last,
+    await eventually(lambda: copier.pending == 0 and app.tier.state.highest_copied_seq(("hist", 0)) == sealed[-1].last,
                      what="the sealed segments to be copied")
 
     proc = await tier_status("-P", endpoint)
@@ -63,7 +63,7 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
     partitions = json.loads(proc.stdout)
     assert len(partitions) == 4
     hist_json = next(p for p in partitions if p["topic"] == "hist")
-    assert hist_json["remote_segments_last"] == sealed[-1].last and hist_json["remote_first"] == 1
+    assert hist_json["highest_copied_seq"] == sealed[-1].last and hist_json["remote_first"] == 1
     cat = Catalog.open(ops_broker.catalog_url)
     try:
         states = {(s.topic, s.partition): s for t in ("orders", "hist")
@@ -72,8 +72,8 @@ async def test_one_row_per_partition_with_sane_ranges(ops_broker):
         cat.close()
     for p in partitions:
         state = states[(p["topic"], p["partition"])]
-        assert p["committed"] == state.hwmark_seq == p["hwmark"]  # durable topics: visible = committed
-        assert p["local_first"] <= p["local_last"] and p["remote_first"] <= p["committed"]
+        assert p["committed_seq"] == state.hwmark_seq == p["hwmark"]  # durable topics: visible = committed
+        assert p["local_first"] <= p["local_last"] and p["remote_first"] <= p["committed_seq"]
         assert p["role"] == "leader" and p["pending_segments"] == 0
 
 

@@ -14,7 +14,7 @@ from tests.protocol.test_examples import (
 )
 from tests.protocol.test_examples_admin import SMALL_CASES
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame, maybe_frame
+from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, FrameCut, MsgType, cut_frames, encode_frame, maybe_frame
 from tiered.protocol.requests import read_consume_request, read_produce_request
 from tiered.protocol.responses import read_consume_response
 
@@ -63,6 +63,50 @@ def test_oversized_frame_fails_as_soon_as_the_header_is_there():
         maybe_frame(header)
     with pytest.raises(ProtocolError, match="exceeds"):
         maybe_frame(b"\x00" * 7 + FRAME_HEADER.pack(MsgType.PRODUCE, 0xFFFF_FFFF), 7)
+
+
+def test_cut_frames_cuts_every_whole_frame_and_keeps_the_rest():
+    stream = encode_frame(1, b"ab") + encode_frame(2, b"") + encode_frame(3, b"xyz")
+    whole = cut_frames(stream, 0, len(stream))
+    assert [(m, stream[a:b]) for m, a, b in whole.frames] == [(1, b"ab"), (2, b""), (3, b"xyz")]
+    assert (whole.rest, whole.big, whole.error) == (len(stream), None, None)
+    for end in range(len(stream) + 1):  # the stream split at every byte: the cut stops at the last whole frame
+        cut = cut_frames(stream, 0, end)
+        assert cut.frames == [f for f in whole.frames if f[2] <= end] and cut.error is None and cut.big is None
+        assert cut.rest == max([0, *(f[2] for f in cut.frames)])
+    padded = b"\xee" * 3 + stream  # from a position, within a larger buffer
+    assert [(m, a - 3, b - 3) for m, a, b in cut_frames(padded, 3, len(padded)).frames] == whole.frames
+
+
+def test_cut_frames_names_a_big_frame_not_all_here():
+    small, big = encode_frame(1, b"x"), encode_frame(MsgType.CONSUME, bytes(1000))
+    stream = small + big
+    cut = cut_frames(stream, 0, len(stream) - 1, big_bytes=1000)
+    assert cut == FrameCut([(1, FRAME_HEADER.size, len(small))], len(small), (MsgType.CONSUME, 1000))
+    assert cut_frames(stream, 0, len(stream) - 1, big_bytes=1001).big is None  # below the size: waited for
+    assert cut_frames(stream, 0, len(small) + 4, big_bytes=1000).big is None  # its header is not all here
+    assert cut_frames(stream, 0, len(stream), big_bytes=1000).big is None  # all here: cut
+
+
+def test_cut_frames_refuses_an_oversized_header_after_the_frames_before_it():
+    stream = encode_frame(1, b"ok") + FRAME_HEADER.pack(MsgType.PRODUCE, MAX_FRAME_BYTES + 1) + b"more"
+    cut = cut_frames(stream, 0, len(stream), big_bytes=64)
+    assert [(m, stream[a:b]) for m, a, b in cut.frames] == [(1, b"ok")]
+    assert cut.rest == len(encode_frame(1, b"ok")) and cut.big is None
+    assert isinstance(cut.error, ProtocolError) and "exceeds" in str(cut.error)
+    assert cut_frames(FRAME_HEADER.pack(MsgType.PRODUCE, MAX_FRAME_BYTES), 0, FRAME_HEADER.size).error is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=40)), max_size=8), st.data())
+def test_cut_frames_gives_back_what_was_framed_however_it_arrives(frames, data):
+    stream = b"".join(encode_frame(m, p) for m, p in frames)
+    splits = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    got, start = [], 0
+    for end in [*splits, len(stream)]:
+        cut = cut_frames(stream, start, max(start, end))
+        got += [(m, stream[a:b]) for m, a, b in cut.frames]
+        start = cut.rest
+    assert got == frames and start == len(stream)
 
 
 def test_encode_frame_refuses_what_a_broker_would_refuse():

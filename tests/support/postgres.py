@@ -7,7 +7,9 @@ Fixtures:
 - `pg_empty_url`: a fresh, empty database (for migration tests).
 - `pg_url`: a database built by the migrations, holding no rows, for this test alone (recycled between tests:
   see `_MigratedDatabases`).
-- `catalog_url`: parametrized over ["sqlite", "postgresql"]: a fresh migrated catalog URL on each backend.
+- `catalog_url`: parametrized over the backends TIERED_TEST_CATALOGS names (comma-separated; default
+  "sqlite,postgresql"; "pgbouncer" is PostgreSQL through PgBouncer in transaction mode, tests/support/pgbouncer.py):
+  a fresh migrated catalog URL on each. tests/catalog/ adds "pgbouncer" to the default.
 
 As root (CI containers), the server runs as the `postgres` user through `runuser`, in a directory chowned to it.
 """
@@ -19,12 +21,13 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import free_port
 
 TEMPLATE_DB = "tiered_template"
 
@@ -40,12 +43,6 @@ def _find_bindir() -> Path:
     if on_path and shutil.which("initdb"):
         return Path(on_path).parent
     raise RuntimeError("PostgreSQL server binaries not found (initdb, pg_ctl): run `make system-deps`")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PgCluster:
@@ -109,7 +106,7 @@ class PgCluster:
 @pytest.fixture(scope="session")
 def pg_cluster():
     root = Path(tempfile.mkdtemp(prefix="tiered-pg-"))
-    cluster = PgCluster(_find_bindir(), root, _free_port())
+    cluster = PgCluster(_find_bindir(), root, free_port())
     try:
         cluster.init()
         cluster.start()
@@ -182,13 +179,43 @@ def pg_url(_pg_databases):
     _pg_databases.give_back(url)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def catalog_url(request, tmp_path) -> str:
-    """A fresh catalog built by the migrations, once on SQLite and once on PostgreSQL."""
-    if request.param == "postgresql":
+def libpq_url(url: str) -> str:
+    """A catalog URL as psycopg.connect takes it: no SQLAlchemy driver name, no `pooled` parameter."""
+    from tiered.catalog.engine import normalize_url, split_pooled
+
+    parsed, _ = split_pooled(normalize_url(url))
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+CATALOG_BACKENDS = ("sqlite", "postgresql", "pgbouncer")
+
+
+def test_catalogs(default: str = "sqlite,postgresql") -> list[str]:
+    """The catalog backends to run on: TIERED_TEST_CATALOGS, else `default`. An unknown name stops the run."""
+    names = [n.strip() for n in os.environ.get("TIERED_TEST_CATALOGS", default).split(",") if n.strip()]
+    unknown = sorted(set(names) - set(CATALOG_BACKENDS))
+    if unknown:
+        raise pytest.UsageError(f"TIERED_TEST_CATALOGS: unknown {', '.join(unknown)} (known: {', '.join(CATALOG_BACKENDS)})")
+    return names
+
+
+test_catalogs.__test__ = False  # a helper named test_*, not a test
+
+
+def fresh_catalog_url(request, backend: str, tmp_path: Path) -> str:
+    """A fresh catalog built by the migrations on `backend` (one of CATALOG_BACKENDS)."""
+    if backend == "postgresql":
         return request.getfixturevalue("pg_url")
+    if backend == "pgbouncer":
+        return request.getfixturevalue("pgbouncer_url")
     from tiered.catalog.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'catalog.db'}"
     upgrade(url)
     return url
+
+
+@pytest.fixture(params=test_catalogs())
+def catalog_url(request, tmp_path) -> str:
+    """A fresh catalog built by the migrations, once on each backend of TIERED_TEST_CATALOGS."""
+    return fresh_catalog_url(request, request.param, tmp_path)

@@ -17,6 +17,8 @@ from tests.support.clock import ManualClock
 from tests.support.polling import eventually
 from tests.support.storage_helpers import FakeClock, plain_bundle, storage_config
 from tests.tiering.test_remote_compaction import exists
+from tests.tiering.tier_state import led_state
+from tiered.clock import SYSTEM_CLOCK
 from tiered import metrics as m
 from tiered.catalog import IllegalTransition, SegmentState, StaleEpoch
 from tiered.catalog import blocks as catalog_blocks
@@ -109,9 +111,9 @@ def epoch_now(cat) -> int:
 
 
 def copier(store, acat, epoch: int, metrics: Metrics | None = None) -> SegmentCopier:
-    return SegmentCopier(store, acat, metrics=metrics or Metrics(), epoch_of=lambda t, p: epoch,
-                         committed_up_to=lambda t, p: 1 << 62, on_copied=lambda job: None,
-                         on_fenced=lambda key, epoch, reason: None, grace=GRACE)
+    return SegmentCopier(store, acat, metrics=metrics or Metrics(),
+                         state=led_state({(TOPIC, 0): epoch}, committed_seq=1 << 62), on_copied=lambda job: None,
+                         fence=lambda key, epoch, reason: None, grace=GRACE, clock=SYSTEM_CLOCK)
 
 
 async def clean(store, acat, cat, at: datetime, will_copy=lambda base: False, **kwargs):
@@ -127,7 +129,7 @@ def states(cat) -> dict[int, str]:
 
 async def read_everything(store, acat) -> bytes:
     """The partition read from the bucket from seq 1 to its high-water mark, chunk after chunk, as a consumer would."""
-    reader = RemoteReader(store, acat, Metrics(), read_ahead=False)
+    reader = RemoteReader(store, acat, Metrics(), read_ahead=False, clock=SYSTEM_CLOCK)
     hwmark = (await acat.read(catalog_partitions.get_partition_states, TOPIC))[0].hwmark_seq
     out, seq = b"", 1
     while seq <= hwmark:
@@ -375,9 +377,9 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
     catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, first.base, epoch, older_than=minutes(11), now=minutes(11))
     clock = ManualClock(start_ms=minutes(11).timestamp() * 1000)
     metrics = Metrics()
-    tier = RemoteTier(s3_store, acat, Sink(), metrics=metrics, epoch_of=lambda t, p: epoch,
-                      committed_up_to=lambda t, p: 1 << 62, on_fenced=lambda key, epoch, reason: None, grace=GRACE,
-                      clock=clock)
+    tier = RemoteTier(s3_store, acat, Sink(), metrics=metrics, state=led_state({(TOPIC, 0): epoch},
+                                                                               committed_seq=1 << 62),
+                      fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
     tier.copier.enqueue(TOPIC, 0, first)
     copying = asyncio.ensure_future(tier.copier.run())
     try:
@@ -433,9 +435,9 @@ async def test_a_pass_with_remote_retention_looks_for_interrupted_deletions_once
     epoch = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
     counting = CountingCatalog(acat)
     clock = ManualClock(start_ms=minutes(1).timestamp() * 1000)
-    tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), epoch_of=lambda t, p: epoch,
-                      committed_up_to=lambda t, p: 1 << 62, on_fenced=lambda key, epoch, reason: None, grace=GRACE,
-                      clock=clock)
+    tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), state=led_state({(TOPIC, 0): epoch},
+                                                                                    committed_seq=1 << 62),
+                      fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
     config = TopicConfig(remote_retention_secs=10 * 365 * 86400)  # nothing expires
     for seg, meta, scan in ((first, metas[0], True), (second, metas[1], False)):
         catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, seg.base, epoch, older_than=minutes(1),

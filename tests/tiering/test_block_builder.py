@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from tests.tiering.tier_state import led_state
 from tiered.protocol.bundle import Message, encode_bundle, encode_record, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import AckOutcome
@@ -19,6 +20,7 @@ from tiered.tiering.block_format import (
     run_index_of,
 )
 from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.partition_state import TierState
 from tiered.tiering.run_reads import trim_chunk
 from tiered.storage.index import SparseIndex
 
@@ -29,14 +31,14 @@ def record(values, ts=1000, codec=0, seqs=None):
 
 
 def leading(*partitions, epoch=3, committed=0, **kwargs) -> BlockBuilder:
-    builder = BlockBuilder(**kwargs)
+    builder = BlockBuilder(led_state({tp: epoch for tp in partitions}, committed_seq=committed), **kwargs)
     for topic, partition in partitions:
-        builder.lead(topic, partition, epoch, committed)
+        builder.lead(topic, partition)
     return builder
 
 
 def test_nothing_pending_closes_nothing():
-    builder = BlockBuilder(max_bytes=1024, max_age_ms=250)
+    builder = BlockBuilder(TierState(), max_bytes=1024, max_age_ms=250)
     assert builder.due_ms() is None and not builder.should_close(10_000) and builder.close() is None
 
 
@@ -126,7 +128,8 @@ def test_release_drops_the_partition_and_refuses_its_acks():
     builder.add("t", 1, 1, 1, record([b"b"]), 1, now_ms=0, ack=other)
     builder.release("t", 0)
     assert mine.result() is AckOutcome.REFUSED and not other.done()
-    assert not builder.leads("t", 0) and builder.leads("t", 1)
+    with pytest.raises(NotLeading):  # released: its records are no longer taken, even while the state leads it
+        builder.add("t", 0, 2, 2, record([b"c"]), 1, now_ms=0)
     assert [(r.topic, r.partition) for r in builder.close().runs] == [("t", 1)]
     loop.close()
 
@@ -160,7 +163,7 @@ class Row:
 
 def test_range_cache_expires_and_evicts():
     now = [0.0]
-    cache = RangeCache(per_partition=2, ttl_s=10, clock=lambda: now[0])
+    cache = RangeCache(lambda: now[0], per_partition=2, ttl_s=10)
     cache.put(Row(1, 10))
     cache.put(Row(11, 20))
     assert cache.get("t", 0, 15).from_seq == 11 and cache.get("t", 0, 25) is None

@@ -5,16 +5,14 @@ whole, truncated, oversized and random input."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.forkserver import ForkServer
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows
 from tests.tiering.test_remote_compaction import (
     assert_bucket_holds_what_the_catalog_names,
@@ -126,7 +124,7 @@ async def test_a_pass_from_local_copies_writes_nothing_locally_and_at_most_1_2x_
     plog.close()
 
 
-CHILD = textwrap.dedent("""
+CHILD_IMPORTS = """
     import asyncio, os, signal, sys
     from pathlib import Path
     from tests.tiering.test_remote_compaction import compactor, open_log
@@ -134,6 +132,8 @@ CHILD = textwrap.dedent("""
     from tiered.catalog import Catalog
     from tiered.tiering.catalog_access import AsyncCatalog
     from tiered.tiering.s3_store import S3ObjectStore
+"""
+CHILD = textwrap.dedent(CHILD_IMPORTS) + textwrap.dedent("""
     url, endpoint, bucket, root, epoch, kill_at, history = sys.argv[1:8]
     seen = []
     def step(name):
@@ -160,19 +160,20 @@ CHILD = textwrap.dedent("""
 async def kill_9_at_every_step(catalog_url: str, s3_endpoint: str, s3_bucket: str, root, epoch: int, history: str,
                                check) -> list[str]:
     """Runs a pass from the bucket in a child process killed at its first step, then its second, and so on, until a
-    pass finishes; `check()` after each kill. Returns the steps the kills landed on."""
+    pass finishes; `check()` after each kill. Returns the steps the kills landed on. The children are forked from
+    one process that imported what they run (tests/support/forkserver.py): a real process and a real SIGKILL each,
+    without a second of start-up each."""
     steps = []
-    for kill_at in range(200):
-        proc = subprocess.run([sys.executable, "-c", CHILD, catalog_url, s3_endpoint, s3_bucket, str(root),
-                               str(epoch), str(kill_at), history], cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=120)
-        lines = proc.stdout.decode().splitlines()
-        if proc.returncode == 0:
-            assert lines[-1].startswith("done"), lines
-            return steps
-        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-        steps.append(lines[-1])
-        await check(lines[-1])
+    with ForkServer(CHILD_IMPORTS, cwd=REPO, env={"PYTHONPATH": str(REPO)}) as children:
+        for kill_at in range(200):
+            child = children.run(CHILD, [catalog_url, s3_endpoint, s3_bucket, root, epoch, kill_at, history])
+            lines = child.stdout.splitlines()
+            if child.returncode == 0:
+                assert lines[-1].startswith("done"), lines
+                return steps
+            assert child.returncode == -signal.SIGKILL, child.stderr
+            steps.append(lines[-1])
+            await check(lines[-1])
     pytest.fail(f"the pass never finished: {steps[-5:]}")
 
 

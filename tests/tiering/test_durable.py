@@ -23,6 +23,7 @@ from tiered.tiering.block_format import decode_block
 from tiered.tiering.store import open_store
 
 from tests.support.broker import local_settings
+from tests.support.polling import eventually
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ async def test_s3_errors_are_retried_and_every_ack_lands(durable, s3_faults, tmp
 
 
 async def test_a_store_that_goes_away_answers_not_confirmed_and_nothing_unacknowledged_is_visible(
-        durable, s3_faults, tmp_path):
+        durable, s3_faults, tmp_path, caplog):
     catalog_url = f"sqlite:///{tmp_path}/c.db"
     app = await durable(catalog_url)
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
@@ -149,6 +150,9 @@ async def test_a_store_that_goes_away_answers_not_confirmed_and_nothing_unacknow
         with pytest.raises(TankError) as caught:
             await c.produce("outage", 0, [b"during"])
         assert caught.value.code == ProduceStatus.ACK_TIMEOUT  # appended, not confirmed: it may still commit
+        # The broker's line names why: the store's error on the block's upload.
+        said = [r.getMessage() for r in caplog.records if "durable produces not confirmed within" in r.getMessage()]
+        assert said and ": PUT " in said[-1], said
         # Not committed, so not visible: a consumer sees only what the catalog holds.
         got = await c.consume("outage", 0, 1)
         assert [m.value for m in got.messages] == [b"before"] and got.hwmark == 1
@@ -265,10 +269,13 @@ async def test_local_ack_topics_answer_at_append_and_are_still_uploaded(durable,
         await c.create_topic("fast", 1, {"produce.ack": "local"})
         await c.produce("fast", 0, [b"a", b"b"])
         assert [m.value for m in (await c.consume("fast", 0, 1)).messages] == [b"a", b"b"]
-    for _ in range(50):
-        if app.tier.store.counters.puts >= 2:  # the topic object, then the block
-            break
-        await asyncio.sleep(0.05)
+    # Acknowledged at append, committed later: wait (bounded) for the catalog to name both seqs. Waiting for the
+    # block's PUT was not enough: the catalog commit comes after it.
+    def committed() -> bool:
+        with Catalog.open(catalog_url) as cat:
+            return all(catalog_blocks.find_run(cat, "fast", 0, seq) is not None for seq in (1, 2))
+
+    await eventually(committed, what="fast/0's block committed to the catalog")
     await _assert_durable(catalog_url, durable.bucket, "fast", 0, [b"a", b"b"])
     await _stop(app)
 

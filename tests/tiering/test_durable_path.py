@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.tiering.tier_state import led_state
+from tiered.tiering.partition_state import Role
 from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
@@ -76,12 +78,13 @@ async def durable_path(tmp_path, **policy):
     sink = RecordingSink()
     store = GatedStore(tmp_path / "objects")
     access = AsyncCatalog(catalog)
-    durable = DurablePath(store, access, 1, sink, metrics=Metrics(), max_bytes=1 << 20, max_age_ms=250,
+    state = led_state({("t", p): epoch for p, epoch in epochs.items()})
+    durable = DurablePath(store, access, 1, sink, state=state, metrics=Metrics(), max_bytes=1 << 20, max_age_ms=250,
                           grace=catalog_blocks.DEFAULT_DELETE_GRACE, clock=clock, **policy)
-    for p, epoch in epochs.items():
-        durable.lead("t", p, epoch, 0)
+    for p in epochs:
+        durable.lead("t", p)
     timer = asyncio.ensure_future(durable.block_timer())
-    yield SimpleNamespace(durable=durable, clock=clock, sink=sink, store=store, cat=catalog,
+    yield SimpleNamespace(durable=durable, state=state, clock=clock, sink=sink, store=store, cat=catalog,
                           pipeline=durable.pipeline, builder=durable.builder, metrics=durable.metrics)
     timer.cancel()
     for gate in store.gates:
@@ -154,7 +157,8 @@ async def test_a_refused_commit_fences_its_partition_and_commits_the_others(path
     assert await asyncio.wait_for(other, 5) is AckOutcome.COMMITTED
     assert mine.result() is AckOutcome.REFUSED  # never committed: the producer may send it to the new leader
     assert path.sink.fences == [("t", 0)] and path.sink.commits == [("t", 1, 1, 1)]
-    assert not path.durable.leads("t", 0) and path.durable.leads("t", 1)
+    assert path.state.of(("t", 0)).role is Role.FENCED and path.state.leads(("t", 1))
+    assert path.state.epoch_of(("t", 0)) is None  # fenced: nothing uploads or copies under its old epoch
     assert catalog_partitions.get_partition_states(path.cat, "t")[0].hwmark_seq == 0
 
 

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from tiered.client import Client
+from tiered.clock import SYSTEM_CLOCK
 from tiered.protocol.bundle import Message
 from tiered.tiering.hot_path import LEAD_S, HotPathGate
 from tiered.tiering.local_store import LocalObjectStore
@@ -18,27 +19,34 @@ from tests.tiering.test_remote_streams import Raw, _fill, _from_the_bucket_only
 
 
 class FakeClock:
-    """A monotonic clock moved by hand, and by each look at it during a pause (so pauses end without real time)."""
+    """A monotonic clock moved by hand, and by each look at it during a pause (so pauses end without real time); its
+    sleep only lets the other tasks run."""
 
     def __init__(self, step: float = 0.0):
         self.now = 100.0
         self.step = step
 
-    def __call__(self) -> float:
+    def now_ms(self) -> float:
+        return self.now * 1000.0
+
+    def monotonic(self) -> float:
         self.now += self.step
         return self.now
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+
 
 async def test_a_quiet_hot_path_never_holds_a_read():
-    gate = HotPathGate(0.2, FakeClock())
+    gate = HotPathGate(0.2, clock=FakeClock())
     await asyncio.wait_for(gate.turn(), 5)
-    gate.due_in_s = lambda: LEAD_S * 4  # a block is open but not due soon
+    gate = HotPathGate(0.2, due_in_s=lambda: LEAD_S * 4, clock=FakeClock())  # a block is open but not due soon
     await asyncio.wait_for(gate.turn(), 5)
     assert gate.paused_s == 0
 
 
 async def test_a_read_waits_while_a_block_is_in_flight_and_goes_on_once_it_left():
-    gate = HotPathGate(60.0)
+    gate = HotPathGate(60.0, clock=SYSTEM_CLOCK)
     gate.enter()
     waiting = asyncio.ensure_future(gate.turn())
     for _ in range(20):
@@ -51,8 +59,7 @@ async def test_a_read_waits_while_a_block_is_in_flight_and_goes_on_once_it_left(
 
 async def test_a_read_waits_while_a_block_is_about_to_close():
     due = [LEAD_S / 2]
-    gate = HotPathGate(60.0)
-    gate.due_in_s = lambda: due[0]
+    gate = HotPathGate(60.0, due_in_s=lambda: due[0], clock=SYSTEM_CLOCK)
     waiting = asyncio.ensure_future(gate.turn())
     for _ in range(20):
         await asyncio.sleep(0.01)
@@ -63,7 +70,7 @@ async def test_a_read_waits_while_a_block_is_about_to_close():
 
 async def test_a_pause_is_bounded_and_then_reads_get_as_long_again():
     clock = FakeClock(step=0.01)
-    gate = HotPathGate(0.2, clock)
+    gate = HotPathGate(0.2, clock=clock)
     gate.enter()  # and never leaves: a produce load that keeps blocks in flight
     await asyncio.wait_for(gate.turn(), 5)
     paused = gate.paused_s
@@ -78,7 +85,7 @@ async def test_a_pause_is_bounded_and_then_reads_get_as_long_again():
 
 
 async def test_yielding_off_never_pauses():
-    gate = HotPathGate(0.0)
+    gate = HotPathGate(0.0, clock=SYSTEM_CLOCK)
     gate.enter()
     await asyncio.wait_for(gate.turn(), 5)
     assert gate.paused_s == 0
@@ -86,7 +93,7 @@ async def test_yielding_off_never_pauses():
     gate.leave()  # more leaves than enters stay at zero
     assert gate.busy == 0 and not gate.hot()
     with pytest.raises(ValueError):
-        HotPathGate(-1)
+        HotPathGate(-1, clock=SYSTEM_CLOCK)
 
 
 async def test_a_store_without_streaming_paces_once(tmp_path):

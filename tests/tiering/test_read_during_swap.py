@@ -1,7 +1,7 @@
-"""A remote read looks a seq up in two queries, the remote segment then the block run: a remote compaction that
-replaces the run by a segment between them leaves neither answering. The reader looks again (the swap is one
-transaction), so the consumer gets the seq, never "no location holds seq" (0xfb). Against moto's S3 and SQLite, the
-swap a real one, run at that point of the read."""
+"""A remote read looks a seq up in one transaction (tiered.catalog.locate: the remote segment or the block run), so
+a remote compaction that replaces the run by a segment commits either before the lookup (the segment answers) or
+after it (the run answers, its object kept for the grace period): the consumer gets the seq, never "no location holds
+seq" (0xfb). Against moto's S3 and SQLite, the swap a real one, run right after the lookup."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from tests.support.compaction import rows
 from tests.tiering.test_rebuild import brokers  # noqa: F401 (a fixture)
 from tests.tiering.test_remote_compaction import chunk_bytes, decode_segment
 from tests.tiering.test_rebuild_compacted import COMPACTED
+from tiered.clock import SYSTEM_CLOCK
 from tiered.catalog import Catalog
-from tiered.catalog import segments as catalog_segments
+from tiered.catalog.locate import InRun, locate
 from tiered.catalog.blocks import RunLocation, runs_for_range
 from tiered.catalog.compaction import readable_segments
 from tiered.client import Client
@@ -30,7 +31,7 @@ def run_for(cat: Catalog, seq: int) -> RunLocation | None:
     return next((r for r in runs_for_range(cat, "compacted", 0, seq, 1) if r.from_seq <= seq <= r.last_seq), None)
 
 
-async def test_a_run_swapped_for_a_segment_between_the_two_lookups_is_read(brokers, tmp_path):  # noqa: F811
+async def test_a_run_swapped_for_a_segment_right_after_the_lookup_is_read(brokers, tmp_path):  # noqa: F811
     url = f"sqlite:///{tmp_path}/catalog.db"
     rng = random.Random(5)
     produced: list[Message] = []
@@ -51,19 +52,19 @@ async def test_a_run_swapped_for_a_segment_between_the_two_lookups_is_read(broke
         seq = log.segments[-1].last  # in the last sealed segment's runs, which the bucket's pass replaces
         assert readable_segments(cat, "compacted", 0) == [] and run_for(cat, seq)
 
-        reader = RemoteReader(store, acat, Metrics())
+        reader = RemoteReader(store, acat, Metrics(), clock=SYSTEM_CLOCK)
         query = reader._query
         swapped = []
 
-        async def swap_after_the_segment_lookup(fn, *args):
+        async def swap_after_the_lookup(fn, *args):
             got = await query(fn, *args)
-            if fn is catalog_segments.find_remote_segment and not swapped:
-                assert got is None or not got.holds(seq)  # the run answers, as the read was planned
+            if fn is locate and not swapped:
+                assert isinstance(got, InRun)  # the run answers, as the read was planned
                 report = await app.tier.compact_remote("compacted", 0, log)
                 swapped.append(report)
             return got
 
-        reader._query = swap_after_the_segment_lookup  # type: ignore[method-assign]
+        reader._query = swap_after_the_lookup  # type: ignore[method-assign]
         chunk = await reader.fetch("compacted", 0, seq, 100_000)
         assert swapped and swapped[0].groups and swapped[0].runs_before
         assert run_for(cat, seq) is None  # the run is gone: the segment answers

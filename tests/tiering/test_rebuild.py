@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from tiered.clock import SYSTEM_CLOCK
 from tiered.catalog import Catalog, SegmentState
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
@@ -329,7 +330,7 @@ async def test_a_bucket_of_version_2_and_version_3_blocks_rebuilds_and_reads_bac
         report = await rebuild_catalog(s3_store, cat)
         assert report.blocks == 4 and report.runs == 8 and report.damaged == [] and report.blocks_abandoned == 0
         assert check_catalog(cat).ok, check_catalog(cat).problems
-        reader = RemoteReader(s3_store, acat, Metrics())
+        reader = RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK)
         for (topic, partition), runs in written.items():
             assert catalog_partitions.get_partition_states(cat, topic)[partition].hwmark_seq == runs[-1][1]
             for first, last, records in runs:

@@ -13,6 +13,7 @@ import time
 from tests.support.compaction import Model, rows
 from tests.tiering.test_rebuild import brokers, snapshot  # noqa: F401 (a fixture)
 from tests.tiering.test_remote_compaction import read_through
+from tiered.clock import SYSTEM_CLOCK
 from tiered.catalog import Catalog
 from tiered.catalog.check import check_catalog
 from tiered.catalog.compaction import readable_segments
@@ -51,7 +52,7 @@ async def bucket_history(store, url: str, topic: str, last: int) -> list[Message
     cat = Catalog.open(url)
     acat = AsyncCatalog(cat)
     try:
-        return await read_through(RemoteReader(store, acat, Metrics()), topic, 1, last)
+        return await read_through(RemoteReader(store, acat, Metrics(), clock=SYSTEM_CLOCK), topic, 1, last)
     finally:
         acat.shutdown()
         cat.close()

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tiered.catalog import blocks as catalog_blocks
-from tiered.catalog import brokers as catalog_brokers
+from tiered.catalog import cluster as catalog_cluster
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog import topics as catalog_topics
@@ -129,11 +129,19 @@ async def test_the_sweeper_honours_delete_after(s3_store, cat, acat):
 
 async def test_stale_pending_blocks_are_abandoned_only_when_their_broker_cannot_commit(s3_store, cat, acat):
     now = T0 + timedelta(minutes=55)
-    catalog_brokers.register_broker(cat, 1, "alive:1", now=T0 - timedelta(hours=1))
-    catalog_brokers.heartbeat(cat, 1, now=now - timedelta(seconds=5))
-    catalog_brokers.register_broker(cat, 2, "restarted:1", now=T0 + timedelta(minutes=30))
-    catalog_brokers.register_broker(cat, 4, "silent:1", now=T0 - timedelta(hours=1))
-    catalog_brokers.heartbeat(cat, 4, now=T0 + timedelta(minutes=10))
+
+    def register(broker_id: int, address: str, at: datetime) -> None:
+        # Lease 0: liveness here is the heartbeat time; on SQLite another id's live lease would refuse the next one.
+        catalog_cluster.register(cat, broker_id, address, address, "", 0, now=at)
+
+    def renew(broker_id: int, address: str, at: datetime) -> None:
+        assert catalog_cluster.renew(cat, broker_id, address, 0, now=at)
+
+    register(1, "alive:1", T0 - timedelta(hours=1))
+    renew(1, "alive:1", now - timedelta(seconds=5))
+    register(2, "restarted:1", T0 + timedelta(minutes=30))
+    register(4, "silent:1", T0 - timedelta(hours=1))
+    renew(4, "silent:1", T0 + timedelta(minutes=10))
 
     def pending(broker_id: int, created: datetime) -> tuple[int, str]:
         object_key = _block_key(broker_id)

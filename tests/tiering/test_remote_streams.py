@@ -143,7 +143,9 @@ async def test_a_replay_is_read_ahead_and_gets_little_more_than_it_answers(tiere
     # Once the second fetch shows the consumer reads in order, every fetch is served by the GET started ahead of it
     # (at a segment's end, from the next segment).
     assert counters["tiered_remote_read_ahead_hits_total"] >= fetches - 2
-    assert counters["tiered_remote_catalog_queries_total"] <= segments
+    # One lookup per segment, and one by the read-ahead past the last one (it finds the run the consumer would read
+    # next, and remembers it): the reader asks the catalog where a seq is, not what it believes was copied.
+    assert counters["tiered_remote_catalog_queries_total"] <= segments + 1
     read = store.get_bytes - get_bytes
     assert read / (counters["tiered_remote_bytes_total"] - answered) <= 1.25
 

@@ -19,6 +19,7 @@ from tests.tiering.test_bucket_compaction import kill_9_at_every_step
 from tests.tiering.test_remote_compaction import (
     assert_bucket_holds_what_the_catalog_names,
     crash_at_every_step,
+    every_step_on,
     BROKER,
     CONFIG,
     GRACE,
@@ -177,8 +178,12 @@ async def test_runs_are_replaced_by_compacted_segments_and_shared_blocks_stay(s3
     p1.close()
 
 
+# Every step on SQLite, a sample on PostgreSQL (the kill -9 of a real process at every step of this pass runs on
+# PostgreSQL below).
 @pytest.mark.parametrize("source", ["local", "bucket"])
-async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_store, cat, acat, tmp_path, source):
+async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_store, catalog_url, cat, acat, tmp_path,
+                                                                         source):
+    sample = every_step_on(catalog_url, "sqlite", seed=23)
     p0, p1 = logs(tmp_path, seed=23)
     history = RunHistory(s3_store, cat, p0, p1)
     await history.commit_new()
@@ -194,7 +199,8 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
     steps: list[str] = []
     async for step in crash_at_every_step(
         lambda crash: compactor(s3_store, acat, tmp_path).compact("t", 0, leader, history.epoch, force=True,
-                                                                   on_step=crash)
+                                                                   on_step=crash),
+        sample,
     ):
         steps.append(step)
         history.check()
@@ -202,7 +208,9 @@ async def test_a_crash_at_every_step_leaves_the_runs_or_the_new_segments(s3_stor
         assert all(original[m.seq] == (m.key, m.value) for m in got)
         assert kept <= {m.seq for m in got}
         await history.partition_1_untouched()
-    assert {s.split()[0] for s in steps} == {"upload", "swap"} | ({"write"} if source == "bucket" else set())
+    kinds = {"upload", "swap"} | ({"write"} if source == "bucket" else set())
+    crashed = {s.split()[0] for s in steps}
+    assert (crashed == kinds) if sample is None else (steps and crashed <= kinds), steps
     assert rows(await history.messages()) == rows(expected)
     history.check()
     await assert_bucket_holds_what_the_catalog_names(s3_store, acat, cat, "t", 0)

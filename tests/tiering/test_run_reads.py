@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from tiered.clock import SYSTEM_CLOCK
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.blocks import find_run
 from tiered.catalog.models import BlockModel
@@ -121,7 +122,7 @@ async def test_every_kind_of_seq_reads_as_the_local_segment_answers(history, s3_
             seqs |= {last + 1, next_first - 1}  # in a jump: the next bundle answers
     for _ in range(30):
         seqs.add(rng.randint(run.first_seq, run.last_seq))  # between entries
-    reader = RemoteReader(s3_store, acat, Metrics())
+    reader = RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK)
     checked = 0
     for seq in sorted(s for s in seqs if run.from_seq <= s <= run.last_seq):
         for fetch_size in (1, 3000, 100_000, MiB):
@@ -138,7 +139,7 @@ async def test_a_one_mib_fetch_from_a_big_run_gets_at_most_1_25_bytes_per_byte_a
     fill(history, rng, 6 * MiB)
     run = history.commit_run()
     assert run.last_seq - run.first_seq > 1000
-    reader = RemoteReader(s3_store, acat, Metrics())
+    reader = RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK)
     worst = 0.0
     answered_total = got_total = 0
     for i in range(12):
@@ -165,7 +166,7 @@ async def test_a_version_2_block_is_read_whole_once(history, s3_store, s3_admin,
     s3_admin.put_object(Bucket=s3_bucket, Key=f"store/{key}", Body=v2)
     with history.cat.write() as conn:
         conn.execute(update(BlockModel).where(BlockModel.object_key == key).values(size_bytes=len(v2)))
-    reader = RemoteReader(s3_store, acat, Metrics())
+    reader = RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK)
     records = history.log.read_records(run.first_seq, run.last_seq)
     gets = s3_store.counters.gets
     for seq in (run.first_seq, (run.first_seq + run.last_seq) // 2, run.last_seq):
@@ -231,7 +232,7 @@ async def test_small_fetches_in_order_get_each_page_once(history, s3_store, acat
     rng = random.Random(18)
     fill(history, rng, MiB, sparse_every=40)
     run = history.commit_run()
-    reader = RemoteReader(s3_store, acat, Metrics())
+    reader = RemoteReader(s3_store, acat, Metrics(), clock=SYSTEM_CLOCK)
     before = s3_store.counters.get_bytes
     seq, fetches = run.from_seq, 0
     while seq <= run.last_seq:

@@ -5,7 +5,7 @@ Every function takes a `Catalog` first and is one transaction; SQL lives only in
 restores from the bucket; `migrate` runs the Alembic migrations in migrations/.
 
     from tiered.catalog import Catalog, blocks
-    cat = Catalog.open("postgresql://tiered@db/tiered")
+    cat = Catalog.open("postgresql+psycopg://tiered@db/tiered")
     block_id = blocks.insert_pending_block(cat, object_key, broker_id, size_bytes)
 """
 
@@ -18,7 +18,6 @@ from tiered.catalog.errors import (
     StaleEpoch,
     TopicExists,
     UnknownBlock,
-    UnknownBroker,
     UnknownPartition,
     UnknownSegment,
     UnknownTopic,
@@ -36,7 +35,6 @@ __all__ = [
     "StaleEpoch",
     "TopicExists",
     "UnknownBlock",
-    "UnknownBroker",
     "UnknownPartition",
     "UnknownSegment",
     "UnknownTopic",

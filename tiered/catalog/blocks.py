@@ -24,7 +24,7 @@ from sqlalchemy import Connection, bindparam, delete, exists, insert, select, tu
 from sqlalchemy.exc import IntegrityError
 
 from tiered.catalog.arrays import RowSource, statement
-from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.engine import Catalog, inline_limit, utcnow
 from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock
 from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
 from tiered.catalog.partitions import lock_partitions
@@ -292,7 +292,7 @@ def _locations(topic: str, partition: int, from_seq: int, limit: int):
             BlockRunModel.last_seq >= from_seq,
         )
         .order_by(BlockRunModel.last_seq)
-        .limit(limit)
+        .limit(inline_limit(limit))
     )
 
 

@@ -1,15 +1,14 @@
-"""Brokers: who is running, where, and when it was last heard from."""
+"""Brokers: who is running, where, and when it was last heard from (what the reconciler reads). Brokers register and
+renew their leases through tiered.catalog.cluster, the only writer of these rows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import select
 
-from tiered.catalog.engine import Catalog, utcnow
-from tiered.catalog.errors import UnknownBroker
+from tiered.catalog.engine import Catalog
 from tiered.catalog.models import BrokerModel
 
 
@@ -19,25 +18,6 @@ class BrokerRow:
     address: str
     started_at: datetime
     heartbeat_at: datetime
-
-
-def register_broker(cat: Catalog, broker_id: int, address: str, *, now: datetime | None = None) -> BrokerRow:
-    """Records a broker (re)starting at `address`: inserts its row, or replaces address and times."""
-    row = BrokerRow(broker_id, address, utcnow(now), utcnow(now))
-    dialect_insert = postgresql.insert if cat.backend == "postgresql" else sqlite.insert
-    values = {"address": address, "started_at": row.started_at, "heartbeat_at": row.heartbeat_at}
-    statement = dialect_insert(BrokerModel).values(broker_id=broker_id, **values)
-    with cat.write() as conn:
-        conn.execute(statement.on_conflict_do_update(index_elements=[BrokerModel.broker_id], set_=values))
-    return row
-
-
-def heartbeat(cat: Catalog, broker_id: int, *, now: datetime | None = None) -> None:
-    """Marks the broker alive at `now`. Raises UnknownBroker if it never registered."""
-    with cat.write() as conn:
-        done = conn.execute(update(BrokerModel).where(BrokerModel.broker_id == broker_id).values(heartbeat_at=utcnow(now)))
-        if done.rowcount == 0:
-            raise UnknownBroker(broker_id)
 
 
 def list_brokers(cat: Catalog) -> list[BrokerRow]:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -26,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import CatalogError
-from tiered.catalog.models import BrokerModel, PartitionModel
+from tiered.catalog.models import BrokerModel, ClusterChangeModel, PartitionModel
 
 
 class SingleBrokerCatalog(CatalogError):
@@ -136,6 +135,42 @@ def members(cat: Catalog) -> list[Member]:
             for r in rows]
 
 
+@dataclass(frozen=True, slots=True)
+class Look:
+    """One tick's look at the catalog: the members, and the change counter (migration 0006; None: no row)."""
+
+    members: tuple[Member, ...]
+    changes: int | None
+
+
+def look(cat: Catalog) -> Look:
+    """The members and the change counter, in one small statement: what a broker reads every tick. The assignments
+    are re-read only when the counter moved or the members changed (tiered.tiering.coordinator)."""
+    changes = select(ClusterChangeModel.version).where(ClusterChangeModel.id == 1).scalar_subquery()
+    with cat.read() as conn:
+        rows = conn.execute(
+            select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
+                   (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at,
+                   changes.label("changes"))
+            .order_by(BrokerModel.broker_id)
+        ).all()
+        if not rows:
+            return Look((), conn.execute(select(changes)).scalar())
+    return Look(tuple(Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live),
+                             r.lease_expires_at) for r in rows), rows[0].changes)
+
+
+def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:
+    """One partition's assignment and committed bounds (a follower asked for what its read needs)."""
+    query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
+                   PartitionModel.leader_epoch, PartitionModel.hwmark_seq, PartitionModel.first_available_seq,
+                   PartitionModel.handover_to).where(PartitionModel.topic == topic,
+                                                     PartitionModel.partition == partition)
+    with cat.read() as conn:
+        row = conn.execute(query).first()
+    return Assignment(*row) if row is not None else None
+
+
 def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:
     """Every partition's assigned leader and epoch, with its committed bounds, in (topic, partition) order."""
     query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
@@ -165,46 +200,6 @@ def assign(cat: Catalog, topic: str, leaders: Mapping[int, int | None], *,
             if moved.rowcount:
                 done.append(partition)
     return done
-
-
-def spread(partitions: Sequence[tuple[str, int]], live: Iterable[int],
-           load: Mapping[int, int]) -> dict[tuple[str, int], int]:
-    """Which live broker takes each partition: fewest leaderships first (then the lowest id), one at a time, so a
-    batch lands evenly. Pure: every broker computes the same answer from the same view."""
-    brokers = sorted(set(live))
-    if not brokers:
-        return {}
-    counts = {b: load.get(b, 0) for b in brokers}
-    out: dict[tuple[str, int], int] = {}
-    for key in sorted(partitions):
-        chosen = min(brokers, key=lambda b: (counts[b], b))
-        out[key] = chosen
-        counts[chosen] += 1
-    return out
-
-
-def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> dict[tuple[str, int], int]:
-    """Which partitions to move, and where, so that every live broker leads as many as the others, give or take
-    one: one partition at a time from the broker leading the most to the one leading the fewest (ties: the lowest
-    id), each taken from the topic the receiver leads least of, so topics spread too. Pure."""
-    brokers = sorted(set(live))
-    if len(brokers) < 2:
-        return {}
-    held: dict[int, list[tuple[str, int]]] = {b: [] for b in brokers}
-    for a in assignments:
-        if a.leader_broker in held:
-            held[a.leader_broker].append((a.topic, a.partition))
-    moves: dict[tuple[str, int], int] = {}
-    while True:
-        most = max(brokers, key=lambda b: (len(held[b]), -b))
-        fewest = min(brokers, key=lambda b: (len(held[b]), b))
-        if len(held[most]) - len(held[fewest]) <= 1:
-            return moves
-        topics_of_fewest = Counter(topic for topic, _ in held[fewest])
-        key = min(held[most], key=lambda k: (topics_of_fewest[k[0]], k[0], -k[1]))
-        held[most].remove(key)
-        held[fewest].append(key)
-        moves[key] = fewest
 
 
 def request_handover(cat: Catalog, topic: str, partition: int, to_broker: int) -> bool:

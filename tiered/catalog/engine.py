@@ -8,6 +8,14 @@ be shared by threads.
 URLs: `sqlite:///path` (the embedded single-node default: WAL, busy timeout, foreign keys, full sync) or
 `postgresql+psycopg://user@host/db` (`postgresql://` and `postgres://` are read as psycopg 3). Passwords are
 masked wherever a URL is shown (`mask_url`, `repr`).
+
+Pooled: `?pooled=true` on a PostgreSQL URL says a pooler in transaction mode (PgBouncer's `pool_mode =
+transaction`) stands between the catalog and PostgreSQL, so that consecutive transactions may run on different
+server sessions. Nothing may then outlive a transaction: psycopg prepares no statement on the server
+(prepare_threshold=None), the timeouts are set per transaction (SET LOCAL, through set_config) instead of as
+connection options, and reads run in a transaction rather than in autocommit (a SET LOCAL needs one). The catalog
+uses nothing else that is session-scoped: no LISTEN, no session advisory lock (migrations take a transaction's
+one), no temporary table. docs/scale.md, "Connection pooling", has the pool sizes.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy import Connection, Engine, create_engine, event, exc, literal_column
 from sqlalchemy.engine import URL, make_url
 
 from tiered.catalog.errors import CatalogUnavailable
@@ -31,14 +39,32 @@ STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
 
 
+POOLED = "pooled"  # the URL query parameter that says a transaction-mode pooler is in between
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
 def normalize_url(url: str | URL) -> URL:
     """The URL as SQLAlchemy should open it: PostgreSQL always through psycopg 3."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername not in ("postgresql+psycopg", "sqlite", "sqlite+pysqlite"):
-        raise ValueError(f"unsupported catalog URL {mask_url(parsed)}: use sqlite:///path or postgresql://...")
+        raise ValueError(f"unsupported catalog URL {mask_url(parsed)}: use sqlite:///path or postgresql+psycopg://user@host/db")
     return parsed
+
+
+def split_pooled(url: URL) -> tuple[URL, bool]:
+    """The URL without its `pooled` parameter (the driver would refuse it), and whether it said true."""
+    if POOLED not in url.query:
+        return url, False
+    value = url.query[POOLED]
+    text = (value[-1] if isinstance(value, tuple) else value).lower()
+    if text not in _TRUE + _FALSE:
+        raise ValueError(f"bad {POOLED}={text!r} in catalog URL {mask_url(url)}: use {POOLED}=true or {POOLED}=false")
+    if url.get_backend_name() != "postgresql":
+        raise ValueError(f"{POOLED}= is for PostgreSQL catalog URLs, not {mask_url(url)}")
+    return url.difference_update_query([POOLED]), text in _TRUE
 
 
 def mask_url(url: str | URL) -> str:
@@ -72,18 +98,37 @@ def make_engine(
     `lock_timeout_ms` bounds every wait for a lock (SQLite's busy timeout, PostgreSQL's lock_timeout): a call
     stuck behind another transaction fails with CatalogUnavailable instead of hanging. None waits forever.
     """
-    parsed = normalize_url(url)
+    parsed, pooled = split_pooled(normalize_url(url))
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, lock_timeout_ms)
     connect_args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    if "options" not in parsed.query:
-        options = [f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"]
-        if lock_timeout_ms is not None:
-            options.append(f"-c lock_timeout={int(lock_timeout_ms)}")
-        connect_args["options"] = " ".join(options)
-    return create_engine(
-        parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow, connect_args=connect_args
+    timeouts = {"statement_timeout": STATEMENT_TIMEOUT_MS}
+    if lock_timeout_ms is not None:
+        timeouts["lock_timeout"] = int(lock_timeout_ms)
+    if pooled:
+        # The next transaction may run on another server session: a prepared statement would be missing there.
+        connect_args["prepare_threshold"] = None
+    elif "options" not in parsed.query:
+        connect_args["options"] = " ".join(f"-c {name}={value}" for name, value in timeouts.items())
+    engine = create_engine(
+        parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow, connect_args=connect_args,
+        execution_options={"tiered_pooled": pooled},  # read by Catalog
     )
+    if pooled:
+        # One statement at the start of every transaction, on the driver connection (so the statement counter
+        # counts the same statements as unpooled); set_config(..., true) is SET LOCAL: it ends with the transaction.
+        settings = ", ".join(f"set_config('{name}', '{value}', true)" for name, value in timeouts.items())
+
+        import psycopg
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            try:
+                conn.connection.driver_connection.execute(f"SELECT {settings}")
+            except psycopg.OperationalError as error:  # not wrapped by SQLAlchemy: sent on the driver connection
+                raise CatalogUnavailable(str(error).strip() or type(error).__name__) from error
+
+    return engine
 
 
 def _sqlite_engine(url: URL, lock_timeout_ms: int | None) -> Engine:
@@ -148,6 +193,15 @@ def translate_errors() -> Iterator[None]:
         raise
 
 
+def inline_limit(n: int):
+    """A LIMIT written into the statement's text instead of sent as a parameter (SQLAlchemy's default). PostgreSQL
+    plans a prepared statement (psycopg prepares after 5 executions) for an unknown LIMIT as if it returned a tenth
+    of the rows, which makes the generic plan look dearer than the custom plans for LIMIT 1: it then plans every
+    execution anew. With the number in the text the generic plan is kept, and planning happens once per session.
+    One statement text per distinct limit: callers use a few."""
+    return literal_column(str(int(n)))
+
+
 def utcnow(now: datetime | None = None) -> datetime:
     """`now` if given (tests pass a fake clock), else the current UTC time."""
     return now if now is not None else datetime.now(timezone.utc)
@@ -159,6 +213,8 @@ class Catalog:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.backend = engine.dialect.name  # "postgresql" or "sqlite"
+        # Behind a transaction-mode pooler (see the module docstring): reads are transactions too.
+        self.pooled = bool(engine.get_execution_options().get("tiered_pooled"))
         self._statements = 0
         self._lock = threading.Lock()
         event.listen(engine, "before_cursor_execute", self._count)
@@ -229,9 +285,13 @@ class Catalog:
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only connection. On PostgreSQL in autocommit mode (each statement is its own snapshot, and there
-        is no BEGIN/ROLLBACK round trip); on SQLite one deferred transaction (a snapshot of the WAL)."""
+        is no BEGIN/ROLLBACK round trip), or one read-only transaction when pooled (its timeouts are SET LOCAL); on
+        SQLite one deferred transaction (a snapshot of the WAL)."""
         with translate_errors(), self.engine.connect() as conn:
             if self.backend == "postgresql":
-                conn.execution_options(isolation_level="AUTOCOMMIT")
+                if self.pooled:
+                    conn.execution_options(postgresql_readonly=True)
+                else:
+                    conn.execution_options(isolation_level="AUTOCOMMIT")
             with conn.begin():
                 yield conn

@@ -32,12 +32,6 @@ class UnknownPartition(NotFound):
         self.partition = partition
 
 
-class UnknownBroker(NotFound):
-    def __init__(self, broker_id: int):
-        super().__init__(f"unknown broker {broker_id}")
-        self.broker_id = broker_id
-
-
 class UnknownBlock(NotFound):
     def __init__(self, block_id: int):
         super().__init__(f"unknown block {block_id}")

@@ -154,6 +154,18 @@ class BrokerModel(Base):
     process: Mapped[str] = mapped_column(Text, server_default="")  # "host:pid" of the process holding the lease
 
 
+class ClusterChangeModel(Base):
+    """One row (id 1): a counter the catalog's triggers bump whenever what the coordinators read changes: a
+    partition created or deleted, its assigned leader, epoch or handover, its first available seq moved by retention,
+    a topic created, deleted or reconfigured (migration 0006). A broker re-reads the assignments only when it moved
+    (tiered.tiering.coordinator); committed high-water marks do not bump it."""
+
+    __tablename__ = "cluster_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
 class BlockModel(Base):
     """One multi-partition object in the bucket. The row exists before the object does (the intent row)."""
 

@@ -178,6 +178,16 @@ def get_partition_states(cat: Catalog, topic: str | None = None) -> list[Partiti
         return [PartitionState(*r) for r in conn.execute(query)]
 
 
+def get_partition_state(cat: Catalog, topic: str, partition: int) -> PartitionState | None:
+    """One partition, by its primary key (None if it does not exist): for a caller that wants one partition of a
+    topic, so that its cost does not grow with the topic's partitions."""
+    with cat.read() as conn:
+        row = conn.execute(
+            select(*_COLUMNS).where(PartitionModel.topic == topic, PartitionModel.partition == partition)
+        ).first()
+    return PartitionState(*row) if row else None
+
+
 def set_first_available(cat: Catalog, topic: str, partition: int, seq: int) -> int:
     """Raises the partition's first available seq to `seq` (retention moves it forward, never back).
 

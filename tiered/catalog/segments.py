@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, and_, func, insert, literal_column, select, update
 
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
-from tiered.catalog.engine import Catalog, utcnow
+from tiered.catalog.engine import Catalog, inline_limit, utcnow
 from tiered.catalog.errors import IllegalTransition, StaleEpoch, UnknownSegment
 from tiered.catalog.models import BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import PartitionState, lock_partitions
@@ -250,7 +250,7 @@ def readable_segments_from(cat: Catalog, topic: str, partition: int, seq: int, l
             .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.last_seq >= seq)
             .where(_READABLE)
             .order_by(SegmentModel.last_seq)
-            .limit(limit)
+            .limit(inline_limit(limit))
         )
         return [SegmentRow(*r) for r in rows]
 
@@ -272,7 +272,7 @@ def list_segments(
         select(*_COLUMNS)
         .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.base_seq > after_base_seq)
         .order_by(SegmentModel.base_seq)
-        .limit(limit)
+        .limit(inline_limit(limit))
     )
     if states is not None:
         if not states:
@@ -306,7 +306,7 @@ def segments_for_remote_retention(
         .where(SegmentModel.topic == topic, SegmentModel.partition == partition)
         .where(_READABLE)
         .order_by(SegmentModel.last_seq)
-        .limit(limit)
+        .limit(inline_limit(limit))
     )
     with cat.read() as conn:
         rows = conn.execute(query).all()

@@ -19,7 +19,8 @@ import argparse
 import asyncio
 import sys
 
-from tiered.cli.common import Progress
+from tiered.cli.catalogs import describe_error, locate, open_existing
+from tiered.cli.common import CommandError, Progress, UsageError
 from tiered.config import SettingsError, load_settings, mask_url
 
 
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     text = "reconstruct the catalog from the object store alone (brokers stopped)"
     rebuild = commands.add_parser("rebuild", help=text, description=text)
     rebuild.add_argument("--catalog", dest="catalog_url", metavar="URL",
-                         help="catalog to fill: sqlite:///path or postgresql://user@host/db")
+                         help="catalog to fill: sqlite:///path or postgresql+psycopg://user@host/db")
     rebuild.add_argument("--store", dest="store_url", metavar="URL",
                          help="object store: s3://bucket/prefix or file:///dir")
     rebuild.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
@@ -46,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     text = "check that every acknowledged seq has exactly one location in the catalog"
     check = commands.add_parser("check", help=text, description=text)
     check.add_argument("--catalog", dest="catalog_url", metavar="URL",
-                       help="catalog to check: sqlite:///path or postgresql://user@host/db")
+                       help="catalog to check: sqlite:///path or postgresql+psycopg://user@host/db")
     check.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
     check.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog)")
     check.add_argument("-t", "--topic", help="only this topic")
@@ -99,18 +100,20 @@ async def _rebuild(settings, args: argparse.Namespace):
 def cmd_check(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from tiered.catalog import Catalog, CatalogError
+    from tiered.catalog import CatalogError
     from tiered.catalog.check import check_catalog
 
-    catalog_url = None
+    location = None
     try:
-        settings = load_settings(args)
-        catalog_url = settings.effective_catalog_url
-        with Catalog.open(catalog_url) as catalog:
+        location = locate(args)
+        with open_existing(location) as catalog:
             report = check_catalog(catalog, args.topic)
-    except (SettingsError, CatalogError, SQLAlchemyError, ValueError, OSError) as error:
-        where = f" {mask_url(catalog_url)}" if catalog_url else ""
-        print(f"tiered catalog check:{where}: {error}", file=sys.stderr)
+    except CommandError as error:
+        print(f"tiered catalog check: {error}", file=sys.stderr)
+        return 2 if isinstance(error, UsageError) else 1
+    except (CatalogError, SQLAlchemyError, ValueError, OSError) as error:
+        where = f" {location.describe()}:" if location else ""
+        print(f"tiered catalog check:{where} {describe_error(error)}", file=sys.stderr)
         return 1
     for problem in report.problems:
         print(problem)

@@ -19,8 +19,9 @@ import sys
 from collections import Counter
 from datetime import datetime, timezone
 
-from tiered.cli.common import print_table
-from tiered.config import SettingsError, load_settings
+from tiered.cli.catalogs import describe_error, open_catalog
+from tiered.cli.common import CommandError, print_table
+from tiered.config import SettingsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,9 +48,7 @@ def _catalog_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace):
-    from tiered.catalog import Catalog
-
-    return Catalog.open(load_settings(args).effective_catalog_url)
+    return open_catalog(args)
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -57,7 +56,7 @@ def _failures() -> tuple[type[BaseException], ...]:
 
     from tiered.catalog import CatalogError
 
-    return SettingsError, CatalogError, SQLAlchemyError, ValueError, OSError
+    return CommandError, SettingsError, CatalogError, SQLAlchemyError, ValueError, OSError
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -68,7 +67,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             members = cluster.members(catalog)
             assignments = cluster.assignments(catalog, args.topic)
     except _failures() as error:
-        print(f"tiered cluster status: {error}", file=sys.stderr)
+        print(f"tiered cluster status: {describe_error(error)}", file=sys.stderr)
         return 1
     now = datetime.now(timezone.utc)
     leads = Counter(a.leader_broker for a in assignments)
@@ -102,17 +101,18 @@ def _note(a, live: set[int]) -> str:
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
     from tiered.catalog import cluster
+    from tiered.tiering.cluster_decision import plan_rebalance
 
     try:
         with _open(args) as catalog:
             live = [m.broker_id for m in cluster.members(catalog) if m.live]
-            moves = cluster.plan_rebalance(cluster.assignments(catalog), live)
+            moves = plan_rebalance(cluster.assignments(catalog), live)
             if not args.dry_run:
                 for (topic, partition), target in sorted(moves.items()):
                     cluster.request_handover(catalog, topic, partition, target)
             url = catalog.url
     except _failures() as error:
-        print(f"tiered cluster rebalance: {error}", file=sys.stderr)
+        print(f"tiered cluster rebalance: {describe_error(error)}", file=sys.stderr)
         return 1
     for (topic, partition), target in sorted(moves.items()):
         print(f"{topic}/{partition} -> broker {target}")

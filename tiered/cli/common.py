@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import select
 import sys
 from dataclasses import dataclass
 from typing import IO
@@ -23,6 +24,7 @@ from tqdm import tqdm
 from tiered.client import Client, TankError, Unreachable
 from tiered.client.connection import reason
 from tiered.config import DEFAULT_PORT, SettingsError, parse_endpoint
+from tiered.protocol.errors import ProtocolError
 
 BROKER_ENV = "TIERED_BROKER"
 DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
@@ -42,6 +44,26 @@ def add_broker_argument(parser: argparse.ArgumentParser, flags: tuple[str, ...] 
                         help=f"{what} endpoint, or a comma-separated list of brokers of one service (any of them "
                              "answers; requests follow each partition's leader) (default: "
                              f"${BROKER_ENV}, else {DEFAULT_BROKER})")
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of a flag that still works, with one line on stderr saying what to use instead."""
+
+    def __init__(self, option_strings, dest, *, instead: str, why: str, **kwargs):
+        self.instead, self.why = instead, why
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated ({self.why}): use {self.instead}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(parser: argparse.ArgumentParser, flag: str, dest: str, *, instead: str, why: str,
+                        **kwargs) -> None:
+    """`flag` as an old spelling of the option stored in `dest`: hidden from --help, accepted with a deprecation
+    line. Each letter means one thing across the CLI (docs/operations.md, "Flags")."""
+    parser.add_argument(flag, dest=dest, action=_Deprecated, instead=instead, why=why, help=argparse.SUPPRESS,
+                        **kwargs)
 
 
 @dataclass(frozen=True)
@@ -102,8 +124,26 @@ def run(coro, command: str) -> int:
         return fail(command, exc, status=2)
     except (CommandError, TankError, SettingsError) as exc:
         return fail(command, exc)
+    except ProtocolError as exc:
+        return fail(command, f"the broker did not answer in TANK's protocol ({exc}): does -b name its TANK port "
+                             f"(default {DEFAULT_PORT}), not its HTTP port?")
+    except BrokenPipeError:
+        if stdout_closed():
+            raise  # whoever read our output went away (`| head`): a normal end, main() exits quietly
+        return fail(command, "lost the broker: broken pipe")
     except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
         return fail(command, f"lost the broker: {reason(exc)}")
+
+
+def stdout_closed(stream: IO | None = None) -> bool:
+    """Whether the reader of `stream` (stdout) has gone away: a pipe with no reader polls as an error."""
+    stream = stream if stream is not None else sys.stdout
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def fail(command: str, error: object, status: int = 1) -> int:

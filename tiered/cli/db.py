@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from tiered.config import SettingsError, load_settings, mask_url
 
@@ -23,7 +24,7 @@ def _failures() -> tuple[type[Exception], ...]:
 
     from tiered.catalog import CatalogError
 
-    return SettingsError, CatalogError, SQLAlchemyError, CommandError, ValueError
+    return SettingsError, CatalogError, SQLAlchemyError, CommandError, ValueError, OSError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--catalog",
             dest="catalog_url",
             metavar="URL",
-            help="catalog URL: sqlite:///path or postgresql://user@host/db (default: from the settings)",
+            help="catalog URL: sqlite:///path or postgresql+psycopg://user@host/db (default: from the settings)",
         )
         command.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
         command.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog)")
@@ -49,9 +50,21 @@ def _catalog_url(args: argparse.Namespace) -> str:
     return load_settings(args).effective_catalog_url
 
 
+def _missing_sqlite_file(url: str) -> Path | None:
+    """The path of a SQLite catalog URL whose file does not exist, else None."""
+    from tiered.catalog.engine import normalize_url
+
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    path = Path(parsed.database)
+    return None if path.exists() else path
+
+
 def _fail(command: str, url: str | None, error: Exception) -> int:
-    where = f" {mask_url(url)}" if url else ""
-    print(f"tiered db {command}:{where}: {error}", file=sys.stderr)
+    where = f" {mask_url(url)}:" if url else ""
+    text = str(error).strip()
+    print(f"tiered db {command}:{where} {text.splitlines()[0] if text else type(error).__name__}", file=sys.stderr)
     return 1
 
 
@@ -77,6 +90,10 @@ def cmd_current(args: argparse.Namespace) -> int:
     url = None
     try:
         url = _catalog_url(args)
+        if _missing_sqlite_file(url):
+            print(f"tiered db current: no catalog at {_missing_sqlite_file(url)} (nothing was created; "
+                  "`tiered db upgrade` creates one there if that is where the broker keeps it)", file=sys.stderr)
+            return 1
         revision, newest = current(url), head()
     except _failures() as error:
         return _fail("current", url, error)

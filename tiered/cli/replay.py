@@ -25,10 +25,12 @@ import argparse
 import asyncio
 import sys
 
+from tiered.cli.catalogs import locate, open_existing
 from tiered.cli.common import (
     CommandError,
     Progress,
     add_broker_argument,
+    add_deprecated_flag,
     brokers,
     connect_to,
     fail,
@@ -44,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("topic", help="the topic to replay")
-    p.add_argument("-P", "--partitions", help="comma-separated partitions (default: all)")
+    p.add_argument("--partitions", help="comma-separated partitions (default: all)")
+    add_deprecated_flag(p, "-P", "partitions", instead="--partitions", why="-P is the HTTP endpoint of serve")
     p.add_argument("--starting-seq", help="first seq, inclusive")
     p.add_argument("--ending-seq", help="last seq, inclusive (default: the high-water mark)")
     p.add_argument("--starting-timestamp", help="messages at or after this time (ms since the epoch, or ISO-8601)")
@@ -108,6 +111,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 ValueError)
     progress = Progress(args.topic)
     try:
+        # The catalog must exist before Spark opens it: a missing SQLite file would be created empty.
+        open_existing(locate({k: getattr(args, k) for k in ("catalog_url", "config", "data_dir")})).close()
         options = read_options(args)
         if args.parquet:
             stats = replay.export_parquet(options, args.parquet, latest_per_key=args.latest_per_key,

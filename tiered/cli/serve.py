@@ -106,11 +106,30 @@ def main(args) -> int:
         print(f"tiered serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings)
+    missing = missing_s3_credentials(settings)
+    if missing:
+        print(f"tiered serve: {missing}", file=sys.stderr)
+        return 1
     try:
         return asyncio.run(serve(settings))
     except Exception:  # printed through the redacting handler, never as a bare traceback
         log.exception("the broker failed")
         return 1
+
+
+def missing_s3_credentials(settings: Settings) -> str | None:
+    """Why an S3 store cannot be used at all (no credentials anywhere botocore looks), or None. A broker without
+    credentials could only time out every durable produce, so it refuses to start; an unreachable endpoint, by
+    contrast, may come back, and is retried (the broker starts unready)."""
+    url = settings.effective_store_url
+    if not url.startswith("s3://"):
+        return None
+    from botocore.session import Session
+
+    if Session().get_credentials() is not None:
+        return None
+    return (f"no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or run "
+            "where an instance or pod role provides them); for a local S3 also set AWS_ENDPOINT_URL")
 
 
 async def serve(settings: Settings) -> int:

@@ -14,8 +14,9 @@ import urllib.error
 import urllib.request
 from urllib.parse import quote
 
-from tiered.cli.common import UsageError, add_broker_argument, connect, plural, run
-from tiered.cli.tier import add_http_argument, broker_url
+from tiered.cli.common import CommandError, UsageError, add_broker_argument, connect, plural, run
+from tiered.cli.catalogs import CATALOG_ENV, CatalogLocation, describe_error, locate, open_catalog, open_existing
+from tiered.cli.tier import add_http_argument, broker_url, http_endpoint
 from tiered.protocol.codes import CreateTopicStatus
 from tiered.storage.topic_config import parse_config_text
 
@@ -108,20 +109,18 @@ async def describe(args) -> int:
     print("partition\tfirst_available\thwmark")
     for i, r in enumerate(ranges):
         print(f"{i}\t{r.first_available}\t{r.hwmark}")
-    url = args.catalog_url or os.environ.get("TIERED_CATALOG_URL")
-    if url:
-        config_text = await asyncio.to_thread(_config_text, url, args.name)
+    if args.catalog_url or os.environ.get(CATALOG_ENV):
+        config_text = await asyncio.to_thread(_config_text, locate(args), args.name)
         if config_text is not None:
             print(f"config\t{', '.join(line for line in config_text.splitlines() if line.strip()) or '-'}")
             print(f"acks\t{ack_meaning(config_text)}")
     return 0
 
 
-def _config_text(url: str, name: str) -> str | None:
-    from tiered.catalog import Catalog
+def _config_text(location: CatalogLocation, name: str) -> str | None:
     from tiered.catalog.topics import get_topic
 
-    with Catalog.open(url) as catalog:
+    with open_existing(location) as catalog:
         row = get_topic(catalog, name)
     return row.config_text if row is not None else None
 
@@ -165,8 +164,10 @@ def cmd_config(args) -> int:
     try:
         settings = load_settings(args)
         outcome = asyncio.run(_config(settings, args))
-    except (UsageError, ConfigError, SettingsError, CatalogError, SQLAlchemyError, StoreError, ValueError,
-            OSError) as error:
+    except (CatalogError, SQLAlchemyError) as error:
+        print(f"tiered topic config: {describe_error(error)}", file=sys.stderr)
+        return 1
+    except (CommandError, ConfigError, SettingsError, StoreError, ValueError, OSError) as error:
         print(f"tiered topic config: {error}", file=sys.stderr)
         return 1
     print(outcome.text)
@@ -179,12 +180,11 @@ class _Outcome:
 
 
 async def _config(settings, args) -> _Outcome:
-    from tiered.catalog import Catalog
     from tiered.catalog.topics import get_topic, update_topic_config
     from tiered.tiering.store import open_store
     from tiered.tiering.topic_objects import put_topic_config
 
-    catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)
+    catalog = await asyncio.to_thread(open_catalog, args)
     try:
         row = await asyncio.to_thread(get_topic, catalog, args.name)
         if row is None:
@@ -246,9 +246,14 @@ def compact(args) -> int:
     if args.partition is not None:
         where += f"&partition={args.partition}"
     try:
+        args.http, source = http_endpoint(args, "topic compact")
+    except UsageError as exc:
+        print(f"tiered topic compact: {exc}", file=sys.stderr)
+        return 2
+    try:
         status, answer = _http_json(broker_url(args.http, where), "POST")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"tiered topic compact: cannot reach {args.http}: {exc}", file=sys.stderr)
+        print(f"tiered topic compact: cannot reach {args.http} (from {source}): {exc}", file=sys.stderr)
         return 1
     if status != 202 or not isinstance(answer, dict):
         error = answer.get("error") if isinstance(answer, dict) else answer
@@ -258,7 +263,8 @@ def compact(args) -> int:
         print(f"tiered topic compact: {args.name}/{p['partition']} is led by another broker "
               f"({p['leader'] or 'none yet'}): ask its HTTP endpoint", file=sys.stderr)
     tickets = {p["partition"]: p["ticket"] for p in answer["partitions"]}
-    print(f"compaction of {args.name} asked for: {plural(len(tickets), 'partition')}", file=sys.stderr)
+    print(f"compaction of {args.name} asked for at broker {broker_url(args.http, '')} (from {source}): "
+          f"{plural(len(tickets), 'partition')}", file=sys.stderr)
     if args.no_wait or not tickets:
         return 1 if answer["not_led"] else 0
     return _follow(args, tickets, bool(answer["not_led"]))

@@ -26,7 +26,7 @@ import sys
 
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
+from tiered.protocol.frame import FRAME_HEADER, MsgType, cut_frames, encode_frame
 
 READ_BYTES = 256 * 1024  # the buffer small frames are received into
 BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own
@@ -77,22 +77,20 @@ class _Frames(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def _cut(self) -> None:
-        buf, start, end = self._buf, self._start, self._end
-        while end - start >= FRAME_HEADER.size:
-            msg_id, length = FRAME_HEADER.unpack_from(buf, start)
-            if length > MAX_FRAME_BYTES:  # refused before waiting for (and buffering) it
-                raise ProtocolError(f"frame length {length} exceeds {MAX_FRAME_BYTES} bytes", 1)
+        buf, end = self._buf, self._end
+        cut = cut_frames(buf, self._start, end, BIG_FRAME_BYTES)
+        for msg_id, payload_start, payload_end in cut.frames:
+            self.conn._frame(msg_id, bytes(buf[payload_start:payload_end]))
+        if cut.error is not None:  # refused before waiting for (and buffering) it
+            raise cut.error
+        start = cut.rest
+        if cut.big is not None:
+            msg_id, length = cut.big
             at = start + FRAME_HEADER.size
-            if end - at >= length:
-                self.conn._frame(msg_id, bytes(buf[at:at + length]))
-                start = at + length
-                continue
-            if length >= BIG_FRAME_BYTES:
-                self._big = memoryview(self._big_buffer(length))[:length]
-                self._big[:end - at] = buf[at:end]
-                self._big_msg_id, self._big_filled = msg_id, end - at
-                start = end
-            break
+            self._big = memoryview(self._big_buffer(length))[:length]
+            self._big[:end - at] = buf[at:end]
+            self._big_msg_id, self._big_filled = msg_id, end - at
+            start = end
         if start == end:
             start = end = 0
         elif start and end == len(buf):  # a small frame's head at the end of the buffer: move it to the front

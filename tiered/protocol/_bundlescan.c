@@ -7,8 +7,8 @@
  * the broker reads a produce request in one native call; on a framing fault it answers None and the reference
  * reader names the fault.
  *
- * The bundle layout and its constants are in _tank_bundle.h (docs/protocol.md section 4; bundle.py has the same
- * table), shared with tiered/spark/_decode.c.
+ * Varints, bundle headers and messages are read by _tank_walk.h, the walker shared with tiered/spark/_decode.c
+ * (docs/protocol.md section 4 has the layout; bundle.py the same table).
  *
  * Invariants. Every read is bounds-checked against the buffer it reads (bundle or message set) before it happens,
  * with sizes compared as lengths, never as sums that could wrap. Seqs are u64 and compared without overflow
@@ -23,9 +23,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "_tank_bundle.h"
+#include "_tank_walk.h"
 
-#define NO_POSITION (-1)
+#define NO_POSITION TANK_NO_POSITION
 
 static PyObject *ProtocolError; /* tiered.protocol.errors.ProtocolError */
 static PyObject *uncompress;    /* snappy.uncompress */
@@ -56,147 +56,41 @@ static int raise_protocol(Py_ssize_t position, const char *format, ...)
     return -1;
 }
 
-/* -- readers ----------------------------------------------------------------------------------------------------- */
+/* -- readers: _tank_walk.h's, raising --------------------------------------------------------------------------- */
+
+/* A fault of the walker as the ProtocolError it stands for; -1. */
+static int raise_fault(const tank_fault *f)
+{
+    PyObject *what = PyUnicode_FromString(f->what);
+    if (what != NULL) {
+        raise_what(what, f->position);
+        Py_DECREF(what);
+    }
+    return -1;
+}
 
 typedef struct {
     const uint8_t *data;
     Py_ssize_t end;
 } span;
 
-enum { VARINT_OK = 0, VARINT_TRUNCATED = 1, VARINT_ERROR = -1 };
-
-enum { VARINT_TOO_LARGE = 2, VARINT_TOO_LONG = 3 };
-
-/* The varint at `position` without raising: VARINT_OK, VARINT_TRUNCATED (the buffer ends first), VARINT_TOO_LARGE
- * (above 32 bits) or VARINT_TOO_LONG (no last byte within 5). */
-static int varint_at(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
-{
-    uint64_t v = 0;
-    int shift = 0;
-    Py_ssize_t stop = s.end - position < MAX_VARINT_BYTES ? s.end : position + MAX_VARINT_BYTES;
-    for (Py_ssize_t i = position; i < stop; i++) {
-        uint8_t b = s.data[i];
-        v |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            if (v > MAX_VARINT)
-                return VARINT_TOO_LARGE;
-            *value = (uint32_t)v;
-            *after = i + 1;
-            return VARINT_OK;
-        }
-        shift += 7;
-    }
-    return s.end - position >= MAX_VARINT_BYTES ? VARINT_TOO_LONG : VARINT_TRUNCATED;
-}
-
-/* varint.py's maybe_varint: VARINT_TRUNCATED when the buffer ends first, VARINT_ERROR (raised) when it is too long
- * or too large. */
+/* varint.py's maybe_varint: TANK_VARINT_TRUNCATED when the buffer ends first, TANK_VARINT_ERROR (raised) when it is
+ * too long or too large. */
 static int maybe_varint(span s, Py_ssize_t position, uint32_t *value, Py_ssize_t *after)
 {
-    switch (varint_at(s, position, value, after)) {
-    case VARINT_OK:
-        return VARINT_OK;
-    case VARINT_TOO_LARGE:
-        return raise_protocol(position, "varint exceeds 32 bits");
-    case VARINT_TOO_LONG:
-        return raise_protocol(position, "varint longer than 5 bytes");
-    default:
-        return VARINT_TRUNCATED;
-    }
+    tank_fault f;
+    int got = tank_maybe_varint(s.data, s.end, position, value, after, &f);
+    return got == TANK_VARINT_ERROR ? raise_fault(&f) : got;
 }
 
-/* varint.py's read_varint: a truncated varint is an error naming `what`. 0 on success, -1 raised. */
-static int read_varint(span s, Py_ssize_t position, const char *what, uint32_t *value, Py_ssize_t *after)
+/* bundle.py's read_bundle_header. 0, or -1 raised. */
+static int read_header(span b, tank_header *h)
 {
-    int got = maybe_varint(s, position, value, after);
-    if (got == VARINT_TRUNCATED)
-        return raise_protocol(position, "truncated %s", what);
-    return got;
-}
-
-static uint64_t u64_at(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-/* -- the header -------------------------------------------------------------------------------------------------- */
-
-typedef struct {
-    int codec;
-    uint32_t count;
-    int sparse;
-    uint64_t first_seq, last_seq;
-    Py_ssize_t header_len;
-} header_t;
-
-/* bundle.py's read_bundle_header, check for check and in its order. */
-static int read_header(span b, header_t *h)
-{
-    if (b.end < 1)
-        return raise_protocol(NO_POSITION, "empty bundle");
-    uint8_t flags = b.data[0];
-    h->codec = flags & CODEC_MASK;
-    if (h->codec > CODEC_SNAPPY)
-        return raise_protocol(0, "unknown bundle codec %d", h->codec);
-    if (flags & FLAG_RESERVED)
-        return raise_protocol(0, "reserved bundle flag bit 7 is set");
-    h->count = (flags >> COUNT_SHIFT) & COUNT_MASK;
-    Py_ssize_t position = 1;
-    if (h->count == 0) {
-        if (read_varint(b, position, "bundle message count", &h->count, &position) < 0)
-            return -1;
-        if (h->count == 0)
-            return raise_protocol(1, "bundle with no messages");
-    }
-    h->sparse = (flags & FLAG_SPARSE) != 0;
-    h->first_seq = h->last_seq = 0;
-    if (h->sparse) {
-        if (b.end - position < 8)
-            return raise_protocol(position, "truncated sparse bundle first seq");
-        h->first_seq = u64_at(b.data + position);
-        position += 8;
-        if (h->count == 1) {
-            h->last_seq = h->first_seq;
-        } else {
-            uint32_t gap;
-            if (read_varint(b, position, "sparse bundle last seq", &gap, &position) < 0)
-                return -1;
-            /* last = first + gap + 1 must fit 64 bits */
-            if ((uint64_t)gap + 1 > UINT64_MAX - h->first_seq)
-                return raise_protocol(position, "sparse bundle last seq exceeds 64 bits");
-            h->last_seq = h->first_seq + gap + 1;
-            /* last - first + 1 < count, without wrapping: the span is gap + 2 */
-            if ((uint64_t)gap + 2 < h->count)
-                return raise_protocol(position, "sparse bundle seq range is smaller than its message count");
-        }
-        if (h->first_seq == 0)
-            return raise_protocol(position, "sparse bundle with first seq 0");
-    }
-    h->header_len = position;
-    return 0;
+    tank_fault f;
+    return tank_read_header(b.data, b.end, h, &f) < 0 ? raise_fault(&f) : 0;
 }
 
 /* -- the message set --------------------------------------------------------------------------------------------- */
-
-/* The error for a sparse middle message whose seq (prev + step, maybe beyond 64 bits) is not below the last seq. */
-static int raise_seq_not_below_last(uint32_t i, uint64_t prev, uint64_t step, Py_ssize_t position)
-{
-    PyObject *a = PyLong_FromUnsignedLongLong(prev), *b = PyLong_FromUnsignedLongLong(step), *seq = NULL;
-    if (a != NULL && b != NULL)
-        seq = PyNumber_Add(a, b);
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    if (seq == NULL)
-        return -1;
-    raise_protocol(position, "sparse bundle message %u has seq %S, not below its last seq", i, seq);
-    Py_DECREF(seq);
-    return -1;
-}
 
 /* What a chunk reader keeps of a walked message set (chunk.py's `_keep`): each message from `requested` on, up to
  * the first above `hwmark`, appended to `out` as a Message, or (when `out` is NULL) only counted: how many, the
@@ -216,75 +110,28 @@ static int keep_message(keeper *k, uint64_t seq, uint64_t ts, const uint8_t *key
  * there; `base` is the first seq of a non-sparse bundle (the walk of a sparse one takes its header's). A message
  * is handed to `keep` once it was read whole, so a walk cut short by a fault has kept the messages before it, as
  * the reference's list holds them. */
-static int walk_messages(span d, const header_t *h, uint64_t base, int strict, uint64_t *low, uint64_t *high,
+static int walk_messages(span d, const tank_header *h, uint64_t base, int strict, uint64_t *low, uint64_t *high,
                          keeper *keep)
 {
-    Py_ssize_t position = 0, end = d.end;
-    uint64_t seq = h->sparse ? h->first_seq : base, ts = 0, lo = UINT64_MAX, hi = 0;
-    uint32_t count = h->count;
-    for (uint32_t i = 0; i < count; i++) {
-        if (position >= end)
-            return raise_protocol(position, "message set ends after %u of %u messages", i, count);
-        uint8_t flags = d.data[position++];
-        if (flags & ~MESSAGE_FLAGS_KNOWN)
-            return raise_protocol(position - 1, "unknown message flags 0x%02x", flags);
-        if (h->sparse) {
-            int edge = i == 0 || i == count - 1;
-            if (strict && edge && (flags & SEQ_PREV_PLUS_ONE))
-                return raise_protocol(position - 1, "sparse bundle message %u sets SEQ_PREV_PLUS_ONE, which TANK's "
-                                                    "readers disagree on for a first or last message", i);
-            if (i == 0) {
-                seq = h->first_seq;
-            } else if (i == count - 1) {
-                seq = h->last_seq;
-            } else {
-                uint64_t step = 1;
-                if (!(flags & SEQ_PREV_PLUS_ONE)) {
-                    uint32_t delta;
-                    if (read_varint(d, position, "message seq delta", &delta, &position) < 0)
-                        return -1;
-                    step = (uint64_t)delta + 1;
-                }
-                /* seq + step < last, with seq < last so that last - seq cannot wrap */
-                if (step >= h->last_seq - seq)
-                    return raise_seq_not_below_last(i, seq, step, position);
-                seq += step;
-            }
-        } else if (i) {
-            seq++; /* the caller checked that base + count - 1 fits 64 bits */
-        }
-        if (!(flags & USE_LAST_TS)) {
-            if (end - position < 8)
-                return raise_protocol(position, "truncated message timestamp");
-            ts = u64_at(d.data + position);
-            position += 8;
-        }
-        if (ts < lo)
-            lo = ts;
-        if (ts > hi)
-            hi = ts;
-        const uint8_t *key = NULL;
-        int key_len = -1;
-        if (flags & HAVE_KEY) {
-            if (position >= end)
-                return raise_protocol(position, "truncated message key length");
-            key_len = d.data[position++];
-            if (end - position < key_len)
-                return raise_protocol(position, "truncated message key");
-            key = d.data + position;
-            position += key_len;
-        }
-        uint32_t size;
-        if (read_varint(d, position, "message content length", &size, &position) < 0)
+    tank_fault f;
+    tank_cursor c = tank_cursor_at(base);
+    tank_message m;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (uint32_t i = 0; i < h->count; i++) {
+        if (tank_next_message(d.data, d.end, h, strict, &c, &m, &f) < 0)
+            return raise_fault(&f);
+        if (m.ts < lo)
+            lo = m.ts;
+        if (m.ts > hi)
+            hi = m.ts;
+        /* a seq fits 64 bits here: a sparse one is below its header's last, and the caller checked that a
+         * non-sparse bundle's base + count - 1 does */
+        if (keep != NULL && keep_message(keep, (uint64_t)m.seq, m.ts, m.key, m.key == NULL ? -1 : (int)m.key_len,
+                                         m.value, m.value_len) < 0)
             return -1;
-        if (end - position < (Py_ssize_t)size)
-            return raise_protocol(position, "truncated message content");
-        if (keep != NULL && keep_message(keep, seq, ts, key, key_len, d.data + position, size) < 0)
-            return -1;
-        position += size;
     }
-    if (position != end)
-        return raise_protocol(position, "%zd bytes after the last message of the bundle", end - position);
+    if (tank_check_end(&c, d.end, &f) < 0)
+        return raise_fault(&f);
     *low = lo;
     *high = hi;
     return 0;
@@ -299,9 +146,9 @@ static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t offset
     uint32_t claimed;
     Py_ssize_t after;
     int got = maybe_varint(body, 0, &claimed, &after);
-    if (got == VARINT_ERROR)
+    if (got == TANK_VARINT_ERROR)
         return NULL;
-    if (got == VARINT_TRUNCATED) {
+    if (got == TANK_VARINT_TRUNCATED) {
         raise_protocol(header_len, "truncated snappy message set");
         return NULL;
     }
@@ -374,7 +221,7 @@ static PyObject *py_bool(int v)
 /* The BundleFacts of the bundle `b` (whose Python object is `bundle_obj`), or NULL with ProtocolError raised. */
 static PyObject *facts_of(PyObject *bundle_obj, span b, int strict)
 {
-    header_t h;
+    tank_header h;
     PyObject *result = NULL, *decompressed = NULL;
     Py_buffer dbuf = {0};
     uint64_t low, high;
@@ -519,7 +366,7 @@ static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_
             if (take_le(c, 2, &partition) < 0)
                 goto fail_partitions;
             Py_ssize_t length_at = c->position;
-            if (varint_at(c->p, length_at, &size, &after) != VARINT_OK)
+            if (tank_varint_at(c->p.data, c->p.end, length_at, &size, &after) != TANK_VARINT_OK)
                 goto fail_partitions;
             c->position = after;
             if (with_seqnum && take_le(c, 8, &base_seq) < 0)
@@ -715,9 +562,9 @@ static int read_records(PyObject *obj, span c, int have_base, uint64_t base, kee
         uint32_t size;
         Py_ssize_t start;
         int got = maybe_varint(c, position, &size, &start);
-        if (got == VARINT_ERROR)
+        if (got == TANK_VARINT_ERROR)
             return CHUNK_FAILED;
-        if (got == VARINT_TRUNCATED) {
+        if (got == TANK_VARINT_TRUNCATED) {
             if (end - position + INITIAL_NEED_BYTES > need)
                 need = end - position + INITIAL_NEED_BYTES;
             break;
@@ -726,7 +573,7 @@ static int read_records(PyObject *obj, span c, int have_base, uint64_t base, kee
             return raise_protocol(position, "zero-length bundle in chunk");
         Py_ssize_t stop = start + (Py_ssize_t)size;
         span b = {c.data + start, (stop <= end ? stop : end) - start};
-        header_t h;
+        tank_header h;
         if (read_header(b, &h) < 0)
             return CHUNK_FAILED;
         if (!h.sparse && !have_base && next_seq == 0 && !next_wide)

@@ -6,13 +6,18 @@ Frame layout:
     length    u32       payload bytes that follow (not counting these 5)
     payload   length bytes
 
-A broker closes the connection when `length` exceeds 256 MiB, so `maybe_frame` refuses such a header as soon as its
-5 bytes are there, instead of waiting for (and buffering) a quarter gigabyte.
+A broker closes the connection when `length` exceeds 256 MiB, so such a header is refused as soon as its 5 bytes are
+there, instead of waiting for (and buffering) a quarter gigabyte.
+
+`cut_frames` is the one frame cutter: the broker's connections (tiered/server/connection.py) and the client's
+(tiered/client/connection.py) both cut what they receive with it, and `maybe_frame` reads one frame with the same
+header check.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from enum import IntEnum
 
 from tiered.protocol.buffers import BytesLike
@@ -45,21 +50,54 @@ def encode_frame(msg_id: int, payload: bytes) -> bytes:
     return FRAME_HEADER.pack(msg_id, len(payload)) + payload
 
 
+@dataclass(slots=True)
+class FrameCut:
+    """What `cut_frames` found in `buf[start:end]`."""
+
+    frames: list[tuple[int, int, int]]  # every whole frame, in order: (msg_id, payload start, payload end) in buf
+    rest: int  # the first byte not cut: the start of a frame not all here yet (== end when every byte was cut)
+    # (msg_id, payload length) of the frame whose header is at `rest` when its payload is at least `big_bytes` long
+    # and not all here: the caller receives the rest of it into a buffer of its own rather than growing its own.
+    big: tuple[int, int] | None = None
+    error: ProtocolError | None = None  # the header at `rest` announces more than MAX_FRAME_BYTES: nothing after it
+    # is cut, and the connection is to be closed
+
+
+def cut_frames(buf: BytesLike, start: int, end: int, big_bytes: int = MAX_FRAME_BYTES + 1) -> FrameCut:
+    """Cuts the whole frames of `buf[start:end]`, received bytes that start at a frame boundary. Pure: no copy of a
+    payload is made, the caller slices or views the ranges it is given (and keeps `buf[rest:end]` for later)."""
+    frames: list[tuple[int, int, int]] = []
+    header = FRAME_HEADER.size
+    while end - start >= header:
+        msg_id, length = FRAME_HEADER.unpack_from(buf, start)
+        if length > MAX_FRAME_BYTES:
+            return FrameCut(frames, start, None,
+                            ProtocolError(f"frame length {length} exceeds {MAX_FRAME_BYTES} bytes", start + 1))
+        stop = start + header + length
+        if stop > end:
+            return FrameCut(frames, start, (msg_id, length) if length >= big_bytes else None)
+        frames.append((msg_id, start + header, stop))
+        start = stop
+    return FrameCut(frames, start)
+
+
 def maybe_frame(buf: BytesLike, position: int = 0) -> tuple[int, memoryview, int] | None:
-    """One frame at `position`: (msg_id, payload, position after the frame), or None while incomplete.
+    """One frame at `position`: (msg_id, payload, position after the frame), or None while incomplete. Raises
+    ProtocolError for a header announcing more than MAX_FRAME_BYTES, as soon as its 5 bytes are there.
 
     The payload is a view of `buf` (no copy); a bytearray cannot be resized while such a view is alive.
     """
     if len(buf) - position < FRAME_HEADER.size:
         return None
-    msg_id, length = FRAME_HEADER.unpack_from(buf, position)
-    if length > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame length {length} exceeds {MAX_FRAME_BYTES} bytes", position + 1)
-    start = position + FRAME_HEADER.size
-    end = start + length
-    if end > len(buf):
+    # Cut up to the end of the first frame only.
+    end = min(len(buf), position + FRAME_HEADER.size + FRAME_HEADER.unpack_from(buf, position)[1])
+    cut = cut_frames(buf, position, end)
+    if cut.error is not None:
+        raise cut.error
+    if not cut.frames:
         return None
-    return msg_id, memoryview(buf)[start:end], end
+    msg_id, start, stop = cut.frames[0]
+    return msg_id, memoryview(buf)[start:stop], stop
 
 
 class FrameBuffer:

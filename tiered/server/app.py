@@ -22,17 +22,18 @@ from tiered.tier_interface import LocalOnly, Tier, TierSink
 
 log = logging.getLogger("tiered.server")
 
-# Builds the tier from what it reports to: (settings, sink, metrics, disk_id) -> Tier.
-TierFactory = Callable[[Settings, TierSink, Metrics, str], Tier]
+# Builds the tier from what it reports to: (settings, sink, metrics, disk_id, clock) -> Tier. The clock is the App's:
+# time enters the process in one place and the tier runs on it.
+TierFactory = Callable[[Settings, TierSink, Metrics, str, Clock], Tier]
 
 
 def tiering_service(**options) -> TierFactory:
     """The catalog-and-bucket tier (tiered.tiering.service.TieringService), with `options` for its constructor."""
 
-    def make(settings: Settings, sink: TierSink, metrics: Metrics, disk_id: str) -> Tier:
+    def make(settings: Settings, sink: TierSink, metrics: Metrics, disk_id: str, clock: Clock) -> Tier:
         from tiered.tiering.service import TieringService
 
-        return TieringService(settings, sink, metrics, disk_id=disk_id, **options)
+        return TieringService(settings, sink, metrics, disk_id=disk_id, clock=clock, **options)
 
     return make
 
@@ -49,7 +50,7 @@ class App:
         local_state = LocalState(settings.state_dir) if make_tier is not None else None
         self.registry = Registry(settings.data_dir, settings.topic_defaults, now_s=now_s)
         events = TierEvents(self.registry, self.waiters)
-        self.tier: Tier = make_tier(settings, events, self.metrics, local_state.disk_id) if make_tier else LocalOnly()
+        self.tier: Tier = make_tier(settings, events, self.metrics, local_state.disk_id, clock) if make_tier else LocalOnly()
         self.broker = Broker(settings, self.registry, self.waiters, self.metrics, self.tier, local_state=local_state,
                              clock=clock, now_s=now_s)
         events.bind(self.broker)

@@ -37,7 +37,7 @@ from typing import Any
 from tiered.protocol import requests as rq
 from tiered.protocol.buffers import receive_buffer
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType, encode_frame
+from tiered.protocol.frame import FRAME_HEADER, MsgType, cut_frames, encode_frame
 
 from tiered.server.fetch import Chunk, FileChunk, StreamChunk, release
 from tiered.server.limits import REQUEST_DEADLINE_S
@@ -259,30 +259,24 @@ class Connection(asyncio.BufferedProtocol):
     # -- frames ----------------------------------------------------------------------------------------------------
 
     def _cut_frames(self) -> None:
-        buf, start, end = self._buf, self._start, self._end
-        while end - start >= FRAME_HEADER.size:
-            msg_id, length = FRAME_HEADER.unpack_from(buf, start)
-            if length > MAX_FRAME_BYTES:
-                # Refused as soon as its header is here, rather than buffering a quarter gigabyte.
-                self._frames.append(ProtocolError(f"frame length {length} exceeds {MAX_FRAME_BYTES} bytes", start + 1))
-                self._pause_reading()
-                start = end
-                break
-            stop = start + FRAME_HEADER.size + length
-            if stop <= end:
-                self._queue_frame(msg_id, buf[start + FRAME_HEADER.size : stop])
-                start = stop
-                continue
-            if length >= BIG_FRAME_BYTES:
-                have = end - start - FRAME_HEADER.size
-                capacity = min(max(READ_BYTES, have), length)
-                if not self._draw(capacity):
-                    start = end
-                    break
+        buf, end = self._buf, self._end
+        cut = cut_frames(buf, self._start, end, BIG_FRAME_BYTES)
+        for msg_id, payload_start, payload_end in cut.frames:
+            self._queue_frame(msg_id, buf[payload_start:payload_end])
+        start = cut.rest
+        if cut.error is not None:
+            # Refused as soon as its header is here, rather than buffering a quarter gigabyte.
+            self._frames.append(cut.error)
+            self._pause_reading()
+            start = end
+        elif cut.big is not None:
+            msg_id, length = cut.big
+            have = end - start - FRAME_HEADER.size
+            capacity = min(max(READ_BYTES, have), length)
+            if self._draw(capacity):
                 self._big = _grown(buf, start + FRAME_HEADER.size, have, capacity)
                 self._big_msg_id, self._big_length, self._big_filled = msg_id, length, have
-                start = end
-            break
+            start = end
         if start == end:
             start = end = 0
         self._start, self._end = start, end

@@ -79,9 +79,14 @@ class FetchResolver:
     async def resolve(self, part: Partition, seq: int, fetch_size: int) -> Resolved:
         bounds = part.bounds()
         where = locate(seq, bounds)
-        if part.role is not Role.LEADER and (isinstance(where, Eof) or isinstance(where, Boundary) and seq > 0
-                                             and seq >= bounds.first_available):
-            return LedElsewhere(part.leader)  # the tail, or past what this broker knows is committed
+        if part.role is not Role.LEADER and _past_known(seq, where, bounds):
+            # A follower learns the catalog's bounds when a read needs them (no broker polls every partition's):
+            # what was committed since may be served here; the tail still goes to the leader.
+            if part.role is Role.FOLLOWER and await self.tier.refresh_follower(part.topic, part.partition):
+                bounds = part.bounds()
+                where = locate(seq, bounds)
+            if part.role is not Role.LEADER and _past_known(seq, where, bounds):
+                return LedElsewhere(part.leader)  # the tail, or past what this broker knows is committed
         if isinstance(where, Local):
             # Never past the local records this broker may serve (a follower's may end before its disk does).
             limit = min(bounds.hwmark, bounds.local_last)
@@ -102,3 +107,8 @@ class FetchResolver:
         if isinstance(got, Unreadable):
             return got
         return Boundary(bounds.first_available, bounds.hwmark)
+
+
+def _past_known(seq: int, where, bounds: PartitionBounds) -> bool:
+    """Whether `seq` is past what is known committed (the tail), for a partition not led here."""
+    return isinstance(where, Eof) or isinstance(where, Boundary) and seq > 0 and seq >= bounds.first_available

@@ -175,8 +175,10 @@ class ProduceHandler:
             answers[a_index][2][p_index] = OUTCOME_STATUS[outcome]
         if not_confirmed:
             self.broker.metrics.inc(m.ACK_TIMEOUTS, not_confirmed)
+            trouble = self.broker.tier.durable_trouble()
             log.error("request %d: %d durable produces not confirmed within %.1f s (answered 0x03; their block "
-                      "keeps retrying)", req.request_id, not_confirmed, self._ack_timeout_s(req))
+                      "keeps retrying)%s", req.request_id, not_confirmed, self._ack_timeout_s(req),
+                      f": {trouble}" if trouble else "")
         await conn.send(MsgType.PRODUCE, self._answer(req, answers, started, redirects))
 
 

@@ -2,8 +2,9 @@
  * per message. The native twin of tiered/spark/decoding.py's pure path (iter_messages + record_batches), which stays
  * the reference: the suite compares the two byte for byte and on the same bad input.
  *
- * The record and bundle layout (TANK's) and its constants are in tiered/protocol/_tank_bundle.h, shared with
- * tiered/protocol/_bundlescan.c (tiered/protocol/bundle.py and varint.py have the same tables).
+ * Varints, bundle headers and messages are read by tiered/protocol/_tank_walk.h, the walker shared with
+ * tiered/protocol/_bundlescan.c (TANK's record and bundle layout is there; tiered/protocol/bundle.py and varint.py
+ * have the same tables).
  *
  * Raw snappy blocks are read by _decode_snappy.h, the batch under construction lives in _decode_columns.h (both
  * included once, here: one translation unit).
@@ -29,124 +30,40 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_tank_bundle.h" /* tiered/protocol/, on the include path (pyproject.toml) */
+#include "_tank_walk.h" /* tiered/protocol/, on the include path (pyproject.toml) */
 
-typedef unsigned __int128 u128;
-
-#define U64_MAX ((u128)0xFFFFFFFFFFFFFFFFULL)
-#define INT64_COLUMN_MAX ((u128)INT64_MAX)
+#define INT64_COLUMN_MAX ((tank_u128)INT64_MAX)
 /* tiered.spark.planning.MAX_TIMESTAMP_MS: above it the microsecond timestamp does not fit an int64 (null). */
 #define MAX_TIMESTAMP_MS (INT64_MAX / 1000)
 /* Arrow binary offsets are int32: a batch ends before its keys or values would pass this. */
 #define MAX_COLUMN_BYTES ((size_t)INT32_MAX)
-#define NO_POSITION (-1)
 
 static PyObject *ProtocolError; /* tiered.protocol.errors.ProtocolError */
 
 /* -- faults ------------------------------------------------------------------------------------------------------ */
 
-#define FAULT_NONE 0
-#define FAULT_PROTOCOL 1
-#define FAULT_MEMORY 2
+/* What went wrong while decoding is a tank_fault (_tank_walk.h), found without the GIL and raised by the caller once
+ * it holds the GIL again. */
 
-/* What went wrong while decoding, found without the GIL and raised by the caller once it holds the GIL again. */
-typedef struct {
-    int kind;
-    Py_ssize_t position; /* NO_POSITION: the ProtocolError names none */
-    char what[256];
-} Fault;
-
-/* Records a ProtocolError; -1, for `return fail(...)`. */
-static int fail(Fault *f, Py_ssize_t position, const char *format, ...)
+static int out_of_memory(tank_fault *f)
 {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(f->what, sizeof f->what, format, args);
-    va_end(args);
-    f->kind = FAULT_PROTOCOL;
-    f->position = position;
-    return -1;
-}
-
-static int out_of_memory(Fault *f)
-{
-    f->kind = FAULT_MEMORY;
+    f->kind = TANK_FAULT_MEMORY;
     return -1;
 }
 
 /* With the GIL: the fault as the Python exception; NULL. */
-static PyObject *raise_fault(const Fault *f)
+static PyObject *raise_fault(const tank_fault *f)
 {
-    if (f->kind == FAULT_MEMORY)
+    if (f->kind == TANK_FAULT_MEMORY)
         return PyErr_NoMemory();
-    PyObject *exc = f->position == NO_POSITION ? PyObject_CallFunction(ProtocolError, "(sO)", f->what, Py_None)
-                                               : PyObject_CallFunction(ProtocolError, "(sn)", f->what, f->position);
+    PyObject *exc = f->position == TANK_NO_POSITION
+                        ? PyObject_CallFunction(ProtocolError, "(sO)", f->what, Py_None)
+                        : PyObject_CallFunction(ProtocolError, "(sn)", f->what, f->position);
     if (exc != NULL) {
         PyErr_SetObject(ProtocolError, exc);
         Py_DECREF(exc);
     }
     return NULL;
-}
-
-/* Decimal text of a 128-bit value into buf (at least 40 bytes). */
-static const char *u128_text(u128 value, char *buf)
-{
-    char *p = buf + 39;
-    *p = '\0';
-    do {
-        *--p = (char)('0' + (int)(value % 10));
-        value /= 10;
-    } while (value);
-    return p;
-}
-
-/* -- little helpers ---------------------------------------------------------------------------------------------- */
-
-static uint64_t load_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-#define VARINT_OK 1
-#define VARINT_TRUNCATED 0
-#define VARINT_ERROR (-1)
-
-/* tiered.protocol.varint.maybe_varint over buf[0:end] at position: VARINT_OK with *value and *next, VARINT_TRUNCATED
- * when the buffer ends first, VARINT_ERROR (a fault) for more than 32 bits or 5 bytes. */
-static int maybe_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, uint32_t *value, Py_ssize_t *next,
-                        Fault *f)
-{
-    uint64_t v = 0;
-    int shift = 0;
-    Py_ssize_t stop = end - position < MAX_VARINT_BYTES ? end : position + MAX_VARINT_BYTES;
-    for (Py_ssize_t i = position; i < stop; i++) {
-        uint8_t b = buf[i];
-        v |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            if (v > MAX_VARINT)
-                return fail(f, position, "varint exceeds 32 bits");
-            *value = (uint32_t)v;
-            *next = i + 1;
-            return VARINT_OK;
-        }
-        shift += 7;
-    }
-    if (end - position >= MAX_VARINT_BYTES)
-        return fail(f, position, "varint longer than 5 bytes");
-    return VARINT_TRUNCATED;
-}
-
-/* tiered.protocol.varint.read_varint: a truncated varint is a fault naming `what`. 0 or -1. */
-static int read_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t position, const char *what, uint32_t *value,
-                       Py_ssize_t *next, Fault *f)
-{
-    int got = maybe_varint(buf, end, position, value, next, f);
-    if (got == VARINT_OK)
-        return 0;
-    return got == VARINT_TRUNCATED ? fail(f, position, "truncated %s", what) : -1;
 }
 
 #include "_decode_snappy.h"
@@ -160,9 +77,9 @@ typedef struct {
     int has_data;
     int done;             /* no record left to read, the records past the wanted seqs, or an error raised */
     Py_ssize_t position;  /* the next record */
-    u128 next_seq;        /* seq of the next non-sparse bundle's first message */
-    u128 seq_first;       /* keep seqs in [seq_first, seq_end) */
-    u128 seq_end;
+    tank_u128 next_seq;        /* seq of the next non-sparse bundle's first message */
+    tank_u128 seq_first;       /* keep seqs in [seq_first, seq_end) */
+    tank_u128 seq_end;
     int check_time;       /* keep timestamps (us) in [start_us, end_us), or all when 0 */
     int has_end;
     int64_t start_us, end_us;
@@ -170,11 +87,9 @@ typedef struct {
     int in_bundle;
     const uint8_t *set;   /* its message set: inside `data`, or `owned` when it was snappy */
     uint8_t *owned;
-    Py_ssize_t set_len, set_pos;
-    uint32_t count, index;
-    int sparse;
-    u128 first, last, seq;
-    uint64_t last_ts;
+    Py_ssize_t set_len;
+    tank_header header;
+    tank_cursor cursor;   /* the next message of its set */
     int busy;             /* fill is running without the GIL */
 } Decoder;
 
@@ -195,7 +110,7 @@ static void Decoder_dealloc(Decoder *self)
 }
 
 /* A Python int in [0, 2^128) (the caller clamps); OverflowError otherwise. */
-static int to_u128(PyObject *o, u128 *out)
+static int to_u128(PyObject *o, tank_u128 *out)
 {
     PyObject *shift = PyLong_FromLong(64);
     if (shift == NULL)
@@ -211,7 +126,7 @@ static int to_u128(PyObject *o, u128 *out)
     unsigned long long low = PyLong_AsUnsignedLongLongMask(o);
     if (low == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    *out = ((u128)high << 64) | low;
+    *out = ((tank_u128)high << 64) | low;
     return 0;
 }
 
@@ -248,24 +163,24 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwargs)
 /* Decompresses the raw snappy message set `body` (at header_len in its bundle) into a malloc'd *out, with the pure
  * path's limits: a claimed length is refused before it is allocated. 0, or -1 with a fault. */
 static int decompress_set(const uint8_t *body, Py_ssize_t body_len, Py_ssize_t header_len, uint8_t **out,
-                          Py_ssize_t *out_len, Fault *f)
+                          Py_ssize_t *out_len, tank_fault *f)
 {
     uint32_t claimed;
     Py_ssize_t after;
-    int got = maybe_varint(body, body_len, 0, &claimed, &after, f);
-    if (got == VARINT_ERROR)
+    int got = tank_maybe_varint(body, body_len, 0, &claimed, &after, f);
+    if (got == TANK_VARINT_ERROR)
         return -1;
-    if (got == VARINT_TRUNCATED)
-        return fail(f, header_len, "truncated snappy message set");
+    if (got == TANK_VARINT_TRUNCATED)
+        return tank_fail(f, header_len, "truncated snappy message set");
     if (claimed > MAX_MESSAGE_SET_BYTES || claimed > SNAPPY_MAX_EXPANSION * (uint64_t)body_len)
-        return fail(f, header_len, "snappy message set of %zd bytes claims %u bytes", body_len, claimed);
+        return tank_fail(f, header_len, "snappy message set of %zd bytes claims %u bytes", body_len, claimed);
     uint8_t *set = malloc(claimed ? claimed : 1);
     if (set == NULL)
         return out_of_memory(f);
     char err[160];
     if (snappy_elements(body + after, (size_t)(body_len - after), set, claimed, err, sizeof err) < 0) {
         free(set);
-        return fail(f, NO_POSITION, "bad snappy message set: %s", err);
+        return tank_fail(f, TANK_NO_POSITION, "bad snappy message set: %s", err);
     }
     *out = set;
     *out_len = claimed;
@@ -275,75 +190,42 @@ static int decompress_set(const uint8_t *body, Py_ssize_t body_len, Py_ssize_t h
 /* Reads records until one holds a bundle to decode (1: in_bundle set), or none is left or wanted (0: done). Bundles
  * wholly below the wanted seqs are skipped from their header; one wholly above ends the read, since records are in
  * seq order. -1: a fault. */
-static int start_bundle(Decoder *self, Fault *f)
+static int start_bundle(Decoder *self, tank_fault *f)
 {
     const uint8_t *data = self->data.buf;
     Py_ssize_t end = self->data.len;
     char a[40], b[40], c[40];
     while (self->position < end) {
-        Py_ssize_t position = self->position, start, hpos = 1;
-        uint32_t size, count;
-        int got = maybe_varint(data, end, position, &size, &start, f);
-        if (got == VARINT_ERROR)
+        Py_ssize_t position = self->position, start;
+        uint32_t size;
+        int got = tank_maybe_varint(data, end, position, &size, &start, f);
+        if (got == TANK_VARINT_ERROR)
             return -1;
-        if (got == VARINT_TRUNCATED)
-            return fail(f, position, "truncated record");
+        if (got == TANK_VARINT_TRUNCATED)
+            return tank_fail(f, position, "truncated record");
         if (size == 0)
-            return fail(f, position, "zero-length bundle");
+            return tank_fail(f, position, "zero-length bundle");
         if ((uint64_t)(end - start) < size)
-            return fail(f, position, "truncated record");
+            return tank_fail(f, position, "truncated record");
         const uint8_t *bundle = data + start;
-        Py_ssize_t bundle_len = size;
-        uint8_t flags = bundle[0];
-        int codec = flags & CODEC_MASK;
-        if (codec > CODEC_SNAPPY)
-            return fail(f, 0, "unknown bundle codec %d", codec);
-        if (flags & FLAG_RESERVED)
-            return fail(f, 0, "reserved bundle flag bit 7 is set");
-        count = (flags >> COUNT_SHIFT) & COUNT_MASK;
-        if (count == 0) {
-            if (read_varint(bundle, bundle_len, 1, "bundle message count", &count, &hpos, f) < 0)
-                return -1;
-            if (count == 0)
-                return fail(f, 1, "bundle with no messages");
-        }
-        int sparse = (flags & FLAG_SPARSE) != 0;
-        u128 first, last;
-        if (sparse) {
-            if (bundle_len < hpos + 8)
-                return fail(f, hpos, "truncated sparse bundle first seq");
-            first = load_u64(bundle + hpos);
-            hpos += 8;
-            last = first;
-            if (count != 1) {
-                uint32_t gap;
-                if (read_varint(bundle, bundle_len, hpos, "sparse bundle last seq", &gap, &hpos, f) < 0)
-                    return -1;
-                last = first + gap + 1;
-                if (last > U64_MAX)
-                    return fail(f, hpos, "sparse bundle last seq exceeds 64 bits");
-                if (last - first + 1 < count)
-                    return fail(f, hpos, "sparse bundle seq range is smaller than its message count");
-            }
-            if (first == 0)
-                return fail(f, hpos, "sparse bundle with first seq 0");
-        } else {
-            first = self->next_seq;
-            last = self->next_seq + count - 1;
-        }
+        tank_header h;
+        if (tank_read_header(bundle, size, &h, f) < 0)
+            return -1;
+        tank_u128 first = h.sparse ? h.first_seq : self->next_seq;
+        tank_u128 last = h.sparse ? h.last_seq : self->next_seq + h.count - 1;
         if (first < self->next_seq && position)
-            return fail(f, position, "bundle seqs %s..%s go back below %s", u128_text(first, a),
-                        u128_text(last, b), u128_text(self->next_seq, c));
+            return tank_fail(f, position, "bundle seqs %s..%s go back below %s", tank_u128_text(first, a),
+                             tank_u128_text(last, b), tank_u128_text(self->next_seq, c));
         self->next_seq = last + 1;
         self->position = start + size;
         if (last < self->seq_first)
             continue;
         if (first >= self->seq_end)
             break;
-        const uint8_t *body = bundle + hpos;
-        Py_ssize_t body_len = bundle_len - hpos;
-        if (codec == CODEC_SNAPPY) {
-            if (decompress_set(body, body_len, hpos, &self->owned, &self->set_len, f) < 0)
+        const uint8_t *body = bundle + h.header_len;
+        Py_ssize_t body_len = size - h.header_len;
+        if (h.codec == CODEC_SNAPPY) {
+            if (decompress_set(body, body_len, h.header_len, &self->owned, &self->set_len, f) < 0)
                 return -1;
             self->set = self->owned;
         } else {
@@ -351,100 +233,24 @@ static int start_bundle(Decoder *self, Fault *f)
             self->set_len = body_len;
         }
         self->in_bundle = 1;
-        self->count = count;
-        self->sparse = sparse;
-        self->first = first;
-        self->last = last;
-        self->index = 0;
-        self->set_pos = 0;
-        self->seq = first;
-        self->last_ts = 0;
+        self->header = h;
+        self->cursor = tank_cursor_at(first);
         return 1;
     }
     self->done = 1;
     return 0;
 }
 
-/* Where the next message of the current bundle starts, and what the previous one left. */
-typedef struct {
-    Py_ssize_t position;
-    uint32_t index;
-    u128 seq;
-    uint64_t ts;
-} Cursor;
-
-typedef struct {
-    const uint8_t *key; /* NULL: no key */
-    size_t key_len;
-    const uint8_t *value;
-    size_t value_len;
-} Parsed;
-
-/* Parses message c->index of the current bundle and moves c past it; at the bundle's last message, also checks that
- * nothing follows it. 0, or -1 with a fault. */
-static int parse_message(const Decoder *self, Cursor *c, Parsed *m, Fault *f)
+/* Reads message c->index of the current bundle (the shared walker's) and moves c past it; at the bundle's last
+ * message, also checks that nothing follows it. 0, or -1 with a fault. */
+static int parse_message(const Decoder *self, tank_cursor *c, tank_message *m, tank_fault *f)
 {
-    const uint8_t *data = self->set;
-    Py_ssize_t end = self->set_len, position = c->position;
-    uint32_t i = c->index, count = self->count;
-    char text[40];
-    if (position >= end)
-        return fail(f, position, "message set ends after %u of %u messages", i, count);
-    uint8_t flags = data[position++];
-    if (flags & ~MESSAGE_FLAGS_KNOWN)
-        return fail(f, position - 1, "unknown message flags 0x%02x", flags);
-    if (self->sparse) {
-        if (i == 0) {
-            c->seq = self->first;
-        } else if (i == count - 1) {
-            c->seq = self->last;
-        } else if (flags & SEQ_PREV_PLUS_ONE) {
-            c->seq += 1;
-        } else {
-            uint32_t delta;
-            if (read_varint(data, end, position, "message seq delta", &delta, &position, f) < 0)
-                return -1;
-            c->seq += (u128)delta + 1;
-        }
-        if (0 < i && i < count - 1 && c->seq >= self->last)
-            return fail(f, position, "sparse bundle message %u has seq %s, not below its last seq", i,
-                        u128_text(c->seq, text));
-    } else if (i) {
-        c->seq += 1;
-    }
-    if (!(flags & USE_LAST_TS)) {
-        if (end - position < 8)
-            return fail(f, position, "truncated message timestamp");
-        c->ts = load_u64(data + position);
-        position += 8;
-    }
-    m->key = NULL;
-    m->key_len = 0;
-    if (flags & HAVE_KEY) {
-        if (position >= end)
-            return fail(f, position, "truncated message key length");
-        m->key_len = data[position++];
-        if ((size_t)(end - position) < m->key_len)
-            return fail(f, position, "truncated message key");
-        m->key = data + position;
-        position += m->key_len;
-    }
-    uint32_t size;
-    if (read_varint(data, end, position, "message content length", &size, &position, f) < 0)
+    if (tank_next_message(self->set, self->set_len, &self->header, 0, c, m, f) < 0)
         return -1;
-    if ((uint64_t)(end - position) < size)
-        return fail(f, position, "truncated message content");
-    m->value = data + position;
-    m->value_len = size;
-    position += size;
-    c->position = position;
-    c->index = i + 1;
-    if (c->index == count && position != end)
-        return fail(f, position, "%zd bytes after the last message of the bundle", end - position);
-    return 0;
+    return c->index == self->header.count ? tank_check_end(c, self->set_len, f) : 0;
 }
 
-static int wanted(const Decoder *self, u128 seq, uint64_t ts_ms)
+static int wanted(const Decoder *self, tank_u128 seq, uint64_t ts_ms)
 {
     if (seq < self->seq_first || seq >= self->seq_end)
         return 0;
@@ -458,43 +264,42 @@ static int wanted(const Decoder *self, u128 seq, uint64_t ts_ms)
 
 /* One message of the current bundle into `b` when wanted: 1 consumed, 0 not consumed because `b` is full (its keys
  * or values would pass an int32 offset), -1 a fault. */
-static int next_message(Decoder *self, Builder *b, Fault *f)
+static int next_message(Decoder *self, Builder *b, tank_fault *f)
 {
-    Cursor c = {self->set_pos, self->index, self->seq, self->last_ts};
-    Parsed m;
+    tank_cursor c = self->cursor;
+    tank_message m;
     char text[40];
     if (parse_message(self, &c, &m, f) < 0)
         return -1;
-    if (wanted(self, c.seq, c.ts)) {
-        if (b->values.len + m.value_len > MAX_COLUMN_BYTES || b->keys.len + m.key_len > MAX_COLUMN_BYTES) {
+    size_t key_len = (size_t)m.key_len, value_len = (size_t)m.value_len;
+    if (wanted(self, m.seq, m.ts)) {
+        if (b->values.len + value_len > MAX_COLUMN_BYTES || b->keys.len + key_len > MAX_COLUMN_BYTES) {
             if (b->rows > 0)
                 return 0;
-            return fail(f, NO_POSITION, "message of %zu bytes does not fit an Arrow binary column", m.value_len);
+            return tank_fail(f, TANK_NO_POSITION, "message of %zu bytes does not fit an Arrow binary column",
+                             value_len);
         }
-        if (c.seq > INT64_COLUMN_MAX) {
+        if (m.seq > INT64_COLUMN_MAX) {
             /* The pure path refuses this seq only once the whole bundle is decoded: a later fault comes first. */
-            Cursor rest = c;
-            Parsed ignored;
-            while (rest.index < self->count)
+            tank_cursor rest = c;
+            tank_message ignored;
+            while (rest.index < self->header.count)
                 if (parse_message(self, &rest, &ignored, f) < 0)
                     return -1;
-            return fail(f, NO_POSITION, "seq %s exceeds the int64 seq column", u128_text(c.seq, text));
+            return tank_fail(f, TANK_NO_POSITION, "seq %s exceeds the int64 seq column", tank_u128_text(m.seq, text));
         }
-        if (builder_append(b, (int64_t)c.seq, c.ts, m.key, m.key_len, m.value, m.value_len, f) < 0)
+        if (builder_append(b, (int64_t)m.seq, m.ts, m.key, key_len, m.value, value_len, f) < 0)
             return -1;
     }
-    self->set_pos = c.position;
-    self->index = c.index;
-    self->seq = c.seq;
-    self->last_ts = c.ts;
-    if (c.index == self->count)
+    self->cursor = c;
+    if (c.index == self->header.count)
         decoder_drop_bundle(self);
     return 1;
 }
 
 /* Appends wanted messages to `b` until it holds max_rows rows or no record is left: 1 full, 0 exhausted, -1 a fault.
  * Runs without the GIL: it touches only the decoder, the builder and the records' buffer, all held by the caller. */
-static int fill_rows(Decoder *self, Builder *b, Py_ssize_t max_rows, Fault *f)
+static int fill_rows(Decoder *self, Builder *b, Py_ssize_t max_rows, tank_fault *f)
 {
     for (;;) {
         if (b->rows >= max_rows)
@@ -530,7 +335,7 @@ static PyObject *Decoder_fill(Decoder *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "Decoder or Builder in use by fill in another thread");
         return NULL;
     }
-    Fault f = {FAULT_NONE};
+    tank_fault f = {TANK_FAULT_NONE};
     int got;
     self->busy = b->busy = 1;
     Py_BEGIN_ALLOW_THREADS
@@ -574,7 +379,7 @@ static PyObject *snappy_message_set(PyObject *module, PyObject *args)
         return NULL;
     uint8_t *set;
     Py_ssize_t set_len;
-    Fault f = {FAULT_NONE};
+    tank_fault f = {TANK_FAULT_NONE};
     PyObject *out = NULL;
     if (decompress_set(body.buf, body.len, 0, &set, &set_len, &f) == 0) {
         out = PyBytes_FromStringAndSize((const char *)set, set_len);

@@ -1,6 +1,6 @@
-/* The columns of one record batch under construction, for tiered/spark/_decode.c (included there once, after its
- * Fault): growable byte vectors (Vec), the Builder Python type that Decoder.fill appends messages to, and the Buffer
- * type that hands each finished vector to Python, read-only and without a copy, for pyarrow to wrap.
+/* The columns of one record batch under construction, for tiered/spark/_decode.c (included there once, after
+ * _tank_walk.h's tank_fault): growable byte vectors (Vec), the Builder Python type that Decoder.fill appends messages
+ * to, and the Buffer type that hands each finished vector to Python, read-only and without a copy, for pyarrow to wrap.
  */
 
 /* -- Buffer: malloc'd bytes exported read-only through the buffer protocol -------------------------------------- */
@@ -44,7 +44,7 @@ typedef struct {
     size_t len, cap;
 } Vec;
 
-static int vec_reserve(Vec *v, size_t extra, Fault *f)
+static int vec_reserve(Vec *v, size_t extra, tank_fault *f)
 {
     if (v->cap - v->len >= extra)
         return 0;
@@ -109,7 +109,7 @@ static void Builder_dealloc(Builder *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int put_i32(Vec *v, int32_t x, Fault *f)
+static int put_i32(Vec *v, int32_t x, tank_fault *f)
 {
     if (vec_reserve(v, 4, f) < 0)
         return -1;
@@ -119,7 +119,7 @@ static int put_i32(Vec *v, int32_t x, Fault *f)
 }
 
 /* Sets validity bit `row` (bit clear = null); the bitmap grows a zeroed byte at a time. */
-static int put_valid(Vec *v, Py_ssize_t row, int valid, Fault *f)
+static int put_valid(Vec *v, Py_ssize_t row, int valid, tank_fault *f)
 {
     if ((row & 7) == 0) {
         if (vec_reserve(v, 1, f) < 0)
@@ -132,7 +132,7 @@ static int put_valid(Vec *v, Py_ssize_t row, int valid, Fault *f)
 }
 
 /* A batch starts with room for as much as the previous one held, so its buffers rarely move while it fills. */
-static int builder_start(Builder *b, Fault *f)
+static int builder_start(Builder *b, tank_fault *f)
 {
     size_t rows = b->last_rows;
     if (vec_reserve(&b->seqs, 8 * rows, f) < 0 || vec_reserve(&b->stamps, 8 * rows, f) < 0 ||
@@ -146,7 +146,7 @@ static int builder_start(Builder *b, Fault *f)
 }
 
 static int builder_append(Builder *b, int64_t seq, uint64_t ts_ms, const uint8_t *key, size_t key_len,
-                          const uint8_t *value, size_t value_len, Fault *f)
+                          const uint8_t *value, size_t value_len, tank_fault *f)
 {
     if (b->rows == 0 && builder_start(b, f) < 0)
         return -1;
@@ -162,15 +162,19 @@ static int builder_append(Builder *b, int64_t seq, uint64_t ts_ms, const uint8_t
     if (put_valid(&b->stamp_valid, b->rows, stamp_valid, f) < 0)
         return -1;
     b->stamp_nulls += !stamp_valid;
-    if (key != NULL) {
+    /* An empty key or value copies nothing: the vector may have no memory yet (NULL), and memcpy from or to NULL is
+     * undefined even for 0 bytes (UBSan found it). */
+    if (key_len) {
         memcpy(b->keys.ptr + b->keys.len, key, key_len);
         b->keys.len += key_len;
     }
     if (put_valid(&b->key_valid, b->rows, key != NULL, f) < 0)
         return -1;
     b->key_nulls += key == NULL;
-    memcpy(b->values.ptr + b->values.len, value, value_len);
-    b->values.len += value_len;
+    if (value_len) {
+        memcpy(b->values.ptr + b->values.len, value, value_len);
+        b->values.len += value_len;
+    }
     if (put_i32(&b->key_offsets, (int32_t)b->keys.len, f) < 0 ||
         put_i32(&b->value_offsets, (int32_t)b->values.len, f) < 0)
         return -1;
@@ -183,7 +187,7 @@ static PyObject *Builder_rows(Builder *self, void *closure) { return PyLong_From
 /* The batch's buffers, ownership and all; the builder starts over empty. A validity bitmap without a null is None. */
 static PyObject *Builder_take(Builder *self, PyObject *unused)
 {
-    Fault f = {FAULT_NONE};
+    tank_fault f = {TANK_FAULT_NONE};
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "Builder in use by Decoder.fill in another thread");
         return NULL;

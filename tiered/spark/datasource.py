@@ -2,7 +2,7 @@
 
     from tiered.spark import TieredDataSource
     spark.dataSource.register(TieredDataSource)
-    df = (spark.read.format("tiered").option("catalog", "postgresql://tiered@db/tiered")
+    df = (spark.read.format("tiered").option("catalog", "postgresql+psycopg://tiered@db/tiered")
           .option("store", "s3://bucket/prefix").option("topic", "events").load())
 
 Options: tiered.spark.options. The driver plans splits from the catalog when Spark asks for the reader's partitions

@@ -1,6 +1,6 @@
 """The options of `spark.read.format("tiered")` (and of `tiered replay`), parsed and checked once. Pure.
 
-    catalog             catalog URL, as the broker's (sqlite:///path, postgresql://user@host/db)     required
+    catalog             catalog URL, as the broker's (sqlite:///path, postgresql+psycopg://u@h/db) required
     store               object store URL, as the broker's (s3://bucket/prefix, file:///dir)         required
     topic               the topic to read                                                           required
     partitions          comma-separated partition numbers (default: every partition)

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tiered.client import Client
+from tiered.client import Client, TankError
 from tiered.protocol.bundle import Message
+from tiered.protocol.codes import ProduceStatus
 from tiered.spark.decoding import SCHEMA
 from tiered.spark.execution import split_batches, split_messages
 from tiered.spark.listing import plan_read
@@ -168,19 +169,26 @@ async def produce_replay(
     splits = plan_read(options)
     reader = source_reader(options)
     stats = ReplayStats(splits=len(splits))
-    in_flight: list[tuple[asyncio.Task, int, int, int]] = []  # (task, partition, last seq, messages)
+    # (task, partition, first seq, last seq, messages)
+    in_flight: list[tuple[asyncio.Task, int, int, int, int]] = []
 
     async def settle(keep: int) -> None:
         while len(in_flight) > keep:
-            task, partition, last_seq, count = in_flight.pop(0)
+            task, partition, first_seq, last_seq, count = in_flight.pop(0)
             try:
                 await task
             except Exception as exc:
                 for other, *_ in in_flight:
                     other.cancel()
                 done = stats.last_seqs.get(partition)
-                raise ReplayError(f"produce to {to_topic}/{partition} failed ({exc}); the last seq acknowledged "
-                                  f"there is {done if done is not None else 'none'}") from exc
+                acked = f"the last seq acknowledged there is {done if done is not None else 'none'}"
+                if isinstance(exc, TankError) and exc.code == ProduceStatus.INVALID_SEQNUMS:
+                    raise ReplayError(
+                        f"{to_topic}/{partition} refused seqs {first_seq}..{last_seq} (--keep-seqs): a seq can only "
+                        f"be written after the partition's high-water mark, and {to_topic}/{partition} already holds "
+                        f"seqs at or past {first_seq}; replay into a new topic, or without --keep-seqs to append; "
+                        f"{acked}") from exc
+                raise ReplayError(f"produce to {to_topic}/{partition} failed ({exc}); {acked}") from exc
             stats.messages += count
             stats.last_seqs[partition] = last_seq
             on_messages(count)
@@ -190,7 +198,7 @@ async def produce_replay(
             coro = client.produce_with_seqnum(to_topic, partition, batch)
         else:
             coro = client.produce(to_topic, partition, batch)
-        in_flight.append((asyncio.ensure_future(coro), partition, batch[-1].seq, len(batch)))
+        in_flight.append((asyncio.ensure_future(coro), partition, batch[0].seq, batch[-1].seq, len(batch)))
         await settle(PRODUCE_WINDOW - 1)
 
     for split, rule in replayed_splits(reader, splits, options, latest_per_key):

@@ -91,10 +91,6 @@ class CompactionReport:
     error: str | None = None  # the pass failed (an I/O error, damaged input, an unfinished swap); None otherwise
     swapped: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (input files, output files)
 
-    @property
-    def bytes_reclaimed(self) -> int:
-        return self.bytes_before - self.bytes_after
-
 
 def compaction_due(log: PartitionLog) -> bool:
     """TANK's trigger: cleanup policy, and dirty sealed bytes / all sealed bytes >= min.cleanable.ratio (> 0)."""

@@ -57,10 +57,6 @@ def topic_path(base: str, name: str) -> str:
     return os.path.join(base, validate_topic_name(name))
 
 
-def partition_path(base: str, name: str, partition: int) -> str:
-    return os.path.join(topic_path(base, name), str(partition))
-
-
 def _write_synced(path: str, data: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)

@@ -21,9 +21,10 @@ from tiered.catalog.blocks import RunMeta
 from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.block_format import INDEX_EVERY_BYTES
+from tiered.tiering.partition_state import TierState
+from tiered.topic_partition import TopicPartition
 from tiered.tiering.store import Piece
 
-TopicPartition = tuple[str, int]
 
 
 @dataclass
@@ -89,14 +90,19 @@ class NotLeading(Exception):
 
 
 class BlockBuilder:
-    def __init__(self, max_bytes: int = 8 << 20, max_age_ms: int = 250):
+    """Gathers the records of the partitions led here into the next block. Whether a partition is led, and under which
+    epoch, is the tier state's (tiered.tiering.partition_state); the builder keeps only where each partition's next
+    run continues from."""
+
+    def __init__(self, state: TierState, max_bytes: int = 8 << 20, max_age_ms: int = 250):
+        self.state = state
         self.max_bytes = max_bytes
         self.max_age_ms = max_age_ms
         self._runs: dict[TopicPartition, list[PendingRun]] = {}
         self._acks: list[tuple[TopicPartition, asyncio.Future]] = []
         self._size = 0
         self._opened_ms: float | None = None
-        self._leading: dict[TopicPartition, tuple[int, int]] = {}  # (epoch, next from_seq)
+        self._next_from: dict[TopicPartition, int] = {}  # per partition opened here: its next run's from_seq
 
     @property
     def pending_bytes(self) -> int:
@@ -111,15 +117,16 @@ class BlockBuilder:
     def empty(self) -> bool:
         return not self._runs
 
-    def lead(self, topic: str, partition: int, epoch: int, committed: int) -> None:
-        """From now on records of the partition are uploaded under `epoch`, continuing the catalog's high-water
-        mark `committed`. Pending records of an earlier lead are dropped (they can no longer be committed)."""
+    def lead(self, topic: str, partition: int) -> None:
+        """From now on records of the partition (led here: TierState.lead first) are taken, continuing its committed
+        seq. Pending records of an earlier lead are dropped (they can no longer be committed)."""
         self.release(topic, partition)
-        self._leading[(topic, partition)] = (epoch, committed + 1)
+        tp = TopicPartition(topic, partition)
+        self._next_from[tp] = self.state.committed_seq(tp) + 1
 
     def release(self, topic: str, partition: int) -> None:
         """Stops leading the partition (fenced): its pending records are dropped, their acks REFUSED."""
-        self._leading.pop((topic, partition), None)
+        self._next_from.pop((topic, partition), None)
         runs = self._runs.pop((topic, partition), None)
         if runs:
             self._size -= sum(r.size_bytes for r in runs)
@@ -134,18 +141,15 @@ class BlockBuilder:
             if not self._runs:
                 self._opened_ms = None
 
-    def leads(self, topic: str, partition: int) -> bool:
-        return (topic, partition) in self._leading
-
     def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: Piece, segment_base: int,
             now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
         """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
         `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""
-        key = (topic, partition)
-        lead = self._leading.get(key)
-        if lead is None:
+        key = TopicPartition(topic, partition)
+        next_from = self._next_from.get(key)
+        epoch = self.state.epoch_of(key)
+        if next_from is None or epoch is None:
             raise NotLeading(f"{topic}/{partition} is not led by this builder")
-        epoch, next_from = lead
         if first_seq < next_from:
             raise NotLeading(f"{topic}/{partition}: record {first_seq} does not follow {next_from - 1}")
         messages, low, high = record_stats(record, facts)
@@ -164,7 +168,7 @@ class BlockBuilder:
         run.min_ts_ms = min(run.min_ts_ms, low)
         run.max_ts_ms = max(run.max_ts_ms, high)
         run.size_bytes += len(record)
-        self._leading[key] = (epoch, last_seq + 1)
+        self._next_from[key] = last_seq + 1
         self._size += len(record)
         if ack is not None:
             self._acks.append((key, ack))

@@ -22,16 +22,17 @@ from typing import Callable, Iterable
 from tiered import metrics as m
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog.errors import Discontinuity, IllegalTransition, StaleEpoch
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import Clock, utc_now
 from tiered.metrics import Metrics
 from tiered.tier_interface import AckOutcome
 from tiered.tiering import keys
-from tiered.tiering.block_builder import ClosedBlock, PendingRun, TopicPartition
+from tiered.tiering.block_builder import ClosedBlock, PendingRun
 from tiered.tiering.block_format import encode_block_pieces
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.retrying import Retrying
 from tiered.tiering.store import ObjectStore
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
@@ -49,8 +50,8 @@ class BlockPipeline:
         on_committed: Callable[[list[PendingRun]], None],
         on_fenced: Callable[[TopicPartition, int, str], None],
         grace,
+        clock: Clock,
         max_in_flight: int = 8,
-        clock: Clock = SYSTEM_CLOCK,
         on_done: Callable[[], None] | None = None,
         hot_path: HotPathGate | None = None,
     ):
@@ -163,7 +164,8 @@ class BlockPipeline:
             object_key = keys.block_key(self.broker_id, self._ids.next(int(self.clock.now_ms())))
             block_id = await self.retry(
                 f"intent row for {object_key}",
-                lambda: self.catalog.write(catalog_blocks.insert_pending_block, object_key, self.broker_id, size),
+                lambda: self.catalog.write(catalog_blocks.insert_pending_block, object_key, self.broker_id, size,
+                                           now=utc_now(self.clock)),
                 m.CATALOG_ERRORS,
             )
             await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces), m.PUT_ERRORS)
@@ -176,7 +178,8 @@ class BlockPipeline:
             try:
                 await self.retry(
                     f"commit of block {block_id}",
-                    lambda: self.catalog.write(catalog_blocks.commit_block, block_id, self.broker_id, rows, epochs),
+                    lambda: self.catalog.write(catalog_blocks.commit_block, block_id, self.broker_id, rows, epochs,
+                                               now=utc_now(self.clock)),
                     m.COMMIT_ERRORS,
                 )
             except (StaleEpoch, Discontinuity) as exc:

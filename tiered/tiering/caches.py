@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
@@ -28,10 +27,10 @@ V = TypeVar("V")
 
 
 class RangeCache(Generic[R]):
-    def __init__(self, per_partition: int = 64, ttl_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, monotonic: Callable[[], float], per_partition: int = 64, ttl_s: float = 60.0):
         self.per_partition = per_partition
         self.ttl_s = ttl_s
-        self.clock = clock
+        self.clock = monotonic  # seconds (tiered.clock.Clock.monotonic of the reader's clock)
         self._rows: dict[tuple[str, int], OrderedDict[int, tuple[float, R]]] = {}
 
     def get(self, topic: str, partition: int, seq: int) -> R | None:

@@ -34,11 +34,11 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.cluster_decision import ClusterView, Decision, Follow, decide, leader_of, lease_fresh, spread
 
 log = logging.getLogger("tiered.cluster")
 
 TICK_S = 0.25  # a handover's new leader claims at its next tick: this is most of a clean move's stall
-LEASE_SAFETY = 0.8  # acknowledge only while the last renewal is younger than this share of the lease
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
 
@@ -84,6 +84,14 @@ class Coordinator:
         self._evicted = False  # another process took this broker id: never lead again
         self.live: set[int] = set()
         self.addresses: dict[int, str] = {}
+        # What the last full look was decided from: the change counter and the membership (live brokers, their
+        # addresses, whether this one could claim). While neither moved, nothing a decision depends on did, and a
+        # tick reads one small statement (tiered.catalog.cluster.look) instead of every partition.
+        self._seen: tuple | None = None
+        # What the server was last told of each partition followed (one owner: every follow goes through
+        # `_follow`): a full look re-tells only what changed. A partition led here is not in it.
+        self._followed: dict[tuple[str, int], Follow] = {}
+        self._bounds_asked: dict[tuple[str, int], float] = {}  # monotonic time a read last asked for a follower's
         # One tick at a time (the loop's, a topic creation's): a tick reads the epochs, then compares them with what
         # is led here; a claim by another tick in between would look like a partition lost.
         self._ticking = asyncio.Lock()
@@ -99,7 +107,7 @@ class Coordinator:
         self._renewed_at = started
 
     def _lease_fresh(self, now: float) -> bool:
-        return self._renewed_at is not None and now - self._renewed_at < LEASE_SAFETY * self.lease_ms / 1000.0
+        return lease_fresh(self._renewed_at, self.lease_ms, now)
 
     def holds_lease(self) -> bool:
         """Whether this broker may acknowledge: its lease was renewed in time, and never lapsed unverified."""
@@ -124,7 +132,7 @@ class Coordinator:
             log.error("broker id %d was taken over by another process: this one stops leading", self.broker_id)
             for topic, partition in list(self.leadership.leading()):
                 self.leadership.lost(topic, partition)
-                self.sink.follow(topic, partition, None, None)
+                self._no_leader(topic, partition)
             # It could only answer "no leader" from now on (the new leader has its id): it stops, and its clients
             # find the new process through the other brokers' redirects.
             self.sink.evicted(f"broker id {self.broker_id} was taken over by another process")
@@ -145,7 +153,7 @@ class Coordinator:
         if others and leading:
             load = Counter(a.leader_broker for a in await self.catalog.read(catalog_cluster.assignments)
                            if a.leader_broker in others)
-            targets = catalog_cluster.spread(sorted(leading), others, load)
+            targets = spread(sorted(leading), others, load)
             await self._hand_over({key: (targets[key], leading[key]) for key in leading}, deadline)
         await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
 
@@ -157,83 +165,108 @@ class Coordinator:
             await self.clock.sleep(TICK_S)
 
     async def _refresh_members(self) -> None:
-        members = await self.catalog.read(catalog_cluster.members)
+        self._take_members(await self.catalog.read(catalog_cluster.members))
+
+    def _take_members(self, members: Sequence[catalog_cluster.Member]) -> None:
         self.live = {mb.broker_id for mb in members if mb.live}
         self.addresses = {mb.broker_id: mb.advertised for mb in members}
         if self._lease_fresh(self.clock.monotonic()) and not self._evicted:
             self.live.add(self.broker_id)
 
     def _leader(self, broker_id: int | None) -> Leader | None:
-        """Where to redirect to: a live broker other than this one (this one, not leading yet: no leader yet)."""
-        if broker_id is None or broker_id == self.broker_id or broker_id not in self.live \
-                or not self.addresses.get(broker_id):
-            return None
-        return Leader(broker_id, self.addresses[broker_id])
+        return leader_of(self.view(()), broker_id)
 
     async def tick(self) -> None:
         """One look at the members and the assignments: claim, hand over, follow (module docstring)."""
         async with self._ticking:
             await self._tick()
 
+    def view(self, assignments) -> ClusterView:
+        return ClusterView(self.broker_id, frozenset(self.live), dict(self.addresses), assignments, self.lease_ms,
+                           self._renewed_at, self._evicted)
+
     async def _tick(self) -> None:
         started = self.clock.monotonic()
-        await self._refresh_members()
+        look = await self.catalog.read(catalog_cluster.look)
+        self._take_members(look.members)
+        seen = (look.changes, frozenset(self.live), tuple(sorted(self.addresses.items())),
+                not self._evicted and self._lease_fresh(self.clock.monotonic()))
+        if look.changes is not None and seen == self._seen:
+            # No partition, epoch, assignment, handover, topic or member moved since the last full look (the
+            # counter is bumped in the transaction of each change): its decision stands. That is also what a
+            # lapsed lease needs to see to acknowledge again: no epoch moved while it was lapsed.
+            self._checked(started)
+            return
+        self._seen = None  # until this look is carried out (a failure in between looks again next time)
         topics = await self.catalog.read(catalog_topics.list_topics)
         await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
         assignments = await self.catalog.read(catalog_cluster.assignments)
         leading = self.leadership.leading()
-        me = self.broker_id
-        serving = not self._evicted and self._lease_fresh(self.clock.monotonic())
-        load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
-        claims: dict[str, dict[int, int]] = {}
-        assigned_here = False  # a claim of a partition whose row names this broker id
-        orphans: list[tuple[str, int]] = []
-        epochs: dict[tuple[str, int], int] = {}
-        handovers: dict[tuple[str, int], tuple[int, int]] = {}
-        for a in assignments:
-            key = (a.topic, a.partition)
-            epochs[key] = a.leader_epoch
-            if key in leading:
-                if a.leader_epoch > leading[key]:
-                    log.warning("%s/%d was claimed by broker %s (epoch %d): no longer led here", a.topic,
-                                a.partition, a.leader_broker, a.leader_epoch)
-                    self.leadership.lost(*key)
-                    self.sink.follow(a.topic, a.partition, self._leader(a.leader_broker), a.hwmark_seq,
-                                     a.first_available_seq)
-                elif a.handover_to is not None and a.handover_to != me and a.handover_to in self.live:
-                    handovers[key] = (a.handover_to, a.leader_epoch)
-                continue
-            if a.leader_broker == me or a.leader_broker is None or a.leader_broker not in self.live:
-                # Assigned here but not claimed yet, or orphaned: nobody leads it this moment (0xfd, not a
-                # redirect that could bounce between two brokers that each think the other leads).
-                self.sink.follow(a.topic, a.partition, None, a.hwmark_seq, a.first_available_seq)
-                if a.leader_broker == me:
-                    if serving:
-                        claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
-                        assigned_here = True
-                else:
-                    orphans.append(key)
-            else:
-                self.sink.follow(a.topic, a.partition, self._leader(a.leader_broker), a.hwmark_seq,
-                                 a.first_available_seq)
-        if serving:
-            for key, broker in catalog_cluster.spread(orphans, self.live, load).items():
-                if broker == me:
-                    claims.setdefault(key[0], {})[key[1]] = epochs[key]
-        if assigned_here:
+        # Pure, and linear in the partitions: on a worker thread, so that a large catalog's look does not hold up
+        # the event loop (produces and their acks) while it is decided.
+        decision = await asyncio.to_thread(decide, self.view(assignments), leading, self.clock.monotonic())
+        for key in leading:
+            self._followed.pop(key, None)
+        await self._apply(decision, started)
+        # A claim or a handover changes the catalog, and so the counter: the next tick looks again anyway. One that
+        # changed nothing (a topic this broker cannot serve) is tried again at the next tick, as before.
+        if not decision.claims and not decision.handovers and not decision.renew_first:
+            self._seen = seen
+
+    def _checked(self, started: float) -> None:
+        """The epochs were read (or known unchanged) after the look that began at `started`."""
+        if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
+            self._lapsed = False  # the epochs read after the renewal showed what is still led here
+            log.info("lease renewed and partitions checked: acknowledging again")
+
+    def _follow(self, f: Follow) -> None:
+        """Tells the server, unless it was told exactly this last time."""
+        if self._followed.get(f.key) != f:
+            self._followed[f.key] = f
+            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+
+    def _no_leader(self, topic: str, partition: int) -> None:
+        self._followed.pop((topic, partition), None)
+        self.sink.follow(topic, partition, None, None)
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        """A read on a follower went past the bounds it knows: the partition's row is read now (at most once per
+        tick per partition), and the server told its leader and committed bounds. True if it was told (the read
+        looks again). This is how a follower's high-water mark stays current without every broker polling every
+        partition's bounds: the change counter does not move on commits."""
+        key = (topic, partition)
+        now = self.clock.monotonic()
+        if now - self._bounds_asked.get(key, float("-inf")) < TICK_S:
+            return False
+        self._bounds_asked[key] = now
+        a = await self.catalog.read(catalog_cluster.assignment, topic, partition)
+        if a is None or key in self.leadership.leading():
+            return False
+        leader = self._leader(a.leader_broker) if a.leader_broker in self.live else None
+        self._follow(Follow(key, leader, a.hwmark_seq, a.first_available_seq))
+        return True
+
+    async def _apply(self, decision: Decision, started: float) -> None:
+        """Carries one decision out; `started`: when the look it was decided from began."""
+        for f in decision.lost:
+            log.warning("%s/%d was claimed by broker %s: no longer led here", *f.key,
+                        f.leader.broker_id if f.leader else "(not live)")
+            self.leadership.lost(*f.key)
+            self._follow(f)
+        for f in decision.follows:
+            self._follow(f)
+        if decision.renew_first:
             # A row naming this broker id that this process does not lead is either assigned here and not claimed
             # yet, or was claimed by another process that took this broker id over (a new volume, a rescheduled
             # pod): the lease says which. Taking it back would fence the process that now owns the id.
             await self.renew()
             if self._evicted:
                 return
-        for topic, expected in sorted(claims.items()):
+        for topic, expected in sorted(decision.claims.items()):
             await self._claim(topic, expected)
-        if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
-            self._lapsed = False  # the epochs read after the renewal showed what is still led here
-            log.info("lease renewed and partitions checked: acknowledging again")
-        if handovers:
-            await self._hand_over(handovers, self.clock.monotonic() + CLAIM_WAIT_S)
+        self._checked(started)
+        if decision.handovers:
+            await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
 
     async def _claim(self, topic: str, expected: Mapping[int, int]) -> None:
         plans = await self.leadership.claim(topic, dict(expected))
@@ -250,7 +283,7 @@ class Coordinator:
         is committed; each partition is assigned to its new leader, who claims it at its next tick; once it has,
         clients are redirected there."""
         for topic, partition in moves:
-            self.sink.follow(topic, partition, None, None)
+            self._no_leader(topic, partition)
         await self.leadership.give_up(sorted(moves), deadline)
         by_topic: dict[str, dict[int, tuple[int, int]]] = {}
         for (topic, partition), move in moves.items():
@@ -275,8 +308,8 @@ class Coordinator:
                 if a.partition in waiting and a.leader_epoch > waiting[a.partition]:
                     del waiting[a.partition]
                     if (a.topic, a.partition) not in leading:
-                        self.sink.follow(a.topic, a.partition, self._leader(a.leader_broker), a.hwmark_seq,
-                                         a.first_available_seq)
+                        self._follow(Follow((a.topic, a.partition), self._leader(a.leader_broker), a.hwmark_seq,
+                                            a.first_available_seq))
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)
@@ -286,7 +319,7 @@ class Coordinator:
         await self._refresh_members()
         assignments = await self.catalog.read(catalog_cluster.assignments)
         load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
-        placed = catalog_cluster.spread([("", p) for p in range(partitions)], self.live, load)
+        placed = spread([("", p) for p in range(partitions)], self.live, load)
         return {p: broker for (_, p), broker in placed.items()}
 
     def status(self) -> dict:

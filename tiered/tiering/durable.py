@@ -21,45 +21,49 @@ import logging
 from collections.abc import Iterable
 
 from tiered import metrics as m
-from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
+from tiered.clock import Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.storage.partition_log import AppendResult, StoredRecord
 from tiered.tier_interface import TierSink
-from tiered.tiering.block_builder import BlockBuilder, PendingRun, TopicPartition
+from tiered.tiering.block_builder import BlockBuilder, PendingRun
 from tiered.tiering.block_pipeline import BlockPipeline
 from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.partition_state import TierState
 from tiered.tiering.store import ObjectStore
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
 
 class DurablePath:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, broker_id: int, sink: TierSink, *,
-                 metrics: Metrics, max_bytes: int, max_age_ms: int, grace, clock: Clock = SYSTEM_CLOCK,
+                 state: TierState, metrics: Metrics, max_bytes: int, max_age_ms: int, grace, clock: Clock,
                  on_committed=None, linger_ms: int | None = None, max_puts_per_s: float = 10.0,
-                 hot_path: HotPathGate | None = None):
+                 remote_read_yield_s: float = 0.0):
         self.sink = sink
+        self.state = state
         self.metrics = metrics
         self.clock = clock
-        self.builder = BlockBuilder(max_bytes, max_age_ms)
+        self.builder = BlockBuilder(state, max_bytes, max_age_ms)
         self._extra_on_committed = on_committed
+        # Remote reads give way to this path (tiered.tiering.hot_path): the gate is told when blocks are in flight,
+        # and asks when the open block is due.
+        self.hot_path = HotPathGate(remote_read_yield_s, due_in_s=self.due_in_s, clock=clock)
         self.pipeline = BlockPipeline(store, catalog, broker_id, metrics=metrics, on_committed=self._committed,
-                                      on_fenced=self._fenced, grace=grace, clock=clock, on_done=self._upload_done,
-                                      hot_path=hot_path)
+                                      on_fenced=self.fence, grace=grace, clock=clock, on_done=self._upload_done,
+                                      hot_path=self.hot_path)
         self._kick = asyncio.Event()
         self.linger_ms = max_age_ms if linger_ms is None else min(linger_ms, max_age_ms)
         self.early_close_spacing_ms = 1000.0 / max_puts_per_s
         self._last_early_close_ms = float("-inf")
-        self.committed_to: dict[TopicPartition, int] = {}  # the catalog's high-water mark, as this broker knows it
 
     # -- leadership ------------------------------------------------------------------------------------------------
 
-    def lead(self, topic: str, partition: int, epoch: int, committed: int) -> None:
-        """Uploads the partition's records under `epoch` from now on, continuing the catalog's high-water mark
-        `committed`."""
-        self.builder.lead(topic, partition, epoch, committed)
-        self.committed_to[(topic, partition)] = committed
+    def lead(self, topic: str, partition: int) -> None:
+        """Uploads the partition's records from now on (led here: TierState.lead first), under its epoch,
+        continuing its committed seq."""
+        self.builder.lead(topic, partition)
 
     async def upload_tail(self, topic: str, partition: int, tail: Iterable[StoredRecord], timeout_s: float) -> int:
         """Uploads local records past the catalog's high-water mark (a restart), in order, before later appends:
@@ -82,9 +86,6 @@ class DurablePath:
         and their acks refused; blocks in flight commit, or are refused by the new leader's epoch."""
         self.builder.release(topic, partition)
 
-    def leads(self, topic: str, partition: int) -> bool:
-        return self.builder.leads(topic, partition)
-
     # -- the produce path ------------------------------------------------------------------------------------------
 
     async def admission(self, timeout_s: float) -> bool:
@@ -105,6 +106,10 @@ class DurablePath:
         block = self.builder.close()
         if block is not None:
             self.pipeline.submit(block)
+
+    def trouble(self) -> str | None:
+        """The latest failed upload or commit of a block, while it is being retried."""
+        return self.pipeline.retry.last_failure
 
     def due_ms(self) -> float | None:
         """When the open block closes by time (None: nothing is open): at its age limit, or, latency-first and with no
@@ -147,15 +152,17 @@ class DurablePath:
 
     def _committed(self, runs: list[PendingRun]) -> None:
         for run in runs:
-            key = (run.topic, run.partition)
-            self.committed_to[key] = max(self.committed_to.get(key, 0), run.last_seq)
+            self.state.committed(TopicPartition(run.topic, run.partition), run.last_seq)
             self.sink.committed(run.topic, run.partition, run.first_seq, run.last_seq, run.size_bytes)
         if self._extra_on_committed is not None:
             self._extra_on_committed()
 
-    def _fenced(self, key: TopicPartition, epoch: int, reason: str) -> None:
-        if not self.builder.leads(*key):
-            return  # already reported (by the copier or an earlier block)
+    def fence(self, key: TopicPartition, epoch: int | None, reason: str) -> None:
+        """A write of the partition under `epoch` (None: its current one) was refused for a newer epoch: it is
+        fenced (TierState.fence), its pending records dropped and the server told, once."""
+        key = TopicPartition(*key)
+        if not self.state.fence(key, epoch):
+            return  # already reported (by the copier or an earlier block), or led again under a newer epoch
         self.builder.release(*key)
         self.metrics.inc(m.FENCED_PARTITIONS)
         log.error("%s/%d: %s; this broker stops serving the partition", key[0], key[1], reason)

@@ -14,24 +14,24 @@ all the time they still get at least half of the time. `max_pause_s` 0 turns yie
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Callable
+
+from tiered.clock import Clock
 
 LEAD_S = 0.025  # remote reads pause this long before a block is due
 POLL_S = 0.005  # how often a paused read looks whether the hot path is quiet again
 
 
 class HotPathGate:
-    def __init__(self, max_pause_s: float, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, max_pause_s: float, *, clock: Clock, due_in_s: Callable[[], float | None] = lambda: None):
         if max_pause_s < 0:
             raise ValueError("max_pause_s must not be negative")
         self.max_pause_s = max_pause_s
         self.busy = 0  # blocks uploading or committing
-        # Seconds until the open block is due (None: no block is open); set by the durable path.
-        self.due_in_s: Callable[[], float | None] = lambda: None
+        # Seconds until the open block is due (None: no block is open): the durable path's, which builds the gate.
+        self.due_in_s = due_in_s
         self.paused_s = 0.0  # time remote reads spent paused, summed over reads (for benchmarks)
-        self._monotonic = monotonic
+        self.clock = clock
         self._turn_until = 0.0  # remote reads may go on until then although the hot path is busy
 
     def enter(self) -> None:
@@ -51,14 +51,14 @@ class HotPathGate:
         """Returns when a remote read may take in more bytes."""
         if self.max_pause_s == 0 or not self.hot():
             return
-        started = self._monotonic()
+        started = self.clock.monotonic()
         if started < self._turn_until:
             return
         deadline = started + self.max_pause_s
         now = started
         while now < deadline and self.hot():
-            await asyncio.sleep(min(POLL_S, deadline - now))
-            now = self._monotonic()
+            await self.clock.sleep(min(POLL_S, deadline - now))
+            now = self.clock.monotonic()
         self.paused_s += now - started
         if now >= deadline:
             self._turn_until = now + (now - started)

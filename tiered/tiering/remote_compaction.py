@@ -43,7 +43,7 @@ from tiered.catalog.compaction import SwapRefused
 from tiered.catalog.errors import StaleEpoch
 from tiered.catalog.engine import Catalog
 from tiered.catalog.segments import SegmentMeta, SegmentRow
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import Clock
 from tiered.storage.compaction import OUTPUT_ALLOWANCE
 from tiered.storage.compaction_checkpoint import read_checkpoint
 from tiered.storage.partition_log import PartitionLog
@@ -72,7 +72,7 @@ class _Group:
 
 class RemoteCompactor:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, *, broker_id: int, workdir: str,
-                 grace: timedelta = DEFAULT_DELETE_GRACE, clock: Clock = SYSTEM_CLOCK):
+                 clock: Clock, grace: timedelta = DEFAULT_DELETE_GRACE):
         self.store = store
         self.catalog = catalog
         self.broker_id = broker_id

@@ -11,8 +11,12 @@ answer is sent and the consumer decodes it: a window ending at an index entry te
 next, so the window after it can be read ahead too, and the consumer has several GETs in flight. Read-aheads are
 kept a few per partition for AHEAD_TTL_S, and only within the read budget.
 
-Seqs not in a remote segment come from the block run that answers for them (tiered.tiering.run_reads, whose
-`RunReads` this reader inherits: one index scan, cached; a run of a block of version 3 is range-read by its bundle
+Which location answers for a seq comes from the reader's caches, else from one catalog transaction
+(tiered.catalog.locate: the remote segment, the block run, or nowhere), so that a swap committed between two lookups
+cannot hide a seq; a cached location that fails to answer is dropped and the catalog asked again, and only a seq
+that transaction places between the partition's first available seq and its committed seq is reported as a hole
+(`tiered catalog check` would agree). Seqs in a block run are read by tiered.tiering.run_reads (whose `RunReads`
+this reader inherits: a run of a block of version 3 is range-read by its bundle
 index, a run of an older block is GET whole and cached). A location answers for [from_seq, last_seq]: a seq in a jump
 before its first record reads from that record, as in TANK, but a seq that no location answers for is reported
 (Unreadable), never served from a later location. The chunk handed to the consumer (tiered.tiering.remote_chunks)
@@ -29,11 +33,11 @@ import logging
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
 from tiered import metrics as m
-from tiered.catalog import segments as catalog_segments
+from tiered.catalog.locate import InRun, InSegment, Nowhere, locate
 from tiered.catalog.segments import SegmentRow
+from tiered.clock import Clock
 from tiered.metrics import Metrics
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.index import SparseIndex
@@ -109,7 +113,7 @@ class _Ahead:
         self.chain = chain
         self.follow: int | None = None
         self.task: asyncio.Task | None = None
-        self.expiry: asyncio.TimerHandle | None = None
+        self.expiry: asyncio.Task | None = None  # drops it once AHEAD_TTL_S passed on the reader's clock
 
     def drop(self) -> None:
         if self.expiry is not None:
@@ -127,22 +131,19 @@ class RemoteReader(RunReads):
 
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, metrics: Metrics, *, max_concurrency: int = 8,
                  budget: ReadBudget | None = None, read_ahead: bool = True, ahead_depth: int = AHEAD_DEPTH,
-                 pace: Pace | None = None,
-                 highest_copied: Callable[[str, int], int | None] = lambda topic, partition: None):
+                 pace: Pace | None = None, clock: Clock):
         self.store = store
+        self.clock = clock  # the location caches' ages and the read-aheads' time to live
         self.catalog = catalog
         self.metrics = metrics
         self.budget = budget if budget is not None else ReadBudget(DEFAULT_READ_BUDGET_BYTES)
         self.read_ahead = read_ahead
         self.ahead_depth = ahead_depth  # windows read ahead of a consumer reading in order
         self.pace = pace  # GETs of segment windows take in their bytes when it lets them (hot_path.HotPathGate)
-        self.segments: RangeCache[SegmentRow] = RangeCache()
+        self.segments: RangeCache[SegmentRow] = RangeCache(clock.monotonic)
         self.indexes: SizedLru[str, SparseIndex] = SizedLru(self.budget.cache_bytes // 2,
                                                             lambda index: index.size_bytes)
-        super().__init__(self.budget.cache_bytes)  # the block-run caches: runs, footers, run_bytes
-        # The highest seq in a copied remote segment, when the caller knows it (None: unknown): a seq above it can
-        # only be in a block run, so the segment lookup is skipped.
-        self.highest_copied = highest_copied
+        super().__init__(self.budget.cache_bytes, clock)  # the block-run caches: runs, footers, run_bytes
         self._slots = asyncio.Semaphore(max_concurrency)  # GETs in flight, read-aheads included
         self._ahead: dict[tuple[str, int], list[_Ahead]] = {}
         # The seqs that would continue recent answers, per partition: a fetch asking one of them reads in order,
@@ -155,33 +156,68 @@ class RemoteReader(RunReads):
         return self.budget.used + self.indexes.size_bytes + self.footers.size_bytes + self.run_bytes.size_bytes
 
     async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
-        # The segment and the run are looked up by two queries: a swap committed between them (a remote compaction
-        # replacing the run by a segment, a copy finishing) leaves neither answering. It is one transaction, so a
-        # second look sees its segment.
-        got = await self._locate(topic, partition, seq, fetch_size)
-        if got is None:
-            got = await self._locate(topic, partition, seq, fetch_size)
-        if got is None:
-            self.metrics.inc(m.UNLOCATED_READS)
-            log.error("%s/%d: no remote segment or block run answers for seq %d, below the high-water mark: "
-                      "the catalog has a hole (run `tiered catalog check`)", topic, partition, seq)
-            return Unreadable(f"no location holds seq {seq}")
+        got = await self._answer(topic, partition, seq, fetch_size)
+        if isinstance(got, Nowhere):
+            if got.is_hole:  # the one transaction saw no location below the committed seq: the check agrees
+                self.metrics.inc(m.UNLOCATED_READS)
+                log.error("%s/%d: no remote segment or block run answers for seq %d, below the high-water mark %d: "
+                          "the catalog has a hole (run `tiered catalog check`)", topic, partition, got.seq,
+                          got.committed_seq)
+            return Unreadable(f"no location holds seq {got.seq} (history is {got.first_available_seq}.."
+                              f"{got.committed_seq})")
         if isinstance(got, RemoteChunk):
             self.metrics.inc(m.REMOTE_BYTES, len(got.data) if isinstance(got.data, bytes) else got.data.size)
         return got
 
-    async def _locate(self, topic: str, partition: int, seq: int,
-                      fetch_size: int) -> RemoteChunk | Unreadable | None:
-        """The chunk for `seq` from the remote segment answering for it, else from the block run; None: neither."""
-        copied = self.highest_copied(topic, partition)
-        while copied is None or seq <= copied:
-            got = await self._from_segment(topic, partition, seq, fetch_size)
-            if not isinstance(got, int):
-                if got is not None:
-                    return got
-                break
-            seq = got  # compaction removed the segment's messages from seq on: the next one answers
-        return await self._from_run(topic, partition, seq, fetch_size)
+    async def _answer(self, topic: str, partition: int, seq: int,
+                      fetch_size: int) -> RemoteChunk | Unreadable | Nowhere:
+        """The chunk for `seq` from the location answering for it: the cached one, else the one the catalog names
+        (tiered.catalog.locate, one transaction). A cached location that fails to answer (its object gone, or
+        holding nothing from the seq on) is not trusted: the catalog is asked again before anything is reported."""
+        asked = False  # whether `location` comes from the catalog just now
+        while True:
+            location = None if asked else self._cached(topic, partition, seq)
+            if location is None:
+                location = await self._query(locate, topic, partition, seq)
+                asked = True
+                if isinstance(location, Nowhere):
+                    return location
+                self._remember(location)
+            if isinstance(location, InSegment):
+                got = await self._from_segment(topic, partition, location.row, seq, fetch_size)
+                if isinstance(got, int):  # compaction removed the segment's messages from seq on: the next answers
+                    seq, asked = got, False
+                    continue
+            else:
+                got = await self._from_run(topic, partition, location.run, seq, fetch_size)
+            if isinstance(got, RemoteChunk):
+                return got
+            if not asked:
+                self.forget_locations(topic, partition)  # stale: the catalog names the locations now
+                asked = True
+                continue
+            if got is None:
+                name = location.row.object_key if isinstance(location, InSegment) else location.run.object_key
+                log.error("%s/%d: %s, named for seq %d, holds no record at or after it", topic, partition, name, seq)
+                return Unreadable(f"{name} holds no record at or after seq {seq}")
+            return got
+
+    def _cached(self, topic: str, partition: int, seq: int) -> InSegment | InRun | None:
+        row = self.segments.get(topic, partition, seq)
+        if row is not None:
+            self.metrics.inc(m.REMOTE_CACHE_HITS)
+            return InSegment(row)
+        run = self.runs.get(topic, partition, seq)
+        if run is not None:
+            return InRun(run)
+        self.metrics.inc(m.REMOTE_CACHE_MISSES)
+        return None
+
+    def _remember(self, location: InSegment | InRun) -> None:
+        if isinstance(location, InSegment):
+            self.segments.put(location.row)
+        else:
+            self.runs.put(location.run)
 
     def forget_locations(self, topic: str, partition: int) -> None:
         """The partition's locations were replaced (a remote compaction swapped them): its cached locations and
@@ -218,19 +254,8 @@ class RemoteReader(RunReads):
 
     # -- remote segments --------------------------------------------------------------------------------------------
 
-    async def _segment_for(self, topic: str, partition: int, seq: int,
-                           count: bool = True) -> tuple[SegmentRow, SparseIndex] | Unreadable | None:
-        """The remote segment answering for `seq` and its index (cached), None if no remote segment does."""
-        row = self.segments.get(topic, partition, seq)
-        if row is None:
-            if count:
-                self.metrics.inc(m.REMOTE_CACHE_MISSES)
-            row = await self._query(catalog_segments.find_remote_segment, topic, partition, seq)
-            if row is None or not row.holds(seq):
-                return None  # no remote segment answers for it (a block run may)
-            self.segments.put(row)
-        elif count:
-            self.metrics.inc(m.REMOTE_CACHE_HITS)
+    async def _index_for(self, row: SegmentRow) -> SparseIndex | Unreadable:
+        """The index of a remote segment (cached)."""
         index = self.indexes.get(row.index_object_key)
         if index is None:
             data = await self._get(row.index_object_key, 0, max(row.index_size_bytes, 1))
@@ -238,24 +263,23 @@ class RemoteReader(RunReads):
                 return Unreadable(f"index object {row.index_object_key} is missing")
             index, _ = SparseIndex.from_bytes(data)
             self.indexes.put(row.index_object_key, index)
-        return row, index
+        return index
 
-    async def _from_segment(self, topic: str, partition: int, seq: int,
+    async def _from_segment(self, topic: str, partition: int, row: SegmentRow, seq: int,
                             fetch_size: int) -> RemoteChunk | Unreadable | int | None:
-        """The chunk from the segment holding `seq`; None when no segment answers for it; the seq after the
-        segment when it answers for `seq` but holds no message at or after it (compaction removed them)."""
+        """The chunk from `row`, the segment answering for `seq`; the seq after the segment when it holds no message
+        at or after `seq` (compaction removed them); None when its window holds none either."""
         ahead = await self._ahead_for(topic, partition, seq)
         try:
-            located = await self._segment_for(topic, partition, seq)
+            index = await self._index_for(row)
         except BaseException:
             if ahead is not None:
                 ahead.close()
             raise
-        if not isinstance(located, tuple):
+        if isinstance(index, Unreadable):
             if ahead is not None:
                 ahead.close()
-            return located
-        row, index = located
+            return index
         window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
         read = ahead
         if read is not None and (read.object_key != row.object_key or read.start != window.floor
@@ -367,18 +391,21 @@ class RemoteReader(RunReads):
             seq = entry.follow
 
     def _start_ahead(self, topic: str, partition: int, seq: int, fetch_size: int, chain: int) -> None:
-        copied = self.highest_copied(topic, partition)
-        if copied is not None and seq > copied:
-            return  # not in a remote segment
+        if self.runs.get(topic, partition, seq) is not None:
+            return  # in a block run, not a remote segment
         entries = self._ahead.setdefault((topic, partition), [])
         if any(entry.seq == seq for entry in entries):
             return
         entry = _Ahead(seq, chain)
         entry.task = asyncio.get_running_loop().create_task(self._read_ahead(topic, partition, entry, fetch_size))
-        entry.expiry = asyncio.get_running_loop().call_later(AHEAD_TTL_S, self._expire, topic, partition, entry)
+        entry.expiry = asyncio.get_running_loop().create_task(self._expire_later(topic, partition, entry))
         entries.append(entry)
         while len(entries) > AHEAD_PER_PARTITION:
             entries.pop(0).drop()
+
+    async def _expire_later(self, topic: str, partition: int, entry: _Ahead) -> None:
+        await self.clock.sleep(AHEAD_TTL_S)
+        self._expire(topic, partition, entry)
 
     def _expire(self, topic: str, partition: int, entry: _Ahead) -> None:
         entries = self._ahead.get((topic, partition), [])
@@ -390,10 +417,19 @@ class RemoteReader(RunReads):
 
     async def _read_ahead(self, topic: str, partition: int, entry: _Ahead, fetch_size: int) -> RangeRead | None:
         seq = entry.seq
-        located = await self._segment_for(topic, partition, seq, count=False)
-        if not isinstance(located, tuple):
+        location = self.segments.get(topic, partition, seq)
+        if location is None:
+            found = await self._query(locate, topic, partition, seq)
+            if isinstance(found, Nowhere):
+                return None
+            self._remember(found)
+            if not isinstance(found, InSegment):
+                return None  # in a block run: its reads are not read ahead
+            location = found.row
+        row = location
+        index = await self._index_for(row)
+        if isinstance(index, Unreadable):
             return None
-        row, index = located
         window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
         read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots,
                                self.pace)

@@ -142,11 +142,10 @@ async def _first_kept_seq(catalog: AsyncCatalog, topic: str, partition: int, las
 
 
 async def _first_available(catalog: AsyncCatalog, topic: str, partition: int) -> int:
-    states = await catalog.read(catalog_partitions.get_partition_states, topic)
-    for state in states:
-        if state.partition == partition:
-            return state.first_available_seq
-    return 0
+    # One primary key probe: a pass over every partition of a topic reading the whole topic each time would cost
+    # O(partitions^2) rows.
+    state = await catalog.read(catalog_partitions.get_partition_state, topic, partition)
+    return state.first_available_seq if state is not None else 0
 
 
 async def _runs_below(catalog: AsyncCatalog, topic: str, partition: int, seq: int) -> bool:

@@ -9,12 +9,12 @@ goes to the server's sink.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Callable
 
 from tiered import metrics as m
 from tiered.catalog.errors import StaleEpoch
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import Clock, utc_now
 from tiered.metrics import Metrics
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
@@ -22,12 +22,14 @@ from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
 from tiered.tiering.abandoned_copies import clean_abandoned_copies
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.hot_path import HotPathGate
+from tiered.tiering.partition_state import TierState
 from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
 from tiered.tiering.range_reads import ReadBudget
 from tiered.tiering.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
 from tiered.tiering.remote_retention import enforce_remote_retention, finish_interrupted_deletions
 from tiered.tiering.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.store import ObjectStore
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
@@ -37,9 +39,8 @@ RECONCILE_INTERVAL_S = 120.0
 
 class RemoteTier:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, sink: TierSink, *, metrics: Metrics,
-                 epoch_of: Callable[[str, int], int | None], committed_up_to: Callable[[str, int], int],
-                 on_fenced: Callable[[tuple[str, int], int, str], None], grace: timedelta,
-                 read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES, clock: Clock = SYSTEM_CLOCK,
+                 state: TierState, fence: Callable[[TopicPartition, int | None, str], None], grace: timedelta,
+                 clock: Clock, read_budget_bytes: int = DEFAULT_READ_BUDGET_BYTES,
                  hot_path: HotPathGate | None = None):
         self.store = store
         self.catalog = catalog
@@ -47,16 +48,13 @@ class RemoteTier:
         self.metrics = metrics
         self.clock = clock
         self.grace = grace
-        self.epoch_of = epoch_of
-        self.copier = SegmentCopier(store, catalog, metrics=metrics, epoch_of=epoch_of,
-                                    committed_up_to=committed_up_to, on_copied=self._copied, on_fenced=on_fenced,
-                                    grace=grace, clock=clock)
-        # What the copier knows of copied segments is the whole truth only for a partition led here (a partition led
-        # elsewhere gets its segments copied by its leader): otherwise unknown, and remote segments are looked up.
+        self.state = state
+        self.copier = SegmentCopier(store, catalog, metrics=metrics, state=state, on_copied=self._copied,
+                                    fence=fence, grace=grace, clock=clock)
+        # The reader asks the catalog where a seq is (tiered.catalog.locate), never what this broker believes was
+        # copied: a remote compaction or another broker's copy changes the locations without telling the copier.
         self.reader = RemoteReader(store, catalog, metrics, budget=ReadBudget(read_budget_bytes),
-                                   pace=hot_path.turn if hot_path is not None else None,
-                                   highest_copied=lambda t, p: (
-            self.copier.copied_last.get((t, p), 0) if epoch_of(t, p) is not None else None))
+                                   pace=hot_path.turn if hot_path is not None else None, clock=clock)
         self._reconcile_cursor: str | None = None
         self._cleanup_cursors: dict[tuple[str, int], int] = {}  # per partition: the next page of abandoned copies
         self._cleanup_due = 0.0  # monotonic time of the next page scan for abandoned copies
@@ -84,7 +82,7 @@ class RemoteTier:
     # -- periodic passes --------------------------------------------------------------------------------------------
 
     def _now(self) -> datetime:
-        return datetime.fromtimestamp(self.clock.now_ms() / 1000, timezone.utc)
+        return utc_now(self.clock)
 
     async def remote_retention_pass(self, partitions: list[tuple[str, int, TopicConfig]]) -> int:
         """One pass of remote retention, and of the cleanup of abandoned copies, over the partitions this broker
@@ -114,7 +112,7 @@ class RemoteTier:
     async def _clean_abandoned_copies(self, topic: str, partition: int, scan: bool, *, finish: bool) -> bool:
         """Cleans abandoned copies when `scan`, finishing interrupted deletions on the way; otherwise only finishes
         those, if `finish`. Returns whether interrupted deletions were looked for."""
-        epoch = self.epoch_of(topic, partition)
+        epoch = self.state.epoch_of(TopicPartition(topic, partition))
         if epoch is None:
             return False
         if not scan:

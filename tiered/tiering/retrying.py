@@ -13,7 +13,7 @@ import logging
 from typing import Awaitable, Callable, TypeVar
 
 from tiered.catalog.errors import CatalogUnavailable
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import Clock
 from tiered.metrics import Counter, Metrics
 from tiered.tiering.store import StoreError
 
@@ -27,12 +27,14 @@ T = TypeVar("T")
 
 
 class Retrying:
-    def __init__(self, metrics: Metrics, *, clock: Clock = SYSTEM_CLOCK, first_s: float = RETRY_FIRST_S,
+    def __init__(self, metrics: Metrics, *, clock: Clock, first_s: float = RETRY_FIRST_S,
                  max_s: float = RETRY_MAX_S):
         self.metrics = metrics
         self.clock = clock
         self.first_s = first_s
         self.max_s = max_s
+        # The latest failure while a call is being retried ("PUT key: error"); None once a call succeeds.
+        self.last_failure: str | None = None
 
     async def __call__(self, what: str, make_call: Callable[[], Awaitable[T]], errors: Counter) -> T:
         delay = self.first_s
@@ -40,11 +42,15 @@ class Retrying:
         while True:
             attempt += 1
             try:
-                return await make_call()
+                result = await make_call()
             except TRANSIENT as exc:
+                self.last_failure = f"{what}: {exc or type(exc).__name__}"
                 self.metrics.inc(errors)
                 level = logging.WARNING if attempt in (1, 10) or attempt % 100 == 0 else logging.DEBUG
                 log.log(level, "%s failed (attempt %d, retrying in %.2f s): %s", what, attempt, delay,
                         exc or type(exc).__name__)
                 await self.clock.sleep(delay)
                 delay = min(delay * 2, self.max_s)
+                continue
+            self.last_failure = None
+            return result

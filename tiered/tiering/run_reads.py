@@ -1,7 +1,7 @@
 """Range reads of block runs by their bundle index (block format version 3; docs/architecture.md, data path step 6).
 
 A run's bundle index lives in its block's footer, at the end of the object, and nowhere else: the catalog locates a
-run (tiered.catalog.blocks.find_run, which also gives the object's size) and the footer locates its bundles, so
+run (tiered.catalog.locate, which also gives the object's size) and the footer locates its bundles, so
 `tiered catalog rebuild` still restores everything from the bucket alone and no migration is needed. A reader GETs a
 block's footer once (`read_footer`: the object's last TAIL_GUESS_BYTES, and a second GET only for a bigger footer)
 and keeps the indexes of all its runs (`BlockIndexes`, in the remote reader's cache within the read budget); a block
@@ -15,7 +15,7 @@ index interval reads the run's pages between index entries instead, GET once and
 1 or 2 is GET whole once, cached, and trimmed per fetch (`trim_chunk`).
 
 `RunReads` is the block-run half of the remote reader (tiered.tiering.remote_fetch.RemoteReader, which asks it for a
-seq no remote segment answers for): it owns the caches of run locations, footers and run bytes.
+seq a block run answers for): it owns the caches of run locations, footers and run bytes.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiered import metrics as m
-from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog.blocks import RunLocation
+from tiered.clock import Clock
 from tiered.metrics import Metrics
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
@@ -153,8 +153,8 @@ class RunReads:
     _get: Callable[[str, int, int], Awaitable[bytes | None]]
     _failed: Callable[..., Unreadable]
 
-    def __init__(self, cache_bytes: int):
-        self.runs: RangeCache[RunLocation] = RangeCache()  # safe to cache, as segment rows are (tiered.tiering.caches)
+    def __init__(self, cache_bytes: int, clock: Clock):
+        self.runs: RangeCache[RunLocation] = RangeCache(clock.monotonic)  # safe to cache, as segment rows are (tiered.tiering.caches)
         # The bundle indexes of each block's runs, from its footer (read once per block; version 3).
         self.footers: SizedLru[str, BlockIndexes] = SizedLru(cache_bytes // 4, lambda footer: footer.size_bytes)
         # A run of a block without indexes is read whole, so a consumer reading such a run in fetches smaller than the
@@ -162,13 +162,9 @@ class RunReads:
         # read and keep its pages (by ("page", object key, position)). Runs never change.
         self.run_bytes: SizedLru[tuple, bytes] = SizedLru(cache_bytes // 4, len)
 
-    async def _from_run(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | None:
-        run = self.runs.get(topic, partition, seq)
-        if run is None:
-            run = await self._query(catalog_blocks.find_run, topic, partition, seq)
-            if run is None or not run.holds(seq):
-                return None
-            self.runs.put(run)
+    async def _from_run(self, topic: str, partition: int, run: RunLocation, seq: int,
+                        fetch_size: int) -> RemoteChunk | Unreadable | None:
+        """The chunk for `seq` from `run`, the run answering for it; None when it holds no record from `seq` on."""
         footer = self.footers.get(run.object_key)
         if footer is None:
             try:

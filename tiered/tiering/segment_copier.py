@@ -28,7 +28,7 @@ from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog.errors import IllegalTransition, StaleEpoch
 from tiered.catalog.states import SegmentState
-from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
+from tiered.clock import Clock, utc_now, wait_for_event
 from tiered.metrics import Metrics
 from tiered.protocol.bundle import maybe_record, timestamp_bounds
 from tiered.protocol.errors import ProtocolError
@@ -37,8 +37,10 @@ from tiered.storage.segment import SealedSegment
 from tiered.tiering import keys
 from tiered.tiering.block_builder import recorded_ts_bounds
 from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.partition_state import TierState
 from tiered.tiering.retrying import Retrying
 from tiered.tiering.store import ObjectStore
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
@@ -70,24 +72,20 @@ def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]
 
 
 class SegmentCopier:
-    def __init__(self, store: ObjectStore, catalog: AsyncCatalog, *, metrics: Metrics,
-                 epoch_of: Callable[[str, int], int | None], committed_up_to: Callable[[str, int], int],
-                 on_copied: Callable[[CopyJob], None], on_fenced: Callable[[tuple[str, int], int, str], None],
-                 grace: timedelta, clock: Clock = SYSTEM_CLOCK,
-                 multipart_threshold_bytes: int = MULTIPART_THRESHOLD_BYTES):
+    def __init__(self, store: ObjectStore, catalog: AsyncCatalog, *, metrics: Metrics, state: TierState,
+                 on_copied: Callable[[CopyJob], None], fence: Callable[[TopicPartition, int | None, str], None],
+                 grace: timedelta, clock: Clock, multipart_threshold_bytes: int = MULTIPART_THRESHOLD_BYTES):
         self.store = store
         self.catalog = catalog
         self.metrics = metrics
-        self.epoch_of = epoch_of
-        self.committed_up_to = committed_up_to
+        self.state = state  # epochs, committed seqs; the highest copied seq is told to it
         self.on_copied = on_copied
-        self.on_fenced = on_fenced
+        self.fence = fence
         self.grace = grace
         self.clock = clock
         self.multipart_threshold_bytes = multipart_threshold_bytes
         self.retry = Retrying(metrics, clock=clock)
         self.copied: set[tuple[str, int, int]] = set()  # (topic, partition, base) known COPY_FINISHED
-        self.copied_last: dict[tuple[str, int], int] = {}  # the highest seq in the bucket's segments, per partition
         self._queue: deque[CopyJob] = deque()
         self._queued: set[tuple[str, int, int]] = set()
         self._wake = asyncio.Event()
@@ -145,7 +143,7 @@ class SegmentCopier:
             try:
                 await self.copy(job)
             except StaleEpoch as exc:
-                self.on_fenced((job.topic, job.partition), exc.expected, str(exc))
+                self.fence(TopicPartition(job.topic, job.partition), None, str(exc))
                 self._drop_partition(job.topic, job.partition)
                 continue
             except NotLeader:
@@ -171,14 +169,14 @@ class SegmentCopier:
             key = (job.topic, job.partition)
             if key in blocked:
                 continue
-            if job.segment.deleted or job.segment.last <= self.committed_up_to(job.topic, job.partition):
+            if job.segment.deleted or job.segment.last <= self.state.committed_seq(TopicPartition(*key)):
                 return job
             blocked.add(key)
         return None
 
     def _mark_copied(self, topic: str, partition: int, base: int, last: int) -> None:
         self.copied.add((topic, partition, base))
-        self.copied_last[(topic, partition)] = max(self.copied_last.get((topic, partition), 0), last)
+        self.state.copied(TopicPartition(topic, partition), last)
 
     def commits_advanced(self) -> None:
         self._wake.set()
@@ -194,7 +192,7 @@ class SegmentCopier:
 
     async def copy(self, job: CopyJob) -> None:
         seg = job.segment
-        epoch = self.epoch_of(job.topic, job.partition)
+        epoch = self.state.epoch_of(TopicPartition(job.topic, job.partition))
         if epoch is None:
             raise NotLeader(job.topic, job.partition)
         held = await self.catalog.read(catalog_segments.find_remote_segment, job.topic, job.partition, seg.base)
@@ -218,7 +216,8 @@ class SegmentCopier:
         )  # fmt: skip
         what = f"copy of {job.topic}/{job.partition} segment {seg.base}-{seg.last}"
         try:
-            await self.retry(what, lambda: self.catalog.write(catalog_segments.segment_copy_started, meta),
+            await self.retry(what, lambda: self.catalog.write(catalog_segments.segment_copy_started, meta,
+                                                                       now=utc_now(self.clock)),
                              m.CATALOG_ERRORS)
         except IllegalTransition:
             if not await self._expired(job.topic, job.partition, seg.last):
@@ -237,7 +236,8 @@ class SegmentCopier:
             m.SEGMENT_UPLOAD_ERRORS)
         await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path), m.SEGMENT_UPLOAD_ERRORS)
         finished = await self.retry(what, lambda: self.catalog.write(
-            catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace),
+            catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace,
+            now=utc_now(self.clock)),
             m.CATALOG_ERRORS)
         self._mark_copied(job.topic, job.partition, seg.base, seg.last)
         self.metrics.inc(m.SEGMENTS_COPIED)

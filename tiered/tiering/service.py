@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
 from tiered.catalog.engine import Catalog, mask_url
 from tiered.catalog.errors import TopicExists
 from tiered.catalog.migrate import upgrade
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import Clock
 from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.storage.partition_log import AppendResult, PartitionLog, StoredRecord
@@ -44,31 +43,24 @@ from tiered.tier_interface import (
     Unreadable,
 )
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.coordinator import Coordinator, Endpoints
 from tiered.tiering.durable import DurablePath
+from tiered.tiering.partition_state import TierState
 from tiered.tiering.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.startup import plan_partition
 from tiered.tiering.store import ObjectStore, StoreError, open_store
 from tiered.tiering.topic_objects import put_missing_topic_objects, put_topic_config
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
-
-
-@dataclass
-class Led:
-    """A partition this broker leads: the epoch its uploads carry, and its config."""
-
-    epoch: int
-    config: TopicConfig
 
 
 class TieringService:
     lower_tier = True
 
     def __init__(self, settings: Settings, sink: TierSink, metrics: Metrics, *, disk_id: str,
-                 store: ObjectStore | None = None, catalog: Catalog | None = None, clock: Clock = SYSTEM_CLOCK,
+                 clock: Clock, store: ObjectStore | None = None, catalog: Catalog | None = None,
                  ack_timeout_s: float = 10.0, migrate: bool = True, grace: timedelta = DEFAULT_DELETE_GRACE):
         self.settings = settings
         self.sink = sink
@@ -82,7 +74,7 @@ class TieringService:
         self._catalog_given = catalog
         self._migrate = migrate
         self.supervisor = Supervisor(metrics, clock=clock, outages=(*OUTAGES, StoreError))
-        self.led: dict[tuple[str, int], Led] = {}
+        self.state = TierState()  # the one owner of what the tier knows of each partition
         self.coordinator: Coordinator | None = None  # set by join()
         # Set by start():
         self.store: ObjectStore
@@ -106,17 +98,17 @@ class TieringService:
             catalog = await asyncio.to_thread(Catalog.open, url)
         self.catalog = AsyncCatalog(catalog)
         self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
-        self.hot_path = HotPathGate(self.settings.remote_read_yield_ms / 1000)
-        self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, metrics=self.metrics,
-                                   max_bytes=self.settings.block_max_bytes, max_age_ms=self.settings.block_max_age_ms,
-                                   grace=self.grace, clock=self.clock, on_committed=self._commits_advanced,
-                                   linger_ms=self.settings.block_linger_ms,
-                                   max_puts_per_s=self.settings.block_max_puts_per_s, hot_path=self.hot_path)
-        self.hot_path.due_in_s = self.durable.due_in_s
-        self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, epoch_of=self._epoch_of,
-                                 committed_up_to=self._committed_up_to, on_fenced=self.durable._fenced,
-                                 grace=self.grace, read_budget_bytes=self.settings.remote_read_budget_bytes,
-                                 clock=self.clock, hot_path=self.hot_path)
+        self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, state=self.state,
+                                   metrics=self.metrics, max_bytes=self.settings.block_max_bytes,
+                                   max_age_ms=self.settings.block_max_age_ms, grace=self.grace, clock=self.clock,
+                                   on_committed=self._commits_advanced, linger_ms=self.settings.block_linger_ms,
+                                   max_puts_per_s=self.settings.block_max_puts_per_s,
+                                   remote_read_yield_s=self.settings.remote_read_yield_ms / 1000)
+        self.hot_path = self.durable.hot_path
+        self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, state=self.state,
+                                 fence=self.durable.fence, grace=self.grace,
+                                 read_budget_bytes=self.settings.remote_read_budget_bytes, clock=self.clock,
+                                 hot_path=self.hot_path)
         self.remote_compactor = RemoteCompactor(self.store, self.catalog, broker_id=self.broker_id,
                                                 workdir=str(self.settings.state_dir / "compaction"), grace=self.grace,
                                                 clock=self.clock)
@@ -142,6 +134,12 @@ class TieringService:
 
     def may_acknowledge(self) -> bool:
         return self.coordinator is not None and self.coordinator.holds_lease()
+
+    def durable_trouble(self) -> str | None:
+        return self.durable.trouble() if hasattr(self, "durable") else None
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        return self.coordinator is not None and await self.coordinator.refresh_follower(topic, partition)
 
     async def hand_over(self, deadline: float) -> None:
         """Stops looking at the assignments and renewing, hands every partition led here to the other live
@@ -250,7 +248,7 @@ class TieringService:
     # -- leadership (tiered.tiering.coordinator.Leadership) ------------------------------------------------------
 
     def leading(self) -> dict[tuple[str, int], int]:
-        return {key: led.epoch for key, led in self.led.items() if self.durable.leads(*key)}
+        return {tp: state.epoch for tp, state in self.state.led()}
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
         """Claims the partitions whose epoch is still the one expected, and plans each one won from what the disk
@@ -272,7 +270,7 @@ class TieringService:
             if claim.before.hwmark_seq:  # never committed (a new topic's): nothing of it can be in the bucket
                 await self.remote.copier.load_copied(topic, p)
             plans.append(plan_partition(local[p], claim, broker_id=self.broker_id, disk_id=self.disk_id,
-                                        copied_last=self.remote.copier.copied_last.get((topic, p), 0)))
+                                        highest_copied_seq=self.state.highest_copied_seq(TopicPartition(topic, p))))
         return plans
 
     async def give_up(self, keys: Sequence[tuple[str, int]], deadline: float) -> None:
@@ -283,29 +281,19 @@ class TieringService:
             self.lost(topic, partition)
 
     def lost(self, topic: str, partition: int) -> None:
-        self.led.pop((topic, partition), None)
+        self.state.lose(TopicPartition(topic, partition))
         self.durable.release(topic, partition)
 
     async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
-        key = (plan.topic, plan.partition)
-        self.led[key] = Led(plan.epoch, config)
-        self.durable.lead(plan.topic, plan.partition, plan.epoch, plan.committed)
+        self.state.lead(TopicPartition(plan.topic, plan.partition), plan.epoch, config, plan.committed)
+        self.durable.lead(plan.topic, plan.partition)
         count = await self.durable.upload_tail(plan.topic, plan.partition, tail, self.ack_timeout_s)
         if count:
             log.info("%s/%d: uploading %d records past the catalog's high-water mark before serving them",
                      plan.topic, plan.partition, count)
 
     def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
-        led = self.led.get((topic, partition))
-        if led is not None:
-            led.config = config
-
-    def _epoch_of(self, topic: str, partition: int) -> int | None:
-        led = self.led.get((topic, partition))
-        return led.epoch if led is not None and self.durable.leads(topic, partition) else None
-
-    def _committed_up_to(self, topic: str, partition: int) -> int:
-        return self.durable.committed_to.get((topic, partition), 0)
+        self.state.reconfigured(TopicPartition(topic, partition), config)
 
     def _commits_advanced(self) -> None:
         self.remote.copier.commits_advanced()
@@ -324,17 +312,19 @@ class TieringService:
     # -- segments and reads -----------------------------------------------------------------------------------------
 
     def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None:
-        led = self.led.get((topic, partition))
-        if led is not None:
-            self.remote.sealed(topic, partition, segment, led.config.remote_copy)
+        config = self.state.config_of(TopicPartition(topic, partition))
+        if config is not None:
+            self.remote.sealed(topic, partition, segment, config.remote_copy)
 
     def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool:
-        led = self.led.get((topic, partition))
-        if led is None:
-            # Led elsewhere: the local records are a cache of what the bucket holds (or were never committed).
+        tp = TopicPartition(topic, partition)
+        config = self.state.config_of(tp)
+        if config is None:
+            # Led elsewhere (or fenced): the local records are a cache of what the bucket holds (or were never
+            # committed).
             return True
-        return self.remote.may_delete_local(topic, partition, segment, led.config.remote_copy,
-                                            self._committed_up_to(topic, partition))
+        return self.remote.may_delete_local(topic, partition, segment, config.remote_copy,
+                                            self.state.committed_seq(tp))
 
     async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
@@ -343,19 +333,20 @@ class TieringService:
     async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
                              force: bool = False) -> RemoteCompactionReport | None:
         """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.remote_compaction)."""
-        led = self.led.get((topic, partition))
-        epoch = self._epoch_of(topic, partition)
-        if led is None or epoch is None:
+        tp = TopicPartition(topic, partition)
+        epoch, config = self.state.epoch_of(tp), self.state.config_of(tp)
+        if epoch is None or config is None:
             return None
         report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
         if report.groups:  # consumers read the compacted locations from now on, not the cached old ones
+            self.state.locations_changed(tp)
             self.remote.reader.forget_locations(topic, partition)
-        if report.groups and led.config.remote_copy:  # the compacted local segments now in the bucket may leave
+        if report.groups and config.remote_copy:  # the compacted local segments now in the bucket may leave
             await self.remote.copier.load_copied(topic, partition)  # the disk's veto list
         return report
 
     async def remote_retention_pass(self) -> int:
-        led = [(t, p, lead.config) for (t, p), lead in self.led.items() if self._epoch_of(t, p) is not None]
+        led = [(tp.topic, tp.partition, state.config) for tp, state in self.state.led()]
         return await self.remote.remote_retention_pass(led)
 
     async def reconcile_pass(self) -> int:
@@ -365,9 +356,10 @@ class TieringService:
 
     def partition_status(self, topic: str, partition: int) -> dict:
         segments, pending_bytes = self.remote.copier.pending_for(topic, partition)
+        state = self.state.of(TopicPartition(topic, partition))
         return {
-            "remote_segments_last": self.remote.copier.copied_last.get((topic, partition), 0),
-            "committed": self._committed_up_to(topic, partition),
+            "highest_copied_seq": state.highest_copied_seq,
+            "committed_seq": state.committed_seq,
             "pending_segments": segments,
             "pending_segment_bytes": pending_bytes,
         }

@@ -26,7 +26,7 @@ from tiered.tier_interface import LocalPartition, PartitionPlan
 
 
 def plan_partition(local: LocalPartition | None, claim: Claim, *, broker_id: int, disk_id: str,
-                   copied_last: int = 0) -> PartitionPlan:
+                   highest_copied_seq: int = 0) -> PartitionPlan:
     before = claim.before
     hwmark = before.hwmark_seq
     held = local.last_held if local is not None else 0
@@ -64,7 +64,7 @@ def plan_partition(local: LocalPartition | None, claim: Claim, *, broker_id: int
         epoch=claim.epoch,
         committed=hwmark,
         first_available=before.first_available_seq,
-        copied_last=copied_last,
+        highest_copied_seq=highest_copied_seq,
         truncate_after=truncate_after,
         next_seq=hwmark + 1,
         reupload_after=reupload_after,

@@ -1,0 +1,58 @@
+"""The change counter the coordinators look at (migration 0006, tiered.catalog.cluster.look): every change a
+cluster decision depends on moves it, in the changing transaction; a commit that only raises high-water marks does
+not (the idle cluster and the block path pay nothing for it). On both backends."""
+
+from __future__ import annotations
+
+from tiered.catalog.blocks import commit_block, insert_pending_block
+from tiered.catalog.cluster import assign, assignment, look, register, request_handover
+from tiered.catalog.partitions import claim_partitions, set_first_available
+from tiered.catalog.topics import create_topic, update_topic_config
+
+from .rows import run, stamped
+
+
+def changes(cat) -> int:
+    return look(cat).changes or 0  # no row yet: an emptied catalog counts from its next change
+
+
+def test_each_change_a_decision_depends_on_moves_the_counter(cat):
+    before = changes(cat)
+    create_topic(cat, "t", 2)
+    after_create = changes(cat)
+    assert after_create > before
+    epochs = {("t", p): e for p, e in claim_partitions(cat, 1, "t", [0, 1]).items()}
+    after_claim = changes(cat)
+    assert after_claim > after_create
+    assert request_handover(cat, "t", 0, 2)
+    after_handover = changes(cat)
+    assert after_handover > after_claim
+    assert assign(cat, "t", {0: 2}) == [0]
+    after_assign = changes(cat)
+    assert after_assign > after_handover
+    update_topic_config(cat, "t", "retention.segments.count=4\n")
+    after_config = changes(cat)
+    assert after_config > after_assign
+
+    # A commit raises the high-water marks (and sets the first available seq of a partition that had none):
+    # no bump, so a follower learns of it when a read needs it (tiered.catalog.cluster.assignment).
+    block = insert_pending_block(cat, "blocks/1", 1, 200)
+    commit_block(cat, block, 1, stamped([run("t", 1, 1, 10)], epochs), epochs)
+    block = insert_pending_block(cat, "blocks/2", 1, 200)
+    commit_block(cat, block, 1, stamped([run("t", 1, 11, 20)], epochs), epochs)
+    assert changes(cat) == after_config
+    assert assignment(cat, "t", 1).hwmark_seq == 20
+    assert assignment(cat, "t", 9) is None
+
+    # Retention moving the first available seq is a change a follower must not miss.
+    assert set_first_available(cat, "t", 1, 11) == 11
+    assert changes(cat) > after_config
+
+
+def test_look_reads_the_members_and_the_counter(cat):
+    assert look(cat).members == ()
+    register(cat, 1, "i1", "127.0.0.1:1", "", 10_000)
+    seen = look(cat)
+    assert [(m.broker_id, m.advertised, m.live) for m in seen.members] == [(1, "127.0.0.1:1", True)]
+    create_topic(cat, "t", 1)
+    assert look(cat).changes == changes(cat) > 0

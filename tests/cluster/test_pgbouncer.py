@@ -1,0 +1,38 @@
+"""Brokers reaching the catalog through PgBouncer in transaction mode (docs/scale.md, "Connection pooling"), as
+deployed with many brokers: they spread the partitions, take durable produce, take a killed broker's partitions over,
+and every acknowledged message reads back; the catalog's check passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.conftest import LEASE_MS, Cluster
+from tests.cluster.producers import Producers
+from tests.cluster.test_failover import read_back, start_three
+
+
+@pytest.fixture
+def pooled_cluster(tmp_path, pgbouncer_url, s3_endpoint, s3_bucket):
+    c = Cluster(tmp_path, pgbouncer_url, f"s3://{s3_bucket}/cluster", s3_endpoint)
+    yield c
+    c.stop_all()
+
+
+async def test_three_brokers_through_pgbouncer_take_over_a_killed_one(pooled_cluster):
+    cluster = pooled_cluster
+    assert "pooled=true" in cluster.catalog_url
+    client = await start_three(cluster, "ev", 6)
+    producers = Producers(client, "ev", 6)
+    try:
+        await producers.wait_for_acks(5)
+        victim = cluster.leaders("ev")[0]
+        cluster.kill(victim)
+        survivors = set(cluster.brokers) - {victim}
+        cluster.wait_for_leaders("ev", survivors, timeout_s=LEASE_MS / 1000 + 10)
+        await producers.wait_for_acks(3, timeout_s=LEASE_MS / 1000 + 15)
+        cluster.check("ev")
+    finally:
+        await producers.stop()
+        await client.close()
+    assert producers.acked() > 6 * 8
+    await read_back(cluster, "ev", producers)

@@ -1,0 +1,137 @@
+"""The cluster decision (tiered.tiering.cluster_decision.decide): pure, as a table of cases, and its placements."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiered.catalog.cluster import Assignment
+from tiered.tier_interface import Leader
+from tiered.tiering.cluster_decision import ClusterView, Follow, decide, plan_rebalance, spread
+
+ME, B, C = 1, 2, 3
+ADDRESSES = {ME: "10.0.0.1:11011", B: "10.0.0.2:11011", C: "10.0.0.3:11011"}
+LEASE_MS = 10_000
+NOW = 100.0
+FRESH = NOW - 1.0  # renewed 1 s ago: fresh (0.8 of the lease is 8 s)
+STALE = NOW - 9.0  # renewed 9 s ago: no longer fresh
+
+
+def a(p, leader, epoch, *, topic="t", hw=10, first=1, handover=None) -> Assignment:
+    return Assignment(topic, p, leader, epoch, hw, first, handover)
+
+
+def view(assignments, *, live=(ME, B, C), renewed_at=FRESH, evicted=False) -> ClusterView:
+    return ClusterView(ME, frozenset(live), ADDRESSES, tuple(assignments), LEASE_MS, renewed_at, evicted)
+
+
+def to(broker) -> Leader:
+    return Leader(broker, ADDRESSES[broker])
+
+
+# name: (assignments, leading here {key: epoch}, view options,
+#        expected (claims, lost {key: leader}, handovers, follows {key: leader}, renew_first))
+CASES = {
+    "steady: led here, the rest followed to their leaders": (
+        [a(0, ME, 3), a(1, B, 2), a(2, C, 5)], {("t", 0): 3}, {},
+        ({}, {}, {}, {("t", 1): to(B), ("t", 2): to(C)}, False)),
+    "new topic: partitions assigned here are claimed at their epoch, after a renewal": (
+        [a(0, ME, 0, hw=0, first=0), a(1, B, 0, hw=0, first=0)], {}, {},
+        ({"t": {0: 0}}, {}, {}, {("t", 0): None, ("t", 1): to(B)}, True)),
+    "expired lease: B's partitions are orphans, spread over ME and C (fewest leaderships first)": (
+        [a(0, ME, 1), a(1, B, 1), a(2, B, 1), a(3, C, 1), a(4, B, 1)], {("t", 0): 1}, {"live": (ME, C)},
+        ({"t": {1: 1, 4: 1}}, {}, {}, {("t", 1): None, ("t", 2): None, ("t", 3): to(C), ("t", 4): None}, False)),
+    "orphans with no assigned leader: the lowest id takes the first": (
+        [a(0, None, 0), a(1, None, 0), a(2, None, 0)], {}, {},
+        ({"t": {0: 0}}, {}, {}, {("t", 0): None, ("t", 1): None, ("t", 2): None}, False)),
+    "broker joined: it takes no partition back, it gets orphans only": (
+        [a(0, B, 4), a(1, C, 4)], {}, {},
+        ({}, {}, {}, {("t", 0): to(B), ("t", 1): to(C)}, False)),
+    "broker left, alone now: every orphan is claimed here": (
+        [a(0, B, 4), a(1, C, 4)], {}, {"live": (ME,)},
+        ({"t": {0: 4, 1: 4}}, {}, {}, {("t", 0): None, ("t", 1): None}, False)),
+    "fenced: the epoch moved past the one led here: lost, and followed to the new leader": (
+        [a(0, B, 6, hw=40, first=2), a(1, ME, 2)], {("t", 0): 5, ("t", 1): 2}, {},
+        ({}, {("t", 0): to(B)}, {}, {}, False)),
+    "lost to a broker whose lease already expired: followed with no leader": (
+        [a(0, B, 6)], {("t", 0): 5}, {"live": (ME, C)},
+        ({}, {("t", 0): None}, {}, {}, False)),
+    "handover in flight: the leader hands over to a live target": (
+        [a(0, ME, 3, handover=B), a(1, ME, 3, handover=ME)], {("t", 0): 3, ("t", 1): 3}, {},
+        ({}, {}, {("t", 0): (B, 3)}, {}, False)),
+    "handover to a broker that is not live: kept": (
+        [a(0, ME, 3, handover=C)], {("t", 0): 3}, {"live": (ME, B)},
+        ({}, {}, {}, {}, False)),
+    "handover landed: assigned here, claimed at the epoch the old leader held": (
+        [a(0, ME, 7, handover=ME)], {}, {},
+        ({"t": {0: 7}}, {}, {}, {("t", 0): None}, True)),
+    "lease not fresh: no claims, neither assigned nor orphans": (
+        [a(0, ME, 0), a(1, B, 2)], {}, {"live": (ME, C), "renewed_at": STALE},
+        ({}, {}, {}, {("t", 0): None, ("t", 1): None}, False)),
+    "evicted: claims nothing": (
+        [a(0, ME, 0), a(1, None, 0)], {}, {"evicted": True},
+        ({}, {}, {}, {("t", 0): None, ("t", 1): None}, False)),
+    "never renewed: claims nothing": (
+        [a(0, None, 0)], {}, {"renewed_at": None},
+        ({}, {}, {}, {("t", 0): None}, False)),
+    "several topics: claims grouped by topic, orphans spread over both": (
+        [a(0, None, 0, topic="x"), a(0, None, 0, topic="y"), a(1, None, 0, topic="y")], {}, {"live": (ME, B)},
+        ({"x": {0: 0}, "y": {1: 0}}, {}, {},
+         {("x", 0): None, ("y", 0): None, ("y", 1): None}, False)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_decide(name):
+    assignments, leading, options, (claims, lost, handovers, follows, renew_first) = CASES[name]
+    decision = decide(view(assignments, **options), leading, NOW)
+    assert {t: dict(ps) for t, ps in decision.claims.items()} == claims
+    assert {f.key: f.leader for f in decision.lost} == lost
+    assert dict(decision.handovers) == handovers
+    assert {f.key: f.leader for f in decision.follows} == follows
+    assert decision.renew_first == renew_first
+
+
+def test_follows_carry_the_catalogs_bounds():
+    decision = decide(view([a(0, B, 6, hw=40, first=2), a(1, C, 1, hw=7, first=3)]), {("t", 0): 5}, NOW)
+    assert decision.lost == (Follow(("t", 0), to(B), 40, 2),)
+    assert decision.follows == (Follow(("t", 1), to(C), 7, 3),)
+
+
+def test_every_broker_decides_the_same_orphan_claims():
+    """Two brokers looking at the same catalog claim disjoint orphans that cover them all."""
+    rows = [a(p, None, 0) for p in range(7)] + [a(7, B, 1), a(8, ME, 1)]
+    mine = decide(view(rows, live=(ME, B)), {("t", 8): 1}, NOW).claims.get("t", {})
+    theirs = decide(ClusterView(B, frozenset((ME, B)), ADDRESSES, tuple(rows), LEASE_MS, FRESH),
+                    {("t", 7): 1}, NOW).claims.get("t", {})
+    assert not set(mine) & set(theirs)
+    assert set(mine) | set(theirs) == set(range(7))
+    assert abs(len(mine) - len(theirs)) <= 1
+
+
+SPREAD = {
+    "even from nothing": ([("t", p) for p in range(4)], (1, 2), {}, {1: 2, 2: 2}),
+    "fewest leaderships first": ([("t", p) for p in range(3)], (1, 2), {1: 2}, {1: 1, 2: 2}),
+    "ties go to the lowest id": ([("t", 0)], (2, 1), {}, {1: 1}),
+    "nobody live": ([("t", 0)], (), {}, {}),
+}
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_spread(name):
+    partitions, live, load, per_broker = SPREAD[name]
+    placed = spread(partitions, live, load)
+    counts: dict[int, int] = {}
+    for broker in placed.values():
+        counts[broker] = counts.get(broker, 0) + 1
+    assert counts == per_broker
+    assert spread(partitions, live, load) == placed  # the same answer every time
+
+
+def test_plan_rebalance_evens_loads_and_spreads_topics():
+    rows = [a(p, 1, 1, topic=t) for t in ("x", "y") for p in range(4)]
+    moves = plan_rebalance(rows, (1, 2))
+    assert len(moves) == 4 and set(moves.values()) == {2}
+    assert sorted(t for t, _ in moves) == ["x", "x", "y", "y"]
+    assert plan_rebalance(rows, (1,)) == {}
+    even = [a(0, 1, 1), a(1, 2, 1), a(2, 1, 1)]
+    assert plan_rebalance(even, (1, 2)) == {}

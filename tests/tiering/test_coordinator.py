@@ -1,0 +1,178 @@
+"""The coordinator (tiered.tiering.coordinator) on a manual clock and a real catalog (both backends): its work per
+tick follows what changed, not how many partitions exist (issue 28, "idle costs nothing")."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tiered.catalog import Catalog
+from tiered.catalog.blocks import commit_block, insert_pending_block
+from tiered.catalog.cluster import assignment, register, request_handover
+from tiered.catalog.partitions import claim_partitions
+from tiered.catalog.topics import create_topic
+from tiered.metrics import Metrics
+from tiered.tier_interface import Leader
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.coordinator import CLAIM_POLL_S, Coordinator, Endpoints
+from tests.catalog.rows import run, stamped
+from tests.support.clock import ManualClock
+
+ME, OTHER = 1, 2
+LEASE_MS = 10_000
+
+
+class Sink:
+    """The server's side, recorded: what it was told."""
+
+    def __init__(self):
+        self.follows: list[tuple] = []
+        self.led: list = []
+        self.topics: list[list[str]] = []
+
+    def follow(self, topic, partition, leader, committed, first_available=None):
+        self.follows.append((topic, partition, leader, committed))
+
+    async def lead(self, plans):
+        self.led.extend(plans)
+
+    async def topics_known(self, topics):
+        self.topics.append(sorted(t.name for t in topics))
+
+    def evicted(self, reason):
+        raise AssertionError(reason)
+
+
+class Leadership:
+    """Claims through the catalog, as TieringService does (without planning the local disk)."""
+
+    def __init__(self, cat: Catalog):
+        self.cat = cat
+        self.led: dict[tuple[str, int], int] = {}
+
+    def leading(self):
+        return dict(self.led)
+
+    async def claim(self, topic, expected):
+        won = claim_partitions(self.cat, ME, topic, sorted(expected))
+        self.led.update({(topic, p): e for p, e in won.items()})
+        return [(topic, p) for p in sorted(won)]
+
+    async def give_up(self, keys, deadline):
+        for key in keys:
+            self.led.pop(key, None)
+
+    def lost(self, topic, partition):
+        self.led.pop((topic, partition), None)
+
+
+@pytest.fixture
+def cat(catalog_url):
+    return Catalog.open(catalog_url)  # closed with the AsyncCatalog that serves it
+
+
+@pytest.fixture
+async def coordinator(cat):
+    clock = ManualClock()
+    sink = Sink()
+    access = AsyncCatalog(cat)
+    coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS, metrics=Metrics(),
+                              clock=clock)
+    await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+    yield coordinator
+    access.close()
+
+
+async def test_an_idle_tick_reads_one_statement_and_tells_nothing(cat, coordinator):
+    create_topic(cat, "t", 8, leaders={p: ME for p in range(8)})
+    await coordinator.tick()
+    assert sorted(coordinator.leadership.leading()) == [("t", p) for p in range(8)]
+    await coordinator.tick()  # looks once more after its own claims
+    coordinator.sink.follows.clear()
+    before = cat.statements
+    for _ in range(5):
+        await coordinator.tick()
+    assert cat.statements - before == 5  # one small statement per tick: the members and the change counter
+    assert coordinator.sink.follows == [] and coordinator.sink.led == [("t", p) for p in range(8)]
+
+
+async def test_a_change_is_seen_at_the_next_tick(cat, coordinator):
+    create_topic(cat, "t", 2, leaders={0: ME, 1: ME})
+    await coordinator.tick()
+    await coordinator.tick()
+    topics_seen = len(coordinator.sink.topics)
+    create_topic(cat, "u", 2, leaders={0: ME, 1: ME})  # by another broker, say
+    await coordinator.tick()
+    assert coordinator.sink.topics[-1] == ["t", "u"] and len(coordinator.sink.topics) == topics_seen + 1
+    assert ("u", 0) in coordinator.leadership.leading() and ("u", 1) in coordinator.leadership.leading()
+
+
+async def test_a_lapsed_lease_acknowledges_again_once_a_look_after_the_renewal_saw_no_change(cat, coordinator):
+    create_topic(cat, "t", 1, leaders={0: ME})
+    await coordinator.tick()
+    await coordinator.tick()
+    assert coordinator.holds_lease()
+    coordinator.clock.advance(LEASE_MS / 1000.0 * 0.9)  # paused past 0.8 of the lease
+    assert not coordinator.holds_lease()
+    await coordinator.renew()
+    assert not coordinator.holds_lease()  # renewed, but whether another broker claimed meanwhile is not known yet
+    before = cat.statements
+    await coordinator.tick()
+    assert coordinator.holds_lease()
+    assert ("t", 0) in coordinator.leadership.leading()
+    assert cat.statements - before < 4  # no partition was re-read: the counter had not moved
+
+
+async def test_a_handover_asked_by_rebalance_is_seen(pg_url):
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        clock = ManualClock()
+        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=clock)
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        create_topic(cat, "t", 2, leaders={0: ME, 1: OTHER})
+        claim_partitions(cat, OTHER, "t", [1])
+        await coordinator.tick()
+        await coordinator.tick()
+        assert sorted(coordinator.leadership.leading()) == [("t", 0)]
+        assert ("t", 1, Leader(OTHER, "127.0.0.2:11011"), 0) in coordinator.sink.follows
+        request_handover(cat, "t", 0, OTHER)
+        ticking = asyncio.create_task(coordinator.tick())  # sees it: gives up, assigns, waits for the claim
+        while assignment(cat, "t", 0).leader_broker != OTHER:
+            await asyncio.sleep(0.01)
+        assert coordinator.leadership.leading() == {}
+        claim_partitions(cat, OTHER, "t", [0])  # the other broker's next tick
+        while not ticking.done():
+            clock.advance(CLAIM_POLL_S)
+            await asyncio.sleep(0.01)
+        await ticking
+        assert coordinator.sink.follows[-1] == ("t", 0, Leader(OTHER, "127.0.0.2:11011"), 0)
+    finally:
+        access.close()
+
+
+async def test_a_follower_learns_its_bounds_when_a_read_needs_them(pg_url):
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        sink = Sink()
+        coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=ManualClock())
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        create_topic(cat, "t", 1, leaders={0: OTHER})
+        epoch = claim_partitions(cat, OTHER, "t", [0])[0]
+        await coordinator.tick()
+        block = insert_pending_block(cat, "blocks/1", OTHER, 100)
+        commit_block(cat, block, OTHER, stamped([run("t", 0, 1, 9)], {("t", 0): epoch}), {("t", 0): epoch})
+        sink.follows.clear()
+        await coordinator.tick()
+        assert sink.follows == []  # a commit moves no counter: nobody polls every partition's bounds
+        assert await coordinator.refresh_follower("t", 0)
+        assert sink.follows == [("t", 0, Leader(OTHER, "127.0.0.2:11011"), 9)]
+        assert not await coordinator.refresh_follower("t", 0)  # at most once per tick per partition
+    finally:
+        access.close()

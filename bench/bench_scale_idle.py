@@ -7,7 +7,7 @@
   share, `--topics` durable topics of `--partitions` partitions each (default 25 x 4,096 = 102,400), no traffic.
   After `--settle-s`, each broker's CPU and PostgreSQL's (the postmaster and every backend, /proc/<pid>/stat) over
   `--measure-s`, in cores. Goals: each broker <= 0.02 cores, PostgreSQL <= 0.05 cores.
-- failover: then `kill -9` of broker 0. From the kill: when the last of its partitions was claimed by a live broker
+- failover: then `kill -9` of the broker leading the most partitions. From the kill: when the last of its partitions was claimed by a live broker
   (the catalog polled every 0.1 s), and for `--sample` of its partitions (spread over every topic), when a durable
   produce through a client that follows redirects was acknowledged again. Goal: every partition within lease + 2 s.
 `--tree DIR` runs the brokers from another checkout (e.g. `git archive main | tar -x -C DIR`) for a before/after.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+from collections import Counter
 import shutil
 import sys
 import tempfile
@@ -116,8 +117,11 @@ def measure_idle(service: Service, settle_s: float, measure_s: float) -> dict[st
 async def failover(service: Service, names: list[str], sample: int, seed: int) -> dict[str, float]:
     from tiered.client import Client, TankError
 
-    victim = 0
     before = await asyncio.to_thread(service.claimed)
+    # The broker leading the most: under load a broker may have lost its partitions to takeovers while the topics
+    # were created (a lapsed lease), and a broker that comes back takes none back.
+    led = Counter(leader for leader, _ in before.values() if leader is not None)
+    victim = max(service.brokers, key=lambda b: (led[b], -b))
     theirs = sorted(k for k, (leader, _) in before.items() if leader == victim)
     rng = random.Random(seed)
     sampled = sorted(rng.sample(theirs, min(sample, len(theirs))))
@@ -157,7 +161,7 @@ async def failover(service: Service, names: list[str], sample: int, seed: int) -
             task.cancel()
     await client.close()
     took = sorted(t - killed_at for t in acked.values())
-    return {"partitions of the killed broker": len(theirs), "not claimed": len(waiting),
+    return {"killed broker": victim, "partitions of the killed broker": len(theirs), "not claimed": len(waiting),
             "last claim (s after the kill)": (last_claim - killed_at) if last_claim else float("nan"),
             "sampled": len(sampled), "sampled never acked": len(sampled) - len(took),
             "durable ack again, median (s)": took[len(took) // 2] if took else float("nan"),
@@ -175,7 +179,7 @@ def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
 
 def print_failover(figures: dict[str, float]) -> None:
     print()
-    print(format_table(("failover: kill -9 of broker 0", "value"), list(figures.items())))
+    print(format_table((f"failover: kill -9 of broker {figures['killed broker']}", "value"), list(figures.items())))
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import format_table
 from bench.harness import REPO, BrokerProcess
 from bench.sizes import add_size_options, size_of
 
@@ -56,11 +57,9 @@ def one_row(root: Path, window_ms: int, lines: int, bundle: int, in_flight: int)
 
 
 def report(rows: list[dict]) -> str:
-    head = ("block window", "lines", "-s", "--in-flight", "seconds", "messages/s")
-    table = [head] + [(f"{r['window_ms']} ms", f"{r['lines']:,}", str(r["bundle"]), str(r["in_flight"]),
-                       f"{r['seconds']:.2f}", f"{r['rate']:,.0f}") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
+    return format_table(("block window", "lines", "-s", "--in-flight", "seconds", "messages/s"),
+                        [(f"{r['window_ms']} ms", r["lines"], r["bundle"], r["in_flight"], r["seconds"],
+                          round(r["rate"])) for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

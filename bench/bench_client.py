@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from bench import format_table
 from bench.sizes import add_size_options, size_of
 from tiered.client import Client
 
@@ -93,12 +94,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
-    head = ("workload", "requests", "seconds", "requests/s", "µs/request", "client CPU µs/request")
-    table = [head] + [(n, f"{k:,}", f"{s:.2f}", f"{k / s:,.0f}", f"{s / k * 1e6:.0f}", f"{c / k * 1e6:.0f}")
-                      for n, k, s, c in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    for r in table:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print(format_table(("workload", "requests", "seconds", "requests/s", "µs/request", "client CPU µs/request"),
+                       [(n, k, s, round(k / s), round(s / k * 1e6), round(c / k * 1e6)) for n, k, s, c in rows]))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 from bench.bench_broker import machine_busy_s
 from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
 from bench.loadgen import ProduceConn, Shape, make_bundle, open_conn, produce_frame
-from bench.sizes import add_size_options, cannot_run, size_of
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 
 TOPIC = "ev"
 TP_PARTITIONS, TP_WINDOW, TP_MESSAGE_BYTES, TP_BUNDLE_MESSAGES = 8, 1024, 100, 100
@@ -179,7 +179,8 @@ async def failover(service: Service, kills: int, log) -> list[float]:
     return samples
 
 
-async def rolling_restart(service: Service, log) -> list[float]:
+async def rolling_restart(service: Service, log, restarts: int | None = None) -> list[float]:
+    """SIGTERM of each broker in turn (of the first `restarts` of them, when given)."""
     from tiered.client import Client
 
     client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()])
@@ -187,7 +188,7 @@ async def rolling_restart(service: Service, log) -> list[float]:
     gaps: list[float] = []
     try:
         await asyncio.sleep(2)
-        for broker_id in sorted(service.brokers):
+        for broker_id in sorted(service.brokers)[:restarts]:
             leaders = await asyncio.to_thread(service.leaders)
             theirs = [p for p, b in leaders.items() if b == broker_id]
             started = time.monotonic()
@@ -265,15 +266,15 @@ def pct(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_cluster", description=__doc__.split("\n\n")[0])
     add_size_options(parser, quick="3 kills, 3 s lease, 5 s throughput runs",
-                     smoke="1 kill, 2 s lease, 1 s throughput runs")
+                     smoke="1 kill, 2 s lease, 1 broker restarted, 1 s throughput runs")
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--lease-ms", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=15.0, help="each throughput run")
     parser.add_argument("--only", choices=["moves", "throughput"],
                         help="only the failover and rolling restart, or only the throughput runs")
     args = parser.parse_args(argv)
-    kills, lease_ms, seconds = size_of(args).pick((args.kills, args.lease_ms, args.seconds), (3, 3000, 5.0),
-                                                  (1, 2000, 1.0))
+    size = size_of(args)
+    kills, lease_ms, seconds = size.pick((args.kills, args.lease_ms, args.seconds), (3, 3000, 5.0), (1, 2000, 1.0))
     bindir = find_pg_bindir()
     if bindir is None:
         cannot_run("PostgreSQL server binaries are missing (Debian package postgresql; make system-deps)")
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.only != "throughput":
                 try:
                     takeovers = await failover(service, kills, log)
-                    gaps = await rolling_restart(service, log)
+                    gaps = await rolling_restart(service, log, 1 if size is Size.SMOKE else None)
                 finally:
                     service.stop_all()
             if args.only != "moves":

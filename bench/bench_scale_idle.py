@@ -25,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.sizes import Size, add_size_options, cannot_run, size_of
+from bench import format_table
 from bench.harness import REPO, BrokerProcess, PgCluster, find_pg_bindir, process_cpu_s
+from bench.sizes import Size, add_size_options, cannot_run, size_of
 
 BROKERS = 3
 GOAL_BROKER_CORES = 0.02
@@ -167,16 +168,14 @@ async def failover(service: Service, names: list[str], sample: int, seed: int) -
 def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
     print(f"\nidle cluster: {BROKERS} brokers, {topics} topics x {partitions} partitions = {topics * partitions} "
           f"partitions, no traffic")
-    print(f"{'process':<28} {'cores':>8} {'goal':>8}")
-    for name, value in cores.items():
-        goal = GOAL_PG_CORES if name.startswith("PostgreSQL") else GOAL_BROKER_CORES
-        print(f"{name:<28} {value:>8.4f} {goal:>8.2f}")
+    print(format_table(("process", "cores", "goal"), [
+        (name, f"{value:.4f}", GOAL_PG_CORES if name.startswith("PostgreSQL") else GOAL_BROKER_CORES)
+        for name, value in cores.items()]))
 
 
 def print_failover(figures: dict[str, float]) -> None:
-    print("\nfailover: kill -9 of broker 0")
-    for name, value in figures.items():
-        print(f"{name:<34} {value:>10.2f}" if isinstance(value, float) else f"{name:<34} {value:>10}")
+    print()
+    print(format_table(("failover: kill -9 of broker 0", "value"), list(figures.items())))
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import format_table
 from bench.harness import BrokerProcess, MotoProcess, PgCluster, find_pg_bindir
 from bench.sizes import add_size_options, cannot_run, size_of
 
@@ -65,8 +66,7 @@ class ChaosReport:
         rows = [("rounds", str(self.rounds)), ("actions", actions), ("acknowledged messages", str(self.acks)),
                 ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
                 ("catalog problems", str(len(self.catalog_problems))), ("seconds", f"{self.seconds:.0f}")]
-        width = max(len(name) for name, _ in rows)
-        lines = [f"{name:<{width}}  {value}" for name, value in rows]
+        lines = [format_table(("figure", "value"), rows)]
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
         lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
         return "\n".join(lines)

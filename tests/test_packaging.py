@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.broker import REPO, BrokerProcess
 from tests.support.cli import tiered
+from tests.support.shared import once_per_run
 
 pytestmark = pytest.mark.packaging
 
@@ -32,8 +33,11 @@ def _run(argv: list, cwd: Path, timeout_s: float = 600) -> subprocess.CompletedP
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """A fresh virtual environment with `.[spark]` installed from a copy of the checkout (the build writes into
-    its source tree). Returns its bin directory."""
-    root = tmp_path_factory.mktemp("packaging")
+    its source tree), one per run, shared by the pytest-xdist workers. Returns its bin directory."""
+    return once_per_run(tmp_path_factory, "packaging", _install) / "venv" / "bin"
+
+
+def _install(root: Path) -> None:
     source = root / "src"
     source.mkdir()
     for name in SOURCES:
@@ -49,7 +53,6 @@ def installed(tmp_path_factory) -> Path:
     assert "does not provide the extra" not in said, said  # every extra we name exists
     assert "looking at multiple versions" not in said, said  # pip did not backtrack
     _run([bindir / "python", "-m", "pip", "check"], cwd=root)
-    return bindir
 
 
 def test_the_installed_command_runs(installed, tmp_path):

@@ -254,7 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `tiered serve`; every default is None so that unset flags fall through to env, file, default."""
     a = parser.add_argument
     a("--config", help="TOML config file (also TIERED_CONFIG)")
-    a("-p", "--data-dir", dest="data_dir", help="local data directory (TANK's base path)")
+    defaults = Settings()
+    a("-p", "--data-dir", dest="data_dir", help=f"local data directory (TANK's base path) (default {defaults.data_dir})")
     a("-l", "--listen", dest="listen", help="TANK protocol listener [addr:]port (default :11011)")
     a("-P", "--http-listen", dest="http_listen", help="metrics and health [addr:]port, or off (default :9102)")
     a("--catalog", dest="catalog_url", help="catalog URL: sqlite:///path or postgresql+psycopg://user@host/db")
@@ -263,7 +264,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--broker-id", dest="broker_id", help="broker id, or auto (the host name's trailing number)")
     a("-r", "--read-only", dest="read_only", action="store_const", const=True, help="refuse produce and create")
     a("--block-max-bytes", dest="block_max_bytes", help="close a block at this size (default 8MiB)")
-    a("--block-max-age-ms", dest="block_max_age_ms", help="close a block this long after its oldest record")
+    a("--block-max-age-ms", dest="block_max_age_ms",
+      help=f"close a block this long after its oldest record (default {defaults.block_max_age_ms})")
     a("--block-linger-ms", dest="block_linger_ms",
       help="with no upload in flight, close a block this long after its oldest record (default: off)")
     a("--block-max-puts-per-s", dest="block_max_puts_per_s",
@@ -274,13 +276,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="remote reads pause at most this long at a time while a block uploads or commits (default 200; 0: never)")
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
-    a("--shutdown-timeout-s", dest="shutdown_timeout_s", help="graceful shutdown budget in seconds")
+    a("--shutdown-timeout-s", dest="shutdown_timeout_s",
+      help=f"graceful shutdown budget in seconds (default {defaults.shutdown_timeout_s:g})")
     a("--advertise", dest="advertise",
       help="addr:port clients and other brokers reach this broker at (default: the listen address)")
     a("--cluster-lease-ms", dest="cluster_lease_ms",
       help="membership lease: a broker that has not renewed it for this long is taken over (default 10000)")
-    a("--log-level", dest="log_level", help="debug, info, warning or error")
-    a("--log-format", dest="log_format", help="text or json")
+    a("--log-level", dest="log_level", help=f"debug, info, warning or error (default {defaults.log_level})")
+    a("--log-format", dest="log_format", help=f"text or json (default {defaults.log_format})")
 
 
 def load_settings(

@@ -177,6 +177,8 @@ def test_0005_drops_the_runs_foreign_key_of_a_catalog_in_use(empty_url):
     assert upgrade(empty_url) == ("0004", head())
     assert run_keys(empty_url) == []
     with Catalog.open(empty_url) as cat, cat.read() as conn:
+        assert "ix_block_runs_block_id" not in {i["name"] for i in inspect(conn).get_indexes("block_runs")}
+    with Catalog.open(empty_url) as cat, cat.read() as conn:
         if cat.backend == "postgresql":  # HOT updates of the row every commit rewrites
             assert inspect(conn).get_table_options("partitions")["postgresql_with"] == {"fillfactor": "50"}
     with Catalog.open(empty_url) as cat:

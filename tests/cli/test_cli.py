@@ -12,18 +12,18 @@ def test_topic_produce_consume_status_round_trip(broker_process):
                                             "-o", "log.segment.bytes=1m").stdout.decode()
     assert tiered("topic", "create", "-b", b, "orders", "2", check=False).returncode == 1
     tiered("produce", "-b", b, "-t", "orders/1", "first", "second")
-    tiered("produce", "-b", b, "-t", "orders", "-p", "1", "-f", "-", "-s", "2", input=b"third\nfourth\nfifth\n")
+    tiered("produce", "-b", b, "-t", "orders", "--partition", "1", "-f", "-", "-s", "2", input=b"third\nfourth\nfifth\n")
     out = tiered("consume", "-b", b, "-t", "orders/1", "-d", "beginning").stdout.decode()
     assert out.splitlines() == ["1\tfirst", "2\tsecond", "3\tthird", "4\tfourth", "5\tfifth"]
     out = tiered("consume", "-b", b, "-t", "orders/1", "-d", "-F", "content", "4").stdout.decode()
     assert out.splitlines() == ["fourth", "fifth"]
-    out = tiered("consume", "-b", b, "-t", "orders/1", "-l", "2", "-F", "seq", "2").stdout.decode()
+    out = tiered("consume", "-b", b, "-t", "orders/1", "-n", "2", "-F", "seq", "2").stdout.decode()
     assert out.splitlines() == ["2", "3"]
     assert tiered("topic", "list", "-b", b).stdout.decode().splitlines() == ["orders\t2"]
     described = tiered("topic", "describe", "-b", b, "orders").stdout.decode().splitlines()
     assert described[1:] == ["0\t0\t0", "1\t1\t5"]
     status = tiered("status", "-b", b).stdout.decode()
-    assert "topics 1" in status and "partitions 2" in status
+    assert status.startswith(f"broker {b}\n") and "topics 1" in status and "partitions 2" in status
 
 
 def test_produce_with_explicit_seq_makes_sparse_bundles(broker_process):

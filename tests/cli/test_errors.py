@@ -17,8 +17,8 @@ LONG = "a" * 300
 # argv, the command as the error names it, exit status, what the line must say
 WITHOUT_A_BROKER = [
     (["produce", "-t", "events/abc", "x"], "produce", 2, "bad partition 'abc' in -t events/abc: want TOPIC/PARTITION"),
-    (["produce", "-t", "events", "-p", "-1", "x"], "produce", 2, "partition -1 does not exist: partitions are numbered"),
-    (["produce", "-t", "events/1", "-p", "2", "x"], "produce", 2, "give -p or TOPIC/PARTITION, not both"),
+    (["produce", "-t", "events", "--partition", "-1", "x"], "produce", 2, "partition -1 does not exist: partitions are numbered"),
+    (["produce", "-t", "events/1", "--partition", "2", "x"], "produce", 2, "give --partition or TOPIC/PARTITION, not both"),
     (["produce", "-t", "events", "-s", "0", "x"], "produce", 2, "-s/--bundle-size must be at least 1"),
     (["produce", "-t", "events", "--timeout", "0", "x"], "produce", 2, "--timeout must be a positive number"),
     (["produce", "-t", "events"], "produce", 2, "nothing to produce: give messages as arguments or -f FILE"),
@@ -143,3 +143,23 @@ def test_serve_without_s3_credentials_refuses_in_one_line(tmp_path):
                   timeout_s=60)
     err = one_line_error(proc, "serve", 1)
     assert "no S3 credentials for s3://bucket/prefix: set AWS_ACCESS_KEY_ID" in err
+
+
+def test_old_flag_spellings_still_work_with_one_deprecation_line_each(broker_process, tmp_path):
+    """Each letter means one thing across the CLI; the old meanings users may rely on still work, and say so."""
+    bp = broker_process()
+    b = ("-b", f"127.0.0.1:{bp.port}")
+    tiered("topic", "create", *b, "old", "2")
+    proc = tiered("produce", *b, "-t", "old", "-p", "1", "a", "b", "c")
+    assert proc.stderr.decode().splitlines()[0] == ("tiered produce: -p is deprecated (-p is the data directory in "
+                                                    "every other command): use -t TOPIC/PARTITION or --partition")
+    proc = tiered("consume", *b, "-t", "old", "-p", "1", "-d", "-l", "2", "-s", "4096", "-F", "content")
+    assert proc.stdout.decode().splitlines() == ["a", "b"]
+    said = [line for line in proc.stderr.decode().splitlines() if "deprecated" in line]
+    assert said == ["tiered consume: -p is deprecated (-p is the data directory in every other command): use "
+                    "-t TOPIC/PARTITION or --partition",
+                    "tiered consume: -l is deprecated (-l is the listen address of serve): use -n/--limit",
+                    "tiered consume: -s is deprecated (-s is the bundle size of produce): use --fetch-size"]
+    for command in ("produce", "consume", "replay"):
+        shown = tiered(command, "--help").stdout.decode()
+        assert " -p " not in shown.replace("-p DATA_DIR", "") and " -l " not in shown, shown

@@ -119,9 +119,9 @@ def test_progress_goes_to_a_terminal_stderr_only_when_the_data_does_not(broker_p
     out, terminal = _on_terminal(["produce", *b, "-t", "pf", "-f", str(source), "-s", "20"], stdout_too=False)
     assert b"%|" in terminal and b"B/s" in terminal and out == b""
     # Data to a pipe, stderr a terminal: the bar is drawn on stderr, stdout holds only the data.
-    out, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "-s", "2048"], stdout_too=False)
+    out, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "--fetch-size", "2048"], stdout_too=False)
     assert out.splitlines() == [b"m%d" % i for i in range(10_000)]
     assert b"msg" in terminal
     # Data and stderr on the same terminal: no bar, only clean lines.
-    _, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "-l", "3"], stdout_too=True)
+    _, terminal = _on_terminal(["consume", *b, "-t", "p", "-d", "-F", "content", "-n", "3"], stdout_too=True)
     assert terminal.replace(b"\r\n", b"\n") == b"m0\nm1\nm2\n"

@@ -69,7 +69,7 @@ def test_parquet_export_of_a_time_range_to_s3(world, s3_endpoint, s3_bucket, s3_
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     stamps = sorted(m.ts_ms for m in histories[1].messages)
     start, end = stamps[len(stamps) // 5], stamps[len(stamps) // 2]
-    assert main(["replay", TOPIC, "--catalog", url, "--store", objects.url, "-P", "1", "--s3-path-style",
+    assert main(["replay", TOPIC, "--catalog", url, "--store", objects.url, "--partitions", "1", "--s3-path-style",
                  "--starting-timestamp", str(start), "--ending-timestamp", str(end),
                  "--parquet", f"s3://{s3_bucket}/exports/run1"]) == 0
     listed = s3_admin.list_objects_v2(Bucket=s3_bucket, Prefix="exports/run1/")["Contents"]
@@ -82,7 +82,7 @@ def test_parquet_export_of_a_time_range_to_s3(world, s3_endpoint, s3_bucket, s3_
 
 def test_bad_arguments_fail_with_one_line(world, tmp_path, capsys):
     url, objects, _ = world
-    for extra, text in ((["-P", "4"], "no partition 4"), (["--starting-seq", "x"], "startingSeq"),
+    for extra, text in ((["--partitions", "4"], "no partition 4"), (["--starting-seq", "x"], "startingSeq"),
                         (["--keep-seqs"], "--keep-seqs goes with --to-topic")):
         code = main(["replay", TOPIC, "--catalog", url, "--store", objects.url, "--parquet", str(tmp_path / "o"),
                      *extra])
@@ -108,7 +108,7 @@ async def test_produce_into_another_broker_keeping_seqs_or_not(world, tmp_path):
         ]) == 0
         assert await asyncio.to_thread(main, [
             "replay", TOPIC, "--catalog", url, "--store", objects.url, "--to-broker", f"127.0.0.1:{port}",
-            "--to-topic", "renumbered", "-P", "1",
+            "--to-topic", "renumbered", "--partitions", "1",
         ]) == 0
         async with await Client.connect("127.0.0.1", app.broker.port) as client:
             for p in (0, 1):
@@ -133,7 +133,7 @@ def test_keeping_seqs_into_a_partition_already_past_them_stops_at_the_first_refu
                 await client.create_topic("taken", 2)
                 await client.produce_with_seqnum("taken", 0, [histories[0].messages[-1]])
             return await asyncio.to_thread(main, [
-                "replay", TOPIC, "--catalog", url, "--store", objects.url, "-P", "0", "--keep-seqs",
+                "replay", TOPIC, "--catalog", url, "--store", objects.url, "--partitions", "0", "--keep-seqs",
                 "--to-broker", f"127.0.0.1:{app.broker.port}", "--to-topic", "taken",
             ])
         finally:

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.support.broker import REPO
+from tests.support.forkserver import ForkServer
 from tests.support.compaction import Model, append_workload, log_messages, random_workload, rows, segment_bytes
 from tests.support.storage_helpers import storage_config
 from tiered.protocol.bundle import Message, encode_bundle
@@ -141,13 +142,19 @@ def run_child(directory, kill_at: int, kill_after_s: float | None = None, wait_s
 
 
 def test_kill_9_of_a_process_at_every_step_of_three_groups(reference, tmp_path):
+    """The children are forked from one process that imported the storage package (tests/support/forkserver.py):
+    a real process and a real SIGKILL each, without an interpreter start-up each."""
     source, steps, states, final = reference
     third_group = [i for i, name in enumerate(steps) if name.startswith("write ")][3]
-    for k in range(third_group):
-        case = tmp_path / f"kill{k}"
-        shutil.copytree(source, case)
-        assert run_child(case, k) == -signal.SIGKILL
-        check_reopened(case, states, final)
+    # fsync off in the children as in this process (tests/conftest.py: fsync_off).
+    imports = CHILD.split("directory, kill_at")[0] + "os.fsync = os.fdatasync = lambda fd: None\n"
+    with ForkServer(imports, cwd=REPO, env={"PYTHONPATH": str(REPO)}) as children:
+        for k in range(third_group):
+            case = tmp_path / f"kill{k}"
+            shutil.copytree(source, case)
+            child = children.run(CHILD, [case, k, CONFIG.log_segment_bytes], timeout_s=60)
+            assert child.returncode == -signal.SIGKILL, child.stderr
+            check_reopened(case, states, final)
 
 
 def test_kill_9_at_random_moments(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 import shutil
 import socket
 import subprocess
@@ -38,10 +39,13 @@ def _free_port() -> int:
 
 def _raise_file_limit() -> None:
     """In the child: as many open files as allowed, for max_client_conn (tests leave idle clients to the GC)."""
-    import resource
-
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (OSError, ValueError):
+            pass  # the limit stays: enough unless clients leak by the thousand
 
 
 def _find_pgbouncer() -> str:

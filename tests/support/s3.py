@@ -11,7 +11,7 @@ Fixtures:
     s3_bucket     a fresh, empty bucket for the test.
     s3_admin      a boto3 client that talks to moto directly (no faults), for setup and inspection.
     s3_store      an S3ObjectStore on s3_bucket under prefix "store" through the proxy, with short timeouts and 3
-                  attempts, closed after the test.
+                  attempts, a 30 s request deadline (not 5 s: see the fixture), closed after the test.
 
 moto's server mode has no fault API, so faults are injected by the proxy, which parses each HTTP/1.1 request and
 either forwards it to moto or, while a fault is queued, answers it itself. A stalled or dropped request is never
@@ -342,6 +342,10 @@ async def s3_store(s3_endpoint: str, s3_bucket: str):
         connect_timeout_s=1.0,
         read_timeout_s=1.0,
     )
+    # A request's deadline (5 s for a small one) is for a store that hangs, and is tested on brokers
+    # (tests/durability/test_black_hole.py). moto runs in the test's own process: on a loaded machine it can answer
+    # a small request past 5 s, which would fail a test about something else with StoreError.
+    store.deadline_base_s = 30.0
     try:
         yield store
     finally:

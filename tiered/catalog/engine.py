@@ -119,9 +119,14 @@ def make_engine(
         # counts the same statements as unpooled); set_config(..., true) is SET LOCAL: it ends with the transaction.
         settings = ", ".join(f"set_config('{name}', '{value}', true)" for name, value in timeouts.items())
 
+        import psycopg
+
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.connection.driver_connection.execute(f"SELECT {settings}")
+            try:
+                conn.connection.driver_connection.execute(f"SELECT {settings}")
+            except psycopg.OperationalError as error:  # not wrapped by SQLAlchemy: sent on the driver connection
+                raise CatalogUnavailable(str(error).strip() or type(error).__name__) from error
 
     return engine
 

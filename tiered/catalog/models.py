@@ -205,9 +205,9 @@ class BlockRunModel(Base):
             postgresql_include=["first_seq", "position", "length_bytes", "block_id", "from_seq", "min_ts_ms",
                                 "max_ts_ms"],
         ),
-        # "Does any run still reference this block?" is asked on every prune. No foreign key to blocks (0005): its
-        # trigger ran once per run of every commit, and the transitions keep every run's block row (blocks.py).
-        Index(None, "block_id"),
+        # "Does any run still reference this block?" (asked on every prune) is a probe of the primary key, whose first
+        # column is block_id: no index of its own (0005). No foreign key to blocks either (0005): its trigger ran once
+        # per run of every commit, and the transitions keep every run's block row (blocks.py).
     )
 
     block_id: Mapped[int] = mapped_column(BlockId, primary_key=True)

@@ -46,6 +46,26 @@ def add_broker_argument(parser: argparse.ArgumentParser, flags: tuple[str, ...] 
                              f"${BROKER_ENV}, else {DEFAULT_BROKER})")
 
 
+class _Deprecated(argparse.Action):
+    """An old spelling of a flag that still works, with one line on stderr saying what to use instead."""
+
+    def __init__(self, option_strings, dest, *, instead: str, why: str, **kwargs):
+        self.instead, self.why = instead, why
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated ({self.why}): use {self.instead}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(parser: argparse.ArgumentParser, flag: str, dest: str, *, instead: str, why: str,
+                        **kwargs) -> None:
+    """`flag` as an old spelling of the option stored in `dest`: hidden from --help, accepted with a deprecation
+    line. Each letter means one thing across the CLI (docs/operations.md, "Flags")."""
+    parser.add_argument(flag, dest=dest, action=_Deprecated, instead=instead, why=why, help=argparse.SUPPRESS,
+                        **kwargs)
+
+
 @dataclass(frozen=True)
 class Brokers:
     """The bootstrap list: the brokers a command may ask first."""

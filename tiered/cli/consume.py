@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from tiered.cli.common import Progress, UsageError, add_broker_argument, connect, run, stdout_closed
+from tiered.cli.common import (Progress, UsageError, add_broker_argument, add_deprecated_flag, connect, run,
+                               stdout_closed)
 from tiered.cli.produce import topic_partition
 from tiered.protocol.codes import UINT64_MAX
 
@@ -21,12 +22,20 @@ def register(sub) -> None:
     p = sub.add_parser("consume", help="consume messages from a partition", description=__doc__.split("\n\n")[0])
     add_broker_argument(p)
     p.add_argument("-t", "--topic", required=True, metavar="TOPIC[/PARTITION]", help="topic, and partition (default 0)")
-    p.add_argument("-p", "--partition", type=int, default=None, help="partition (instead of TOPIC/PARTITION)")
+    p.add_argument("--partition", type=int, default=None, help="partition (instead of TOPIC/PARTITION)")
+    add_deprecated_flag(p, "-p", "partition", type=int, instead="-t TOPIC/PARTITION or --partition",
+                        why="-p is the data directory in every other command")
     p.add_argument("-d", "--drain", action="store_true", help="stop at the high-water mark")
-    p.add_argument("-l", "--limit", type=int, help="stop after this many messages")
+    p.add_argument("-n", "--limit", type=int, help="stop after this many messages (default: no limit)")
+    add_deprecated_flag(p, "-l", "limit", type=int, instead="-n/--limit", why="-l is the listen address of serve")
     p.add_argument("-E", "--end", type=int, help="stop after this seq")
-    p.add_argument("-F", "--fields", default="seq,content", help=f"comma separated, of {', '.join(FIELDS)}")
-    p.add_argument("-s", "--fetch-size", type=int, default=1 << 20, help="fetch size in bytes")
+    p.add_argument("-F", "--fields", default="seq,content",
+                   help=f"what to print of each message, tab separated: a comma-separated list of {', '.join(FIELDS)} "
+                        "(default seq,content)")
+    p.add_argument("--fetch-size", type=int, default=1 << 20, metavar="BYTES",
+                   help="bytes asked for per consume request (default 1048576)")
+    add_deprecated_flag(p, "-s", "fetch_size", type=int, instead="--fetch-size",
+                        why="-s is the bundle size of produce")
     p.add_argument("start", nargs="?", default="beginning", help="beginning|first|end|eof|<seq> (default beginning)")
     p.set_defaults(func=lambda a: run(consume(a), "consume"))
 
@@ -72,7 +81,7 @@ async def consume(args) -> int:
     topic, partition = topic_partition(args)
     fields = parse_fields(args.fields)
     seq = start_seq(args.start)
-    for flag, value in (("-l/--limit", args.limit), ("-E/--end", args.end), ("-s/--fetch-size", args.fetch_size)):
+    for flag, value in (("-n/--limit", args.limit), ("-E/--end", args.end), ("--fetch-size", args.fetch_size)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, not {value}")
     out = sys.stdout.buffer

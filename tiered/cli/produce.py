@@ -22,7 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from tiered.cli.common import CommandError, Progress, UsageError, add_broker_argument, connect, plural, run
+from tiered.cli.common import (CommandError, Progress, UsageError, add_broker_argument, add_deprecated_flag, connect,
+                               plural, run)
 from tiered.client import Client, NotConfirmed, TankError, UnknownTopic
 from tiered.protocol.bundle import Message
 from tiered.topic_rules import MAX_PARTITIONS
@@ -39,7 +40,9 @@ def register(sub) -> None:
     p = sub.add_parser("produce", help="produce messages to a partition", description=__doc__.split("\n\n")[0])
     add_broker_argument(p)
     p.add_argument("-t", "--topic", required=True, metavar="TOPIC[/PARTITION]", help="topic, and partition (default 0)")
-    p.add_argument("-p", "--partition", type=int, default=None, help="partition (instead of TOPIC/PARTITION)")
+    p.add_argument("--partition", type=int, default=None, help="partition (instead of TOPIC/PARTITION)")
+    add_deprecated_flag(p, "-p", "partition", type=int, instead="-t TOPIC/PARTITION or --partition",
+                        why="-p is the data directory in every other command")
     p.add_argument("-s", "--bundle-size", type=int, default=DEFAULT_BUNDLE_MESSAGES, metavar="N",
                    help=f"at most N messages per bundle (default {DEFAULT_BUNDLE_MESSAGES})")
     p.add_argument("-f", "--file", help="one message per line from this file, or - for stdin")
@@ -58,7 +61,8 @@ def topic_partition(args: argparse.Namespace) -> tuple[str, int]:
     topic, slash, part = args.topic.partition("/")
     if args.partition is not None:
         if slash:
-            raise UsageError(f"-t {args.topic} names a partition already: give -p or TOPIC/PARTITION, not both")
+            raise UsageError(f"-t {args.topic} names a partition already: give --partition or TOPIC/PARTITION, "
+                             "not both")
         partition = args.partition
     elif not slash:
         partition = 0

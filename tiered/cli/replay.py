@@ -30,6 +30,7 @@ from tiered.cli.common import (
     CommandError,
     Progress,
     add_broker_argument,
+    add_deprecated_flag,
     brokers,
     connect_to,
     fail,
@@ -45,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("topic", help="the topic to replay")
-    p.add_argument("-P", "--partitions", help="comma-separated partitions (default: all)")
+    p.add_argument("--partitions", help="comma-separated partitions (default: all)")
+    add_deprecated_flag(p, "-P", "partitions", instead="--partitions", why="-P is the HTTP endpoint of serve")
     p.add_argument("--starting-seq", help="first seq, inclusive")
     p.add_argument("--ending-seq", help="last seq, inclusive (default: the high-water mark)")
     p.add_argument("--starting-timestamp", help="messages at or after this time (ms since the epoch, or ISO-8601)")

@@ -16,8 +16,9 @@ def register(sub) -> None:
 async def status(args) -> int:
     async with await connect(args) as client:
         s = await client.status()
+        answered = client.router.home  # the broker of the list that answered (the first reachable one)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(s.startup_ts)) if s.startup_ts else "unknown"
-    print(f"version {s.version // 100}.{s.version % 100}\ntopics {s.topics}\npartitions {s.partitions}\n"
+    print(f"broker {answered}\nversion {s.version // 100}.{s.version % 100}\ntopics {s.topics}\npartitions {s.partitions}\n"
           f"open partitions {s.open_partitions} (opened in {s.open_partitions_time_ms} ms)\nstarted {started}\n"
           f"cluster aware {'yes' if s.cluster_aware else 'no'}")
     return 0

@@ -12,13 +12,9 @@
     python -m bench --json PATH          also write every figure as JSON
 
 Every other `--only NAME` (spark, remote, cli, compaction, remote_compaction, snapshot, chaos, client, cluster,
-<<<<<<< HEAD
-linger, instructions, scale_commit, scale_idle, scale_lookup, ...) runs the module DELEGATED[NAME] names, a benchmark of its own
-(`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on this machine
-=======
-linger, instructions, scale_commit, scale_idle, restarts, ...) runs the module DELEGATED[NAME] names, a benchmark of
-its own (`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on this machine
->>>>>>> main
+linger, instructions, scale_commit, scale_idle, scale_lookup, restarts, ...) runs the module DELEGATED[NAME] names, a
+benchmark of its own (`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on
+this machine
 (valgrind or PostgreSQL missing) says why and is skipped; the exit status is bench.sizes.CANNOT_RUN when no benchmark
 asked for could run.
 """
@@ -51,11 +47,8 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
              "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
-<<<<<<< HEAD
-             "scale_idle": "bench.bench_scale_idle", "scale_lookup": "bench.bench_scale_lookup"}
-=======
-             "scale_idle": "bench.bench_scale_idle", "restarts": "bench.bench_restarts"}
->>>>>>> main
+             "scale_idle": "bench.bench_scale_idle", "scale_lookup": "bench.bench_scale_lookup",
+             "restarts": "bench.bench_restarts"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "cluster", "replay")
+GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "cluster", "replay", "dev")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ from tiered.clock import SYSTEM_CLOCK
 from tiered import metrics as m
 from tiered.catalog.blocks import runs_for_range
 from tiered.catalog.check import check_partition
-from tiered.catalog.locate import InRun, Nowhere, locate
+from tiered.catalog.locate import InRun, Nowhere, locate, locations
 from tiered.catalog.models import BlockRunModel
 from tiered.catalog.compaction import readable_segments
 from tiered.metrics import Metrics
@@ -47,12 +47,17 @@ async def test_a_seq_compacted_from_runs_into_a_segment_is_read_by_its_leader(s3
     seq = max(before)  # in the last run, read before the swap: its location is cached
     chunk = await tier.read("t", 0, seq, 100_000)
     assert isinstance(chunk, RemoteChunk), chunk
+    before_swap = locations(cat, "t", 0, 1, seq, first_page=2)  # small pages: the listing pages in one snapshot
+    assert before_swap.segments == [] and before_swap.runs == runs_for_range(cat, "t", 0, 1, 100_000)
 
     compact_partition(p0, NOW_S, force=True)
     report = await compactor(s3_store, acat, tmp_path).compact("t", 0, p0, history.epoch)
     assert report.groups and report.runs_before
     tier.reader.forget_locations("t", 0)  # as the service does after a pass with groups
     assert runs_for_range(cat, "t", 0, 1, 100_000) == [] and readable_segments(cat, "t", 0)
+    after_swap = locations(cat, "t", 0, 1, seq, first_page=2)
+    assert after_swap.runs == [] and after_swap.segments == readable_segments(cat, "t", 0)
+    assert after_swap.highest_copied_seq == after_swap.segments[-1].last_seq == seq
 
     chunk = await tier.read("t", 0, seq, 100_000)
     assert isinstance(chunk, RemoteChunk), chunk

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from sqlalchemy import literal_column, select
+from sqlalchemy import Connection, func, literal_column, select
+
 
 from tiered.catalog.blocks import RunLocation
 from tiered.catalog.engine import Catalog
@@ -66,28 +67,84 @@ def locate(cat: Catalog, topic: str, partition: int, seq: int) -> Location:
     else Nowhere with the partition's bounds. Two index probes (ix_segments_lookup, the runs' key), a third only
     when neither answers."""
     with cat.snapshot() as conn:
-        row = conn.execute(
-            select(*_SEGMENT_COLUMNS)
-            .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.last_seq >= seq)
-            .where(_READABLE)
-            .order_by(SegmentModel.last_seq)
-            .limit(1)
-        ).first()
-        if row is not None and (segment := SegmentRow(*row)).holds(seq):
-            return InSegment(segment)
-        # No filter on the block's state: a run exists only while its block is committed (tiered.catalog.blocks).
-        row = conn.execute(
-            select(*_RUN_COLUMNS)
-            .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
-            .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq >= seq)
-            .order_by(BlockRunModel.last_seq)
-            .limit(1)
-        ).first()
-        if row is not None and (run := RunLocation(topic, partition, *row)).holds(seq):
-            return InRun(run)
+        segments = _segments_from(conn, topic, partition, seq, 1)
+        if segments and segments[0].holds(seq):
+            return InSegment(segments[0])
+        runs = _runs_from(conn, topic, partition, seq, 1)
+        if runs and runs[0].holds(seq):
+            return InRun(runs[0])
         bounds = conn.execute(
             select(PartitionModel.first_available_seq, PartitionModel.hwmark_seq)
             .where(PartitionModel.topic == topic, PartitionModel.partition == partition)
         ).first()
     first_available, committed = bounds if bounds is not None else (0, 0)
     return Nowhere(seq, first_available, committed)
+
+
+@dataclass(frozen=True, slots=True)
+class Locations:
+    """Where the seqs of a range are, as one snapshot saw them (`locations`)."""
+
+    segments: list[SegmentRow]  # readable remote segments reaching into the range, in seq order
+    runs: list[RunLocation]  # committed runs reaching into the range above `highest_copied_seq`, in seq order
+    highest_copied_seq: int  # the highest seq a readable remote segment holds (0: none)
+
+
+def locations(cat: Catalog, topic: str, partition: int, first: int, last: int, *, first_page: int = 64,
+              page: int = 1000) -> Locations:
+    """Every location answering for seqs first..last of the partition, in one snapshot: its readable remote segments,
+    and the committed runs above the highest copied seq (runs at or below it are pruned by the copies, or about to
+    be). A copy or a compaction swap commits wholly before or after the snapshot, so no seq falls between two
+    listings. Pages grow from `first_page` to `page` rows: a narrow range costs one small page."""
+    with cat.snapshot() as conn:
+        copied = conn.execute(
+            select(func.coalesce(func.max(SegmentModel.last_seq), 0))
+            .where(SegmentModel.topic == topic, SegmentModel.partition == partition)
+            .where(_READABLE)
+        ).scalar_one()
+        segments = _pages(lambda at, limit: _segments_from(conn, topic, partition, at, limit),
+                          first, last, lambda row: row.base_seq, first_page, page)
+        runs = _pages(lambda at, limit: _runs_from(conn, topic, partition, at, limit),
+                      max(first, copied + 1), last, lambda run: run.first_seq, first_page, page)
+    return Locations(segments, runs, copied)
+
+
+def _pages(fetch, first: int, last: int, start_of, first_page: int, page: int) -> list:
+    out: list = []
+    at, limit = first, min(first_page, page)
+    while at <= last:
+        rows = fetch(at, limit)
+        for row in rows:
+            if start_of(row) > last:
+                return out
+            out.append(row)
+        if len(rows) < limit:
+            return out
+        at = rows[-1].last_seq + 1
+        limit = min(limit * 4, page)
+    return out
+
+
+def _segments_from(conn: Connection, topic: str, partition: int, seq: int, limit: int) -> list[SegmentRow]:
+    """Up to `limit` readable segments with last_seq >= seq, in seq order (ix_segments_lookup)."""
+    rows = conn.execute(
+        select(*_SEGMENT_COLUMNS)
+        .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.last_seq >= seq)
+        .where(_READABLE)
+        .order_by(SegmentModel.last_seq)
+        .limit(limit)
+    )
+    return [SegmentRow(*row) for row in rows]
+
+
+def _runs_from(conn: Connection, topic: str, partition: int, seq: int, limit: int) -> list[RunLocation]:
+    """Up to `limit` committed runs with last_seq >= seq, in seq order. No filter on the block's state: a run exists
+    only while its block is committed (tiered.catalog.blocks)."""
+    rows = conn.execute(
+        select(*_RUN_COLUMNS)
+        .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
+        .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq >= seq)
+        .order_by(BlockRunModel.last_seq)
+        .limit(limit)
+    )
+    return [RunLocation(topic, partition, *row) for row in rows]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tiered.catalog import Catalog
 from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import locate
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog import topics as catalog_topics
@@ -118,11 +119,22 @@ def plan_topic(
 def plan_partition_from_catalog(
     cat: Catalog, topic: str, partition: int, seqs: SeqRange, times: TimeRange, max_split_bytes: int
 ) -> list[Split]:
-    copied_before = catalog_segments.highest_copied_seq(cat, topic, partition)
-    runs = list_runs(cat, topic, partition, SeqRange(max(seqs.first, copied_before + 1), seqs.last))
-    segments = list_segments(cat, topic, partition, seqs)
-    copied = catalog_segments.highest_copied_seq(cat, topic, partition)
-    return plan_partition(topic, partition, segments, runs, copied, seqs, times, max_split_bytes)
+    # One snapshot (tiered.catalog.locate.locations): a copy or a compaction swap lands wholly before or after it.
+    found = locate.locations(cat, topic, partition, seqs.first, seqs.last, first_page=FIRST_PAGE_ROWS,
+                             page=PAGE_ROWS)
+    segments = [_segment_entry(row) for row in found.segments]
+    runs = [_run_entry(run) for run in found.runs]
+    return plan_partition(topic, partition, segments, runs, found.highest_copied_seq, seqs, times, max_split_bytes)
+
+
+def _segment_entry(row) -> SegmentEntry:
+    return SegmentEntry(row.base_seq, row.last_seq, row.object_key, row.index_object_key, row.size_bytes,
+                        row.min_ts_ms, row.max_ts_ms)
+
+
+def _run_entry(run) -> RunEntry:
+    return RunEntry(run.first_seq, run.last_seq, run.object_key, run.position, run.length_bytes, run.min_ts_ms,
+                    run.max_ts_ms)
 
 
 def list_segments(cat: Catalog, topic: str, partition: int, seqs: SeqRange) -> list[SegmentEntry]:

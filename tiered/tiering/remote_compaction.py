@@ -37,11 +37,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from tiered.catalog import compaction as catalog_compaction
-from tiered.catalog import blocks as catalog_blocks
+from tiered.catalog import locate
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, RunLocation
 from tiered.catalog.compaction import SwapRefused
 from tiered.catalog.errors import StaleEpoch
-from tiered.catalog.engine import Catalog
 from tiered.catalog.segments import SegmentMeta, SegmentRow
 from tiered.clock import Clock
 from tiered.storage.compaction import OUTPUT_ALLOWANCE
@@ -88,17 +87,18 @@ class RemoteCompactor:
         goes on from there)."""
         report = RemoteCompactionReport(topic, partition)
         step = on_step or (lambda _name: None)
-        rows = await self.catalog.read(catalog_compaction.readable_segments, topic, partition)
+        # The partition's segments and runs in one snapshot (tiered.catalog.locate.locations): a copy landing between
+        # two reads cannot leave a seq in neither.
+        found = await self.catalog.read(locate.locations, topic, partition, 1, 2**63 - 1)
+        rows = found.segments
         local_first = plog.segments[0].base if plog.segments else 0
         remote_only = [Input(row=r) for r in rows if not local_first or r.last_seq < local_first]
         if not plog.config.remote_copy:  # its history is in runs; with copies, runs are the tail the copier takes
-            below = await self.catalog.read(_runs_within, topic, partition, 1, local_first - 1 if local_first else
-                                            2**63)
+            below = _runs_within(found.runs, 1, local_first - 1 if local_first else 2**63)
             remote_only = sorted(remote_only + [Input(run=r) for r in below], key=lambda i: i.last_seq)
         cleaned_upto = (await asyncio.to_thread(read_checkpoint, plog.directory)).cleaned_upto
         compacted = [s for s in plog.segments if s.last <= cleaned_upto]
-        runs = await self.catalog.read(_runs_within, topic, partition, compacted[0].base, cleaned_upto) \
-            if compacted else []
+        runs = _runs_within(found.runs, compacted[0].base, cleaned_upto) if compacted else []
         groups = _groups_from_local(rows, plog.segments, cleaned_upto, runs)
 
         async def swap(old: list[Input], new: list[SealedSegment]) -> bool:
@@ -185,17 +185,9 @@ class RemoteCompactor:
                            index_size, low, high, freeze, epoch)
 
 
-def _runs_within(cat: Catalog, topic: str, partition: int, first: int, last: int, *, page: int = 1000,
-                 ) -> list[RunLocation]:
-    """The committed runs of the partition answering for seqs from `first` that end at or below `last`, in seq
-    order (none on a topic that copies its segments: copies prune them)."""
-    out: list[RunLocation] = []
-    while True:
-        runs = catalog_blocks.runs_for_range(cat, topic, partition, first, page)
-        out.extend(r for r in runs if r.last_seq <= last)
-        if len(runs) < page or runs[-1].last_seq >= last:
-            return out
-        first = runs[-1].last_seq + 1
+def _runs_within(runs: Sequence[RunLocation], first: int, last: int) -> list[RunLocation]:
+    """The runs (in seq order) answering for seqs from `first` that end at or below `last`."""
+    return [r for r in runs if first <= r.last_seq <= last]
 
 
 @dataclass(frozen=True, slots=True)

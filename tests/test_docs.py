@@ -193,3 +193,18 @@ def test_code_paths_and_tests_named_by_the_documents_exist(path):
         elif test_name and not re.search(rf"(?m)^(?:async )?def {test_name}\(", target.read_text()):
             problems.append(f"{relative}::{test_name}")
     assert not problems, f"{path.name} names what does not exist: {problems}"
+
+
+def test_no_file_keeps_a_merge_conflict():
+    """A merge resolved in a hurry can commit its markers; in a docstring they even import cleanly."""
+    marker = re.compile(r"^(<{7}|>{7}) ", re.M)
+    skip = {".git", ".venv", "node_modules", ".pytest_cache", ".mypy_cache", "__pycache__"}
+    found = []
+    for folder, dirs, files in os.walk(REPO_ROOT):
+        dirs[:] = [d for d in dirs if d not in skip and not d.startswith(".mypy_cache")]
+        for name in files:
+            if name.endswith((".py", ".md", ".toml", ".yaml", ".yml", ".c", ".h", ".txt", ".tpl", ".cfg")):
+                path = Path(folder, name)
+                if marker.search(path.read_text(errors="replace")):
+                    found.append(str(path.relative_to(REPO_ROOT)))
+    assert not found, found

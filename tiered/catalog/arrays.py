@@ -7,8 +7,9 @@ written once around `{name}` (the source, aliased `name`) and its columns are us
 per-row statement, no limit on bind parameters. JSON rather than PostgreSQL arrays: the driver adapts a list
 element by element in Python (about 20 ms for a block of 1,600 runs), `json.dumps` and the server's parser in C.
 
-Lock order: a source joined to `partitions` under `FOR UPDATE` sorts before locking (`ORDER BY ... FOR UPDATE`
-locks rows as the sort emits them), so it keeps the catalog's (topic, partition) order.
+Lock order: rows are read in the order given (`jsonb_array_elements` and `json_each` yield an array in its order),
+so a statement that locks a row per row given, as tiered.catalog.partitions.lock_partitions does, locks them in the
+order its caller sorted them.
 """
 
 from __future__ import annotations

@@ -47,12 +47,21 @@ _COLUMNS = (
 
 # The partitions a statement names, as one bound value (tiered.catalog.arrays).
 KEYS = RowSource("k", (("topic", "text"), ("partition", "integer")))
-# lock_partitions' one statement, whatever the number of partitions: PostgreSQL locks the rows as the ORDER BY emits
-# them, so in (topic, partition) order; SQLite's write transaction already holds the database.
-_LOCK = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.first_available_seq, p.hwmark_seq,
+# lock_partitions' one statement, whatever the number of partitions. PostgreSQL: each row given probes the primary key
+# and locks what it finds, in the order given (sorted): the locking sub-SELECT is never flattened into a join, so no
+# plan can turn the probes into a scan of every partition (a hash join, on a table without statistics). SQLite's
+# write transaction already holds the database.
+_LOCK = {
+    "postgresql": """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.first_available_seq, p.hwmark_seq,
+       p.remote_bytes
+FROM {k} CROSS JOIN LATERAL (SELECT * FROM partitions WHERE topic = k.topic AND "partition" = k."partition"
+                             FOR UPDATE) AS p
+""",
+    "sqlite": """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.first_available_seq, p.hwmark_seq,
        p.remote_bytes
 FROM {k} JOIN partitions AS p ON p.topic = k.topic AND p."partition" = k."partition"
-"""
+""",
+}
 
 
 # claim_leadership's rows: each partition claimed, with its new epoch and the seq that epoch starts at.
@@ -91,8 +100,7 @@ def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[t
     UnknownPartition for a missing one."""
     wanted = sorted(set(keys))
     backend = conn.dialect.name
-    template = _LOCK + ('ORDER BY p.topic, p."partition" FOR UPDATE OF p' if backend == "postgresql" else "")
-    rows = conn.execute(statement(backend, template, KEYS), KEYS.params(wanted))
+    rows = conn.execute(statement(backend, _LOCK[backend], KEYS), KEYS.params(wanted))
     states = {(r[0], r[1]): PartitionState(*r) for r in rows}
     if len(states) != len(wanted):
         raise UnknownPartition(*next(key for key in wanted if key not in states))

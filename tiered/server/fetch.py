@@ -85,7 +85,7 @@ class FetchResolver:
             if part.role is Role.FOLLOWER and await self.tier.refresh_follower(part.topic, part.partition):
                 bounds = part.bounds()
                 where = locate(seq, bounds)
-            if part.role is not Role.LEADER and _past_known(seq, where, bounds):
+            if not _led_here(part) and _past_known(seq, where, bounds):  # the role may have changed while awaiting
                 return LedElsewhere(part.leader)  # the tail, or past what this broker knows is committed
         if isinstance(where, Local):
             # Never past the local records this broker may serve (a follower's may end before its disk does).
@@ -109,6 +109,10 @@ class FetchResolver:
         return Boundary(bounds.first_available, bounds.hwmark)
 
 
-def _past_known(seq: int, where, bounds: PartitionBounds) -> bool:
+def _led_here(part: Partition) -> bool:
+    return part.role is Role.LEADER
+
+
+def _past_known(seq: int, where: object, bounds: PartitionBounds) -> bool:
     """Whether `seq` is past what is known committed (the tail), for a partition not led here."""
     return isinstance(where, Eof) or isinstance(where, Boundary) and seq > 0 and seq >= bounds.first_available

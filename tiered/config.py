@@ -61,6 +61,12 @@ class Settings:
     cluster_lease_ms: int = 10_000
     log_level: str = "info"
     log_format: str = "text"
+    # TLS on the TANK listener (tiered.tls): off unless a certificate and key are given; a client CA makes the
+    # listener require client certificates signed by it. `listen_plain` adds a plaintext listener (e.g. localhost).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    listen_plain: str = ""
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -75,6 +81,15 @@ class Settings:
     @property
     def effective_store_url(self) -> str:
         return self.store_url or f"file://{(self.state_dir / 'objects').resolve()}"
+
+    def server_tls(self):
+        """The listener's TLS files (tiered.tls.ServerTLS), or None when TLS is off."""
+        from tiered.tls import ServerTLS
+
+        return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert else None
+
+    def listen_plain_endpoint(self) -> tuple[str, int] | None:
+        return parse_endpoint(self.listen_plain, DEFAULT_PORT) if self.listen_plain else None
 
     def listen_endpoint(self) -> tuple[str, int]:
         return parse_endpoint(self.listen, DEFAULT_PORT)
@@ -230,6 +245,10 @@ _CONVERTERS = {
     "cluster_lease_ms": _at_least(int, 1000, "1000 ms"),
     "log_level": lambda v: _choice(v, ("debug", "info", "warning", "error")),
     "log_format": lambda v: _choice(v, ("text", "json")),
+    "tls_cert": str,
+    "tls_key": str,
+    "tls_client_ca": str,
+    "listen_plain": _endpoint(DEFAULT_PORT),
 }
 
 
@@ -284,6 +303,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="membership lease: a broker that has not renewed it for this long is taken over (default 10000)")
     a("--log-level", dest="log_level", help=f"debug, info, warning or error (default {defaults.log_level})")
     a("--log-format", dest="log_format", help=f"text or json (default {defaults.log_format})")
+    a("--tls-cert", dest="tls_cert", help="TLS on the TANK listener: certificate chain file (PEM), reloaded on change")
+    a("--tls-key", dest="tls_key", help="TLS private key file (PEM) for --tls-cert")
+    a("--tls-client-ca", dest="tls_client_ca", help="require client certificates signed by this CA (mutual TLS)")
+    a("--listen-plain", dest="listen_plain", help="a second, plaintext TANK listener [addr:]port (default: none)")
 
 
 def load_settings(
@@ -326,6 +349,10 @@ def load_settings(
     if "broker_id" not in values:
         values["broker_id"] = parse_broker_id("auto")  # the documented default
     settings = replace(Settings(), **values, topic_defaults=topic_defaults)
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise SettingsError("TLS needs both tls_cert and tls_key (--tls-cert, --tls-key)")
+    if settings.tls_client_ca and not settings.tls_cert:
+        raise SettingsError("tls_client_ca needs TLS on (--tls-cert and --tls-key)")
     for path in (settings.data_dir, settings.state_dir):
         if path.exists() and not path.is_dir():
             raise SettingsError(f"data directory {settings.data_dir}: {path} is not a directory")

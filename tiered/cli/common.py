@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import select
+import ssl
 import sys
 from dataclasses import dataclass
 from typing import IO
@@ -25,6 +26,7 @@ from tiered.client import Client, TankError, Unreachable
 from tiered.client.connection import reason
 from tiered.config import DEFAULT_PORT, SettingsError, parse_endpoint
 from tiered.protocol.errors import ProtocolError
+from tiered.tls import TLSError, client_context
 
 BROKER_ENV = "TIERED_BROKER"
 DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
@@ -44,6 +46,26 @@ def add_broker_argument(parser: argparse.ArgumentParser, flags: tuple[str, ...] 
                         help=f"{what} endpoint, or a comma-separated list of brokers of one service (any of them "
                              "answers; requests follow each partition's leader) (default: "
                              f"${BROKER_ENV}, else {DEFAULT_BROKER})")
+    if "--tls-ca" not in parser._option_string_actions:  # a command naming two brokers (replay) has them once
+        parser.add_argument("--tls-ca", default=None, metavar="FILE",
+                            help="connect over TLS, checking the brokers' certificates against this CA (PEM) "
+                                 "(default: $TIERED_TLS_CA; TLS is off when neither this nor --tls-cert is set)")
+        parser.add_argument("--tls-cert", default=None, metavar="FILE",
+                            help="client certificate (PEM) for brokers requiring one (default: $TIERED_TLS_CERT)")
+        parser.add_argument("--tls-key", default=None, metavar="FILE",
+                            help="private key of --tls-cert (default: $TIERED_TLS_KEY)")
+
+
+def client_tls(args: argparse.Namespace, environ=os.environ) -> ssl.SSLContext | None:
+    """The client's TLS context from --tls-ca/--tls-cert/--tls-key (else TIERED_TLS_*), or None: TLS off."""
+    ca, cert, key = (getattr(args, f"tls_{n}", None) or environ.get(f"TIERED_TLS_{n.upper()}", "")
+                     for n in ("ca", "cert", "key"))
+    if not (ca or cert or key):
+        return None
+    try:
+        return client_context(ca, cert, key)
+    except TLSError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class _Deprecated(argparse.Action):
@@ -99,10 +121,10 @@ def brokers(text: str | None, flag: str = "-b/--broker", environ=os.environ) -> 
     return Brokers(tuple(dict.fromkeys(endpoints)), source)
 
 
-async def connect_to(named: Brokers) -> Client:
-    """A client of the brokers named, connected to the first that answers."""
+async def connect_to(named: Brokers, ssl_context: ssl.SSLContext | None = None) -> Client:
+    """A client of the brokers named, connected to the first that answers (over TLS when `ssl_context` is given)."""
     try:
-        return await Client.connect_any(named.endpoints)
+        return await Client.connect_any(named.endpoints, ssl_context=ssl_context)
     except Unreachable as exc:
         if len(exc.failures) == 1:
             head, why = f"a broker at {named}", reason(next(iter(exc.failures.values())))
@@ -113,7 +135,7 @@ async def connect_to(named: Brokers) -> Client:
 
 
 async def connect(args: argparse.Namespace) -> Client:
-    return await connect_to(brokers(args.broker))
+    return await connect_to(brokers(args.broker), client_tls(args))
 
 
 def run(coro, command: str) -> int:

@@ -32,6 +32,7 @@ from tiered.cli.common import (
     add_broker_argument,
     add_deprecated_flag,
     brokers,
+    client_tls,
     connect_to,
     fail,
     plural,
@@ -136,7 +137,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 async def _produce(args, options, progress: Progress, replay):
-    client = await connect_to(brokers(args.to_broker, "--to-broker"))
+    client = await connect_to(brokers(args.to_broker, "--to-broker"), client_tls(args))
     async with client:
         return await replay.produce_replay(
             options, client, args.to_topic, keep_seqs=args.keep_seqs, latest_per_key=args.latest_per_key,

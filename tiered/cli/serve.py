@@ -105,6 +105,14 @@ def main(args) -> int:
     except SettingsError as exc:
         print(f"tiered serve: {exc}", file=sys.stderr)
         return 2
+    if settings.server_tls() is not None:
+        from tiered.tls import TLSError, server_context
+
+        try:
+            server_context(settings.server_tls())  # files that do not load: one line, before anything starts
+        except TLSError as exc:
+            print(f"tiered serve: {exc}", file=sys.stderr)
+            return 2
     configure_logging(settings)
     missing = missing_s3_credentials(settings)
     if missing:

@@ -30,6 +30,7 @@ partial last bundles and sparse bundles, and turns TANK's status codes into exce
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Mapping, Sequence
 
@@ -145,9 +146,11 @@ class Client:
 
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout_s: float = 10.0,
-                      leader_wait_s: float = 0.0) -> "Client":
-        """One broker. Raises the OSError (or TimeoutError) of a failed connection, as asyncio does."""
-        router = Router([Endpoint(host, port)], connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s)
+                      leader_wait_s: float = 0.0, ssl_context: ssl.SSLContext | None = None) -> "Client":
+        """One broker. Raises the OSError (or TimeoutError) of a failed connection, as asyncio does. Over TLS when
+        `ssl_context` is given (tiered.tls.client_context)."""
+        router = Router([Endpoint(host, port)], connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s,
+                        ssl_context=ssl_context)
         try:
             await router.connect_first()
         except Unreachable as exc:
@@ -156,10 +159,12 @@ class Client:
 
     @classmethod
     async def connect_any(cls, endpoints: Iterable[str | tuple[str, int] | Endpoint], *, timeout_s: float = 10.0,
-                          leader_wait_s: float = LEADER_WAIT_S) -> "Client":
+                          leader_wait_s: float = LEADER_WAIT_S, ssl_context: ssl.SSLContext | None = None
+                          ) -> "Client":
         """Several brokers of one service ("host:port" strings, (host, port) pairs or Endpoints), tried in order
         until one connects. Raises Unreachable (a ConnectionError naming each failure) when none does."""
-        router = Router(parse_endpoints(endpoints), connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s)
+        router = Router(parse_endpoints(endpoints), connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s,
+                        ssl_context=ssl_context)
         await router.connect_first()
         return cls(router)
 

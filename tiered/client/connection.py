@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 import sys
 
 from tiered.protocol.codes import Endpoint
@@ -33,6 +34,10 @@ BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of i
 SPARES = 2  # big buffers kept for later frames: a reader holding its last answer while it asks again leaves one free
 SPARE_MAX_BYTES = 64 << 20  # a bigger buffer is not kept
 CLOSE_WAIT_S = 5.0  # close() waits at most this long for the transport to report the connection lost
+
+
+TLS_REFUSED = ("TLS refused by the broker (does it require a client certificate, or not accept this one? "
+               "--tls-cert/--tls-key)")
 
 
 class NotSent(ConnectionError):
@@ -116,6 +121,10 @@ class _Frames(asyncio.BufferedProtocol):
         return False  # the transport closes; connection_lost says why
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None and self.conn.tls and not self.conn.greeted:
+            # The broker sends PING once its side of the handshake is done: a TLS session that ends before it was
+            # refused by the broker (under TLS 1.3 the client's handshake completes before the broker checks ours).
+            exc = ConnectionError(TLS_REFUSED)
         self.conn._fail_all(exc or ConnectionError("the broker closed the connection"))
         self.resume_writing()
         if not self.closed.done():
@@ -143,12 +152,19 @@ class Connection:
         self._pending: dict[int, asyncio.Future] = {}  # by request id
         self._closed_exc: BaseException | None = None
         self._frames = _Frames(self)
+        self.tls = False  # over TLS
+        self.greeted = False  # the broker's PING arrived
 
     @classmethod
-    async def open(cls, endpoint: Endpoint, timeout_s: float) -> "Connection":
-        """Raises NotSent (with the OSError or TimeoutError as its cause) when no connection is made."""
+    async def open(cls, endpoint: Endpoint, timeout_s: float, ssl_context: ssl.SSLContext | None = None
+                   ) -> "Connection":
+        """Raises NotSent (with the OSError or TimeoutError as its cause) when no connection is made. Over TLS when
+        `ssl_context` is given: the broker's certificate is checked against the host or address as named."""
         conn = cls(endpoint)
-        opening = asyncio.get_running_loop().create_connection(lambda: conn._frames, endpoint.addr, endpoint.port)
+        conn.tls = ssl_context is not None
+        tls = {"ssl": ssl_context, "server_hostname": endpoint.addr} if ssl_context is not None else {}
+        opening = asyncio.get_running_loop().create_connection(lambda: conn._frames, endpoint.addr, endpoint.port,
+                                                               **tls)
         try:
             await asyncio.wait_for(opening, timeout_s)
         except asyncio.TimeoutError as exc:  # before OSError, which it is
@@ -187,7 +203,8 @@ class Connection:
         connection's end (a ConnectionError) or asyncio.TimeoutError after `timeout_s` (a late answer is then
         dropped)."""
         if not self.alive:
-            raise NotSent(f"{self.endpoint}: the connection had ended ({self._closed_exc or 'closed by the broker'})")
+            why = self._closed_exc or (TLS_REFUSED if self.tls and not self.greeted else "closed by the broker")
+            raise NotSent(f"{self.endpoint}: the connection had ended ({why})")
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         assert self._frames.transport is not None
@@ -199,6 +216,7 @@ class Connection:
 
     def _frame(self, msg_id: int, payload: bytes | memoryview) -> None:
         if msg_id == MsgType.PING:
+            self.greeted = True
             return
         try:
             self._deliver(msg_id, payload)
@@ -230,4 +248,11 @@ def reason(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer in time"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS handshake failed: the broker's certificate was refused ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLError):
+        why = (exc.reason or str(exc)).lower().replace("_", " ")
+        if "certificate required" in why or "handshake failure" in why:
+            why += " (does the broker require a client certificate? --tls-cert/--tls-key)"
+        return f"TLS refused: {why}"
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__

@@ -26,6 +26,7 @@ raises ConnectionLost instead, since sending it again could store it twice.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Generic, Hashable, NamedTuple, Sequence, TypeVar
@@ -63,9 +64,11 @@ class Router:
     """Connections by endpoint (opened when first needed, kept, closed by `close`), the known brokers and the
     leader of each (topic, partition) learned from redirects."""
 
-    def __init__(self, bootstrap: Sequence[Endpoint], *, connect_timeout_s: float, leader_wait_s: float):
+    def __init__(self, bootstrap: Sequence[Endpoint], *, connect_timeout_s: float, leader_wait_s: float,
+                 ssl_context: ssl.SSLContext | None = None):
         if not bootstrap:
             raise ValueError("at least one broker endpoint is needed")
+        self.ssl_context = ssl_context  # every connection, those opened to follow a redirect too
         self.connect_timeout_s = connect_timeout_s
         self.leader_wait_s = leader_wait_s
         self.home = bootstrap[0]  # where requests go when no leader is known for them
@@ -88,7 +91,7 @@ class Router:
         return await asyncio.shield(task)  # a caller cancelled does not cancel the others' open
 
     async def _open(self, endpoint: Endpoint) -> Connection:
-        conn = await Connection.open(endpoint, self.connect_timeout_s)
+        conn = await Connection.open(endpoint, self.connect_timeout_s, self.ssl_context)
         stale = self._pool.get(endpoint)
         if stale is not None:
             stale.abort()

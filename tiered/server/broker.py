@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.tls import RELOAD_INTERVAL_S, CertReloader
 from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.server.admin import AdminHandler
@@ -83,6 +84,10 @@ class Broker:
         self.handlers = Handlers(ProduceHandler(self), ConsumeHandler(self), AdminHandler(self))
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
+        self.plain_server: asyncio.base_events.Server | None = None  # --listen-plain, when TLS is on
+        tls = settings.server_tls()
+        # Raises TLSError (one line) when the files do not load: a broker does not start without its certificate.
+        self.tls: CertReloader | None = CertReloader(tls, clock.monotonic()) if tls else None
         self.started_at = time.time()
         self.idle_timeout_s = IDLE_TIMEOUT_S
         self.retention_interval_s = RETENTION_INTERVAL_S
@@ -117,7 +122,12 @@ class Broker:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(AcceptErrors(loop.get_exception_handler()))
         settle_heap()
-        self.server = await serve(self, sock)
+        self.server = await serve(self, sock, self.tls.listener_context if self.tls else None)
+        plain = self.settings.listen_plain_endpoint()
+        if plain is not None:
+            self.plain_server = await serve(self, bind_listener(*plain))
+        if self.tls is not None:
+            self.supervisor.every("tls reload", RELOAD_INTERVAL_S, self._reload_tls)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.supervisor.start("compaction", self.compactor.run)
         self.ready = True
@@ -127,6 +137,15 @@ class Broker:
             self.registry.partition_count(),
             ", ".join(f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in self.server.sockets),
         )
+        if self.tls is not None:
+            log.info("TLS on%s", ", client certificates required" if self.settings.tls_client_ca else "")
+        if self.plain_server is not None:
+            log.info("plaintext listener on %s:%d", *self.plain_server.sockets[0].getsockname()[:2])
+
+    async def _reload_tls(self) -> None:
+        """New connections use the certificate files as they are now (tiered.tls.CertReloader)."""
+        assert self.tls is not None
+        self.tls.check(self.clock.monotonic())
 
     async def _open_partitions(self) -> None:
         if not self.tier.lower_tier:
@@ -212,6 +231,8 @@ class Broker:
         self.stopping = True
         if self.server is not None:
             self.server.close()
+        if self.plain_server is not None:
+            self.plain_server.close()
         await self.compactor.stop(deadline)  # before the logs close under a pass
         await self.supervisor.stop()
         self.waiters.wake_all("shutdown")

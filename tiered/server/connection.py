@@ -28,6 +28,7 @@ until its block is uploaded, long after the connection went on to later frames.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import logging
 from collections import deque
@@ -50,6 +51,7 @@ READ_BYTES = 256 * 1024  # ... up to this
 BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of its own, grown as its bytes arrive
 MAX_QUEUED_BYTES = 4 << 20  # whole frames waiting for the request task; past this, reading pauses
 WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for the client to read
+TLS_COPY_BYTES = 256 * 1024  # over TLS a file chunk is read and written in pieces of this size
 
 
 class CloseConnection(Exception):
@@ -98,10 +100,17 @@ def advertised_endpoint(configured: str, bound_host: str, bound_port: int) -> st
     return f"{host}:{bound_port}"
 
 
-async def serve(broker, sock: socket.socket) -> asyncio.AbstractServer:
-    """The TANK listener: one Connection per accepted socket."""
+async def serve(broker, sock: socket.socket, ssl_context=None) -> asyncio.AbstractServer:
+    """The TANK listener: one Connection per accepted socket; over TLS when `ssl_context` is given. A client that does
+    not finish its handshake (a plaintext client on a TLS listener) is closed after HANDSHAKE_TIMEOUT_S, and a failed
+    handshake closes only its own connection: no Connection exists before the handshake succeeds."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: Connection(broker), sock=sock)
+    if ssl_context is None:
+        return await loop.create_server(lambda: Connection(broker), sock=sock)
+    from tiered.tls import HANDSHAKE_TIMEOUT_S
+
+    return await loop.create_server(lambda: Connection(broker), sock=sock, ssl=ssl_context,
+                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -448,6 +457,24 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(b"".join(self._pending) if len(self._pending) > 1 else self._pending[0])
         self._pending.clear()
 
+    async def _send_file_copied(self, chunk: FileChunk) -> bool:
+        """A file chunk read with pread (the file's position is never used: the file is shared) and written piece by
+        piece, waiting for the client to read when the transport's buffer is full. False when it was cut short."""
+        fd, offset, left = chunk.file.fileno(), chunk.start, chunk.size
+        while left:
+            piece = os.pread(fd, min(left, TLS_COPY_BYTES), offset)
+            if not piece:
+                log.error("segment file ended %d bytes early for %s; closing", left, self.peer)
+                self.abort()
+                return False
+            self.transport.write(piece)
+            offset += len(piece)
+            left -= len(piece)
+            await self._drain()
+            if self.closed:
+                return False
+        return True
+
     async def send_consume(self, head: bytes, chunks: list[Chunk]) -> None:
         """A consume response: the frame head with the partition header, then every chunk in header order. A
         streamed chunk is written piece by piece as its bytes arrive, waiting for the client to read when the
@@ -460,7 +487,12 @@ class Connection(asyncio.BufferedProtocol):
                 self._flush()  # queued responses go first, in order
                 self.transport.write(head)
                 for chunk in chunks:
-                    if isinstance(chunk, FileChunk):
+                    if isinstance(chunk, FileChunk) and self.transport.get_extra_info("sslcontext") is not None:
+                        # TLS: the bytes go through the encrypting transport (asyncio's own fallback for sendfile
+                        # reads from the shared file's position, and not at all from offset 0).
+                        if not await self._send_file_copied(chunk):
+                            return
+                    elif isinstance(chunk, FileChunk):
                         sent = await self.loop.sendfile(self.transport, chunk.file, chunk.start, chunk.size)
                         if sent != chunk.size:
                             # The frame length is already on the wire: a short chunk would desynchronise the client.

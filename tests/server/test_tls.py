@@ -1,0 +1,217 @@
+"""TLS on the TANK listener: real handshakes over 127.0.0.1 with certificates made here by `openssl` (the
+`cryptography` package is not installed in this project's environment)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiered.client import Client
+from tiered.client.connection import reason
+from tiered.protocol.bundle import Message
+from tiered.server.app import App
+from tiered.tls import TLSError, client_context
+
+from tests.support.broker import REPO, local_settings
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+def _run(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+class Certs:
+    """A CA and certificates it signs, as PEM files in `folder`."""
+
+    def __init__(self, folder: Path, ca_name: str = "ca"):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ca = ca_name
+        _run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+             f"{ca_name}.key", "-out", f"{ca_name}.pem", "-subj", f"/CN={ca_name}", "-days", "2", cwd=folder)
+
+    def path(self, name: str) -> str:
+        return str(self.folder / name)
+
+    def issue(self, name: str, *, days: int = 2) -> tuple[str, str]:
+        """(cert, key) for 127.0.0.1 signed by this CA; days=-1 makes one that has expired."""
+        (self.folder / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        _run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=self.folder)
+        _run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{self.ca}.pem", "-CAkey", f"{self.ca}.key", "-out",
+             f"{name}.pem", "-days", str(days), "-extfile", f"{name}.ext", cwd=self.folder)
+        return self.path(f"{name}.pem"), self.path(f"{name}.key")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    c = Certs(tmp_path_factory.mktemp("certs"))
+    c.issue("server")
+    c.issue("client")
+    c.issue("expired", days=-1)
+    return c
+
+
+async def _start(tmp_path, certs: Certs, **tls) -> App:
+    settings = local_settings(tmp_path / "data", tls_cert=certs.path("server.pem"), tls_key=certs.path("server.key"),
+                              **tls)
+    app = App(settings, local_only=True)
+    await app.start()
+    return app
+
+
+async def _produce_consume(client: Client, topic: str) -> list[bytes]:
+    await client.create_topic(topic, 1)
+    await client.produce(topic, 0, [Message(b"one", None, 1), Message(b"two", None, 2)])
+    return [m.value for m in (await client.consume(topic, 0, 1)).messages]
+
+
+async def test_produce_and_consume_over_tls(tmp_path, certs):
+    app = await _start(tmp_path, certs)
+    try:
+        ctx = client_context(certs.path("ca.pem"))
+        async with await Client.connect("127.0.0.1", app.broker.port, ssl_context=ctx) as client:
+            assert await _produce_consume(client, "secure") == [b"one", b"two"]
+    finally:
+        await app.stop()
+
+
+async def test_mutual_tls_refuses_a_client_without_a_certificate_and_serves_one_with(tmp_path, certs):
+    app = await _start(tmp_path, certs, tls_client_ca=certs.path("ca.pem"))
+    try:
+        with pytest.raises((ConnectionError, OSError)) as refused:
+            async with await Client.connect("127.0.0.1", app.broker.port,
+                                            ssl_context=client_context(certs.path("ca.pem"))) as client:
+                await client.create_topic("nope", 1)  # TLS 1.3: the refusal arrives after the client's handshake
+        assert "certificate" in reason(refused.value.__cause__ or refused.value) or "TLS" in str(refused.value)
+        ctx = client_context(certs.path("ca.pem"), certs.path("client.pem"), certs.path("client.key"))
+        async with await Client.connect("127.0.0.1", app.broker.port, ssl_context=ctx) as client:
+            assert await _produce_consume(client, "mutual") == [b"one", b"two"]
+    finally:
+        await app.stop()
+
+
+async def test_an_expired_or_wrongly_signed_broker_certificate_is_refused_by_the_client(tmp_path, certs):
+    other = Certs(tmp_path / "other", "otherca")
+    for cert, key in ((certs.path("expired.pem"), certs.path("expired.key")), other.issue("stranger")):
+        settings = local_settings(tmp_path / f"data-{Path(cert).stem}", tls_cert=cert, tls_key=key)
+        app = App(settings, local_only=True)
+        await app.start()
+        try:
+            with pytest.raises(OSError) as refused:  # Client.connect raises asyncio's error, NotSent its cause
+                await Client.connect("127.0.0.1", app.broker.port, ssl_context=client_context(certs.path("ca.pem")))
+            line = reason(refused.value)
+            assert "TLS handshake failed" in line and "\n" not in line
+            assert ("expired" in line) == (Path(cert).stem == "expired")
+        finally:
+            await app.stop()
+
+
+async def test_an_expired_client_certificate_is_refused_under_mutual_tls(tmp_path, certs):
+    app = await _start(tmp_path, certs, tls_client_ca=certs.path("ca.pem"))
+    try:
+        ctx = client_context(certs.path("ca.pem"), certs.path("expired.pem"), certs.path("expired.key"))
+        with pytest.raises((ConnectionError, OSError)):
+            async with await Client.connect("127.0.0.1", app.broker.port, ssl_context=ctx) as client:
+                await client.create_topic("nope", 1)
+        assert "nope" not in app.broker.registry.topics
+    finally:
+        await app.stop()
+
+
+async def test_a_rotated_certificate_is_used_by_new_connections_and_a_bad_file_keeps_the_old(tmp_path, certs):
+    folder = tmp_path / "live"
+    folder.mkdir()
+    for name in ("server.pem", "server.key"):
+        shutil.copy(certs.path(name), folder / name)
+    settings = local_settings(tmp_path / "data", tls_cert=str(folder / "server.pem"), tls_key=str(folder / "server.key"))
+    app = App(settings, local_only=True)
+    await app.start()
+    reloader = app.broker.tls
+    try:
+        other = Certs(tmp_path / "other", "otherca")
+        cert, key = other.issue("rotated")
+        now = reloader._checked_at
+        assert not reloader.check(now + reloader.interval_s)  # nothing changed on disk
+        shutil.copy(cert, folder / "server.pem")
+        shutil.copy(key, folder / "server.key")
+        os.utime(folder / "server.pem", ns=(1, 1))  # a new mtime even within the file system's resolution
+        assert not reloader.check(now + reloader.interval_s + 0.5)  # too soon after the last look
+        assert reloader.check(now + 2 * reloader.interval_s)
+        async with await Client.connect("127.0.0.1", app.broker.port,
+                                        ssl_context=client_context(other.path("otherca.pem"))) as client:
+            assert await _produce_consume(client, "rotated") == [b"one", b"two"]
+        with pytest.raises(OSError):
+            await Client.connect("127.0.0.1", app.broker.port, ssl_context=client_context(certs.path("ca.pem")))
+        (folder / "server.pem").write_text("not a certificate\n")
+        assert not reloader.check(now + 3 * reloader.interval_s)  # kept the rotated one
+        async with await Client.connect("127.0.0.1", app.broker.port,
+                                        ssl_context=client_context(other.path("otherca.pem"))) as client:
+            assert [m.value for m in (await client.consume("rotated", 0, 1)).messages] == [b"one", b"two"]
+    finally:
+        await app.stop()
+
+
+async def test_a_plaintext_client_is_closed_while_a_tls_client_keeps_working(tmp_path, certs):
+    from tests.support.ports import free_port
+
+    plain_port = free_port()
+    app = await _start(tmp_path, certs, listen_plain=f"127.0.0.1:{plain_port}")
+    try:
+        async with await Client.connect("127.0.0.1", app.broker.port,
+                                        ssl_context=client_context(certs.path("ca.pem"))) as secure:
+            await secure.create_topic("mixed", 1)
+            reader, writer = await asyncio.open_connection("127.0.0.1", app.broker.port)
+            writer.write(b"\x00" * 64)  # not a ClientHello
+            await asyncio.wait_for(reader.read(), 10)  # whatever alert the broker sends, then its close
+            assert reader.at_eof()
+            writer.close()
+            await secure.produce("mixed", 0, [Message(b"still", None, 1)])
+            assert [m.value for m in (await secure.consume("mixed", 0, 1)).messages] == [b"still"]
+        async with await Client.connect("127.0.0.1", plain_port) as plain:  # the plaintext listener
+            assert [m.value for m in (await plain.consume("mixed", 0, 1)).messages] == [b"still"]
+    finally:
+        await app.stop()
+
+
+def test_bad_client_tls_files_are_one_line():
+    with pytest.raises(TLSError) as bad:
+        client_context("/nonexistent/ca.pem")
+    assert "no such file" in str(bad.value)
+    with pytest.raises(TLSError):
+        client_context("", "/only/a/cert.pem", "")
+
+
+async def test_the_cli_produces_and_consumes_through_tls(tmp_path, certs):
+    app = await _start(tmp_path, certs, tls_client_ca=certs.path("ca.pem"))
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TIERED_TLS_CA": certs.path("ca.pem")}
+        tls = ["--tls-cert", certs.path("client.pem"), "--tls-key", certs.path("client.key")]
+        broker = f"127.0.0.1:{app.broker.port}"
+
+        async def cli(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tiered.cli.main", *args, env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = await proc.communicate(stdin)
+            return proc.returncode, out.decode(), err.decode()
+
+        code, out, err = await cli("topic", "create", "clitls", "1", "-b", broker, *tls)
+        assert code == 0, err
+        code, out, err = await cli("produce", "-t", "clitls", "-b", broker, *tls, "hello", "world")
+        assert code == 0, err
+        code, out, err = await cli("consume", "-t", "clitls", "-b", broker, "-n", "2", *tls, "beginning")
+        assert code == 0, err
+        assert "hello" in out and "world" in out
+        code, out, err = await cli("topic", "create", "refused", "1", "-b", broker)  # no client certificate
+        assert code == 1
+        assert len(err.strip().splitlines()) == 1 and "TLS" in err
+    finally:
+        await app.stop()

@@ -83,13 +83,21 @@ class Settings:
         return self.store_url or f"file://{(self.state_dir / 'objects').resolve()}"
 
     def server_tls(self):
-        """The listener's TLS files (tiered.tls.ServerTLS), or None when TLS is off."""
+        """The listener's TLS files (tiered.tls.ServerTLS), or None when TLS is off. Raises SettingsError for a
+        certificate without its key (or the reverse), or a client CA with TLS off."""
         from tiered.tls import ServerTLS
+
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError("TLS needs both tls_cert and tls_key (--tls-cert, --tls-key)")
+        if self.tls_client_ca and not self.tls_cert:
+            raise SettingsError("tls_client_ca needs TLS on (--tls-cert and --tls-key)")
 
         return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert else None
 
     def listen_plain_endpoint(self) -> tuple[str, int] | None:
-        return parse_endpoint(self.listen_plain, DEFAULT_PORT) if self.listen_plain else None
+        if self.listen_plain.strip().lower() in _OFF:
+            return None
+        return parse_endpoint(self.listen_plain, DEFAULT_PORT)
 
     def listen_endpoint(self) -> tuple[str, int]:
         return parse_endpoint(self.listen, DEFAULT_PORT)
@@ -248,7 +256,7 @@ _CONVERTERS = {
     "tls_cert": str,
     "tls_key": str,
     "tls_client_ca": str,
-    "listen_plain": _endpoint(DEFAULT_PORT),
+    "listen_plain": _endpoint(DEFAULT_PORT, may_be_off=True),
 }
 
 
@@ -349,10 +357,6 @@ def load_settings(
     if "broker_id" not in values:
         values["broker_id"] = parse_broker_id("auto")  # the documented default
     settings = replace(Settings(), **values, topic_defaults=topic_defaults)
-    if bool(settings.tls_cert) != bool(settings.tls_key):
-        raise SettingsError("TLS needs both tls_cert and tls_key (--tls-cert, --tls-key)")
-    if settings.tls_client_ca and not settings.tls_cert:
-        raise SettingsError("tls_client_ca needs TLS on (--tls-cert and --tls-key)")
     for path in (settings.data_dir, settings.state_dir):
         if path.exists() and not path.is_dir():
             raise SettingsError(f"data directory {settings.data_dir}: {path} is not a directory")

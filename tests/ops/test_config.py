@@ -54,6 +54,10 @@ SAMPLES = {
     "cluster_lease_ms": ("4000", "4000", 4000),
     "log_level": ('"debug"', "DEBUG", "debug"),
     "log_format": ('"json"', "json", "json"),
+    "tls_cert": ('"/etc/tiered/tls.crt"', "/etc/tiered/tls.crt", "/etc/tiered/tls.crt"),
+    "tls_key": ('"/etc/tiered/tls.key"', "/etc/tiered/tls.key", "/etc/tiered/tls.key"),
+    "tls_client_ca": ('"/etc/tiered/ca.crt"', "/etc/tiered/ca.crt", "/etc/tiered/ca.crt"),
+    "listen_plain": ('"127.0.0.1:11012"', "127.0.0.1:11012", "127.0.0.1:11012"),
 }
 # A second value per setting, to tell the sources apart in the precedence test.
 OTHER = {
@@ -62,6 +66,8 @@ OTHER = {
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
     "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
+    "tls_cert": ("/o.crt", "/o.crt"), "tls_key": ("/o.key", "/o.key"), "tls_client_ca": ("/o.ca", "/o.ca"),
+    "listen_plain": (":2346", ":2346"),
     "cluster_lease_ms": ("2000", 2000), "block_linger_ms": ("0", 0), "block_max_puts_per_s": ("50", 50.0),
     "remote_read_budget_bytes": ("32m", 32 << 20), "remote_read_yield_ms": ("0", 0),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
@@ -134,6 +140,9 @@ def _documented_defaults() -> Settings:
         elif name == "block_linger_ms":
             assert default == "off"  # blocks wait out block_max_age_ms
             values[name] = None
+        elif name in ("tls_cert", "tls_key", "tls_client_ca", "listen_plain"):
+            assert default == "off"  # TLS off; no second listener
+            values[name] = ""
         elif name in SAMPLES:
             values[name] = load_settings({name: default}, {}).__getattribute__(name)
     return Settings(**values)

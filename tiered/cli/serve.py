@@ -102,6 +102,7 @@ def configure_logging(settings: Settings, environ: Mapping[str, str] = os.enviro
 def main(args) -> int:
     try:
         settings = load_settings(args)
+        settings.server_tls()  # a certificate without its key is a bad setting
     except SettingsError as exc:
         print(f"tiered serve: {exc}", file=sys.stderr)
         return 2

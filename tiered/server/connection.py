@@ -240,7 +240,9 @@ class Connection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake()
-        return True  # half-closed: the requests already received are still answered, then the task closes it
+        # Half-closed: the requests already received are still answered, then the task closes it. TLS has no
+        # half-close (asyncio closes the transport whatever we answer), so there the answer is False.
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True

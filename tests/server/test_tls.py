@@ -215,3 +215,20 @@ async def test_the_cli_produces_and_consumes_through_tls(tmp_path, certs):
         assert len(err.strip().splitlines()) == 1 and "TLS" in err
     finally:
         await app.stop()
+
+
+def test_bad_tls_flags_are_one_line_for_the_cli_and_the_broker(tmp_path, certs):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tiered.cli.main", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    missing = cli("topic", "list", "-b", "127.0.0.1:1", "--tls-ca", str(tmp_path / "nope.pem"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such file" in missing.stderr
+    no_key = cli("serve", "-p", str(tmp_path / "d"), "--tls-cert", certs.path("server.pem"))
+    assert no_key.returncode == 2 and no_key.stderr.count("\n") == 1 and "tls_key" in no_key.stderr
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    unloadable = cli("serve", "-p", str(tmp_path / "d"), "--tls-cert", str(bad), "--tls-key", str(bad))
+    assert unloadable.returncode == 2 and unloadable.stderr.count("\n") == 1 and "TLS" in unloadable.stderr

@@ -164,6 +164,20 @@ def test_unfinished_deletions_skip_the_deleted_history(cat, filled):
     assert "ix_segments_delete_started" in plan and full_scans(cat.backend, plan) == [], plan
 
 
+@pytest.mark.parametrize("call, index", [
+    (lambda c: segments.partitions_mid_deletion(c), "ix_segments_delete_started"),
+    (lambda c: segments.partitions_with_stale_copies(c, older_than=T0), "ix_segments_copy_started"),
+], ids=["mid_deletion", "stale_copies"])
+def test_the_periodic_passes_read_only_their_partial_index(cat, filled, call, index):
+    """The remote passes ask which led partitions have something to do across all partitions at once: a read of
+    the whole partial index, which holds only the rows mid-deletion (or being copied), never of the segments
+    table, so that the look costs what is in flight, not how many segments or partitions exist."""
+    [(_, plan)] = explain(cat, lambda: call(cat))
+    scans = full_scans(cat.backend, plan)
+    assert index in plan, plan
+    assert all(index in scan for scan in scans), plan  # a full scan, if any, of the partial index only
+
+
 def test_a_full_scan_is_seen(cat, filled):
     """The check above can fail: a lookup by an unindexed column is reported."""
     from sqlalchemy import select

@@ -14,6 +14,8 @@ from tiered.catalog.segments import (
     get_segment,
     highest_copied_seq,
     list_segments,
+    partitions_mid_deletion,
+    partitions_with_stale_copies,
     segment_copy_abandoned,
     segment_copy_finished,
     segment_copy_started,
@@ -216,6 +218,34 @@ def test_list_segments_pages_and_filters(cat, epoch):
     assert [s.base_seq for s in list_segments(cat, "t", 0, states=(S.DELETE_STARTED,))] == [1]
     assert [s.base_seq for s in list_segments(cat, "t", 0, states=("COPY_STARTED",))] == [501]  # plain strings too
     assert list_segments(cat, "t", 0, states=()) == []
+
+
+def test_partitions_mid_deletion_names_only_those_with_an_interrupted_deletion(cat, epoch):
+    epoch1 = claim_partitions(cat, 1, "t", [1])[1]
+    assert partitions_mid_deletion(cat) == set()
+    copy(cat, epoch, 1, 100)
+    copy(cat, epoch, 101, 200)
+    segment_copy_started(cat, segment("t", 1, 1, 100, epoch1), now=T0)
+    assert partitions_mid_deletion(cat) == set()  # copied or copying: nothing to finish
+    segment_delete_started(cat, "t", 0, 1, now=T0)
+    segment_delete_started(cat, "t", 0, 101, now=T0)
+    assert partitions_mid_deletion(cat) == {("t", 0)}  # one row per partition, however many are mid-deletion
+    segment_delete_finished(cat, "t", 0, 1, now=T0)
+    segment_delete_finished(cat, "t", 0, 101, now=T0)
+    assert partitions_mid_deletion(cat) == set()
+
+
+def test_partitions_with_stale_copies_names_those_with_a_copy_started_long_enough_ago(cat, epoch):
+    epoch1 = claim_partitions(cat, 1, "t", [1])[1]
+    copy(cat, epoch, 1, 100)  # finished: never a candidate
+    segment_copy_started(cat, segment("t", 0, 101, 200, epoch), now=T0 + minutes(10))
+    segment_copy_started(cat, segment("t", 1, 1, 100, epoch1), now=T0)
+    segment_copy_started(cat, segment("t", 1, 101, 200, epoch1), now=T0)
+    assert partitions_with_stale_copies(cat, older_than=T0 - minutes(1)) == set()
+    assert partitions_with_stale_copies(cat, older_than=T0) == {("t", 1)}
+    assert partitions_with_stale_copies(cat, older_than=T0 + minutes(10)) == {("t", 0), ("t", 1)}
+    segment_copy_finished(cat, "t", 0, 101, epoch, now=T0 + minutes(11))
+    assert partitions_with_stale_copies(cat, older_than=T0 + minutes(20)) == {("t", 1)}
 
 
 def test_readable_segments_pages_by_seq_through_every_readable_segment(cat, epoch):

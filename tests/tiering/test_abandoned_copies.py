@@ -449,3 +449,50 @@ async def test_a_pass_with_remote_retention_looks_for_interrupted_deletions_once
         assert not await exists(s3_store, meta.object_key) and not await exists(s3_store, meta.index_object_key)
         clock.advance(60)  # the next pass is within the grace period: no cleanup scan
     await assert_consistent(s3_store, acat, cat, part)
+
+
+class StatementCountingCatalog:
+    """The real async catalog, counting every read and write the pass sends."""
+
+    def __init__(self, acat) -> None:
+        self.acat = acat
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self.acat, name)
+
+    async def read(self, fn, *args, **kwargs):
+        self.calls.append(fn.__name__)
+        return await self.acat.read(fn, *args, **kwargs)
+
+    async def write(self, fn, *args, **kwargs):
+        self.calls.append(fn.__name__)
+        return await self.acat.write(fn, *args, **kwargs)
+
+
+async def test_a_pass_over_partitions_with_nothing_to_do_costs_two_statements(s3_store, cat, acat, tmp_path):
+    """A pass, cleanup scan included, over many led partitions with no interrupted deletion and no stale copy reads
+    two statements (which partitions have either), however many partitions are led; the one partition with an
+    abandoned copy is the only one read further, and its copy is deleted."""
+    part = await committed_partition(tmp_path, s3_store, cat)
+    meta = await start_copy(s3_store, cat, part.segments[0], epoch_now(cat), minutes(0))
+    catalog_topics.create_topic(cat, "quiet", 64)
+    epochs = catalog_partitions.claim_partitions(cat, B, "quiet", range(64))
+    epochs = {("quiet", p): e for p, e in epochs.items()}
+    epochs[(TOPIC, 0)] = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
+    counting = StatementCountingCatalog(acat)
+    clock = ManualClock(start_ms=(minutes(0) + GRACE + timedelta(minutes=1)).timestamp() * 1000)
+    tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), state=led_state(epochs, committed_seq=1 << 62),
+                      fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
+    quiet = [("quiet", p, TopicConfig()) for p in range(64)]
+    await tier.remote_retention_pass(quiet)
+    assert sorted(counting.calls) == ["partitions_mid_deletion", "partitions_with_stale_copies"]
+    counting.calls.clear()
+    await tier.remote_retention_pass([*quiet, (TOPIC, 0, TopicConfig())])  # within the grace period: no scan
+    assert counting.calls == ["partitions_mid_deletion"]
+    clock.advance(GRACE.total_seconds())
+    await tier.remote_retention_pass([*quiet, (TOPIC, 0, TopicConfig())])
+    assert states(cat)[part.segments[0].base] == S.DELETE_FINISHED
+    assert not await exists(s3_store, meta.object_key)
+    assert "list_segments" in counting.calls and len(counting.calls) < 64
+    await assert_consistent(s3_store, acat, cat, part)

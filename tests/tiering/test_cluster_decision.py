@@ -6,7 +6,7 @@ import pytest
 
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
-from tiered.tiering.cluster_decision import ClusterView, Follow, decide, plan_rebalance, spread
+from tiered.tiering.cluster_decision import ClusterView, Follow, claim_batches, decide, plan_rebalance, spread
 
 ME, B, C = 1, 2, 3
 ADDRESSES = {ME: "10.0.0.1:11011", B: "10.0.0.2:11011", C: "10.0.0.3:11011"}
@@ -135,3 +135,30 @@ def test_plan_rebalance_evens_loads_and_spreads_topics():
     assert plan_rebalance(rows, (1,)) == {}
     even = [a(0, 1, 1), a(1, 2, 1), a(2, 1, 1)]
     assert plan_rebalance(even, (1, 2)) == {}
+
+
+CLAIM_BATCH_CASES = {
+    "nothing": ({}, 3, []),
+    "one small topic": ({"t": {1: 4, 0: 2}}, 3, [("t", {0: 2, 1: 4})]),
+    "exactly a batch": ({"t": {0: 1, 1: 1, 2: 1}}, 3, [("t", {0: 1, 1: 1, 2: 1})]),
+    "a topic split": ({"t": {p: p for p in range(7)}}, 3,
+                      [("t", {0: 0, 1: 1, 2: 2}), ("t", {3: 3, 4: 4, 5: 5}), ("t", {6: 6})]),
+    "topics in name order, never mixed": ({"b": {0: 1}, "a": {5: 2, 1: 3}}, 3, [("a", {1: 3, 5: 2}), ("b", {0: 1})]),
+    "one at a time": ({"t": {2: 1, 0: 1}}, 1, [("t", {0: 1}), ("t", {2: 1})]),
+}
+
+
+@pytest.mark.parametrize("name", CLAIM_BATCH_CASES)
+def test_claim_batches(name):
+    claims, limit, expected = CLAIM_BATCH_CASES[name]
+    batches = claim_batches(claims, limit)
+    assert batches == expected
+    # Every claim once, with the epoch read, in batches no larger than the limit.
+    assert sorted((t, p, e) for t, batch in batches for p, e in batch.items()) == sorted(
+        (t, p, e) for t, parts in claims.items() for p, e in parts.items())
+    assert all(len(batch) <= limit for _, batch in batches)
+
+
+def test_claim_batches_refuse_an_empty_batch():
+    with pytest.raises(ValueError, match="at least one partition"):
+        claim_batches({"t": {0: 1}}, 0)

@@ -44,6 +44,7 @@ BlockId = BigInteger().with_variant(Integer(), "sqlite")
 # query's WHERE cannot prove a partial index's predicate; query modules use the same literal).
 COPY_FINISHED_PREDICATE = text(f"state = '{SegmentState.COPY_FINISHED}'")
 DELETE_STARTED_PREDICATE = text(f"state = '{SegmentState.DELETE_STARTED}'")
+COPY_STARTED_PREDICATE = text(f"state = '{SegmentState.COPY_STARTED}'")
 
 
 class UtcDateTime(TypeDecorator):
@@ -255,6 +256,16 @@ class SegmentModel(Base):
             "base_seq",
             postgresql_where=DELETE_STARTED_PREDICATE,
             sqlite_where=DELETE_STARTED_PREDICATE,
+        ),
+        # The cleanup of abandoned copies looks for old COPY_STARTED rows across every led partition in one
+        # statement (0007): the index holds only the copies in flight or abandoned.
+        Index(
+            "ix_segments_copy_started",
+            "topic",
+            "partition",
+            "base_seq",
+            postgresql_where=COPY_STARTED_PREDICATE,
+            sqlite_where=COPY_STARTED_PREDICATE,
         ),
     )
 

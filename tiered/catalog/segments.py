@@ -282,6 +282,32 @@ def list_segments(
         return [SegmentRow(*r) for r in conn.execute(query)]
 
 
+def partitions_mid_deletion(cat: Catalog) -> set[tuple[str, int]]:
+    """The partitions holding a segment in DELETE_STARTED (a deletion an interrupted pass left): one scan of
+    ix_segments_delete_started, which holds only the rows mid-deletion, so a periodic pass over every led partition
+    costs what is left to finish, not how many partitions exist."""
+    with cat.read() as conn:
+        rows = conn.execute(
+            select(SegmentModel.topic, SegmentModel.partition)
+            .where(_state_in((SegmentState.DELETE_STARTED,)))
+            .distinct()
+        )
+        return {(topic, partition) for topic, partition in rows}
+
+
+def partitions_with_stale_copies(cat: Catalog, *, older_than: datetime) -> set[tuple[str, int]]:
+    """The partitions holding a COPY_STARTED row last touched at or before `older_than` (candidates for the cleanup
+    of abandoned copies, tiered.tiering.abandoned_copies, which checks each row again): one scan of
+    ix_segments_copy_started, which holds only the copies in flight or abandoned."""
+    with cat.read() as conn:
+        rows = conn.execute(
+            select(SegmentModel.topic, SegmentModel.partition)
+            .where(_state_in((SegmentState.COPY_STARTED,)), SegmentModel.updated_at <= older_than)
+            .distinct()
+        )
+        return {(topic, partition) for topic, partition in rows}
+
+
 def segments_for_remote_retention(
     cat: Catalog,
     topic: str,

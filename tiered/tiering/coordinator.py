@@ -34,7 +34,9 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.cluster_decision import ClusterView, Decision, Follow, decide, leader_of, lease_fresh, spread
+from tiered.tiering.cluster_decision import (
+    ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
+)
 
 log = logging.getLogger("tiered.cluster")
 
@@ -262,9 +264,13 @@ class Coordinator:
             await self.renew()
             if self._evicted:
                 return
-        for topic, expected in sorted(decision.claims.items()):
-            await self._claim(topic, expected)
+        # The look read every epoch after `started`, and the losses are applied: what is led here is checked now,
+        # before the claims, so that a lapsed lease acknowledges again without waiting for a long failover's claims.
         self._checked(started)
+        for topic, expected in claim_batches(decision.claims):
+            # One bounded batch per claim statement; each takes produce as soon as it is claimed, and a renewal that
+            # falls due meanwhile runs between batches (the renewal loop), not after all of them.
+            await self._claim(topic, expected)
         if decision.handovers:
             await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
 

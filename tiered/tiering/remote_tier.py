@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Callable
 
 from tiered import metrics as m
+from tiered.catalog import segments as catalog_segments
 from tiered.catalog.errors import StaleEpoch
 from tiered.clock import Clock, utc_now
 from tiered.metrics import Metrics
@@ -94,14 +95,24 @@ class RemoteTier:
         scan = self.clock.monotonic() >= self._cleanup_due
         if scan:
             self._cleanup_due = self.clock.monotonic() + self.grace.total_seconds()
+        # One statement finds the partitions with interrupted deletions, instead of a probe per led partition: a
+        # pass costs what is left to finish. A deletion interrupted after this read is finished by the next pass.
+        # Likewise one statement finds the partitions with copies old enough to be abandoned: a partition without
+        # one has nothing for the cleanup scan to delete.
+        mid_deletion = await self.catalog.read(catalog_segments.partitions_mid_deletion) if partitions else set()
+        stale_copies = (await self.catalog.read(catalog_segments.partitions_with_stale_copies,
+                                                older_than=self._now() - self.grace)
+                        if scan and partitions else set())
         for topic, partition, config in partitions:
             retention = bool(config.remote_retention_secs or config.remote_retention_bytes)
+            leftovers = (topic, partition) in mid_deletion
             # Interrupted deletions are finished once per pass: by the cleanup scan, else by retention, else here.
-            cleaned = await self._clean_abandoned_copies(topic, partition, scan, finish=not retention)
+            cleaned = await self._clean_abandoned_copies(topic, partition, (topic, partition) in stale_copies,
+                                                         finish=leftovers and not retention)
             if not retention:
                 continue
             report = await enforce_remote_retention(self.store, self.catalog, topic, partition, config, self._now(),
-                                                    grace=self.grace, finish_leftovers=not cleaned)
+                                                    grace=self.grace, finish_leftovers=leftovers and not cleaned)
             if report.first_available_seq:
                 self.sink.first_available_moved(topic, partition, report.first_available_seq)
             deleted += len(report.deleted)

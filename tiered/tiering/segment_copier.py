@@ -249,8 +249,8 @@ class SegmentCopier:
 
     async def _expired(self, topic: str, partition: int, last_seq: int) -> bool:
         """Whether the partition's history now starts after `last_seq` (remote retention moved it there)."""
-        states = await self.catalog.read(catalog_partitions.get_partition_states, topic)
-        return any(s.partition == partition and last_seq < s.first_available_seq for s in states)
+        state = await self.catalog.read(catalog_partitions.get_partition_state, topic, partition)
+        return state is not None and last_seq < state.first_available_seq
 
 
 class NotLeader(Exception):

@@ -121,9 +121,10 @@ class _Frames(asyncio.BufferedProtocol):
         return False  # the transport closes; connection_lost says why
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if exc is None and self.conn.tls and not self.conn.greeted:
+        if (exc is None or isinstance(exc, ConnectionResetError)) and self.conn.tls and not self.conn.greeted:
             # The broker sends PING once its side of the handshake is done: a TLS session that ends before it was
-            # refused by the broker (under TLS 1.3 the client's handshake completes before the broker checks ours).
+            # refused by the broker (under TLS 1.3 the client's handshake completes before the broker checks ours;
+            # its refusal arrives as a close or, racing our first write, as a reset).
             exc = ConnectionError(TLS_REFUSED)
         self.conn._fail_all(exc or ConnectionError("the broker closed the connection"))
         self.resume_writing()

@@ -67,6 +67,14 @@ def split_pooled(url: URL) -> tuple[URL, bool]:
     return url.difference_update_query([POOLED]), text in _TRUE
 
 
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file a SQLite catalog URL names; None for another backend or an in-memory database."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
 def mask_url(url: str | URL) -> str:
     """The URL with its password replaced by ***, fit for logs and messages. Parsed by SQLAlchemy, the parser that
     connects, so a password holding `#`, `?` or `/` (which urlsplit misreads) is found whole. A text that is not a

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from tiered.cli.common import CommandError, UsageError
@@ -59,9 +58,11 @@ def open_existing(location: CatalogLocation):
     Raises UsageError for a URL that is not one, CommandError for a catalog that is missing, empty or behind."""
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+    from alembic.runtime.migration import MigrationContext
+
     from tiered.catalog import Catalog, CatalogError
-    from tiered.catalog.engine import normalize_url
-    from tiered.catalog.migrate import current, head
+    from tiered.catalog.engine import normalize_url, sqlite_file
+    from tiered.catalog.migrate import head
 
     try:
         parsed = normalize_url(location.url)
@@ -69,22 +70,31 @@ def open_existing(location: CatalogLocation):
         raise UsageError(f"{location.source} {location.url!r} is not a catalog URL: want sqlite:///PATH or "
                          "postgresql+psycopg://USER@HOST/DB") from None
     if parsed.get_backend_name() == "sqlite":
-        path = Path(parsed.database or "")
-        if not parsed.database or parsed.database == ":memory:" or not path.is_file():
+        path = sqlite_file(parsed)
+        if path is None or not path.is_file():
             raise CommandError(
-                f"no catalog at {path} (from {location.source}); point --catalog at the brokers' catalog or "
-                "-p/--data-dir at a broker's data directory (only `tiered serve` and `tiered db upgrade` create one)")
+                f"no catalog at {path or parsed.database or ''} (from {location.source}); point --catalog at the "
+                "brokers' catalog or -p/--data-dir at a broker's data directory (only `tiered serve` and "
+                "`tiered db upgrade` create one)")
+    # One engine: the revision is read on the catalog the command then uses.
+    catalog = Catalog.open(location.url)
     try:
-        revision, newest = current(location.url), head()
+        with catalog.read() as connection:
+            revision = MigrationContext.configure(connection).get_current_revision()
+        newest = head()
+        if revision is None:
+            raise CommandError(f"the catalog {location.describe()} is empty (no tables); point --catalog at the "
+                               "brokers' catalog, or run `tiered db upgrade` if this is where they should keep it")
+        if revision != newest:
+            raise CommandError(f"the catalog {location.describe()} is at revision {revision}, this tiered needs "
+                               f"{newest}: run `tiered db upgrade`")
     except (CatalogError, SQLAlchemyError, OSError) as exc:
+        catalog.close()
         raise CommandError(f"cannot read the catalog {location.describe()}: {_first_line(exc)}") from None
-    if revision is None:
-        raise CommandError(f"the catalog {location.describe()} is empty (no tables); point --catalog at the brokers' "
-                           "catalog, or run `tiered db upgrade` if this is where they should keep it")
-    if revision != newest:
-        raise CommandError(f"the catalog {location.describe()} is at revision {revision}, this tiered needs {newest}: "
-                           "run `tiered db upgrade`")
-    return Catalog.open(location.url)
+    except CommandError:
+        catalog.close()
+        raise
+    return catalog
 
 
 def open_catalog(args: argparse.Namespace | Mapping, environ: Mapping[str, str] = os.environ):

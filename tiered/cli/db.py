@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from tiered.config import SettingsError, load_settings, mask_url
 
@@ -50,17 +49,6 @@ def _catalog_url(args: argparse.Namespace) -> str:
     return load_settings(args).effective_catalog_url
 
 
-def _missing_sqlite_file(url: str) -> Path | None:
-    """The path of a SQLite catalog URL whose file does not exist, else None."""
-    from tiered.catalog.engine import normalize_url
-
-    parsed = normalize_url(url)
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
-        return None
-    path = Path(parsed.database)
-    return None if path.exists() else path
-
-
 def _fail(command: str, url: str | None, error: Exception) -> int:
     where = f" {mask_url(url)}:" if url else ""
     text = str(error).strip()
@@ -85,13 +73,15 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_current(args: argparse.Namespace) -> int:
+    from tiered.catalog.engine import sqlite_file
     from tiered.catalog.migrate import current, head
 
     url = None
     try:
         url = _catalog_url(args)
-        if _missing_sqlite_file(url):
-            print(f"tiered db current: no catalog at {_missing_sqlite_file(url)} (nothing was created; "
+        missing = sqlite_file(url)
+        if missing is not None and not missing.exists():
+            print(f"tiered db current: no catalog at {missing} (nothing was created; "
                   "`tiered db upgrade` creates one there if that is where the broker keeps it)", file=sys.stderr)
             return 1
         revision, newest = current(url), head()

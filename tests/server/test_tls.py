@@ -1,5 +1,5 @@
-"""TLS on the TANK listener: real handshakes over 127.0.0.1 with certificates made here by `openssl` (the
-`cryptography` package is not installed in this project's environment)."""
+"""TLS on the TANK listener: real handshakes over 127.0.0.1 with certificates made in the test by `openssl`
+(tests/support/certs.py)."""
 
 from __future__ import annotations
 
@@ -19,35 +19,9 @@ from tiered.server.app import App
 from tiered.tls import TLSError, client_context
 
 from tests.support.broker import REPO, local_settings
+from tests.support.certs import HAVE_OPENSSL, Certs
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-def _run(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-class Certs:
-    """A CA and certificates it signs, as PEM files in `folder`."""
-
-    def __init__(self, folder: Path, ca_name: str = "ca"):
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.ca = ca_name
-        _run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-             f"{ca_name}.key", "-out", f"{ca_name}.pem", "-subj", f"/CN={ca_name}", "-days", "2", cwd=folder)
-
-    def path(self, name: str) -> str:
-        return str(self.folder / name)
-
-    def issue(self, name: str, *, days: int = 2) -> tuple[str, str]:
-        """(cert, key) for 127.0.0.1 signed by this CA; days=-1 makes one that has expired."""
-        (self.folder / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        _run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=self.folder)
-        _run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{self.ca}.pem", "-CAkey", f"{self.ca}.key", "-out",
-             f"{name}.pem", "-days", str(days), "-extfile", f"{name}.ext", cwd=self.folder)
-        return self.path(f"{name}.pem"), self.path(f"{name}.key")
+pytestmark = pytest.mark.skipif(not HAVE_OPENSSL, reason="needs the openssl command")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from tiered import metrics as m
+from tiered.acl import Op
 from tiered.catalog.errors import TopicExists as CatalogTopicExists
 from tiered.protocol.codes import UINT64_MAX, CreateTopicStatus, DiscoverReason, ReloadConfStatus
 from tiered.protocol.frame import MsgType
@@ -76,15 +77,15 @@ class AdminHandler:
         await conn.send(MsgType.DISCOVER_PARTITIONS, payload)
 
     async def create_topic(self, conn, req: CreateTopicRequest) -> None:
-        status = await self._create_topic(req)
+        status = await self._create_topic(conn, req)
         payload = encode_create_topic_response(CreateTopicResponse(req.request_id, req.topic, status))
         await conn.send(MsgType.CREATE_TOPIC, payload)
 
-    async def _create_topic(self, req: CreateTopicRequest) -> int:
+    async def _create_topic(self, conn, req: CreateTopicRequest) -> int:
         """Everything that can be refused is checked before anything is written (catalog or disk)."""
         broker = self.broker
-        if broker.settings.read_only:
-            return CreateTopicStatus.READ_ONLY
+        if broker.settings.read_only or not broker.access.allows(conn, Op.CREATE, req.topic):
+            return CreateTopicStatus.READ_ONLY  # read-only, or the access rules refuse this client
         if not 1 <= req.partitions <= topic_dirs.MAX_PARTITIONS:
             log.info("create topic %s refused: %d partitions (1..%d allowed)", req.topic, req.partitions,
                      topic_dirs.MAX_PARTITIONS)
@@ -113,7 +114,10 @@ class AdminHandler:
         return CreateTopicStatus.OK
 
     async def reload_conf(self, conn, req: ReloadConfRequest) -> None:
-        status = self._reload(req)
+        if not self.broker.access.allows(conn, Op.RELOAD, req.topic):
+            status = ReloadConfStatus.UNKNOWN_TOPIC  # TANK's nearest refusal (tiered.server.access)
+        else:
+            status = self._reload(req)
         payload = encode_reload_conf_response(ReloadConfResponse(req.request_id, req.topic, req.partition, status))
         await conn.send(MsgType.RELOAD_CONF, payload)
 

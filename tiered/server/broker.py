@@ -23,10 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
+from tiered.acl import RELOAD_INTERVAL_S as ACL_RELOAD_INTERVAL_S
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.tls import RELOAD_INTERVAL_S, CertReloader
 from tiered.config import Settings
 from tiered.metrics import Metrics
+from tiered.server.access import Access
 from tiered.server.admin import AdminHandler
 from tiered.server.compaction import Compactor
 from tiered.server.connection import IDLE_TIMEOUT_S, Connection, advertised_endpoint, bind_listener, serve
@@ -88,6 +90,8 @@ class Broker:
         tls = settings.server_tls()
         # Raises TLSError (one line) when the files do not load: a broker does not start without its certificate.
         self.tls: CertReloader | None = CertReloader(tls, clock.monotonic()) if tls else None
+        # Raises RulesError (one line) when the access rules file does not load.
+        self.access = Access(settings.acl, metrics, clock)
         self.started_at = time.time()
         self.idle_timeout_s = IDLE_TIMEOUT_S
         self.retention_interval_s = RETENTION_INTERVAL_S
@@ -128,6 +132,8 @@ class Broker:
             self.plain_server = await serve(self, bind_listener(*plain))
         if self.tls is not None:
             self.supervisor.every("tls reload", RELOAD_INTERVAL_S, self._reload_tls)
+        if self.access.file is not None:
+            self.supervisor.every("access rules reload", ACL_RELOAD_INTERVAL_S, self.access.reload)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.supervisor.start("compaction", self.compactor.run)
         self.ready = True
@@ -139,6 +145,8 @@ class Broker:
         )
         if self.tls is not None:
             log.info("TLS on%s", ", client certificates required" if self.settings.tls_client_ca else "")
+        if self.access.file is not None:
+            log.info("access rules from %s (%d rules)", self.access.file.path, len(self.access.file.rules.rules))
         if self.plain_server is not None:
             log.info("plaintext listener on %s:%d", *self.plain_server.sockets[0].getsockname()[:2])
 

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
+from tiered.acl import ANONYMOUS, principal_of
 from tiered.protocol import requests as rq
 from tiered.protocol.buffers import receive_buffer
 from tiered.protocol.errors import ProtocolError
@@ -119,6 +120,7 @@ class Connection(asyncio.BufferedProtocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = None
+        self.principal = ANONYMOUS  # who the access rules see (tiered.acl): set from the client certificate
         self.write_lock = asyncio.Lock()
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
@@ -166,6 +168,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.principal = principal_of(transport.get_extra_info("peercert"))  # None on a plaintext transport
         if self.broker.stopping:
             self.closed = True
             transport.close()

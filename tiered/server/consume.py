@@ -20,6 +20,7 @@ import asyncio
 import logging
 
 from tiered import metrics as m
+from tiered.acl import Op
 from tiered.protocol.codes import UINT64_MAX, ConsumeStatus
 from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head
 from tiered.protocol.requests import ConsumeRequest
@@ -54,7 +55,10 @@ class ConsumeHandler:
         immediate = req.max_wait_ms == 0 or broker.stopping  # no new long-polls while shutting down
         # What the request names, looked up once; the partitions are then read at once (remote ones GET in
         # parallel), the response budget shared out beforehand in request order by fetch size.
-        named = [(topic, None if broker.registry.topics.get(topic.name) is None else
+        # A topic the access rules refuse this client is answered as unknown (tiered.server.access).
+        access = broker.access if broker.access.active else None
+        named = [(topic, None if broker.registry.topics.get(topic.name) is None
+                  or access is not None and not access.allows(conn, Op.CONSUME, topic.name) else
                   [(p, broker.registry.get(topic.name, p.partition)) for p in topic.partitions])
                  for topic in req.topics]
         budget = RESPONSE_BUDGET_BYTES

@@ -206,3 +206,40 @@ def test_bad_tls_flags_are_one_line_for_the_cli_and_the_broker(tmp_path, certs):
     bad.write_text("not a certificate\n")
     unloadable = cli("serve", "-p", str(tmp_path / "d"), "--tls-cert", str(bad), "--tls-key", str(bad))
     assert unloadable.returncode == 2 and unloadable.stderr.count("\n") == 1 and "TLS" in unloadable.stderr
+
+
+async def test_shutdown_cuts_off_a_tls_client_that_never_answers_the_close(tmp_path, certs, caplog):
+    """A TLS close waits for the client's close_notify; a client that never reads again must not hold the broker's
+    shutdown past its deadline (asyncio alone would wait 30 s per connection, one after another)."""
+    import logging
+    import socket
+    import ssl
+
+    caplog.set_level(logging.WARNING, logger="tiered.server")
+    settings = local_settings(tmp_path / "data", tls_cert=certs.path("server.pem"), tls_key=certs.path("server.key"),
+                              shutdown_timeout_s=0.5)
+    app = App(settings, local_only=True)
+    await app.start()
+    ctx = client_context(certs.path("ca.pem"))
+
+    def silent_client() -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", app.broker.port), timeout=10)
+        tls = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        tls.recv(5)  # the broker's ping: it serves this connection; from here on nothing is read
+        return tls
+
+    silent = await asyncio.to_thread(silent_client)
+    try:
+        await app.stop()
+        assert any("did not close by the shutdown deadline; cut off" in r.getMessage() for r in caplog.records)
+        silent.settimeout(10)
+
+        def read_to_the_end() -> bytes:
+            try:
+                return silent.recv(1024)  # the broker's close_notify reads as the end of the stream
+            except (ConnectionError, ssl.SSLError):
+                return b""  # or the connection was cut
+
+        assert await asyncio.to_thread(read_to_the_end) == b""
+    finally:
+        silent.close()

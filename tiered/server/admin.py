@@ -39,7 +39,7 @@ from tiered.protocol.responses import (
     encode_reload_conf_response,
     encode_status_response,
 )
-from tiered.server.leaders import endpoint_of
+from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
 from tiered.storage import topics as topic_dirs
 from tiered.storage.topic_config import ConfigError
@@ -67,7 +67,8 @@ class AdminHandler:
                         ranges.append(PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.NO_LEADER)
                                       if part.leader is None else
                                       PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.OTHER_LEADER,
-                                                     endpoint_of(part.leader)))
+                                                     redirect_endpoint(part.leader, conn.plaintext,
+                                                                       self.broker.advertised_host)))
                         continue
                     bounds = part.bounds()
                     ranges.append(PartitionRange(bounds.first_available, bounds.hwmark))

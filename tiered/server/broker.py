@@ -98,6 +98,7 @@ class Broker:
         self.stopping = False
         self.ready = False
         self.http_port: int | None = None  # the HTTP endpoint's port, when it serves (set by the App)
+        self.advertised_host = ""  # the host of the TANK endpoint this broker advertises (set at start)
         self.receive_budget = ReceiveBudget()
         self.max_connections = max_connections()
         self.connections_refused = Throttled("connection limit reached ({limit} open): refused {count} connection(s)")
@@ -113,23 +114,35 @@ class Broker:
         self.registry.open_all(self.tier)
         host, port = self.settings.listen_endpoint()
         sock = bind_listener(host, port)
+        plain = self.settings.listen_plain_endpoint()
+        plain_sock = None
         try:
+            plain_sock = bind_listener(*plain) if plain is not None else None
             await self.tier.start()
             await self._open_partitions()
             bound_host, bound_port = sock.getsockname()[:2]
             advertised = advertised_endpoint(self.settings.advertise, bound_host, bound_port)
-            http = f"{advertised.rpartition(':')[0]}:{self.http_port}" if self.http_port else ""
-            await self.tier.join(advertised, http)
+            self.advertised_host = advertised.rpartition(":")[0]
+            http = f"{self.advertised_host}:{self.http_port}" if self.http_port else ""
+            # Where plaintext clients reach this broker: the listener itself with TLS off, else the plaintext one.
+            if self.tls is None:
+                advertised_plain = advertised
+            elif plain_sock is not None:
+                advertised_plain = advertised_endpoint("", *plain_sock.getsockname()[:2])
+            else:
+                advertised_plain = ""
+            await self.tier.join(advertised, http, advertised_plain)
         except BaseException:
             sock.close()
+            if plain_sock is not None:
+                plain_sock.close()
             raise
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(AcceptErrors(loop.get_exception_handler()))
         settle_heap()
         self.server = await serve(self, sock, self.tls.listener_context if self.tls else None)
-        plain = self.settings.listen_plain_endpoint()
-        if plain is not None:
-            self.plain_server = await serve(self, bind_listener(*plain))
+        if plain_sock is not None:
+            self.plain_server = await serve(self, plain_sock)
         if self.tls is not None:
             self.supervisor.every("tls reload", RELOAD_INTERVAL_S, self._reload_tls)
         if self.access.file is not None:
@@ -248,11 +261,26 @@ class Broker:
         pending = [t for c in self.connections for t in c.tasks]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock.monotonic()))
-        for conn in list(self.connections):
-            await conn.close()
+        await self._close_connections(deadline)
         await self.tier.stop(deadline)
         self.registry.close()
         log.info("stopped")
+
+    async def _close_connections(self, deadline: float) -> None:
+        """Closes every connection at once. A TLS close waits for the client's close_notify (at most
+        TLS_SHUTDOWN_TIMEOUT_S); a client that never answers is cut off at the deadline, so shutdown stays within
+        its budget whatever the clients do."""
+        conns = list(self.connections)
+        if not conns:
+            return
+        closing = [asyncio.ensure_future(conn.close()) for conn in conns]
+        _, late = await asyncio.wait(closing, timeout=max(0.0, deadline - self.clock.monotonic()))
+        if late:
+            log.warning("%d connection(s) did not close by the shutdown deadline; cut off", len(late))
+            for conn in conns:
+                if conn.transport is not None:
+                    conn.transport.abort()
+            await asyncio.wait(late, timeout=1.0)
 
     # -- the data path ----------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from tiered.protocol.requests import ConsumeRequest
 from tiered.bounds import Boundary, Eof
 from tiered.server.fetch import Chunk, Found, Resolved, release
 from tiered.server.registry import Partition
-from tiered.server.leaders import LedElsewhere, endpoint_of
+from tiered.server.leaders import LedElsewhere, redirect_endpoint
 from tiered.server.waiters import Waiter, wakeup_deadline_ms
 from tiered.tier_interface import Unreadable
 
@@ -87,7 +87,7 @@ class ConsumeHandler:
                 if not isinstance(got, Eof):
                     if isinstance(got, LedElsewhere):
                         broker.metrics.inc(m.REDIRECTS)
-                    results.append(_result(p.partition, got))
+                    results.append(_result(p.partition, got, conn, broker))
                     immediate = True
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
@@ -161,7 +161,7 @@ class ConsumeHandler:
                 if got is not None and not isinstance(got, Eof):
                     if isinstance(got, LedElsewhere):
                         broker.metrics.inc(m.REDIRECTS)
-                    results.append(_result(p.partition, got))
+                    results.append(_result(p.partition, got, conn, broker))
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, 0, hwmark, 0))
             if results:
@@ -175,8 +175,8 @@ def _release_found(task: asyncio.Task) -> None:
         release([task.result().chunk])
 
 
-def _result(partition: int, got: Resolved) -> ConsumePartitionResult:
-    """The partition's result for anything but EOF."""
+def _result(partition: int, got: Resolved, conn, broker) -> ConsumePartitionResult:
+    """The partition's result for anything but EOF; a redirect names the leader's endpoint for `conn`'s kind."""
     if isinstance(got, Found):
         if got.first_bundle_sparse:
             return ConsumePartitionResult(partition, ConsumeStatus.SPARSE, 0, got.hwmark, got.chunk.size)
@@ -188,5 +188,6 @@ def _result(partition: int, got: Resolved) -> ConsumePartitionResult:
     if isinstance(got, LedElsewhere):
         if got.leader is None:
             return ConsumePartitionResult(partition, ConsumeStatus.NO_LEADER)
-        return ConsumePartitionResult(partition, ConsumeStatus.OTHER_LEADER, leader=endpoint_of(got.leader))
+        return ConsumePartitionResult(partition, ConsumeStatus.OTHER_LEADER,
+                                      leader=redirect_endpoint(got.leader, conn.plaintext, broker.advertised_host))
     raise TypeError(f"no consume result for {got!r}")

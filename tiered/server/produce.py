@@ -40,7 +40,7 @@ from tiered.protocol.responses import (
     encode_produce_codes,
     encode_produce_response,
 )
-from tiered.server.leaders import endpoint_of
+from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
 from tiered.storage.partition_log import InvalidSeqnums
 from tiered.tier_interface import AckOutcome
@@ -111,7 +111,8 @@ class ProduceHandler:
                     if part.leader is None:
                         codes.append(ProduceStatus.NO_LEADER)
                     else:
-                        redirects[(len(answers), len(codes))] = endpoint_of(part.leader)
+                        redirects[(len(answers), len(codes))] = redirect_endpoint(part.leader, conn.plaintext,
+                                                                                  broker.advertised_host)
                         codes.append(ProduceStatus.OTHER_LEADER)
                     continue
                 try:

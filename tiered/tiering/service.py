@@ -120,13 +120,13 @@ class TieringService:
         sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
 
-    async def join(self, advertised: str, http: str) -> None:
+    async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead
         before it serves (the first tick), then keeps its lease and looks at the assignments (tiered.tiering.
         coordinator)."""
         coordinator = Coordinator(self.catalog, self.sink, self, broker_id=self.broker_id,
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
-        await coordinator.join(Endpoints(advertised, http))
+        await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)

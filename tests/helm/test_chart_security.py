@@ -256,3 +256,23 @@ def test_notes_tell_clients_to_speak_tls(notes) -> None:
     assert "The TANK port speaks TLS only, with the certificate of Secret tiered-tls" in text
     assert "tiered status -b localhost:11011 --tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in text
     assert "speaks TLS" not in notes("minimal")
+
+
+# --- objects at rest --------------------------------------------------------------------------------------------
+
+def test_objects_at_rest_are_encrypted_as_the_store_values_say(render, tmp_path) -> None:
+    from tiered.config import load_settings
+    from tiered.tiering.s3_store import ServerSideEncryption
+    from tiered.tiering.store import store_options
+
+    assert not {"s3_sse", "s3_sse_kms_key_id"} & set(config_toml(render("minimal")))
+    rendered = render("production")
+    key = values_of("production")["store"]["kmsKeyId"]
+    config = config_toml(rendered)
+    assert (config["s3_sse"], config["s3_sse_kms_key_id"]) == ("kms", key)
+    config_file = tmp_path / "tiered.toml"
+    config_file.write_text(rendered.one("ConfigMap")["data"]["tiered.toml"])
+    settings = load_settings(environ={**pod_environ(rendered.broker), "TIERED_CONFIG": str(config_file)})
+    assert store_options(settings)["encryption"] == ServerSideEncryption("kms", key)
+    config = config_toml(render("minimal", "--set", "store.serverSideEncryption=s3"))
+    assert config["s3_sse"] == "s3" and "s3_sse_kms_key_id" not in config

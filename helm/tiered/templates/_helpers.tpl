@@ -196,6 +196,12 @@ The config file. Settings the chart owns come first; values.schema.json keeps th
   "broker_id" "auto"
   "shutdown_timeout_s" (int .Values.shutdownTimeoutSeconds)
 }}
+{{- with .Values.store.serverSideEncryption }}
+{{- $_ := set $owned "s3_sse" . }}
+{{- end }}
+{{- with .Values.store.kmsKeyId }}
+{{- $_ := set $owned "s3_sse_kms_key_id" . }}
+{{- end }}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $owned "tls_cert" (printf "%s/tls.crt" .Values.tls.mountPath) }}
 {{- $_ := set $owned "tls_key" (printf "%s/tls.key" .Values.tls.mountPath) }}

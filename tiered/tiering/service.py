@@ -49,7 +49,7 @@ from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.cluster.startup import plan_partition
-from tiered.tiering.objects.store import ObjectStore, StoreError, open_store
+from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
 from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
 from tiered.topic_partition import TopicPartition
 
@@ -163,9 +163,7 @@ class TieringService:
             log.warning("object store %s does not answer yet: %s", mask_url(self.settings.effective_store_url), exc)
 
     def _store_options(self) -> dict:
-        if self.settings.effective_store_url.startswith("s3://"):
-            return {"path_style": self.settings.s3_path_style}
-        return {}
+        return store_options(self.settings)
 
     async def flush(self, deadline: float) -> None:
         if hasattr(self, "durable"):

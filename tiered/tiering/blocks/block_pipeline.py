@@ -159,7 +159,7 @@ class BlockPipeline:
             if not runs:
                 self._answer(block, (), AckOutcome.REFUSED)
                 return
-            pieces, rows = encode_block_pieces([(r.meta(), r.records) for r in runs], [r.index for r in runs])
+            pieces, rows = encode_block_pieces([(r, r.records) for r in runs], [r.index for r in runs])
             size = sum(len(p) for p in pieces)
             object_key = keys.block_key(self.broker_id, self._ids.next(int(self.clock.now_ms())))
             block_id = await self.retry(

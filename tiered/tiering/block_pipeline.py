@@ -31,6 +31,7 @@ from tiered.tiering.block_format import encode_block_pieces
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.retrying import Retrying
+from tiered.tiering.meter import Attribution
 from tiered.tiering.store import ObjectStore
 from tiered.topic_partition import TopicPartition
 
@@ -168,7 +169,10 @@ class BlockPipeline:
                                            now=utc_now(self.clock)),
                 m.CATALOG_ERRORS,
             )
-            await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces), m.PUT_ERRORS)
+            # The PUT is shared by the topics of the block in proportion to their runs' bytes (tiering/meter.py).
+            shares = Attribution.by_bytes((row.topic, row.length_bytes) for row in rows)
+            await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces, attribution=shares),
+                             m.PUT_ERRORS)
             self.metrics.inc(m.BLOCKS_UPLOADED)
             self.metrics.inc(m.BLOCK_BYTES_UPLOADED, size)
             if previous is not None:

@@ -61,6 +61,7 @@ from tiered.protocol.bundle import maybe_record, timestamp_bounds
 from tiered.protocol.errors import ProtocolError
 from tiered.tiering import keys
 from tiered.tiering.block_format import FOOTER_TRAILER_BYTES, block_tail_bytes, read_block_footer
+from tiered.tiering.meter import CATALOG
 from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore
 from tiered.tiering.topic_objects import TopicObject, read_topic_objects
 
@@ -201,7 +202,7 @@ async def _read_blocks(
             progress.add(len(page))
 
     page: list[ObjectInfo] = []
-    async for info in store.list(keys.blocks_prefix()):
+    async for info in store.list(keys.blocks_prefix(), attribution=CATALOG):
         page.append(info)
         if len(page) == LIST_BATCH:
             await read_page(page)
@@ -220,10 +221,10 @@ async def _read_block(store: ObjectStore, info: ObjectInfo, report: RebuildRepor
     try:
         if size < FOOTER_TRAILER_BYTES:
             raise ProtocolError(f"block of {size} bytes is shorter than its trailer")
-        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size)
+        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size, attribution=CATALOG)
         needed = block_tail_bytes(tail)
         if needed > len(tail):
-            tail = await store.get_range(info.object_key, max(0, size - needed), size)
+            tail = await store.get_range(info.object_key, max(0, size - needed), size, attribution=CATALOG)
         runs = tuple(read_block_footer(tail, size))
     except ProtocolError as error:
         report.damaged.append(f"{info.object_key} ({error})")
@@ -239,7 +240,7 @@ async def _read_segments(
 ) -> list[FoundSegment]:
     ilogs: dict[keys.SegmentKey, ObjectInfo] = {}
     indexes: dict[keys.SegmentKey, ObjectInfo] = {}
-    async for info in store.list(keys.segments_prefix()):
+    async for info in store.list(keys.segments_prefix(), attribution=CATALOG):
         if (parsed := keys.parse_segment_key(info.object_key)) is not None:
             ilogs[parsed] = info
         elif (parsed := keys.parse_segment_index_key(info.object_key)) is not None:
@@ -257,7 +258,7 @@ async def _read_segments(
         low, high = 0, UNKNOWN_MAX_TS_MS
         if read_timestamps:
             try:
-                low, high = segment_timestamp_bounds(await store.get(ilog.object_key))
+                low, high = segment_timestamp_bounds(await store.get(ilog.object_key, attribution=CATALOG))
             except ProtocolError as error:
                 report.damaged.append(f"{ilog.object_key} ({error})")
                 return None
@@ -277,13 +278,13 @@ async def _read_segments(
 async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[tuple[str, int], int]:
     """Each partition's first available seq as remote retention last wrote it (tiered.tiering.keys)."""
     starts: dict[tuple[str, int], int] = {}
-    async for info in store.list(keys.starts_prefix()):
+    async for info in store.list(keys.starts_prefix(), attribution=CATALOG):
         where = keys.parse_partition_start_key(info.object_key)
         if where is None:
             report.foreign.append(info.object_key)
             continue
         try:
-            starts[where] = int((await store.get(info.object_key)).decode("ascii"))
+            starts[where] = int((await store.get(info.object_key, attribution=CATALOG)).decode("ascii"))
         except (ValueError, UnicodeDecodeError):
             report.damaged.append(info.object_key)
         except ObjectNotFound:

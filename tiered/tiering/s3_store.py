@@ -27,6 +27,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
+from tiered.tiering.meter import S3_OPERATIONS
 from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
 
 STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
@@ -38,6 +39,10 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 
 
 class S3ObjectStore(ObjectStore):
+    # Every HTTP request botocore sends, each retry attempt and each multipart part, is counted as it goes out
+    # (botocore's before-send event), against the attribution of the store call it is sent for: S3 bills each one.
+    counts_own_requests = True
+
     def __init__(
         self,
         bucket: str,
@@ -203,7 +208,12 @@ class S3ObjectStore(ObjectStore):
                 except (BotoCoreError, ValueError) as e:
                     raise StoreError(f"cannot create S3 client for {self!r}: {e}") from e
                 self._client_context = context
+                self._client.meta.events.register("before-send.s3", self._sending)
             return self._client
+
+    def _sending(self, event_name: str, **_: Any) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        self.sent(S3_OPERATIONS.get(operation) or operation.lower())
 
     def _errors(self, object_key: str | None) -> _S3Errors:
         return _S3Errors(self, object_key)

@@ -2,7 +2,8 @@
 
 A broker adds what its meter counted since its last flush to its rows of the current hour (`add_usage`); `usage`
 sums every broker's rows of a window of whole hours; `bytes_stored` is what the bucket holds now, per topic, as the
-catalog knows it. Measures are the meter's operations (request counts) and `bytes_written` / `bytes_read`.
+catalog knows it. Measures are the meter's operations (request counts), `bytes_written` / `bytes_read` (bytes through the store)
+and `bytes_ingested` (records committed in blocks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tiered.catalog.states import BlockState
 
 BYTES_WRITTEN = "bytes_written"
 BYTES_READ = "bytes_read"
+BYTES_INGESTED = "bytes_ingested"  # records committed in blocks: what producers sent, once (a segment copy rewrites it)
 CATALOG_WIDE = "(catalog)"  # the meter's topic of catalog-wide work (tiered.tiering.meter.CATALOG_WIDE)
 KEEP = timedelta(days=400)  # rows older than this are dropped by the next flush: a year and a month of history
 

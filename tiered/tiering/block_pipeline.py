@@ -31,7 +31,7 @@ from tiered.tiering.block_format import encode_block_pieces
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.hot_path import HotPathGate
 from tiered.tiering.retrying import Retrying
-from tiered.tiering.meter import Attribution
+from tiered.tiering.meter import Attribution, Direction
 from tiered.tiering.store import ObjectStore
 from tiered.topic_partition import TopicPartition
 
@@ -199,6 +199,8 @@ class BlockPipeline:
                 log.warning("block %s can no longer be committed (%s); uploading its records again", object_key, exc)
                 continue
             self.metrics.observe(m.COMMIT_SECONDS, self.clock.monotonic() - started)
+            for topic, size in shares.shares:  # the topics' run bytes: what their producers sent, committed once
+                self.store.meter.transferred(Attribution.topic(topic), Direction.INGESTED, int(size))
             self.on_committed(runs)
             self._answer(block, runs, AckOutcome.REFUSED)
             return

@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tiered.catalog.usage import BYTES_READ, BYTES_WRITTEN
+from tiered.catalog.usage import BYTES_INGESTED, BYTES_READ, BYTES_WRITTEN
 from tiered.catalog.usage import CATALOG_WIDE  # the topic label of catalog-wide work; in no topic name
 UNATTRIBUTED = "(unattributed)"  # a request sent with no attribution: a bug (tests/tiering/test_meter.py)
 
@@ -37,8 +37,9 @@ class Op(enum.StrEnum):
 
 
 class Direction(enum.StrEnum):
-    WRITTEN = "written"
+    WRITTEN = "written"  # through the store: blocks, and the same records again in segment copies
     READ = "read"
+    INGESTED = "ingested"  # records committed in blocks: each produced byte once (not a store transfer)
 
 
 # S3's operation names (botocore's) as the meter's operations.
@@ -119,8 +120,9 @@ class Usage:
         """As the catalog's usage rows measure it (tiered.catalog.usage): (topic, op) request counts and
         (topic, bytes_written | bytes_read) byte counts."""
         out = {(topic, str(op)): n for (topic, op), n in self.requests.items()}
+        names = {Direction.WRITTEN: BYTES_WRITTEN, Direction.READ: BYTES_READ, Direction.INGESTED: BYTES_INGESTED}
         for (topic, direction), n in self.bytes.items():
-            out[topic, BYTES_WRITTEN if direction == Direction.WRITTEN else BYTES_READ] = n
+            out[topic, names[Direction(direction)]] = n
         return out
 
 

@@ -46,7 +46,7 @@ from tiered.tier_interface import (
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.coordinator import Coordinator, Endpoints
 from tiered.tiering.durable import DurablePath
-from tiered.tiering.meter import CATALOG
+from tiered.tiering.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
@@ -392,7 +392,8 @@ class TieringService:
         metrics.counter_fn(m.OBJECT_REQUESTS, lambda: {m.labels(topic=topic, op=op): n
                                                        for (topic, op), n in sorted(meter.requests.items())})
         metrics.counter_fn(m.OBJECT_BYTES, lambda: {m.labels(topic=topic, direction=direction): n
-                                                    for (topic, direction), n in sorted(meter.bytes.items())})
+                                                    for (topic, direction), n in sorted(meter.bytes.items())
+                                                    if direction != Direction.INGESTED})
         metrics.gauge(m.OBJECT_BYTES_STORED, lambda: {m.labels(topic=topic): float(n)
                                                       for topic, n in sorted(self.usage.stored.items())})
         self.durable.register_metrics()

@@ -42,14 +42,14 @@ class Settings:
     read_only: bool = False
     block_max_bytes: int = 8 << 20
     block_max_age_ms: int = 250
-    # The latency-first block policy (tiered.tiering.durable): with no upload in flight a block may close once its
+    # The latency-first block policy (tiered.tiering.blocks.durable): with no upload in flight a block may close once its
     # oldest record is `block_linger_ms` old (None: off, blocks wait out their age limit), at most
     # `block_max_puts_per_s` times a second, so that the PUTs it adds stay bounded.
     block_linger_ms: int | None = None
     block_max_puts_per_s: float = 10.0
     # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
     remote_read_budget_bytes: int = 256 << 20
-    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.hot_path; 0: never).
+    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.blocks.hot_path; 0: never).
     remote_read_yield_ms: int = 200
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.

@@ -1,4 +1,4 @@
-"""The durable path alone (tiered.tiering.durable), on the local object store and SQLite, with a clock the test
+"""The durable path alone (tiered.tiering.blocks.durable), on the local object store and SQLite, with a clock the test
 moves: blocks close by age, commit in block order whatever order their uploads finish in, and a refused commit
 fences its partition without losing the others' records."""
 
@@ -22,8 +22,8 @@ from tiered.protocol.bundle import Message, encode_bundle, encode_record, valida
 from tiered.storage.partition_log import AppendResult
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.durable import DurablePath
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.tiering.blocks.durable import DurablePath
+from tiered.tiering.objects.local_store import LocalObjectStore
 
 from tests.support.clock import ManualClock
 
@@ -163,7 +163,7 @@ async def test_a_refused_commit_fences_its_partition_and_commits_the_others(path
 
 
 async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkeypatch):
-    from tiered.tiering.store import StoreError
+    from tiered.tiering.objects.store import StoreError
 
     failures = [3]
     original = path.store.put

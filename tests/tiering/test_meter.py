@@ -12,9 +12,9 @@ import pytest
 
 from tiered.catalog import usage as catalog_usage
 from tiered.catalog.migrate import upgrade
-from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.meter import CATALOG, CATALOG_WIDE, UNATTRIBUTED, Attribution, Meter, Op
-from tiered.tiering.store import AttributionMissing
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.objects.meter import CATALOG, CATALOG_WIDE, UNATTRIBUTED, Attribution, Meter, Op
+from tiered.tiering.objects.store import AttributionMissing
 
 from .s3_ops import s3_op
 

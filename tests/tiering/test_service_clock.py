@@ -18,7 +18,7 @@ from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import AckOutcome, PartitionPlan
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.tiering.objects.local_store import LocalObjectStore
 from tiered.tiering.partition_state import Role
 from tiered.tiering.service import TieringService
 from tiered.topic_partition import TopicPartition

@@ -160,7 +160,7 @@ class ClusterChangeModel(Base):
     """One row (id 1): a counter the catalog's triggers bump whenever what the coordinators read changes: a
     partition created or deleted, its assigned leader, epoch or handover, its first available seq moved by retention,
     a topic created, deleted or reconfigured (migration 0006). A broker re-reads the assignments only when it moved
-    (tiered.tiering.coordinator); committed high-water marks do not bump it."""
+    (tiered.tiering.cluster.coordinator); committed high-water marks do not bump it."""
 
     __tablename__ = "cluster_changes"
 
@@ -291,7 +291,7 @@ class SegmentModel(Base):
 
 
 class ObjectUsageModel(Base):
-    """What each broker's cost meter counted (tiered.tiering.meter), per hour: object store requests per operation
+    """What each broker's cost meter counted (tiered.tiering.objects.meter), per hour: object store requests per operation
     and bytes per direction, per topic ("(catalog)" for catalog-wide work). Brokers add to their rows
     (tiered.catalog.usage); `tiered cost` sums them over a window of whole hours (migration 0008)."""
 

@@ -22,7 +22,7 @@ from tiered.catalog.states import BlockState
 BYTES_WRITTEN = "bytes_written"
 BYTES_READ = "bytes_read"
 BYTES_INGESTED = "bytes_ingested"  # records committed in blocks: what producers sent, once (a segment copy rewrites it)
-CATALOG_WIDE = "(catalog)"  # the meter's topic of catalog-wide work (tiered.tiering.meter.CATALOG_WIDE)
+CATALOG_WIDE = "(catalog)"  # the meter's topic of catalog-wide work (tiered.tiering.objects.meter.CATALOG_WIDE)
 KEEP = timedelta(days=400)  # rows older than this are dropped by the next flush: a year and a month of history
 
 

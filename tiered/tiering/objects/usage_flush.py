@@ -10,7 +10,7 @@ from __future__ import annotations
 from tiered.catalog import usage as catalog_usage
 from tiered.clock import Clock, utc_now
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.meter import Meter
+from tiered.tiering.objects.meter import Meter
 
 FLUSH_INTERVAL_S = 60.0
 

@@ -64,6 +64,7 @@ from tiered.tiering.blocks.block_format import FOOTER_TRAILER_BYTES, block_tail_
 from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore
 from tiered.tiering.objects.topic_objects import TopicObject, read_topic_objects
 from tiered.topic_partition import TopicPartition
+from tiered.tiering.objects.meter import CATALOG
 
 TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
 UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
@@ -202,7 +203,7 @@ async def _read_blocks(
             progress.add(len(page))
 
     page: list[ObjectInfo] = []
-    async for info in store.list(keys.blocks_prefix()):
+    async for info in store.list(keys.blocks_prefix(), attribution=CATALOG):
         page.append(info)
         if len(page) == LIST_BATCH:
             await read_page(page)
@@ -221,10 +222,10 @@ async def _read_block(store: ObjectStore, info: ObjectInfo, report: RebuildRepor
     try:
         if size < FOOTER_TRAILER_BYTES:
             raise ProtocolError(f"block of {size} bytes is shorter than its trailer")
-        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size)
+        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size, attribution=CATALOG)
         needed = block_tail_bytes(tail)
         if needed > len(tail):
-            tail = await store.get_range(info.object_key, max(0, size - needed), size)
+            tail = await store.get_range(info.object_key, max(0, size - needed), size, attribution=CATALOG)
         runs = tuple(read_block_footer(tail, size))
     except ProtocolError as error:
         report.damaged.append(f"{info.object_key} ({error})")
@@ -240,7 +241,7 @@ async def _read_segments(
 ) -> list[FoundSegment]:
     ilogs: dict[keys.SegmentKey, ObjectInfo] = {}
     indexes: dict[keys.SegmentKey, ObjectInfo] = {}
-    async for info in store.list(keys.segments_prefix()):
+    async for info in store.list(keys.segments_prefix(), attribution=CATALOG):
         if (parsed := keys.parse_segment_key(info.object_key)) is not None:
             ilogs[parsed] = info
         elif (parsed := keys.parse_segment_index_key(info.object_key)) is not None:
@@ -258,7 +259,7 @@ async def _read_segments(
         low, high = 0, UNKNOWN_MAX_TS_MS
         if read_timestamps:
             try:
-                low, high = segment_timestamp_bounds(await store.get(ilog.object_key))
+                low, high = segment_timestamp_bounds(await store.get(ilog.object_key, attribution=CATALOG))
             except ProtocolError as error:
                 report.damaged.append(f"{ilog.object_key} ({error})")
                 return None
@@ -278,13 +279,13 @@ async def _read_segments(
 async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[TopicPartition, int]:
     """Each partition's first available seq as remote retention last wrote it (tiered.tiering.objects.keys)."""
     starts: dict[TopicPartition, int] = {}
-    async for info in store.list(keys.starts_prefix()):
+    async for info in store.list(keys.starts_prefix(), attribution=CATALOG):
         where = keys.parse_partition_start_key(info.object_key)
         if where is None:
             report.foreign.append(info.object_key)
             continue
         try:
-            starts[where] = int((await store.get(info.object_key)).decode("ascii"))
+            starts[where] = int((await store.get(info.object_key, attribution=CATALOG)).decode("ascii"))
         except (ValueError, UnicodeDecodeError):
             report.damaged.append(info.object_key)
         except ObjectNotFound:

@@ -174,6 +174,13 @@ STORE_PUT_BYTES = Counter("tiered_store_put_bytes_total", "bytes uploaded")
 CATALOG_STATEMENTS = Counter("tiered_catalog_statements_total", "SQL statements sent to the catalog")
 REQUESTS_REFUSED = Counter("tiered_requests_refused_total",
                            "requests refused by the access rules, by operation (produce, consume, create, reload)")
+# The cost meter (tiered/tiering/objects/meter.py): every object store request and its bytes, by topic; "(catalog)" is
+# catalog-wide work. A request shared by the topics of a block counts a share to each, so the counts are floats.
+OBJECT_REQUESTS = Counter("tiered_object_requests_total",
+                          "object store requests by topic and operation (shared requests split by bytes)")
+OBJECT_BYTES = Counter("tiered_object_bytes_total", "object store bytes by topic and direction (written or read)")
+OBJECT_BYTES_STORED = Gauge("tiered_object_bytes_stored",
+                            "bytes in the bucket by topic, from the catalog (segments and block runs)")
 BLOCK_PENDING_BYTES = Gauge("tiered_block_pending_bytes", "bytes waiting for the next block")
 BLOCKS_IN_FLIGHT = Gauge("tiered_blocks_in_flight", "blocks uploading or committing")
 SEGMENTS_PENDING_UPLOAD = Gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied")
@@ -266,7 +273,8 @@ class Metrics:
         self.gauges[gauge.name] = (gauge.help, fn)
 
     def counter_fn(self, counter: Counter, fn: Callable[[], GaugeValue]) -> None:
-        """A counter kept elsewhere (e.g. the object store's own), read at scrape time: a value, or {labels: value}."""
+        """A counter kept elsewhere (e.g. the object store's own), read at scrape time: one value, or one per label
+        set."""
         self.counter_fns[counter.name] = (counter.help, fn)
 
     def render(self) -> str:
@@ -320,6 +328,11 @@ def _num(value: float) -> str:
     if isinstance(value, float) and not value.is_integer():
         return repr(value)
     return str(int(value))
+
+
+def labels(**values: str) -> str:
+    """A label set as it is written in the exposition: `topic="orders",op="put"`."""
+    return ",".join(f'{name}="{_esc(value)}"' for name, value in values.items())
 
 
 def _esc(text: str) -> str:

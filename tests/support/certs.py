@@ -1,5 +1,5 @@
 """A CA and the certificates it signs, made with the `openssl` command for TLS tests (tests/server/test_tls.py,
-test_access.py, tests/cluster/test_tls_redirect.py)."""
+test_access.py, tests/cluster/test_tls_redirect.py, the catalog over TLS in tests/support/pg_tls.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ HAVE_OPENSSL = shutil.which("openssl") is not None
 
 
 def _run(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 class Certs:
@@ -23,6 +23,10 @@ class Certs:
         self.ca = ca_name
         _run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
              f"{ca_name}.key", "-out", f"{ca_name}.pem", "-subj", f"/CN={ca_name}", "-days", "2", cwd=folder)
+
+    @property
+    def ca_path(self) -> Path:
+        return self.folder / f"{self.ca}.pem"
 
     def path(self, name: str) -> str:
         return str(self.folder / name)

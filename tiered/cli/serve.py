@@ -103,6 +103,7 @@ def main(args) -> int:
     try:
         settings = load_settings(args)
         settings.server_tls()  # a certificate without its key is a bad setting
+        settings.s3_encryption()  # so is a KMS key without kms, or encryption asked of a file store
     except SettingsError as exc:
         print(f"tiered serve: {exc}", file=sys.stderr)
         return 2

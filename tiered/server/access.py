@@ -15,6 +15,7 @@ names, partition counts and seq bounds, never messages, and every client needs t
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from tiered.acl import Op, RulesFile, allowed
 from tiered.clock import Clock
@@ -27,6 +28,13 @@ REFUSAL_LINES = 20  # at most this many refusal lines per window
 # Decisions kept for the rules in force, by (principal, operation, topic): a request costs a dict lookup, not a walk
 # of the rules (some 10 to 20 µs for 50 rules). Dropped whole when the rules change or when it holds this many.
 VERDICTS_KEPT = 4096
+
+
+class Asker(Protocol):
+    """What a check needs of a connection (tiered.server.connection.Connection)."""
+
+    principal: str
+    peer: object
 
 
 class RefusalLog:
@@ -68,7 +76,7 @@ class Access:
         self.refusal_log = RefusalLog()
         metrics.counter_fn(REQUESTS_REFUSED, lambda: {f'op="{op.value}"': float(n) for op, n in self.refused.items()})
 
-    def allows(self, conn, op: Op, topic: str) -> bool:
+    def allows(self, conn: Asker, op: Op, topic: str) -> bool:
         """Whether `conn`'s principal may do `op` on `topic`; a refusal is counted and (rate-limited) logged."""
         if self.file is None:
             return True
@@ -100,7 +108,7 @@ class Access:
             log.info("access rules reloaded from %s (%d rules)", self.file.path, len(self.file.rules.rules))
 
 
-def _peer(peer) -> str:
+def _peer(peer: object) -> str:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("openssl") is None:
         cannot_run("needs the openssl command to make certificates")
-    requests, rounds = size_of(args).pick((64_000, 5), (12_800, 3), (640, 1))
+    requests, rounds = size_of(args).pick((32_000, 3), (6_400, 2), (640, 1))
     kept = access.VERDICTS_KEPT
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -16,7 +16,7 @@ segments (100 a partition) and 1 M committed block runs (10 a partition, after i
 2. Throughput per PostgreSQL core: 4 threads for a few seconds of `find_run` (random), then of block commits
    (`insert_pending_block` + `commit_block` of 8 runs, each thread on partitions of its own), direct and through
    PgBouncer. Per PostgreSQL CPU second (the postmaster and its backends; PgBouncer's CPU counted apart).
-3. Retention: one remote retention pass (tiered.tiering.remote_retention, as RemoteTier runs it: partition after
+3. Retention: one remote retention pass (tiered.tiering.segments.remote_retention, as RemoteTier runs it: partition after
    partition through AsyncCatalog) over every partition, with 1 % of them holding an expired segment, while one
    thread commits 8-run blocks; commit latency during the pass against before it. Goal: no commit stalled > 50 ms.
 """
@@ -45,8 +45,8 @@ from tiered.catalog.migrate import upgrade
 from tiered.catalog.partitions import get_partition_state
 from tiered.storage.topic_config import TopicConfig
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.remote_retention import enforce_remote_retention
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.segments.remote_retention import enforce_remote_retention
 
 SEGMENT_SEQS, RUN_SEQS = 1000, 100  # seqs per bulk segment and per bulk run
 RUNS_PER_BLOCK = 100

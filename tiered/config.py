@@ -38,22 +38,22 @@ class Settings:
     catalog_url: str = ""  # empty: derived from data_dir
     store_url: str = ""  # empty: derived from data_dir
     s3_path_style: bool = False
-    # Server-side encryption asked of S3 for every object written (tiered.tiering.s3_store.ServerSideEncryption):
-    # off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else the account's aws/s3 key).
+    # Server-side encryption asked of S3 for every object written (ServerSideEncryption, tiered/tiering/objects/
+    # s3_store.py): off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else aws/s3's key).
     s3_sse: str = "off"
     s3_sse_kms_key_id: str = ""
     broker_id: int = 0
     read_only: bool = False
     block_max_bytes: int = 8 << 20
     block_max_age_ms: int = 250
-    # The latency-first block policy (tiered.tiering.durable): with no upload in flight a block may close once its
+    # The latency-first block policy (tiered.tiering.blocks.durable): with no upload in flight a block may close once its
     # oldest record is `block_linger_ms` old (None: off, blocks wait out their age limit), at most
     # `block_max_puts_per_s` times a second, so that the PUTs it adds stay bounded.
     block_linger_ms: int | None = None
     block_max_puts_per_s: float = 10.0
     # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
     remote_read_budget_bytes: int = 256 << 20
-    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.hot_path; 0: never).
+    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.blocks.hot_path; 0: never).
     remote_read_yield_ms: int = 200
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
@@ -99,7 +99,7 @@ class Settings:
         return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert else None
 
     def s3_encryption(self) -> tuple[str, str] | None:
-        """The server-side encryption asked of S3, (mode, KMS key id), or None when off (tiered.tiering.store.
+        """The server-side encryption asked of S3, (mode, KMS key id), or None when off (tiered.tiering.objects.store.
         store_options builds the store's from it). Raises SettingsError for a KMS key without kms, or encryption
         asked of a store that is not S3."""
         if self.s3_sse_kms_key_id and self.s3_sse != "kms":

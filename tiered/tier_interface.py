@@ -54,7 +54,7 @@ class LocalTopic:
 
 @dataclass(frozen=True, slots=True)
 class PartitionPlan:
-    """How one partition is served from now on (tiered.tiering.startup.plan_partition).
+    """How one partition is served from now on (tiered.tiering.cluster.startup.plan_partition).
 
     truncate_after  drop local records past this seq first (None: keep them all)
     next_seq        the next plain append gets at least this seq (the catalog's high-water mark + 1)
@@ -126,7 +126,7 @@ class Unreadable:
 
 @dataclass
 class RemoteCompactionReport:
-    """What one pass of remote compaction did (tiered.tiering.remote_compaction)."""
+    """What one pass of remote compaction did (tiered.tiering.compaction.remote_compaction)."""
 
     topic: str
     partition: int

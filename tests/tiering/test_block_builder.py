@@ -11,17 +11,17 @@ from tests.tiering.tier_state import led_state
 from tiered.protocol.bundle import Message, encode_bundle, encode_record, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import AckOutcome
-from tiered.tiering.block_builder import BlockBuilder, NotLeading, record_stats
-from tiered.tiering.block_format import (
+from tiered.tiering.blocks.block_builder import BlockBuilder, NotLeading, record_stats
+from tiered.tiering.blocks.block_format import (
     INDEX_EVERY_BYTES,
     decode_block,
     encode_block,
     read_block_indexes,
     run_index_of,
 )
-from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.reads.caches import RangeCache, SizedLru
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.run_reads import trim_chunk
+from tiered.tiering.reads.run_reads import trim_chunk
 from tiered.storage.index import SparseIndex
 
 
@@ -220,7 +220,7 @@ def test_runs_keep_the_bundle_index_the_footer_would_read_from_their_bundles():
 def test_records_as_read_only_views_give_the_block_of_their_bytes():
     """Records handed over as read-only views of request payloads (AppendResult.record) build, check and encode the
     same block as the same records as bytes: one-, two- and three-byte lengths, and the index past 64 KiB."""
-    from tiered.tiering.block_format import encode_block_pieces
+    from tiered.tiering.blocks.block_format import encode_block_pieces
 
     rng = random.Random(11)
     records = [record([rng.randbytes(rng.choice([5, 200, 3000, 40_000]))] * rng.randint(1, 3)) for _ in range(40)]

@@ -14,7 +14,7 @@ from tiered.catalog.states import SegmentState
 from tiered.client import Client
 from tiered.protocol.bundle import Message
 from tiered.server.app import App, tiering_service
-from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.reads.caches import RangeCache, SizedLru
 
 from tests.support.broker import local_settings
 from tests.support.polling import eventually
@@ -162,7 +162,7 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
     from datetime import timedelta
 
     from tiered.client import BoundaryError
-    from tiered.tiering import keys
+    from tiered.tiering.objects import keys
 
     app = await tiered_broker()
     async with await Client.connect("127.0.0.1", app.broker.port) as c:

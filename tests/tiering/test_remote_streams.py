@@ -18,10 +18,10 @@ from tiered.protocol.consume_response import read_consume_response
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MsgType, encode_frame
 from tiered.storage.index import SparseIndex
-from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.range_reads import RangeRead, ReadBudget
-from tiered.tiering.remote_chunks import find_first_bundle
-from tiered.tiering.remote_fetch import AHEAD_DEPTH, indexed_end, segment_window
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.reads.range_reads import RangeRead, ReadBudget
+from tiered.tiering.reads.remote_chunks import find_first_bundle
+from tiered.tiering.reads.remote_fetch import AHEAD_DEPTH, indexed_end, segment_window
 
 from tests.support.polling import eventually
 from tests.tiering.test_remote_reads import _copied, tiered_broker  # noqa: F401 (the fixture)

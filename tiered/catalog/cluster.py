@@ -145,7 +145,7 @@ class Look:
 
 def look(cat: Catalog) -> Look:
     """The members and the change counter, in one small statement: what a broker reads every tick. The assignments
-    are re-read only when the counter moved or the members changed (tiered.tiering.coordinator)."""
+    are re-read only when the counter moved or the members changed (tiered.tiering.cluster.coordinator)."""
     changes = select(ClusterChangeModel.version).where(ClusterChangeModel.id == 1).scalar_subquery()
     with cat.read() as conn:
         rows = conn.execute(

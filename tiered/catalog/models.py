@@ -159,7 +159,7 @@ class ClusterChangeModel(Base):
     """One row (id 1): a counter the catalog's triggers bump whenever what the coordinators read changes: a
     partition created or deleted, its assigned leader, epoch or handover, its first available seq moved by retention,
     a topic created, deleted or reconfigured (migration 0006). A broker re-reads the assignments only when it moved
-    (tiered.tiering.coordinator); committed high-water marks do not bump it."""
+    (tiered.tiering.cluster.coordinator); committed high-water marks do not bump it."""
 
     __tablename__ = "cluster_changes"
 

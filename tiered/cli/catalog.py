@@ -3,7 +3,7 @@
     tiered catalog rebuild --catalog URL --store URL [--s3-path-style] [--force] [--read-timestamps]
         reconstruct the catalog from the bucket alone (block footers, segment keys and index objects), with the
         brokers stopped. The catalog is migrated to head first and must hold no topics, blocks or segments;
-        --force deletes those rows first. See tiered.tiering.rebuild for what the bucket cannot tell.
+        --force deletes those rows first. See tiered.tiering.recovery.rebuild for what the bucket cannot tell.
 
     tiered catalog check [--catalog URL] [-t TOPIC]
         check that every seq from each partition's first available seq to its high-water mark has exactly one
@@ -64,8 +64,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     from tiered.catalog import CatalogError
     from tiered.catalog.migrate import upgrade
-    from tiered.tiering.rebuild import CatalogNotEmpty
-    from tiered.tiering.store import StoreError
+    from tiered.tiering.recovery.rebuild import CatalogNotEmpty
+    from tiered.tiering.objects.store import StoreError
 
     failures = (SettingsError, CatalogError, CatalogNotEmpty, SQLAlchemyError, StoreError, ValueError, OSError)
     catalog_url = None
@@ -85,8 +85,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 async def _rebuild(settings, args: argparse.Namespace):
     from tiered.catalog import Catalog
-    from tiered.tiering.rebuild import rebuild_catalog
-    from tiered.tiering.store import open_store, store_options
+    from tiered.tiering.recovery.rebuild import rebuild_catalog
+    from tiered.tiering.objects.store import open_store, store_options
 
     store = open_store(settings.effective_store_url, **store_options(settings))
     catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)

@@ -163,7 +163,7 @@ def cmd_config(args) -> int:
     from tiered.catalog import CatalogError
     from tiered.config import SettingsError, load_settings
     from tiered.storage.topic_config import ConfigError
-    from tiered.tiering.store import StoreError
+    from tiered.tiering.objects.store import StoreError
 
     try:
         settings = load_settings(args)
@@ -185,8 +185,8 @@ class _Outcome:
 
 async def _config(settings, args) -> _Outcome:
     from tiered.catalog.topics import get_topic, update_topic_config
-    from tiered.tiering.store import open_store, store_options
-    from tiered.tiering.topic_objects import put_topic_config
+    from tiered.tiering.objects.store import open_store, store_options
+    from tiered.tiering.objects.topic_objects import put_topic_config
 
     catalog = await asyncio.to_thread(open_catalog, args)
     try:

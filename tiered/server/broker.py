@@ -3,7 +3,7 @@ shuts down gracefully.
 
 Start-up order: recover the local logs; bind the listener (its address is what the broker advertises); start the
 tier; create locally the topics the catalog has and the disk lacks; join the service: the tier claims the partitions
-this broker should lead and hands over their plans (tiered.tiering.startup), carried out here (truncate, continue
+this broker should lead and hands over their plans (tiered.tiering.cluster.startup), carried out here (truncate, continue
 from the catalog's high-water mark, remember the epoch) before the tier uploads what a plan keeps; the other
 partitions are followed. Only then accept connections.
 

@@ -1,10 +1,10 @@
 """The tier below the local disk, as the server sees it (tiered.tier_interface.Tier): the catalog and the object
-store, the durable path (tiered.tiering.durable) and the remote tier (tiered.tiering.remote_tier), wired together.
+store, the durable path (tiered.tiering.blocks.durable) and the remote tier (tiered.tiering.remote_tier), wired together.
 
 Life: `start` opens the catalog (migrating it) and the store and starts the background loops; `open_partitions`
 registers the disk's topics in the catalog and names the catalog's topics the disk lacks; `join` makes the broker a
-member of the service (tiered.tiering.coordinator): it claims the partitions it should lead, plans each one
-(tiered.tiering.startup) and hands the plans to the server, which carries them out and calls `resume`, after which
+member of the service (tiered.tiering.cluster.coordinator): it claims the partitions it should lead, plans each one
+(tiered.tiering.cluster.startup) and hands the plans to the server, which carries them out and calls `resume`, after which
 the partition is led here; the others are followed. Produce, roll, retention and reads call in through the Tier
 methods; commits, fences, copies, leads and follows go out through the server's TierSink.
 """
@@ -43,14 +43,14 @@ from tiered.tier_interface import (
     Unreadable,
 )
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.coordinator import Coordinator, Endpoints
-from tiered.tiering.durable import DurablePath
+from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
+from tiered.tiering.blocks.durable import DurablePath
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.remote_compaction import RemoteCompactor
+from tiered.tiering.compaction.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
-from tiered.tiering.startup import plan_partition
-from tiered.tiering.store import ObjectStore, StoreError, open_store, store_options
-from tiered.tiering.topic_objects import put_missing_topic_objects, put_topic_config
+from tiered.tiering.cluster.startup import plan_partition
+from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
+from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
@@ -243,14 +243,14 @@ class TieringService:
         await self.coordinator.await_claims(name, {p: 0 for p in range(partitions)},
                                             self.clock.monotonic() + 5.0)
 
-    # -- leadership (tiered.tiering.coordinator.Leadership) ------------------------------------------------------
+    # -- leadership (tiered.tiering.cluster.coordinator.Leadership) ------------------------------------------------------
 
     def leading(self) -> dict[tuple[str, int], int]:
         return {tp: state.epoch for tp, state in self.state.led()}
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
         """Claims the partitions whose epoch is still the one expected, and plans each one won from what the disk
-        holds (tiered.tiering.startup). A partition not open here is not claimed: its topic is created locally only
+        holds (tiered.tiering.cluster.startup). A partition not open here is not claimed: its topic is created locally only
         at the tick after the catalog names it, and a claim before that would leave it led and not served until
         the tick after (clients told "unknown topic" by its leader meanwhile)."""
         local = {p: self.sink.local_partition(topic, p) for p in expected}
@@ -330,7 +330,7 @@ class TieringService:
 
     async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
                              force: bool = False) -> RemoteCompactionReport | None:
-        """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.remote_compaction)."""
+        """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.compaction.remote_compaction)."""
         tp = TopicPartition(topic, partition)
         epoch, config = self.state.epoch_of(tp), self.state.config_of(tp)
         if epoch is None or config is None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from tiered.catalog.blocks import RunMeta
 from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
 from tiered.tier_interface import AckOutcome
-from tiered.tiering.block_format import INDEX_EVERY_BYTES
+from tiered.tiering.blocks.block_format import INDEX_EVERY_BYTES
 from tiered.tiering.partition_state import TierState
 from tiered.topic_partition import TopicPartition
-from tiered.tiering.store import Piece
+from tiered.tiering.objects.store import Piece
 
 
 
@@ -43,7 +43,7 @@ class PendingRun:
     min_ts_ms: int = 0
     max_ts_ms: int = 0
     size_bytes: int = 0
-    # The run's bundle index as the block footer stores it (tiered.tiering.block_format, version 3): (first seq,
+    # The run's bundle index as the block footer stores it (tiered.tiering.blocks.block_format, version 3): (first seq,
     # position in the run) of each record starting at least INDEX_EVERY_BYTES past the previous entry.
     index: list[tuple[int, int]] = field(default_factory=list)
     indexed_at: int = 0  # position of the last entry (0: the run's start)

@@ -32,7 +32,7 @@ Byte layout (all integers little-endian, as in TANK's files):
 Version 1 (the first release) had no from_seq and no leader_epoch: its runs read as from_seq = first_seq and epoch 0.
 Version 2 has no bundle index: a reader of one of its runs reads the whole run.
 
-The bundle index (version 3) lets a reader range-GET part of a run (tiered.tiering.run_reads): an entry names a bundle
+The bundle index (version 3) lets a reader range-GET part of a run (tiered.tiering.reads.run_reads): an entry names a bundle
 boundary of the run, (first seq of the bundle there, its position in the run), one wherever at least
 INDEX_EVERY_BYTES have passed since the previous entry (or the run's start, itself the implicit entry
 (first_seq, 0)). A GET from the entry at or before a seq then reads at most INDEX_EVERY_BYTES (plus one bundle) before
@@ -67,7 +67,7 @@ from tiered.protocol.codes import UINT64_MAX
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import encode_uvarint, maybe_varint
 from tiered.storage.topics import is_valid_topic_name
-from tiered.tiering.store import Piece
+from tiered.tiering.objects.store import Piece
 
 MAGIC = b"TIEREDB1"
 FORMAT_VERSION = 3

@@ -1,5 +1,5 @@
-"""Chunks from streamed range GETs (tiered.tiering.range_reads), shared by the reads of remote segments
-(tiered.tiering.remote_fetch) and of block runs (tiered.tiering.run_reads).
+"""Chunks from streamed range GETs (tiered.tiering.reads.range_reads), shared by the reads of remote segments
+(tiered.tiering.reads.remote_fetch) and of block runs (tiered.tiering.reads.run_reads).
 
 A chunk starts at the whole bundle holding the asked seq (`find_first_bundle`, which waits for that bundle to arrive
 whole) and ends at a bundle boundary; where an index does not tell the end, the records are walked (`walked_end`).
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import maybe_varint
-from tiered.tiering.range_reads import Pace, RangeRead
+from tiered.tiering.reads.range_reads import Pace, RangeRead
 
 SEND_PIECE_BYTES = 1 << 20  # the most of a remote answer written to a connection at once
 

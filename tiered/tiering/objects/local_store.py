@@ -7,7 +7,7 @@ temporary file, which list() never shows. Temporary names start with TEMP_PREFIX
 refused, so the two cannot collide.
 
 Unlike S3, a key cannot be both an object and a prefix of other keys followed by `/` ("a" and "a/b"): the second put
-fails with StoreError. Keys from tiering/keys.py never do this. Deleting the last object of a directory removes the
+fails with StoreError. Keys from tiering/objects/keys.py never do this. Deleting the last object of a directory removes the
 directory, so directories do not pile up under the hashed block prefixes.
 
 Large puts (blocks) bypass the page cache: they are copied into a reused page-aligned buffer and written with
@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tiered.storage.segment import copy_file, fsync_dir
-from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
+from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
 
 TEMP_PREFIX = ".tiered-tmp-"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)

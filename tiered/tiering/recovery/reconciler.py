@@ -12,7 +12,7 @@ Three bounded passes, each taking a store, a catalog and a `now` (tests pass a f
   blocks), or has not heartbeated for the grace period. A live broker retries a commit for as long as it runs, so
   its pending block is never taken from under it, however old. Stale blocks become `deleting` (no run references
   them: abandon_block checks), and the sweeper removes their objects after another grace period.
-- `reconcile`: one page of the bucket listing. An object with one of our key formats (tiered.tiering.keys) that
+- `reconcile`: one page of the bucket listing. An object with one of our key formats (tiered.tiering.objects.keys) that
   the catalog does not know, as a block or as a remote segment or its index, and that is older than the grace
   period, is an upload whose catalog record never happened (or was lost): it is deleted. A known object, a young
   one (its intent row may be in flight: intent rows are written before the PUT, but the catalog is read after the
@@ -30,9 +30,9 @@ from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import brokers as catalog_brokers
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, BlockRow
 from tiered.catalog.errors import UnknownBlock
-from tiered.tiering import keys
+from tiered.tiering.objects import keys
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.store import ObjectInfo, ObjectStore
+from tiered.tiering.objects.store import ObjectInfo, ObjectStore
 
 
 @dataclass

@@ -9,7 +9,7 @@
 - `RangeRead`: one range GET [start, end) of an object, read by a task of its own into a buffer of its final size
   (allocated once, so slices of it stay valid while bytes keep arriving). Readers wait for a position to arrive
   (`until`) and take zero-copy views of what has. The buffer's bytes are held from the budget until `close`. The
-  GET takes in each piece when `pace` lets it (the hot path first, tiered.tiering.hot_path), and stops early once
+  GET takes in each piece when `pace` lets it (the hot path first, tiered.tiering.blocks.hot_path), and stops early once
   the bytes a reader wants are in (`stop_at`).
 """
 
@@ -19,9 +19,9 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.objects.store import ObjectStore
 
-Pace = Callable[[], Awaitable[None]]  # awaited before each piece of a GET is taken in (tiered.tiering.hot_path)
+Pace = Callable[[], Awaitable[None]]  # awaited before each piece of a GET is taken in (tiered.tiering.blocks.hot_path)
 
 
 class ReadBudget:

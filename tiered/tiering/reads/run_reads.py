@@ -14,7 +14,7 @@ the last bundle ending within the fetch size of the answer's start, the first bu
 index interval reads the run's pages between index entries instead, GET once and cached. A run of a block of version
 1 or 2 is GET whole once, cached, and trimmed per fetch (`trim_chunk`).
 
-`RunReads` is the block-run half of the remote reader (tiered.tiering.remote_fetch.RemoteReader, which asks it for a
+`RunReads` is the block-run half of the remote reader (tiered.tiering.reads.remote_fetch.RemoteReader, which asks it for a
 seq a block run answers for): it owns the caches of run locations, footers and run bytes.
 """
 
@@ -34,12 +34,12 @@ from tiered.metrics import Metrics
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
 from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import RemoteChunk, Unreadable
-from tiered.tiering.block_format import (FOOTER_TRAILER_BYTES, INDEX_EVERY_BYTES, RunIndex, block_tail_bytes,
+from tiered.tiering.blocks.block_format import (FOOTER_TRAILER_BYTES, INDEX_EVERY_BYTES, RunIndex, block_tail_bytes,
                                          read_block_indexes)
-from tiered.tiering.caches import RangeCache, SizedLru
-from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
-from tiered.tiering.remote_chunks import RangeChunk, find_first_bundle, walked_end
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.reads.caches import RangeCache, SizedLru
+from tiered.tiering.reads.range_reads import Pace, RangeRead, ReadBudget
+from tiered.tiering.reads.remote_chunks import RangeChunk, find_first_bundle, walked_end
+from tiered.tiering.objects.store import ObjectStore
 
 log = logging.getLogger("tiered.tiering")
 
@@ -154,7 +154,7 @@ class RunReads:
     _failed: Callable[..., Unreadable]
 
     def __init__(self, cache_bytes: int, clock: Clock):
-        self.runs: RangeCache[RunLocation] = RangeCache(clock.monotonic)  # safe to cache, as segment rows are (tiered.tiering.caches)
+        self.runs: RangeCache[RunLocation] = RangeCache(clock.monotonic)  # safe to cache, as segment rows are (tiered.tiering.reads.caches)
         # The bundle indexes of each block's runs, from its footer (read once per block; version 3).
         self.footers: SizedLru[str, BlockIndexes] = SizedLru(cache_bytes // 4, lambda footer: footer.size_bytes)
         # A run of a block without indexes is read whole, so a consumer reading such a run in fetches smaller than the

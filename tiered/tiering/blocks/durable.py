@@ -1,8 +1,8 @@
 """The durable path: every appended record reaches the bucket and the catalog within the block window.
 
-Appended records go to the block builder (tiered.tiering.block_builder); a timer closes the block when its oldest
+Appended records go to the block builder (tiered.tiering.blocks.block_builder); a timer closes the block when its oldest
 record is `block_max_age_ms` old (or at once when it is full) and hands it to the pipeline
-(tiered.tiering.block_pipeline), which uploads and commits blocks in order. Commits are reported to the server's
+(tiered.tiering.blocks.block_pipeline), which uploads and commits blocks in order. Commits are reported to the server's
 sink (records become visible, durable acks are answered); a refused commit fences the partition.
 
 Two block policies, one setting apart:
@@ -25,12 +25,12 @@ from tiered.clock import Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.storage.partition_log import AppendResult, StoredRecord
 from tiered.tier_interface import TierSink
-from tiered.tiering.block_builder import BlockBuilder, PendingRun
-from tiered.tiering.block_pipeline import BlockPipeline
-from tiered.tiering.hot_path import HotPathGate
+from tiered.tiering.blocks.block_builder import BlockBuilder, PendingRun
+from tiered.tiering.blocks.block_pipeline import BlockPipeline
+from tiered.tiering.blocks.hot_path import HotPathGate
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.objects.store import ObjectStore
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
@@ -47,7 +47,7 @@ class DurablePath:
         self.clock = clock
         self.builder = BlockBuilder(state, max_bytes, max_age_ms)
         self._extra_on_committed = on_committed
-        # Remote reads give way to this path (tiered.tiering.hot_path): the gate is told when blocks are in flight,
+        # Remote reads give way to this path (tiered.tiering.blocks.hot_path): the gate is told when blocks are in flight,
         # and asks when the open block is due.
         self.hot_path = HotPathGate(remote_read_yield_s, due_in_s=self.due_in_s, clock=clock)
         self.pipeline = BlockPipeline(store, catalog, broker_id, metrics=metrics, on_committed=self._committed,

@@ -1,4 +1,4 @@
-"""The remote reader's caches (tiered.tiering.remote_fetch, tiered.tiering.run_reads).
+"""The remote reader's caches (tiered.tiering.reads.remote_fetch, tiered.tiering.reads.run_reads).
 
 - `RangeCache`: recently used catalog locations (remote segment rows, block run locations) per partition, looked
   up by seq, so a warm fetch needs no catalog query. Entries can only go stale by deletion, whose objects stay a

@@ -2,7 +2,7 @@
 
 A remote segment is tried first: its catalog row (cached per partition) and its index object (fetched once and
 cached) give the window to GET (`segment_window`): from the index entry at or before the seq to the last index entry
-within `fetch_size`, so a GET reads little more than it answers. The GET streams (tiered.tiering.range_reads): once
+within `fetch_size`, so a GET reads little more than it answers. The GET streams (tiered.tiering.reads.range_reads): once
 the whole bundle holding the seq is in, the chunk's extent is known from the index (`indexed_end`), the answer's head
 can leave, and the rest of the chunk follows as it arrives. Each chunk ends at an index entry, so the next seq a
 consumer asks for starts at one: once a consumer reads in order (it asks for the seq after an earlier answer), the
@@ -15,14 +15,14 @@ Which location answers for a seq comes from the reader's caches, else from one c
 (tiered.catalog.locate: the remote segment, the block run, or nowhere), so that a swap committed between two lookups
 cannot hide a seq; a cached location that fails to answer is dropped and the catalog asked again, and only a seq
 that transaction places between the partition's first available seq and its committed seq is reported as a hole
-(`tiered catalog check` would agree). Seqs in a block run are read by tiered.tiering.run_reads (whose `RunReads`
+(`tiered catalog check` would agree). Seqs in a block run are read by tiered.tiering.reads.run_reads (whose `RunReads`
 this reader inherits: a run of a block of version 3 is range-read by its bundle
 index, a run of an older block is GET whole and cached). A location answers for [from_seq, last_seq]: a seq in a jump
 before its first record reads from that record, as in TANK, but a seq that no location answers for is reported
-(Unreadable), never served from a later location. The chunk handed to the consumer (tiered.tiering.remote_chunks)
+(Unreadable), never served from a later location. The chunk handed to the consumer (tiered.tiering.reads.remote_chunks)
 starts at the whole bundle holding the seq and stops at a bundle boundary within `fetch_size` (or after that first
 bundle when it alone is larger), as a local read does. GETs run under their own concurrency limit, apart from the
-produce path and local reads, and give way to blocks in flight (tiered.tiering.hot_path), so that a replaying
+produce path and local reads, and give way to blocks in flight (tiered.tiering.blocks.hot_path), so that a replaying
 consumer cannot stall producers or tail consumers.
 """
 
@@ -42,12 +42,12 @@ from tiered.metrics import Metrics
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.index import SparseIndex
 from tiered.tier_interface import RemoteChunk, Unreadable
-from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.reads.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.range_reads import Pace, RangeRead, ReadBudget
-from tiered.tiering.remote_chunks import FirstBundle, RangeChunk, find_first_bundle, walked_end
-from tiered.tiering.run_reads import RunReads
-from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
+from tiered.tiering.reads.range_reads import Pace, RangeRead, ReadBudget
+from tiered.tiering.reads.remote_chunks import FirstBundle, RangeChunk, find_first_bundle, walked_end
+from tiered.tiering.reads.run_reads import RunReads
+from tiered.tiering.objects.store import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("tiered.tiering")
 

@@ -34,7 +34,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
+from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
 
 STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys

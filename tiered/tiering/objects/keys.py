@@ -26,7 +26,7 @@ store adds it, so nothing outside `tiering/` ever sees or builds a full key.
 
     topics/<topic>.json
         What the catalog records of a topic (partition count, config text, creation time), written when the topic
-        is created or its config changes (tiered.tiering.topic_objects), so that a catalog rebuild restores
+        is created or its config changes (tiered.tiering.objects.topic_objects), so that a catalog rebuild restores
         topics whole, not only what their data implies.
 
 Parsers are strict (they accept exactly what the builders produce) and return None for any other key: the orphan

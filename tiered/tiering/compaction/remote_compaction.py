@@ -8,7 +8,7 @@ each local pass (and when asked by hand). The compacted content comes from two s
   and the bucket's segments were copied from the same local segments, so local groups always tile remote ones;
 - the bucket itself: remote segments below the local disk's first seq (history this disk never held, e.g. after a
   takeover by a broker with an empty disk) are streamed from the bucket and compacted one group at a time
-  (tiered.tiering.bucket_compaction, with the partition's checkpoint, so tombstone retention counts from the same
+  (tiered.tiering.compaction.bucket_compaction, with the partition's checkpoint, so tombstone retention counts from the same
   passes): the local disk holds one group's output at a time, never the input.
 
 A topic with `remote.copy=false` holds its history as block runs, not remote segments: the same two sources apply,
@@ -20,7 +20,7 @@ never overwrites an old one, which a reader may be streaming), then tiered.catal
 swaps the rows in one transaction and hands the old objects to the two-phase deletion with its grace period.
 A crash before the swap leaves the old set readable and the new objects orphans (the reconciler deletes them after
 the grace period); after it, the new set. A swap the catalog refuses (retention, a new leader) stops the pass, as
-does a group whose new segments would take more than OUTPUT_ALLOWANCE (1.2) times the bytes of the old ones: the
+does a group whose new segments would take more than `output_allowance` of the old ones (1.2 times, plus 4 KiB): the
 bucket's extra space during a pass (the new objects, while the old ones wait for their grace period) is at most
 that much of what the pass rewrote.
 """
@@ -43,16 +43,16 @@ from tiered.catalog.compaction import SwapRefused
 from tiered.catalog.errors import StaleEpoch
 from tiered.catalog.segments import SegmentMeta, SegmentRow
 from tiered.clock import Clock
-from tiered.storage.compaction import OUTPUT_ALLOWANCE
+from tiered.storage.compaction import output_allowance
 from tiered.storage.compaction_checkpoint import read_checkpoint
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.segment import SealedSegment
 from tiered.tier_interface import RemoteCompactionReport
-from tiered.tiering import keys
-from tiered.tiering.bucket_compaction import BucketPass, Input, clear_workdir
+from tiered.tiering.objects import keys
+from tiered.tiering.compaction.bucket_compaction import BucketPass, Input, clear_workdir
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.segment_copier import segment_timestamp_bounds
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.segments.segment_copier import segment_timestamp_bounds
+from tiered.tiering.objects.store import ObjectStore
 
 log = logging.getLogger("tiered.tiering")
 
@@ -125,9 +125,9 @@ class RemoteCompactor:
         span = f"{group.new[0].base}-{group.new[-1].last}"  # also the old rows' and runs' seqs
         old_bytes = sum(r.total_bytes for r in group.old) + sum(r.length_bytes for r in group.runs)
         new_bytes = sum(s.size + s.index.size_bytes for s in group.new)
-        if new_bytes > OUTPUT_ALLOWANCE * old_bytes:  # the bucket's extra space stays within the bound
-            report.stopped = (f"seqs {span}: {new_bytes} bytes would replace {old_bytes}, past {OUTPUT_ALLOWANCE} "
-                              f"times")
+        if new_bytes > output_allowance(old_bytes):  # the bucket's extra space stays within the bound
+            report.stopped = (f"seqs {span}: {new_bytes} bytes would replace {old_bytes}, past the allowance of "
+                              f"{output_allowance(old_bytes)}")
             log.warning("remote compaction of %s/%d stopped: %s", topic, partition, report.stopped)
             return False
         metas = []

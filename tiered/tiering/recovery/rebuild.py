@@ -9,7 +9,7 @@ and freeze time, so the bucket holds everything the catalog indexes except what 
     segments/<t>/<p>/<base>-<last>_<ts>.ilog + .index  ──>   segments COPY_FINISHED (sizes from the listing,
                                                               leader epoch 0), partitions.remote_bytes
     topics/<topic>.json  ──GET──>  topics: partition count, config_text and creation time as created
-                                    (tiered.tiering.topic_objects)
+                                    (tiered.tiering.objects.topic_objects)
     all  ──>  topics without a topic object (written by brokers before these objects existed and not started
               since): partition count = highest partition seen + 1, config_text empty, both reported;
               partitions (no leader, epoch 0; hwmark = highest seq of any run or segment; first available = lowest
@@ -59,10 +59,10 @@ from tiered.catalog.restore import PartitionBounds, RestoredBlock
 from tiered.catalog.segments import SegmentMeta
 from tiered.protocol.bundle import maybe_record, timestamp_bounds
 from tiered.protocol.errors import ProtocolError
-from tiered.tiering import keys
-from tiered.tiering.block_format import FOOTER_TRAILER_BYTES, block_tail_bytes, read_block_footer
-from tiered.tiering.store import ObjectInfo, ObjectNotFound, ObjectStore
-from tiered.tiering.topic_objects import TopicObject, read_topic_objects
+from tiered.tiering.objects import keys
+from tiered.tiering.blocks.block_format import FOOTER_TRAILER_BYTES, block_tail_bytes, read_block_footer
+from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore
+from tiered.tiering.objects.topic_objects import TopicObject, read_topic_objects
 
 TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
 UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
@@ -275,7 +275,7 @@ async def _read_segments(
 
 
 async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[tuple[str, int], int]:
-    """Each partition's first available seq as remote retention last wrote it (tiered.tiering.keys)."""
+    """Each partition's first available seq as remote retention last wrote it (tiered.tiering.objects.keys)."""
     starts: dict[tuple[str, int], int] = {}
     async for info in store.list(keys.starts_prefix()):
         where = keys.parse_partition_start_key(info.object_key)

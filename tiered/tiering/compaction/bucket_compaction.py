@@ -8,10 +8,10 @@ A pass streams the objects; nothing of the input is written to the local disk:
 2. Groups are planned as a local pass plans them (compaction_plan.plan_groups, from the rows' sizes).
 3. For each group that changes something, oldest first: its segments are read again, window by window, into the
    group's output in the work directory (tiered.storage.compaction.GroupRewrite), which gives up past
-   OUTPUT_ALLOWANCE (1.2) times the group's input; the output is uploaded under new keys and swapped in by one
-   catalog transaction (the `swap` callback, tiered.tiering.remote_compaction), and its files are removed before
-   the next group starts. So the extra local disk of a pass is one group's output, at most 1.2 times the group's
-   input, and its memory one window plus the key index.
+   `output_allowance` of the group's input (1.2 times, plus 4 KiB); the output is uploaded under new keys and
+   swapped in by one catalog transaction (the `swap` callback, tiered.tiering.compaction.remote_compaction), and its
+   files are removed before the next group starts. So the extra local disk of a pass is one group's output, at most
+   1.2 times the group's input plus 4 KiB, and its memory one window plus the key index.
 4. The partition's checkpoint records how far the pass got (what a local pass records), so tombstone retention
    counts from the same passes on the disk and in the bucket.
 
@@ -44,7 +44,7 @@ from tiered.storage.partition_log import StoredRecord
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteCompactionReport
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.objects.store import ObjectStore
 
 log = logging.getLogger("tiered.tiering")
 

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, TypeVar
 from tiered.catalog.errors import CatalogUnavailable
 from tiered.clock import Clock
 from tiered.metrics import Counter, Metrics
-from tiered.tiering.store import StoreError
+from tiered.tiering.objects.store import StoreError
 
 log = logging.getLogger("tiered.tiering")
 

@@ -15,11 +15,11 @@ One pass, in this order, each step safe to repeat after a crash:
    the base of the next remote segment when that one answers for the seqs between) BEFORE any of them stops being
    readable, so that a consumer below it gets the boundary fault with a seq that is still served, never a seq
    whose objects are going away. set_first_available never moves it back. The new start is also written to the
-   bucket (tiered.tiering.keys.partition_start_key), for a catalog rebuilt from the bucket.
+   bucket (tiered.tiering.objects.keys.partition_start_key), for a catalog rebuilt from the bucket.
 3. Per segment: DELETE_STARTED (it stops being readable and leaves remote_bytes), delete the `.ilog` and `.index`
    objects, DELETE_FINISHED.
 4. Block runs below the first available seq (if any: one index probe) are pruned; blocks left without runs become
-   `deleting`, and the sweeper (tiered.tiering.reconciler.sweep_deleted_blocks) deletes their objects after the grace
+   `deleting`, and the sweeper (tiered.tiering.recovery.reconciler.sweep_deleted_blocks) deletes their objects after the grace
    period.
 
 A crash between steps leaves a state the next pass completes: first available already moved (it never moves
@@ -39,9 +39,9 @@ from tiered.catalog import segments as catalog_segments
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
 from tiered.catalog.segments import SegmentRow
 from tiered.storage.topic_config import TopicConfig
-from tiered.tiering import keys
+from tiered.tiering.objects import keys
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.objects.store import ObjectStore
 
 
 @dataclass

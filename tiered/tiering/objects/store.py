@@ -1,6 +1,6 @@
 """The object store interface: a handful of async calls, like litestream's ReplicaClient.
 
-Callers use keys relative to the store (tiering/keys.py builds them); the store adds its own prefix. There is one
+Callers use keys relative to the store (tiering/objects/keys.py builds them); the store adds its own prefix. There is one
 error for a missing object, ObjectNotFound, whatever the backend; every other failure is a StoreError with the
 backend's exception chained, raised after the backend's own bounded retries, so a caller may retry it later.
 
@@ -155,7 +155,7 @@ class ObjectStore(abc.ABC):
         under the same deadline as get_range for the whole range; returns the bytes received (fewer past the end
         of the object, as get_range). `sink` runs on the event loop and must not block. `pace`, when given, is
         awaited before each piece is taken in (the read pauses, and the store stops sending, while it waits); it
-        may hold the read up to half of the time (tiered.tiering.hot_path), so the deadline is twice as long."""
+        may hold the read up to half of the time (tiered.tiering.blocks.hot_path), so the deadline is twice as long."""
         if not 0 <= start < end:
             raise ValueError(f"bad byte range [{start}, {end})")
         received = 0
@@ -281,7 +281,7 @@ def store_options(settings: Settings) -> dict[str, Any]:
     encryption = settings.s3_encryption()  # SettingsError for encryption that cannot apply
     if not settings.effective_store_url.startswith("s3://"):
         return {}
-    from tiered.tiering.s3_store import ServerSideEncryption
+    from tiered.tiering.objects.s3_store import ServerSideEncryption
 
     options: dict[str, Any] = {"path_style": settings.s3_path_style}
     if encryption is not None:
@@ -293,7 +293,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     """An ObjectStore for a store URL (see the module docstring); options go to the backend's constructor."""
     parts = urlsplit(url)
     if parts.scheme == "s3":
-        from tiered.tiering.s3_store import S3ObjectStore
+        from tiered.tiering.objects.s3_store import S3ObjectStore
 
         if not parts.netloc:
             raise ValueError(f"no bucket in store URL {url!r}")
@@ -301,7 +301,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
             raise ValueError(f"store URL {url!r} has a query or fragment; pass options instead")
         return S3ObjectStore(parts.netloc, unquote(parts.path).strip("/"), **options)
     if parts.scheme == "file":
-        from tiered.tiering.local_store import LocalObjectStore
+        from tiered.tiering.objects.local_store import LocalObjectStore
 
         if parts.query or parts.fragment:
             raise ValueError(f"store URL {url!r} has a query or fragment")

@@ -39,8 +39,8 @@ from tiered.catalog import segments as catalog_segments
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
 from tiered.catalog.segments import SegmentRow
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.remote_retention import delete_objects, finish_interrupted_deletions
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.segments.remote_retention import delete_objects, finish_interrupted_deletions
+from tiered.tiering.objects.store import ObjectStore
 
 log = logging.getLogger("tiered.tiering")
 

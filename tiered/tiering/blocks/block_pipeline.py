@@ -25,13 +25,13 @@ from tiered.catalog.errors import Discontinuity, IllegalTransition, StaleEpoch
 from tiered.clock import Clock, utc_now
 from tiered.metrics import Metrics
 from tiered.tier_interface import AckOutcome
-from tiered.tiering import keys
-from tiered.tiering.block_builder import ClosedBlock, PendingRun
-from tiered.tiering.block_format import encode_block_pieces
+from tiered.tiering.objects import keys
+from tiered.tiering.blocks.block_builder import ClosedBlock, PendingRun
+from tiered.tiering.blocks.block_format import encode_block_pieces
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.hot_path import HotPathGate
-from tiered.tiering.retrying import Retrying
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.blocks.hot_path import HotPathGate
+from tiered.tiering.objects.retrying import Retrying
+from tiered.tiering.objects.store import ObjectStore
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")

@@ -9,7 +9,7 @@ is redone from COPY_STARTED at the next start (re-uploading the same keys is har
 timestamp come from the segment's appends when it saw them all (SealedSegment.ts_bounds), else from one native pass
 over its bundles (a recovered or compacted segment). A refused epoch fences the
 partition, as for blocks. A segment that cannot be read (a damaged file), or whose copy the row of its base refuses
-(an abandoned copy of that base mid-deletion, tiered.tiering.abandoned_copies), is reported, counted and tried again
+(an abandoned copy of that base mid-deletion, tiered.tiering.segments.abandoned_copies), is reported, counted and tried again
 later, and never holds up the other partitions' copies.
 """
 
@@ -34,12 +34,12 @@ from tiered.protocol.bundle import maybe_record, timestamp_bounds
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.records import iter_records, pread_exact
 from tiered.storage.segment import SealedSegment
-from tiered.tiering import keys
-from tiered.tiering.block_builder import recorded_ts_bounds
+from tiered.tiering.objects import keys
+from tiered.tiering.blocks.block_builder import recorded_ts_bounds
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.retrying import Retrying
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.objects.retrying import Retrying
+from tiered.tiering.objects.store import ObjectStore
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")

@@ -3,7 +3,7 @@
 Blocks and remote segments tell a rebuild which partitions hold data, not how many partitions a topic has nor its
 config (retention, `produce.ack`, ...). So the broker writes each topic's catalog row to the bucket as well:
 
-    topics/<topic>.json          (the key is built in tiered.tiering.keys only)
+    topics/<topic>.json          (the key is built in tiered.tiering.objects.keys only)
         UTF-8 JSON, one object, at most MAX_TOPIC_OBJECT_BYTES:
         {"format": 1,                   always 1; a reader refuses any other
          "topic": "events",             the topic (TANK's name rule); must match the key
@@ -25,8 +25,8 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from tiered.tiering import keys
-from tiered.tiering.store import ObjectNotFound, ObjectStore, StoreError
+from tiered.tiering.objects import keys
+from tiered.tiering.objects.store import ObjectNotFound, ObjectStore, StoreError
 from tiered.topic_rules import is_valid_topic_name, validate_partition_count
 
 log = logging.getLogger("tiered.tiering")

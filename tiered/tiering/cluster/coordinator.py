@@ -34,7 +34,7 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.cluster_decision import (
+from tiered.tiering.cluster.cluster_decision import (
     ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
 )
 

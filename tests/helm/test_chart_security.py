@@ -276,3 +276,35 @@ def test_objects_at_rest_are_encrypted_as_the_store_values_say(render, tmp_path)
     assert store_options(settings)["encryption"] == ServerSideEncryption("kms", key)
     config = config_toml(render("minimal", "--set", "store.serverSideEncryption=s3"))
     assert config["s3_sse"] == "s3" and "s3_sse_kms_key_id" not in config
+
+
+# --- the catalog's CA -------------------------------------------------------------------------------------------
+
+def test_the_catalog_ca_is_mounted_for_the_brokers_and_the_migration_job(render) -> None:
+    rendered = render("production")
+    for obj in [rendered.one("StatefulSet"), rendered.one("Job")]:
+        spec = obj["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["PGSSLROOTCERT"] == "/etc/tiered-catalog-ca/global-bundle.pem"
+        assert env["PGSSLMODE"] == "verify-full"
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["catalog-ca"] == {"name": "catalog-ca", "mountPath": "/etc/tiered-catalog-ca", "readOnly": True}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["catalog-ca"]["configMap"] == {
+            "name": "rds-ca", "items": [{"key": "global-bundle.pem", "path": "global-bundle.pem"}]}
+    rendered = render("minimal", "--set", "catalog.rootCA.secret=pg-ca")
+    volumes = {v["name"]: v for v in pod_spec(rendered)["volumes"]}
+    assert volumes["catalog-ca"]["secret"] == {"secretName": "pg-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {e["name"]: e.get("value") for e in rendered.broker["env"]}["PGSSLROOTCERT"] == \
+        "/etc/tiered-catalog-ca/ca.crt"
+    rendered = render("minimal")
+    assert not {"PGSSLROOTCERT", "PGSSLMODE"} & {e["name"] for e in rendered.broker["env"]}
+    assert "catalog-ca" not in {v["name"] for v in pod_spec(rendered)["volumes"]}
+
+
+def test_a_catalog_ca_from_two_places_fails_to_render(helm: Helm) -> None:
+    done = helm.run("template", RELEASE, str(CHART), "-f", str(HERE / "values" / "minimal.yaml"),
+                    "--skip-schema-validation", "--set", "catalog.rootCA.configMap=a", "--set", "catalog.rootCA.secret=b")
+    assert done.returncode != 0
+    assert "catalog.rootCA names both a configMap and a secret" in done.stderr

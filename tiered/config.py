@@ -71,6 +71,9 @@ class Settings:
     tls_key: str = ""
     tls_client_ca: str = ""
     listen_plain: str = ""
+    # The access rules file (tiered.acl): who may produce, consume, create topics and reload configuration; reloaded
+    # when it changes. Empty: everything is allowed.
+    acl: str = ""
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -277,6 +280,7 @@ _CONVERTERS = {
     "tls_key": str,
     "tls_client_ca": str,
     "listen_plain": _endpoint(DEFAULT_PORT, may_be_off=True),
+    "acl": lambda v: str(v).strip(),
 }
 
 
@@ -339,6 +343,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--tls-key", dest="tls_key", help="TLS private key file (PEM) for --tls-cert")
     a("--tls-client-ca", dest="tls_client_ca", help="require client certificates signed by this CA (mutual TLS)")
     a("--listen-plain", dest="listen_plain", help="a second, plaintext TANK listener [addr:]port (default: none)")
+    a("--acl", dest="acl", metavar="FILE",
+      help="access rules: who may produce, consume, create and reload, per topic (default: everyone may do all)")
 
 
 def load_settings(

@@ -34,9 +34,9 @@ def tls_pg(tmp_path_factory):
     pg.stop()
 
 
-def key_lines(key: Path) -> list[str]:
+def key_lines(key: str | Path) -> list[str]:
     """The base64 lines of a PEM private key: any of them in an output would be a piece of the key."""
-    return [line for line in key.read_text().splitlines() if line and not line.startswith("-----")]
+    return [line for line in Path(key).read_text().splitlines() if line and not line.startswith("-----")]
 
 
 async def cli(*args: str) -> str:

@@ -115,6 +115,14 @@ def main(args) -> int:
         except TLSError as exc:
             print(f"tiered serve: {exc}", file=sys.stderr)
             return 2
+    if settings.acl:
+        from tiered.acl import RulesError, load_rules
+
+        try:
+            load_rules(settings.acl)  # a file that does not load: one line, before anything starts
+        except RulesError as exc:
+            print(f"tiered serve: {exc}", file=sys.stderr)
+            return 2
     configure_logging(settings)
     missing = missing_s3_credentials(settings)
     if missing:

@@ -102,6 +102,15 @@ The password only ever travels as a reference to an existing Secret.
 The catalog's CA (catalog.rootCA): "configMap" or "secret" when one is named, else empty; its volume and mount,
 shared by the brokers and the migration Job.
 */}}
+{{/*
+The access rules file's ConfigMap (accessRules): the chart's own when the rules are inline, else the one named;
+empty when there are none.
+*/}}
+{{- define "tiered.accessRules" -}}
+{{- if .Values.accessRules.rules }}{{ include "tiered.fullname" . | trunc 59 | trimSuffix "-" }}-acl
+{{- else if .Values.accessRules.existingConfigMap }}{{ .Values.accessRules.existingConfigMap }}{{ end }}
+{{- end }}
+
 {{- define "tiered.catalogCA" -}}
 {{- if .Values.catalog.rootCA.configMap }}configMap{{ else if .Values.catalog.rootCA.secret }}secret{{ end }}
 {{- end }}
@@ -211,6 +220,9 @@ What values.schema.json cannot say, checked when the config file renders (every 
 {{- if and .Values.tls.clientCA.enabled (not .Values.tls.enabled) }}
 {{- fail "tls.clientCA.enabled needs tls.enabled: client certificates are asked for in the TLS handshake" }}
 {{- end }}
+{{- if and .Values.accessRules.rules .Values.accessRules.existingConfigMap }}
+{{- fail "accessRules has both rules and existingConfigMap: give the rules in one place" }}
+{{- end }}
 {{- if and .Values.catalog.rootCA.configMap .Values.catalog.rootCA.secret }}
 {{- fail "catalog.rootCA names both a configMap and a secret: name the one holding the CA" }}
 {{- end }}
@@ -246,6 +258,9 @@ The config file. Settings the chart owns come first; values.schema.json keeps th
 {{- end }}
 {{- with .Values.store.kmsKeyId }}
 {{- $_ := set $owned "s3_sse_kms_key_id" . }}
+{{- end }}
+{{- if include "tiered.accessRules" . }}
+{{- $_ := set $owned "acl" (printf "/etc/tiered-acl/%s" .Values.accessRules.key) }}
 {{- end }}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $owned "tls_cert" (printf "%s/tls.crt" .Values.tls.mountPath) }}

@@ -35,6 +35,7 @@ from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
+from tiered.tiering.objects.meter import S3_OPERATIONS
 
 STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
@@ -75,6 +76,10 @@ class ServerSideEncryption:
 
 
 class S3ObjectStore(ObjectStore):
+    # Every HTTP request botocore sends, each retry attempt and each multipart part, is counted as it goes out
+    # (botocore's before-send event), against the attribution of the store call it is sent for: S3 bills each one.
+    counts_own_requests = True
+
     def __init__(
         self,
         bucket: str,
@@ -244,7 +249,12 @@ class S3ObjectStore(ObjectStore):
                 except (BotoCoreError, ValueError) as e:
                     raise StoreError(f"cannot create S3 client for {self!r}: {e}") from e
                 self._client_context = context
+                self._client.meta.events.register("before-send.s3", self._sending)
             return self._client
+
+    def _sending(self, event_name: str, **_: Any) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        self.sent(S3_OPERATIONS.get(operation) or operation.lower())
 
     def _errors(self, object_key: str | None) -> _S3Errors:
         return _S3Errors(self, object_key)

@@ -258,6 +258,7 @@ def test_notes_tell_clients_to_speak_tls(notes) -> None:
     assert "The TANK port speaks TLS only, with the certificate of Secret tiered-tls" in text
     assert "tiered status -b localhost:11011 --tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in text
     assert "speaks TLS" not in notes("minimal")
+    assert "WARNING: with 3 brokers, a produce or tail consume redirected (0xfc)" in text
 
 
 # --- objects at rest --------------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ class Settings:
     catalog_url: str = ""  # empty: derived from data_dir
     store_url: str = ""  # empty: derived from data_dir
     s3_path_style: bool = False
-    # Server-side encryption asked of S3 for every object written (objects.s3_store.ServerSideEncryption):
-    # off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else the account's aws/s3 key).
+    # Server-side encryption asked of S3 for every object written (ServerSideEncryption, tiered/tiering/objects/
+    # s3_store.py): off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else aws/s3's key).
     s3_sse: str = "off"
     s3_sse_kms_key_id: str = ""
     broker_id: int = 0

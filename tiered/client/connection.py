@@ -189,6 +189,13 @@ class Connection:
         transport = self._frames.transport
         return self._closed_exc is None and transport is not None and not transport.is_closing()
 
+    @property
+    def server_name(self) -> str | None:
+        """The name the broker's certificate was verified by, as the TLS session holds it; None without TLS."""
+        transport = self._frames.transport
+        sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+        return sslobj.server_hostname if sslobj is not None else None
+
     def request_id(self) -> int:
         return next(self._ids)
 

@@ -172,7 +172,9 @@ STORE_GETS = Counter("tiered_store_gets_total", "object store GET requests")
 STORE_ERRORS = Counter("tiered_store_errors_total", "object store request errors")
 STORE_PUT_BYTES = Counter("tiered_store_put_bytes_total", "bytes uploaded")
 CATALOG_STATEMENTS = Counter("tiered_catalog_statements_total", "SQL statements sent to the catalog")
-# The cost meter (tiered/tiering/meter.py): every object store request and its bytes, by topic; "(catalog)" is
+REQUESTS_REFUSED = Counter("tiered_requests_refused_total",
+                           "requests refused by the access rules, by operation (produce, consume, create, reload)")
+# The cost meter (tiered/tiering/objects/meter.py): every object store request and its bytes, by topic; "(catalog)" is
 # catalog-wide work. A request shared by the topics of a block counts a share to each, so the counts are floats.
 OBJECT_REQUESTS = Counter("tiered_object_requests_total",
                           "object store requests by topic and operation (shared requests split by bytes)")

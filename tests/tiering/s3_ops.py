@@ -1,5 +1,5 @@
 """What a request the S3 proxy saw is, in the cost meter's words: (object key relative to the store, operation).
-The test's own reading of S3's REST API, independent of botocore's operation names (tiered/tiering/meter.py)."""
+The test's own reading of S3's REST API, independent of botocore's operation names (tiered/tiering/objects/meter.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cost meter's rows (object_usage, migration 0008): what brokers counted, and what the bucket holds per topic.
+"""The cost meter's rows (object_usage, migration 0009): what brokers counted, and what the bucket holds per topic.
 
 A broker adds what its meter counted since its last flush to its rows of the current hour (`add_usage`); `usage`
 sums every broker's rows of a window of whole hours; `bytes_stored` is what the bucket holds now, per topic, as the

@@ -51,7 +51,7 @@ from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.cluster.startup import plan_partition
-from tiered.tiering.objects.store import ObjectStore, StoreError, open_store
+from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
 from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
 from tiered.tiering.objects.usage_flush import FLUSH_INTERVAL_S, UsageFlush
 from tiered.topic_partition import TopicPartition
@@ -131,13 +131,13 @@ class TieringService:
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
         sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
 
-    async def join(self, advertised: str, http: str) -> None:
+    async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead
         before it serves (the first tick), then keeps its lease and looks at the assignments (tiered.tiering.
         coordinator)."""
         coordinator = Coordinator(self.catalog, self.sink, self, broker_id=self.broker_id,
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
-        await coordinator.join(Endpoints(advertised, http))
+        await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
@@ -174,9 +174,7 @@ class TieringService:
             log.warning("object store %s does not answer yet: %s", mask_url(self.settings.effective_store_url), exc)
 
     def _store_options(self) -> dict:
-        if self.settings.effective_store_url.startswith("s3://"):
-            return {"path_style": self.settings.s3_path_style}
-        return {}
+        return store_options(self.settings)
 
     async def flush(self, deadline: float) -> None:
         if hasattr(self, "durable"):

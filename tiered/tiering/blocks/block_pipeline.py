@@ -160,7 +160,7 @@ class BlockPipeline:
             if not runs:
                 self._answer(block, (), AckOutcome.REFUSED)
                 return
-            pieces, rows = encode_block_pieces([(r.meta(), r.records) for r in runs], [r.index for r in runs])
+            pieces, rows = encode_block_pieces([(r, r.records) for r in runs], [r.index for r in runs])
             size = sum(len(p) for p in pieces)
             object_key = keys.block_key(self.broker_id, self._ids.next(int(self.clock.now_ms())))
             block_id = await self.retry(
@@ -169,7 +169,7 @@ class BlockPipeline:
                                            now=utc_now(self.clock)),
                 m.CATALOG_ERRORS,
             )
-            # The PUT is shared by the topics of the block in proportion to their runs' bytes (tiering/meter.py).
+            # The PUT is shared by the topics of the block in proportion to their runs' bytes (tiering/objects/meter.py).
             shares = Attribution.by_bytes((row.topic, row.length_bytes) for row in rows)
             await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces, attribution=shares),
                              m.PUT_ERRORS)

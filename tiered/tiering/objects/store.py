@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tiered.config import mask_url
+from tiered.config import Settings, mask_url
 from tiered.tiering.objects.meter import Attribution, Direction, Meter, Op
 
 MiB = 1024 * 1024
@@ -103,7 +103,7 @@ class ObjectStore(abc.ABC):
     A backend raises ObjectNotFound for a missing object and StoreError (cause chained) for any other failure; a
     request past its deadline (deadline_for) is abandoned and raises StoreError too.
 
-    Every public call takes `attribution`: the topics it is for (tiering/meter.py). Each request sent for it is
+    Every public call takes `attribution`: the topics it is for (tiering/objects/meter.py). Each request sent for it is
     counted in `self.meter`: by this class, one per backend call, unless the backend counts what it sends itself
     (`counts_own_requests`: S3 counts each HTTP attempt, so retries and multipart parts are counted as billed). A call
     without one is counted as unattributed, or refused where `require_attribution` is set.
@@ -324,6 +324,22 @@ def check_object_key(object_key: str) -> list[str]:
     if any(part in ("", ".", "..") or "\0" in part for part in parts):
         raise StoreError(f"invalid object key {object_key!r}")
     return parts
+
+
+def store_options(settings: Settings) -> dict[str, Any]:
+    """The backend options the settings ask for, for open_store(settings.effective_store_url, ...): every process
+    that writes to the bucket (the broker, `tiered topic config`, `tiered catalog rebuild`) opens it so, so that
+    every object is written with the same addressing and server-side encryption. Raises SettingsError (one line)
+    for encryption settings that cannot apply."""
+    encryption = settings.s3_encryption()  # SettingsError for encryption that cannot apply
+    if not settings.effective_store_url.startswith("s3://"):
+        return {}
+    from tiered.tiering.s3_store import ServerSideEncryption
+
+    options: dict[str, Any] = {"path_style": settings.s3_path_style}
+    if encryption is not None:
+        options["encryption"] = ServerSideEncryption(*encryption)
+    return options
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:

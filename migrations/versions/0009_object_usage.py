@@ -1,10 +1,10 @@
 """The cost meter's table: object store requests and bytes per broker, hour, topic and measure.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-29
 
-Each broker adds what its meter counted (tiered.tiering.meter) to its rows of the hour, once a minute
+Each broker adds what its meter counted (tiered.tiering.objects.meter) to its rows of the hour, once a minute
 (tiered.catalog.usage.add_usage); `tiered cost` sums every broker's rows over a window. The primary key starts with
 the hour, so a window is one range of it. Written by hand and frozen, like the others.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -23,6 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,16 @@ def requests(metrics: dict[str, float], topic: str) -> dict[str, float]:
     return out
 
 
+async def wait_led(broker: BrokerProcess, partitions: int, timeout_s: float = 120.0) -> None:
+    """Until the broker leads every partition: a new topic's partitions are claimed in batches after it is created,
+    and a produce before its claim is answered "no leader yet"."""
+    deadline = time.monotonic() + timeout_s
+    while broker.metrics().get("tiered_leaderships", 0) < partitions:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the broker leads fewer than {partitions} partitions after {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
 async def run_load(backend_name: str, load: Load, size: Size, log) -> LoadResult:
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-cost-"))
     backend = start_backend(backend_name, root)
@@ -91,6 +102,7 @@ async def run_load(backend_name: str, load: Load, size: Size, log) -> LoadResult
         broker = BrokerProcess(root / "data", *backend.args, *load.policy, env=backend.env).start()
         try:
             await create_topic(broker.port, TOPIC, load.partitions, {"produce.ack": "durable"})
+            await wait_led(broker, load.partitions)
             before = await wait_committed(broker)
             seconds = size.pick(20.0, 6.0, 1.0)
             log(f"  {backend_name}: {load.name} for {seconds:.0f} s ...")

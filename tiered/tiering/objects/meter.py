@@ -135,7 +135,7 @@ class Meter:
         self._pending_requests: dict[tuple[str, str], float] = defaultdict(float)
         self._pending_bytes: dict[tuple[str, str], float] = defaultdict(float)
 
-    def request(self, attribution: Attribution | None, op: Op, count: float = 1.0) -> None:
+    def request(self, attribution: Attribution | None, op: Op | str, count: float = 1.0) -> None:
         for topic, part in (attribution or _UNATTRIBUTED).split(count):
             self.requests[topic, op] += part
             self._pending_requests[topic, op] += part

@@ -290,7 +290,7 @@ class ObjectStore(abc.ABC):
     async def _close(self) -> None:
         return None
 
-    def sent(self, op: Op) -> None:
+    def sent(self, op: Op | str) -> None:
         """One request sent for the call in progress: for backends that count their own (`counts_own_requests`)."""
         self.meter.request(_CALL_ATTRIBUTION.get(), op)
 

@@ -262,8 +262,8 @@ def test_notes_tell_clients_to_speak_tls(notes) -> None:
 
 def test_objects_at_rest_are_encrypted_as_the_store_values_say(render, tmp_path) -> None:
     from tiered.config import load_settings
-    from tiered.tiering.s3_store import ServerSideEncryption
-    from tiered.tiering.store import store_options
+    from tiered.tiering.objects.s3_store import ServerSideEncryption
+    from tiered.tiering.objects.store import store_options
 
     assert not {"s3_sse", "s3_sse_kms_key_id"} & set(config_toml(render("minimal")))
     rendered = render("production")

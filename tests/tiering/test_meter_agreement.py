@@ -32,7 +32,7 @@ from tests.ops.helpers import scrape
 from tests.support.broker import REPO, local_settings
 from tests.support.polling import eventually
 
-from .s3_ops import s3_op
+from .s3_ops import request_op
 
 FAST = "fast"  # compacted, produced at six times the rate of SLOW
 SLOW = "slow"  # replayed from the bucket
@@ -142,7 +142,7 @@ async def test_the_meter_counts_what_the_bucket_saw_per_topic_and_operation(make
     seen: dict[tuple[str, str], float] = defaultdict(float)
     per_op: dict[str, int] = defaultdict(int)
     for method, path in s3_faults.requests:
-        object_key, op = s3_op(method, path, s3_bucket, PREFIX)
+        object_key, op = request_op(method, path, s3_bucket, PREFIX)
         per_op[op] += 1
         if keys.parse_block_key(object_key) is not None:
             if op == "put":

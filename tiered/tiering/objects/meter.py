@@ -60,6 +60,14 @@ S3_OPERATIONS: Mapping[str, Op] = {
 }
 
 
+def s3_op(operation: str) -> Op:
+    """The meter's operation for a botocore operation name. One we never send falls in S3's price classes: PUT, COPY,
+    POST and LIST are billed as PUTs, "GET and all other requests" as GETs."""
+    if (op := S3_OPERATIONS.get(operation)) is not None:
+        return op
+    return Op.PUT if operation.startswith(("Put", "Copy", "Post", "List", "Create", "Complete", "Upload")) else Op.GET
+
+
 @dataclass(frozen=True, slots=True)
 class Attribution:
     """Whom a store call is for: (topic, weight) pairs, weights positive, each topic once. A request counts as
@@ -135,7 +143,7 @@ class Meter:
         self._pending_requests: dict[tuple[str, str], float] = defaultdict(float)
         self._pending_bytes: dict[tuple[str, str], float] = defaultdict(float)
 
-    def request(self, attribution: Attribution | None, op: Op | str, count: float = 1.0) -> None:
+    def request(self, attribution: Attribution | None, op: Op, count: float = 1.0) -> None:
         for topic, part in (attribution or _UNATTRIBUTED).split(count):
             self.requests[topic, op] += part
             self._pending_requests[topic, op] += part

@@ -290,7 +290,7 @@ class ObjectStore(abc.ABC):
     async def _close(self) -> None:
         return None
 
-    def sent(self, op: Op | str) -> None:
+    def sent(self, op: Op) -> None:
         """One request sent for the call in progress: for backends that count their own (`counts_own_requests`)."""
         self.meter.request(_CALL_ATTRIBUTION.get(), op)
 
@@ -334,7 +334,7 @@ def store_options(settings: Settings) -> dict[str, Any]:
     encryption = settings.s3_encryption()  # SettingsError for encryption that cannot apply
     if not settings.effective_store_url.startswith("s3://"):
         return {}
-    from tiered.tiering.s3_store import ServerSideEncryption
+    from tiered.tiering.objects.s3_store import ServerSideEncryption
 
     options: dict[str, Any] = {"path_style": settings.s3_path_style}
     if encryption is not None:

@@ -56,3 +56,15 @@ def test_look_reads_the_members_and_the_counter(cat):
     assert [(m.broker_id, m.advertised, m.live) for m in seen.members] == [(1, "127.0.0.1:1", True)]
     create_topic(cat, "t", 1)
     assert look(cat).changes == changes(cat) > 0
+
+
+def test_a_claim_of_many_partitions_counts_once_and_other_moves_still_count(cat):
+    """PostgreSQL: a claim bumps the counter itself, once, and the row trigger skips its rows (migration 0008);
+    an update outside such a transaction still counts per row. SQLite counts every row."""
+    create_topic(cat, "t", 300)
+    before = changes(cat)
+    claim_partitions(cat, 1, "t", range(300))
+    claimed = changes(cat)
+    assert claimed - before == (1 if cat.backend == "postgresql" else 300)
+    assert request_handover(cat, "t", 5, 2)
+    assert changes(cat) == claimed + 1  # the setting was the claim transaction's only

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, literal, select, update
+from sqlalchemy import Connection, and_, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tiered.catalog.engine import Catalog, utcnow
@@ -50,6 +50,22 @@ class Assignment:
     hwmark_seq: int
     first_available_seq: int
     handover_to: int | None  # asked of the leader by `tiered cluster rebalance`
+
+
+# Migration 0006's bump, and the transaction-local setting migration 0008's row trigger skips the rows of.
+_BUMP = ("INSERT INTO cluster_changes (id, version) VALUES (1, 1) "
+         "ON CONFLICT (id) DO UPDATE SET version = cluster_changes.version + 1")
+_COUNTED = "SELECT set_config('tiered.changes_counted', 'on', true)"
+
+
+def count_changes_once(conn: Connection) -> None:
+    """Called in a transaction about to move many partitions (a claim, a handover's assignment), before it moves
+    them: the change counter is bumped once for all of them, here, and the per-row trigger skips them (PostgreSQL;
+    on SQLite the row triggers count, one broker, no contention). The bump is in the changing transaction, so a
+    counter a broker has seen never hides the change (migration 0006)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(_COUNTED)
+        conn.exec_driver_sql(_BUMP)
 
 
 def _now(cat: Catalog, plus: timedelta = timedelta(0)):

@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import Connection, bindparam, select, update
 
 from tiered.catalog.arrays import RowSource, statement
+from tiered.catalog.cluster import count_changes_once
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
 from tiered.catalog.models import PartitionEpochModel, PartitionModel, UtcDateTime
@@ -136,6 +137,7 @@ def claim_leadership(
         numbers = sorted(p for p in since if expected_epochs is None or p not in expected_epochs
                          or states[(topic, p)].leader_epoch == expected_epochs[p])
         if numbers:
+            count_changes_once(conn)
             backend = conn.dialect.name
             rows = [(p, states[(topic, p)].leader_epoch + 1, states[(topic, p)].hwmark_seq + 1) for p in numbers]
             conn.execute(statement(backend, _CLAIM, CLAIMED),

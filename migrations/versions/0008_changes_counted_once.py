@@ -10,7 +10,7 @@ handover or (set) first available seq changed. A claim of 2,048 partitions there
 102,400 partitions), and a failover's claims by several brokers queue on that row. The trigger now skips rows changed
 in a transaction that set `tiered.changes_counted` to `on` (`set_config(..., true)`: transaction-local, so it also
 holds through a transaction-mode pooler); such a transaction bumps the counter itself, once
-(tiered.catalog.cluster.count_changes_once). Every other update fires as before, and a commit that only raises
+(tiered.catalog.changes). Every other update fires as before, and a commit that only raises
 `hwmark_seq` still fails the trigger's first conditions without evaluating the setting. SQLite keeps its row
 triggers: one broker, no contention, and no transaction-local settings. Written by hand and frozen, like the others.
 """

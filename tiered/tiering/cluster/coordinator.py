@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -154,8 +153,7 @@ class Coordinator:
         others = self.live - {self.broker_id}
         leading = self.leadership.leading()
         if others and leading:
-            load = Counter(a.leader_broker for a in await self.catalog.read(catalog_cluster.assignments)
-                           if a.leader_broker in others)
+            load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in others}
             targets = spread(sorted(leading), others, load)
             await self._hand_over({key: (targets[key], leading[key]) for key in leading}, deadline)
         await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
@@ -314,13 +312,17 @@ class Coordinator:
         by_topic: dict[str, dict[int, tuple[int, int]]] = {}
         for (topic, partition), move in moves.items():
             by_topic.setdefault(topic, {})[partition] = move
+        # Every topic assigned first, then the claims awaited together: a partition of the last topic waits for its
+        # own new leader, not for the topics before it.
+        waits = []
         for topic, moving in sorted(by_topic.items()):
             done = await self.catalog.write(
                 catalog_cluster.assign, topic, {p: target for p, (target, _) in moving.items()},
                 expected={p: (self.broker_id, epoch) for p, (_, epoch) in moving.items()})
             self.metrics.inc(m.HANDOVERS, len(done))
-            log.info("handed %s partitions %s over", topic, {p: moving[p][0] for p in done})
-            await self.await_claims(topic, {p: moving[p][1] for p in done}, deadline)
+            log.info("handed %d partitions of %s over", len(done), topic)
+            waits.append(self.await_claims(topic, {p: moving[p][1] for p in done}, deadline))
+        await asyncio.gather(*waits)
 
     async def await_claims(self, topic: str, epochs: Mapping[int, int], deadline: float) -> None:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
@@ -343,8 +345,7 @@ class Coordinator:
     async def place_new_topic(self, partitions: int) -> dict[int, int]:
         """Which live broker leads each partition of a new topic: the fewest leaderships first."""
         await self._refresh_members()
-        assignments = await self.catalog.read(catalog_cluster.assignments)
-        load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
+        load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in self.live}
         placed = spread([("", p) for p in range(partitions)], self.live, load)
         return {p: broker for (_, p), broker in placed.items()}
 

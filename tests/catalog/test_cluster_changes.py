@@ -59,7 +59,7 @@ def test_look_reads_the_members_and_the_counter(cat):
 
 
 def test_a_claim_of_many_partitions_counts_once_and_other_moves_still_count(cat):
-    """PostgreSQL: a claim bumps the counter itself, once, and the row trigger skips its rows (migration 0008);
+    """PostgreSQL: a claim bumps the counter itself, once, and the row trigger skips its rows (migration 0010);
     an update outside such a transaction still counts per row. SQLite counts every row."""
     create_topic(cat, "t", 300)
     before = changes(cat)

@@ -1,8 +1,8 @@
-"""The change counter the coordinators look at (migrations 0006 and 0008): a statement that moves many partitions
+"""The change counter the coordinators look at (migrations 0006 and 0010): a statement that moves many partitions
 counts once.
 
 Migration 0006's row trigger bumps `cluster_changes` for every partition row whose leader, epoch, handover or (set)
-first available seq changes; migration 0008 lets it skip the rows of a transaction that said it counts its changes
+first available seq changes; migration 0010 lets it skip the rows of a transaction that said it counts its changes
 itself (`skip_row_counts`, a transaction-local setting), which then bumps the counter once (`count_change`). A claim
 or a handover's assignment of thousands of partitions thus updates the counter row once, not once per partition
 (which was half of a claim's time in PostgreSQL, and made the claims of several brokers queue on that row). The bump

@@ -152,24 +152,34 @@ class BlockBuilder:
             raise NotLeading(f"{topic}/{partition} is not led by this builder")
         if first_seq < next_from:
             raise NotLeading(f"{topic}/{partition}: record {first_seq} does not follow {next_from - 1}")
-        messages, low, high = record_stats(record, facts)
-        runs = self._runs.setdefault(key, [])
-        run = runs[-1] if runs else None
+        if facts is None or facts.max_ts_ms > MAX_RECORDED_TS_MS:
+            messages, low, high = record_stats(record, facts)
+        else:  # the append path's facts, already in range: what record_stats would return (once per append)
+            messages, low, high = facts.messages, facts.min_ts_ms, facts.max_ts_ms
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = self._runs[key] = []
+            run = None
+        else:
+            run = runs[-1]
         if run is None or run.segment_base != segment_base:
             run = PendingRun(topic, partition, epoch, segment_base, next_from, first_seq, last_seq,
                              min_ts_ms=low, max_ts_ms=high)
             runs.append(run)
+        size = len(record)
         if run.size_bytes - run.indexed_at >= INDEX_EVERY_BYTES:
             run.index.append((first_seq, run.size_bytes))
             run.indexed_at = run.size_bytes
         run.last_seq = last_seq
         run.records.append(record)
         run.messages += messages
-        run.min_ts_ms = min(run.min_ts_ms, low)
-        run.max_ts_ms = max(run.max_ts_ms, high)
-        run.size_bytes += len(record)
+        if low < run.min_ts_ms:
+            run.min_ts_ms = low
+        if high > run.max_ts_ms:
+            run.max_ts_ms = high
+        run.size_bytes += size
         self._next_from[key] = last_seq + 1
-        self._size += len(record)
+        self._size += size
         if ack is not None:
             self._acks.append((key, ack))
         if self._opened_ms is None:

@@ -60,6 +60,7 @@ import struct
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from tiered.catalog.blocks import RunMeta, RunRow
 from tiered.protocol.bundle import bundle_seq_range, maybe_record, read_bundle_header
@@ -84,6 +85,20 @@ TRAILER = struct.Struct("<II B 8s")  # footer_bytes, footer_crc32, version, magi
 FOOTER_TRAILER_BYTES = TRAILER.size
 
 _MAX_U32 = 0xFFFF_FFFF
+
+class RunFacts(Protocol):
+    """What the footer records of a run: a RunMeta, or the block builder's PendingRun itself (no copy per run)."""
+
+    topic: str
+    partition: int
+    from_seq: int
+    first_seq: int
+    last_seq: int
+    messages: int
+    min_ts_ms: int
+    max_ts_ms: int
+    leader_epoch: int
+
 
 IndexEntries = Sequence[tuple[int, int]]  # (first seq of a bundle, its position in the run), position > 0
 
@@ -130,7 +145,7 @@ def encode_block(runs: Sequence[tuple[RunMeta, bytes]],
     return b"".join(pieces), rows
 
 
-def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[Piece]]],
+def encode_block_pieces(runs: Sequence[tuple[RunFacts, Sequence[Piece]]],
                         indexes: Sequence[IndexEntries] | None = None) -> tuple[list[Piece], list[RunRow]]:
     """encode_block for runs given as lists of records, returned as the pieces whose concatenation is the object
     (the records themselves, then footer and trailer): the upload writes them out without joining them."""
@@ -142,37 +157,50 @@ def encode_block_pieces(runs: Sequence[tuple[RunMeta, Sequence[Piece]]],
     pieces: list[Piece] = []
     footer = bytearray(FOOTER_HEADER.pack(len(runs)))
     last_of: dict[tuple[str, int], int] = {}
+    # One pass over the runs, a block of thousands of partitions as one of a few: per distinct topic its name is
+    # checked and encoded once (the str8 that opens each of its footer entries), and a run without index entries
+    # (the common case: under INDEX_EVERY_BYTES) skips the entry loop.
+    topic_str8: dict[str, bytes] = {}
+    pack_entry, append_row, extend_pieces = RUN_ENTRY.pack, rows.append, pieces.extend
     position = 0
-    for meta, records in runs:
-        _check_meta(meta)
-        before = last_of.get((meta.topic, meta.partition))
+    for i, (meta, records) in enumerate(runs):
+        topic, partition = meta.topic, meta.partition
+        str8 = topic_str8.get(topic)
+        if str8 is None:
+            str8 = topic_str8[topic] = _topic_str8(topic)
+        _check_meta_numbers(meta)
+        key = (topic, partition)
+        before = last_of.get(key)
         if before is not None and meta.from_seq <= before:
-            raise ValueError(f"runs of {meta.topic}/{meta.partition} overlap or are out of order in one block")
-        last_of[(meta.topic, meta.partition)] = meta.last_seq
-        what = f"run {meta.topic}/{meta.partition}"
-        length = sum(len(record) for record in records)
+            raise ValueError(f"runs of {topic}/{partition} overlap or are out of order in one block")
+        last_of[key] = meta.last_seq
+        length = sum(map(len, records))
         if indexes is None:
             # Runs under one index interval need no entry, so their bundles need no reading.
             entries = run_index_of(b"".join(records), meta.first_seq) if length > INDEX_EVERY_BYTES else []
         else:
-            entries = list(indexes[len(rows)])
-        _check_index(entries, meta.first_seq, meta.last_seq, length, what, ValueError)
+            entries = indexes[i]
+        what = f"run {topic}/{partition}"
+        if entries:
+            _check_index(entries, meta.first_seq, meta.last_seq, length, what, ValueError)
         _check_record_pieces(records, what, [entry_position for _, entry_position in entries])
-        row = RunRow(**{f: getattr(meta, f) for f in RunMeta.__dataclass_fields__}, position=position,
-                     length_bytes=length)
-        topic = meta.topic.encode("ascii")
-        footer += TOPIC_LEN.pack(len(topic)) + topic
-        footer += RUN_ENTRY.pack(
-            row.partition, row.from_seq, row.first_seq, row.last_seq, row.position, row.length_bytes,
-            row.messages, row.min_ts_ms, row.max_ts_ms, row.leader_epoch,
+        row = RunRow(topic, partition, meta.from_seq, meta.first_seq, meta.last_seq, meta.messages, meta.min_ts_ms,
+                     meta.max_ts_ms, meta.leader_epoch, position, length)
+        footer += str8
+        footer += pack_entry(
+            partition, row.from_seq, row.first_seq, row.last_seq, position, length, row.messages, row.min_ts_ms,
+            row.max_ts_ms, row.leader_epoch,
         )  # fmt: skip
-        footer += encode_uvarint(len(entries))
-        seq, position_before = meta.first_seq, 0
-        for entry_seq, entry_position in entries:
-            footer += encode_uvarint(entry_seq - seq) + encode_uvarint(entry_position - position_before)
-            seq, position_before = entry_seq, entry_position
-        rows.append(row)
-        pieces.extend(records)
+        if entries:
+            footer += encode_uvarint(len(entries))
+            seq, position_before = meta.first_seq, 0
+            for entry_seq, entry_position in entries:
+                footer += encode_uvarint(entry_seq - seq) + encode_uvarint(entry_position - position_before)
+                seq, position_before = entry_seq, entry_position
+        else:
+            footer.append(0)  # index_count 0
+        append_row(row)
+        extend_pieces(records)
         position += length
     if len(footer) > _MAX_U32:
         raise ValueError("block footer exceeds 4 GiB")
@@ -417,9 +445,16 @@ def _check_records(buf: memoryview, start: int, what: str, end: int | None = Non
         raise ProtocolError(f"{what}: index entry at {boundary} is past the last record", boundary)
 
 
-def _check_meta(meta: RunMeta) -> None:
-    if not meta.topic.isascii() or not is_valid_topic_name(meta.topic):
-        raise ValueError(f"invalid topic name: {meta.topic!r}")
+def _topic_str8(topic: str) -> bytes:
+    """A valid topic name as the footer writes it (u8 length, then its ASCII bytes); ValueError otherwise."""
+    if not topic.isascii() or not is_valid_topic_name(topic):
+        raise ValueError(f"invalid topic name: {topic!r}")
+    name = topic.encode("ascii")
+    return TOPIC_LEN.pack(len(name)) + name
+
+
+def _check_meta_numbers(meta: RunFacts) -> None:
+    """A run's partition, seqs, epoch, messages and timestamps are in range (its topic: _topic_str8)."""
     if not 0 <= meta.partition <= 0xFFFF:
         raise ValueError(f"partition out of range: {meta.partition}")
     if not 0 <= meta.from_seq <= meta.first_seq <= meta.last_seq <= UINT64_MAX:

@@ -48,6 +48,7 @@ from tiered.tiering.reads.range_reads import Pace, RangeRead, ReadBudget
 from tiered.tiering.reads.remote_chunks import FirstBundle, RangeChunk, find_first_bundle, walked_end
 from tiered.tiering.reads.run_reads import RunReads
 from tiered.tiering.objects.store import ObjectNotFound, ObjectStore, StoreError
+from tiered.tiering.objects.meter import Attribution
 
 log = logging.getLogger("tiered.tiering")
 
@@ -239,11 +240,11 @@ class RemoteReader(RunReads):
         self.metrics.inc(m.REMOTE_CATALOG_QUERIES)
         return await self.catalog.read(fn, *args)
 
-    async def _get(self, object_key: str, start: int, end: int) -> bytes | None:
+    async def _get(self, object_key: str, start: int, end: int, topic: str) -> bytes | None:
         self.metrics.inc(m.REMOTE_GETS)
         try:
             async with self._slots:
-                return await self.store.get_range(object_key, start, end)
+                return await self.store.get_range(object_key, start, end, attribution=Attribution.topic(topic))
         except ObjectNotFound:
             self._missing(object_key)
             return None
@@ -258,7 +259,7 @@ class RemoteReader(RunReads):
         """The index of a remote segment (cached)."""
         index = self.indexes.get(row.index_object_key)
         if index is None:
-            data = await self._get(row.index_object_key, 0, max(row.index_size_bytes, 1))
+            data = await self._get(row.index_object_key, 0, max(row.index_size_bytes, 1), row.topic)
             if data is None:
                 return Unreadable(f"index object {row.index_object_key} is missing")
             index, _ = SparseIndex.from_bytes(data)
@@ -289,7 +290,7 @@ class RemoteReader(RunReads):
         if read is None:
             self.metrics.inc(m.REMOTE_GETS)
             read = await RangeRead.open(self.store, row.object_key, window.floor, window.end, self.budget,
-                                        self._slots, self.pace)
+                                        self._slots, Attribution.topic(row.topic), self.pace)
         else:
             self.metrics.inc(m.REMOTE_READ_AHEAD_HITS)
             read.adopt()
@@ -432,7 +433,7 @@ class RemoteReader(RunReads):
             return None
         window = segment_window(index, row.base_seq, row.size_bytes, seq, fetch_size)
         read = RangeRead.ahead(self.store, row.object_key, window.floor, window.end, self.budget, self._slots,
-                               self.pace)
+                               Attribution.topic(row.topic), self.pace)
         if read is None:
             return None
         self.metrics.inc(m.REMOTE_GETS)

@@ -1,7 +1,7 @@
 """A statement that moves many partitions bumps the change counter once, not once per row (PostgreSQL).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-29
 
 Migration 0006's row trigger `partitions_moved` bumps `cluster_changes` for every partition row whose leader, epoch,
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

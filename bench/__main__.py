@@ -47,8 +47,9 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
              "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
-             "scale_idle": "bench.bench_scale_idle", "scale_create": "bench.bench_scale_create", "scale_lookup": "bench.bench_scale_lookup",
-             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls"}
+             "scale_idle": "bench.bench_scale_idle", "scale_create": "bench.bench_scale_create",
+             "scale_lookup": "bench.bench_scale_lookup",
+             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

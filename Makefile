@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 venv: $(STAMP)
 
 # Native modules are compiled by the install: a changed C source or header reinstalls.
-$(STAMP): pyproject.toml $(wildcard tiered/spark/_decode*.[ch] tiered/protocol/_*.[ch])
+$(STAMP): pyproject.toml $(wildcard tiered/spark/_decode*.[ch] tiered/protocol/_*.[ch] tiered/storage/_*.[ch])
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tiered needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create a virtual environment: install the python3-venv package" >&2; exit 1; }
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(PY) -m bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis tiered/spark/_decode.*.so tiered/protocol/_bundlescan.*.so
+	rm -rf $(VENV) .pytest_cache .hypothesis tiered/spark/_decode.*.so tiered/protocol/_bundlescan.*.so tiered/storage/_tail.*.so

@@ -68,11 +68,11 @@ def test_the_spark_data_source_imports_with_what_the_extra_installs(installed, t
     assert out[0] == "tiered" and str(installed.parent) in out[1]  # the installed package, not the checkout
 
 
-NATIVE_MODULES = ("tiered.protocol._bundlescan", "tiered.spark._decode")
+NATIVE_MODULES = ("tiered.protocol._bundlescan", "tiered.spark._decode", "tiered.storage._tail")
 
 
 def test_the_native_modules_build_wherever_the_checkout_built_them(installed, tmp_path):
-    # Both are optional (without a C compiler the package is pure Python), so a source or header the build cannot
+    # All are optional (without a C compiler the package is pure Python), so a source or header the build cannot
     # find would fall back silently: where this checkout's own install compiled a module, the fresh one must too.
     built = [name for name in NATIVE_MODULES if importlib.util.find_spec(name) is not None]
     if not built:

@@ -31,6 +31,7 @@ from tiered.storage.compaction import output_allowance, compact_partition
 from tiered.tiering.objects import keys
 from tiered.tiering.compaction.bucket_compaction import object_records
 from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.objects.meter import Attribution
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,14 +214,16 @@ async def test_segment_objects_are_read_as_whole_records_from_any_window(tmp_pat
     expected = list(plog.iter_records(segment.base, segment.last))
 
     async def read(size: int, window: int, key: str = "seg") -> list:
-        return [r async for batch in object_records(store, key, size, segment.base, window=window) for r in batch]
+        return [r async for batch in object_records(store, key, size, segment.base, window=window,
+                                                                attribution=Attribution.topic("t")) for r in batch]
 
     for window in (1, 7, 100, len(data), 1 << 20):
         assert await read(len(data), window) == expected
     # A run inside a block: the same bytes between others, read from its offset (positions relative to it).
     await store.put("block", b"other runs" + data + b"more runs")
     for window in (1, 7, 100, 1 << 20):
-        got = [r async for batch in object_records(store, "block", len(data), segment.base, offset=10, window=window)
+        got = [r async for batch in object_records(store, "block", len(data), segment.base, offset=10, window=window,
+                                                                   attribution=Attribution.topic("t"))
                for r in batch]
         assert got == expected
     # Oversized: an object longer than its row says is read up to the row's size, at a record boundary.

@@ -68,12 +68,17 @@ def appended(first: int, data: bytes, base: int = 1) -> AppendResult:
     return AppendResult(first, first, base, 0, len(data), data, validate_bundle(data[1:]))
 
 
-async def durable_path(tmp_path, **policy):
-    url = f"sqlite:///{tmp_path}/c.db"
+def claimed_catalog(path) -> tuple[Catalog, dict[int, int]]:
+    """A new SQLite catalog at `path` with topic "t" of 2 partitions, both claimed by broker 1: (catalog, epochs)."""
+    url = f"sqlite:///{path}"
     upgrade(url)
     catalog = Catalog.open(url)
     catalog_topics.create_topic(catalog, "t", 2)
-    epochs = catalog_partitions.claim_partitions(catalog, 1, "t", [0, 1])
+    return catalog, catalog_partitions.claim_partitions(catalog, 1, "t", [0, 1])
+
+
+async def durable_path(tmp_path, **policy):
+    catalog, epochs = claimed_catalog(tmp_path / "c.db")
     clock = ManualClock()
     sink = RecordingSink()
     store = GatedStore(tmp_path / "objects")

@@ -14,6 +14,7 @@ from tiered.catalog.states import SegmentState
 from tiered.client import Client
 from tiered.protocol.bundle import Message
 from tiered.server.app import App, tiering_service
+from tiered.tiering.objects.meter import CATALOG
 from tiered.tiering.reads.caches import RangeCache, SizedLru
 
 from tests.support.broker import local_settings
@@ -183,11 +184,11 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
         assert got[0].seq == first and [m.value for m in got] == values[first - 1:]
         # An upload whose commit never happened leaves an object the catalog does not know: the reconciler removes it.
         orphan = keys.block_key(0, keys.new_block_id(1_000))
-        await tiering.store.put(orphan, b"orphan")
+        await tiering.store.put(orphan, b"orphan", attribution=CATALOG)
         tiering.remote.grace = timedelta(0)
         assert await tiering.reconcile_pass() >= 1
         assert app.broker.metrics.counters["tiered_reconciler_deletions_total"] >= 1
-        assert [i.object_key async for i in tiering.store.list(orphan)] == []
+        assert [i.object_key async for i in tiering.store.list(orphan, attribution=CATALOG)] == []
         assert [m.value async for m in c.drain("hist", 0, 0)] == values[first - 1:]
 
 

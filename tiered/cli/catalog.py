@@ -35,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="object store: s3://bucket/prefix or file:///dir")
     rebuild.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
                          help="path-style S3 addressing (MinIO, moto)")
+    rebuild.add_argument("--s3-sse", dest="s3_sse", choices=("off", "s3", "kms"),
+                         help="server-side encryption of the objects written, as the brokers' s3_sse (default: off)")
+    rebuild.add_argument("--s3-sse-kms-key-id", dest="s3_sse_kms_key_id", metavar="KEY",
+                         help="with --s3-sse kms: the KMS key id, ARN or alias/NAME")
     rebuild.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
     rebuild.add_argument("-p", "--data-dir", dest="data_dir",
                          help="data directory (holds the default catalog and store)")
@@ -82,10 +86,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 async def _rebuild(settings, args: argparse.Namespace):
     from tiered.catalog import Catalog
     from tiered.tiering.recovery.rebuild import rebuild_catalog
-    from tiered.tiering.objects.store import open_store
+    from tiered.tiering.objects.store import open_store, store_options
 
-    options = {"path_style": settings.s3_path_style} if settings.effective_store_url.startswith("s3://") else {}
-    store = open_store(settings.effective_store_url, **options)
+    store = open_store(settings.effective_store_url, **store_options(settings))
     catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)
     progress = Progress("objects read", unit="obj")
     try:

@@ -16,8 +16,9 @@ import os
 import random
 import shutil
 
-from tiered.storage.index import ENTRY, IndexBuilder, NEVER_INDEXED, SparseIndex
+from tiered.storage.index import NEVER_INDEXED, SparseIndex
 from tiered.storage.names import PRIVATE, format_ilog_name, format_index_name, format_log_name
+from tiered.storage.tail import tail_class
 from tiered.storage.topic_config import TopicConfig
 
 log = logging.getLogger("tiered.storage")
@@ -27,7 +28,6 @@ DEFAULT_ROLL_AGE_S = 7 * 86400
 # Index entries and segment positions are u32; a segment never grows a rel_seq or a position past these.
 MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
 MAX_POSITION = 0xFFFF_FFFF
-INDEX_WRITE_BATCH = 4096  # bytes of index entries (512) written to the index file at once
 _COPY_CALL_BYTES = 64 << 20  # asked of one copy_file_range call (copy_file)
 _COPY_BUFFER_BYTES = 1 << 20  # the buffer of copy_file where copy_file_range is refused
 # How a kernel or filesystem says it cannot copy_file_range these two files (copy_file).
@@ -53,16 +53,6 @@ class SegmentReader(io.FileIO):
     def __del__(self) -> None:
         if not self.closed:
             self.close()
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    written = os.write(fd, data)  # almost always all of it, at once
-    if written == len(data):
-        return
-    view = memoryview(data)[written:]
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -221,19 +211,27 @@ class ActiveSegment(SegmentFiles):
         self.created_ts = created_ts
         self.roll_age_s = roll_age_s
         self.filename = filename
-        self.size = size
-        self.last = last
-        self._log_fd = log_fd
-        self._index_fd = index_fd
-        self._unwritten_entries = bytearray()  # index entries not yet in the index file (see _write_index_entry)
-        # (min, max) timestamp of the bundles appended, from the facts the append path validated them with: the
-        # copier needs them for the catalog and would otherwise read the whole file again (2 CPU s/GB at 100 B
-        # messages). Only a segment created here saw every append; a reopened one does not know its older records.
-        self.ts_bounds: tuple[int, int] | None = None
-        self._ts_complete = size == 0
-        # The interval is passed with each append, so that a reloaded config applies from the next record.
-        self._builder = IndexBuilder(0, index, since_last_update)
+        # The append state (size, last, index rule, unwritten index entries, timestamp bounds) is the tail's
+        # (tiered.storage.tail): native when built. The interval is passed with each append, so that a reloaded
+        # config applies from the next record. The timestamp bounds come from the facts the append path validated
+        # each bundle with: the copier needs them for the catalog and would otherwise read the whole file again
+        # (2 CPU s/GB at 100 B messages); only a segment created here saw every append.
+        self._tail = tail_class()(self.path, self.index_path, log_fd, index_fd, base, size, last, index,
+                                  since_last_update)
         self._reader: SegmentReader | None = SegmentReader(self.path)
+
+    @property
+    def size(self) -> int:
+        return self._tail.size
+
+    @property
+    def last(self) -> int | None:
+        return self._tail.last
+
+    @property
+    def ts_bounds(self) -> tuple[int, int] | None:
+        """(min, max) message timestamp of every record, or None when some are not known (a reopened segment)."""
+        return self._tail.ts_bounds
 
     def __repr__(self) -> str:
         return f"ActiveSegment({self.filename!r}, size={self.size}, last={self.last})"
@@ -304,11 +302,11 @@ class ActiveSegment(SegmentFiles):
 
     @property
     def index(self) -> SparseIndex:
-        return self._builder.index
+        return self._tail.index
 
     @property
     def index_bytes(self) -> int:
-        return self._builder.index.size_bytes
+        return self._tail.index.size_bytes
 
     def reader(self) -> SegmentReader:
         if self._reader is None:  # sealed (the sealed segment took the reader) or closed
@@ -332,71 +330,25 @@ class ActiveSegment(SegmentFiles):
     def append(self, record: bytes | memoryview, first_seq: int, last_seq: int, interval: int,
                ts_bounds: tuple[int, int] | None = None) -> int:
         """Writes one whole record with one write; returns its position. On a failed write the file is cut back.
-        `ts_bounds` is the bundle's (min, max) message timestamp; without it the segment's bounds are unknown."""
-        position = self.size
-        try:
-            write_all(self._log_fd, record)
-        except OSError:
-            try:
-                os.ftruncate(self._log_fd, position)
-            except OSError:
-                log.exception("could not cut %s back to %d after a failed append", self.path, position)
-            raise
-        self.size = position + len(record)
-        self.last = last_seq
+        `ts_bounds` is the bundle's (min, max) message timestamp; without it the segment's bounds are unknown.
+        Index entries reach the index file in batches and before any flush, seal or close; an entry the file lacks
+        (a kill -9 with a batch unwritten) is one recovery re-adds, as TANK's recovery does after a crash."""
         if ts_bounds is None:
-            self._ts_complete = False
-        elif self.ts_bounds is None:
-            self.ts_bounds = ts_bounds
-        else:
-            low, high = self.ts_bounds
-            if ts_bounds[0] < low or ts_bounds[1] > high:
-                self.ts_bounds = (min(low, ts_bounds[0]), max(high, ts_bounds[1]))
-        self._builder.interval = interval
-        entry = self._builder.add(first_seq - self.base, position, len(record))
-        if entry is not None:
-            self._write_index_entry(entry)
-        return position
-
-    def _write_index_entry(self, entry: tuple[int, int]) -> None:
-        # Entries reach the index file in batches of INDEX_WRITE_BATCH bytes, and before any flush, seal or close:
-        # one write per batch instead of one per appended record. Readers use the in-memory index, and an entry the
-        # file lacks (a kill -9 with a batch unwritten) is one recovery re-adds by walking the segment from the file's
-        # last entry, as TANK's recovery does after a crash; the files a clean stop leaves are TANK's byte for byte.
-        self._unwritten_entries += ENTRY.pack(*entry)
-        if len(self._unwritten_entries) >= INDEX_WRITE_BATCH:
-            self._write_unwritten_entries()
-
-    def _write_unwritten_entries(self) -> None:
-        # As in TANK, a failed index write does not fail the append: the in-memory index keeps the entries and a
-        # missing on-disk entry only makes lookups walk a little further (recovery re-adds trailing ones).
-        pending, self._unwritten_entries = self._unwritten_entries, bytearray()
-        if not pending or self._index_fd < 0:
-            return
-        expected = None
-        try:
-            expected = os.fstat(self._index_fd).st_size
-            write_all(self._index_fd, pending)
-        except OSError:
-            log.exception("could not write %d index entries to %s", len(pending) // ENTRY.size, self.index_path)
-            if expected is None:
-                return
-            try:
-                os.ftruncate(self._index_fd, expected - expected % ENTRY.size)
-            except OSError:
-                log.exception("could not cut %s back to whole entries", self.index_path)
+            return self._tail.append(record, first_seq, last_seq, interval, None)
+        return self._tail.append(record, first_seq, last_seq, interval, ts_bounds[0], ts_bounds[1])
 
     def flush(self) -> None:
-        self._write_unwritten_entries()
-        os.fdatasync(self._log_fd)
-        os.fdatasync(self._index_fd)
+        tail = self._tail
+        tail.write_entries()
+        os.fdatasync(tail.log_fd)
+        os.fdatasync(tail.index_fd)
 
     def seal(self) -> SealedSegment:
         """Renames `X_ts.log` to `X-last_freezeTS.ilog` (freezeTS = the .log's mtime) and hands over the reader."""
         if self.last is None:
             raise ValueError("an empty segment is never sealed")
         self.flush()
-        freeze_ts = int(os.fstat(self._log_fd).st_mtime)
+        freeze_ts = int(os.fstat(self._tail.log_fd).st_mtime)
         sealed_name = format_ilog_name(self.base, self.last, freeze_ts)
         os.rename(self.path, os.path.join(self.directory, sealed_name))
         self._close_writers()
@@ -407,19 +359,15 @@ class ActiveSegment(SegmentFiles):
             freeze_ts,
             self.size,
             filename=sealed_name,
-            index=self._builder.index,
+            index=self.index,
             reader=self._reader,
-            ts_bounds=self.ts_bounds if self._ts_complete else None,
+            ts_bounds=self.ts_bounds,
         )
         self._reader = None
         return sealed
 
     def _close_writers(self) -> None:
-        self._write_unwritten_entries()
-        for fd in (self._log_fd, self._index_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._log_fd = self._index_fd = -1
+        self._tail.close()
 
     def close(self) -> None:
         self._close_writers()

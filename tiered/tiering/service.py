@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -45,12 +46,14 @@ from tiered.tier_interface import (
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
 from tiered.tiering.blocks.durable import DurablePath
+from tiered.tiering.objects.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
 from tiered.tiering.cluster.startup import plan_partition
-from tiered.tiering.objects.store import ObjectStore, StoreError, open_store
+from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
 from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
+from tiered.tiering.objects.usage_flush import FLUSH_INTERVAL_S, UsageFlush
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
@@ -98,6 +101,9 @@ class TieringService:
             catalog = await asyncio.to_thread(Catalog.open, url)
         self.catalog = AsyncCatalog(catalog)
         self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
+        # Tests set TIERED_REQUIRE_ATTRIBUTION: a store call of the broker's without one is then refused (a bug).
+        self.store.require_attribution = os.environ.get("TIERED_REQUIRE_ATTRIBUTION", "") == "1"
+        self.usage = UsageFlush(self.store.meter, self.catalog, self.broker_id, self.clock)
         self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, state=self.state,
                                    metrics=self.metrics, max_bytes=self.settings.block_max_bytes,
                                    max_age_ms=self.settings.block_max_age_ms, grace=self.grace, clock=self.clock,
@@ -113,20 +119,25 @@ class TieringService:
                                                 workdir=str(self.settings.state_dir / "compaction"), grace=self.grace,
                                                 clock=self.clock)
         await self._warm_store()
+        try:
+            await self.usage.run_pass()  # the stored-bytes gauge from the first scrape on
+        except Exception as exc:
+            log.warning("the cost meter could not read the bytes stored yet: %s", exc)
         self._register_metrics()
         sup = self.supervisor
         sup.start("block timer", self.durable.block_timer)
         sup.start("segment copier", self.remote.copier.run)
         sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
+        sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
 
-    async def join(self, advertised: str, http: str) -> None:
+    async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead
         before it serves (the first tick), then keeps its lease and looks at the assignments (tiered.tiering.
         coordinator)."""
         coordinator = Coordinator(self.catalog, self.sink, self, broker_id=self.broker_id,
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
-        await coordinator.join(Endpoints(advertised, http))
+        await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
@@ -157,15 +168,13 @@ class TieringService:
         """Opens the object store client now (creating it costs ~0.3 s), so the first produce or fetch does not pay;
         an unreachable store is reported here and by /readyz, and does not stop the broker from starting."""
         try:
-            async for _ in self.store.list("", limit=1):
+            async for _ in self.store.list("", limit=1, attribution=CATALOG):
                 break
         except Exception as exc:
             log.warning("object store %s does not answer yet: %s", mask_url(self.settings.effective_store_url), exc)
 
     def _store_options(self) -> dict:
-        if self.settings.effective_store_url.startswith("s3://"):
-            return {"path_style": self.settings.s3_path_style}
-        return {}
+        return store_options(self.settings)
 
     async def flush(self, deadline: float) -> None:
         if hasattr(self, "durable"):
@@ -176,6 +185,11 @@ class TieringService:
         await self.supervisor.stop()
         if hasattr(self, "durable"):
             await self.durable.stop()
+        if hasattr(self, "usage"):
+            try:  # what the meter counted since its last flush
+                await self.usage.flush()
+            except Exception as exc:
+                log.warning("the cost meter's last counts were not written to the catalog: %s", exc)
         if hasattr(self, "remote"):
             self.remote.reader.close()
         if hasattr(self, "store"):
@@ -188,7 +202,7 @@ class TieringService:
         task that keeps failing makes the broker not ready too."""
 
         async def store_answers() -> None:
-            async for _ in self.store.list("", limit=1):
+            async for _ in self.store.list("", limit=1, attribution=CATALOG):
                 break
 
         checks = {"catalog": self.catalog.read(catalog_topics.list_topics, deadline_s=timeout_s),
@@ -340,7 +354,7 @@ class TieringService:
         report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
         if report.groups:  # consumers read the compacted locations from now on, not the cached old ones
             self.state.locations_changed(tp)
-            self.remote.reader.forget_locations(topic, partition)
+            self.remote.reader.forget_locations(tp)
         if report.groups and config.remote_copy:  # the compacted local segments now in the bucket may leave
             await self.remote.copier.load_copied(topic, partition)  # the disk's veto list
         return report
@@ -372,6 +386,14 @@ class TieringService:
         metrics.counter_fn(m.STORE_ERRORS, lambda: counters.errors)
         metrics.counter_fn(m.STORE_PUT_BYTES, lambda: counters.put_bytes)
         metrics.counter_fn(m.CATALOG_STATEMENTS, lambda: self.catalog.catalog.statements)
+        meter = self.store.meter
+        metrics.counter_fn(m.OBJECT_REQUESTS, lambda: {m.labels(topic=topic, op=op): n
+                                                       for (topic, op), n in sorted(meter.requests.items())})
+        metrics.counter_fn(m.OBJECT_BYTES, lambda: {m.labels(topic=topic, direction=direction): n
+                                                    for (topic, direction), n in sorted(meter.bytes.items())
+                                                    if direction != Direction.INGESTED})
+        metrics.gauge(m.OBJECT_BYTES_STORED, lambda: {m.labels(topic=topic): float(n)
+                                                      for topic, n in sorted(self.usage.stored.items())})
         self.durable.register_metrics()
         self.remote.register_metrics()
         metrics.gauge(m.UPLOAD_LAG_BYTES, lambda: self.durable.unuploaded_bytes + self.remote.copier.pending_bytes)

@@ -82,6 +82,13 @@ The password only ever travels as a reference to an existing Secret.
 {{- define "tiered.catalogEnv" -}}
 - name: TIERED_CATALOG_URL
   value: {{ .Values.catalog.url | quote }}
+{{- if include "tiered.catalogCA" . }}
+# libpq checks the server's certificate against the mounted CA, and its name against the URL's host.
+- name: PGSSLROOTCERT
+  value: {{ printf "/etc/tiered-catalog-ca/%s" .Values.catalog.rootCA.key | quote }}
+- name: PGSSLMODE
+  value: verify-full
+{{- end }}
 {{- with .Values.catalog.existingSecret }}
 - name: PGPASSWORD
   valueFrom:
@@ -89,6 +96,57 @@ The password only ever travels as a reference to an existing Secret.
       name: {{ . | quote }}
       key: {{ $.Values.catalog.passwordKey | quote }}
 {{- end }}
+{{- end }}
+
+{{/*
+The catalog's CA (catalog.rootCA): "configMap" or "secret" when one is named, else empty; its volume and mount,
+shared by the brokers and the migration Job.
+*/}}
+{{/*
+The access rules file's ConfigMap (accessRules): the chart's own when the rules are inline, else the one named;
+empty when there are none.
+*/}}
+{{- define "tiered.accessRules" -}}
+{{- if .Values.accessRules.rules }}{{ include "tiered.fullname" . | trunc 59 | trimSuffix "-" }}-acl
+{{- else if .Values.accessRules.existingConfigMap }}{{ .Values.accessRules.existingConfigMap }}{{ end }}
+{{- end }}
+
+{{- define "tiered.catalogCA" -}}
+{{- if .Values.catalog.rootCA.configMap }}configMap{{ else if .Values.catalog.rootCA.secret }}secret{{ end }}
+{{- end }}
+
+{{- define "tiered.catalogCAVolume" -}}
+{{- $ca := .Values.catalog.rootCA }}
+{{- if $ca.configMap }}
+- name: catalog-ca
+  configMap:
+    name: {{ $ca.configMap | quote }}
+    items:
+      - key: {{ $ca.key | quote }}
+        path: {{ $ca.key | quote }}
+{{- else if $ca.secret }}
+- name: catalog-ca
+  secret:
+    secretName: {{ $ca.secret | quote }}
+    items:
+      - key: {{ $ca.key | quote }}
+        path: {{ $ca.key | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "tiered.catalogCAMount" -}}
+{{- if include "tiered.catalogCA" . }}
+- name: catalog-ca
+  mountPath: /etc/tiered-catalog-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The labels that admit a pod to the TANK port (networkPolicy.clients.podLabels, else the chart's default).
+*/}}
+{{- define "tiered.clientPodLabels" -}}
+{{- toYaml (.Values.networkPolicy.clients.podLabels | default (dict "tiered-client" "true")) }}
 {{- end }}
 
 {{/*
@@ -140,6 +198,7 @@ reads identically (JSON string escapes are a subset of TOML basic-string escapes
 What values.schema.json cannot say, checked when the config file renders (every render includes it).
 - The grace period exceeds the broker's shutdown budget by 5 s or more: within shutdownTimeoutSeconds the broker
   hands its partitions over and commits its open block, then it must still exit before the kubelet's SIGKILL.
+- TLS needs the Secret it is read from, and client certificates need TLS.
 - Several brokers need what lets them act as one: the PostgreSQL catalog they coordinate through (a SQLite one
   refuses a second broker) and one S3 bucket any of them reads. The schema already refuses anything else at any
   replica count; this says why, also to a render that skips the schema (--skip-schema-validation).
@@ -154,6 +213,18 @@ What values.schema.json cannot say, checked when the config file renders (every 
 {{- $shutdown := int .Values.shutdownTimeoutSeconds }}
 {{- if lt $grace (add $shutdown 5) }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must be at least shutdownTimeoutSeconds (%d) + 5: on SIGTERM the broker hands its partitions over within shutdownTimeoutSeconds, then exits, and the kubelet kills it when the grace period ends" $grace $shutdown) }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
+{{- fail "tls.enabled is true but tls.secretName is empty: name the existing Secret holding the certificate and its key (cert-manager's Certificate writes one)" }}
+{{- end }}
+{{- if and .Values.tls.clientCA.enabled (not .Values.tls.enabled) }}
+{{- fail "tls.clientCA.enabled needs tls.enabled: client certificates are asked for in the TLS handshake" }}
+{{- end }}
+{{- if and .Values.accessRules.rules .Values.accessRules.existingConfigMap }}
+{{- fail "accessRules has both rules and existingConfigMap: give the rules in one place" }}
+{{- end }}
+{{- if and .Values.catalog.rootCA.configMap .Values.catalog.rootCA.secret }}
+{{- fail "catalog.rootCA names both a configMap and a secret: name the one holding the CA" }}
 {{- end }}
 {{- $replicas := int .Values.replicaCount }}
 {{- if gt $replicas 1 }}
@@ -182,6 +253,22 @@ The config file. Settings the chart owns come first; values.schema.json keeps th
   "broker_id" "auto"
   "shutdown_timeout_s" (int .Values.shutdownTimeoutSeconds)
 }}
+{{- with .Values.store.serverSideEncryption }}
+{{- $_ := set $owned "s3_sse" . }}
+{{- end }}
+{{- with .Values.store.kmsKeyId }}
+{{- $_ := set $owned "s3_sse_kms_key_id" . }}
+{{- end }}
+{{- if include "tiered.accessRules" . }}
+{{- $_ := set $owned "acl" (printf "/etc/tiered-acl/%s" .Values.accessRules.key) }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $owned "tls_cert" (printf "%s/tls.crt" .Values.tls.mountPath) }}
+{{- $_ := set $owned "tls_key" (printf "%s/tls.key" .Values.tls.mountPath) }}
+{{- if .Values.tls.clientCA.enabled }}
+{{- $_ := set $owned "tls_client_ca" (printf "%s/client-ca.crt" .Values.tls.mountPath) }}
+{{- end }}
+{{- end }}
 {{- include "tiered.tomlPairs" $owned }}
 {{- include "tiered.tomlPairs" .Values.config }}
 

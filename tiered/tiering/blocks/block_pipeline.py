@@ -32,6 +32,7 @@ from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.blocks.hot_path import HotPathGate
 from tiered.tiering.objects.retrying import Retrying
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution, Direction
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
@@ -168,7 +169,10 @@ class BlockPipeline:
                                            now=utc_now(self.clock)),
                 m.CATALOG_ERRORS,
             )
-            await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces), m.PUT_ERRORS)
+            # The PUT is shared by the topics of the block in proportion to their runs' bytes (tiering/objects/meter.py).
+            shares = Attribution.by_bytes((row.topic, row.length_bytes) for row in rows)
+            await self.retry(f"PUT {object_key}", lambda: self.store.put(object_key, pieces, attribution=shares),
+                             m.PUT_ERRORS)
             self.metrics.inc(m.BLOCKS_UPLOADED)
             self.metrics.inc(m.BLOCK_BYTES_UPLOADED, size)
             if previous is not None:
@@ -195,6 +199,8 @@ class BlockPipeline:
                 log.warning("block %s can no longer be committed (%s); uploading its records again", object_key, exc)
                 continue
             self.metrics.observe(m.COMMIT_SECONDS, self.clock.monotonic() - started)
+            for topic, size in shares.shares:  # the topics' run bytes: what their producers sent, committed once
+                self.store.meter.transferred(Attribution.topic(topic), Direction.INGESTED, int(size))
             self.on_committed(runs)
             self._answer(block, runs, AckOutcome.REFUSED)
             return

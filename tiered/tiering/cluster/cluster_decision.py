@@ -45,6 +45,7 @@ class ClusterView:
     lease_ms: int
     renewed_at: float | None  # monotonic time of the last renewal that kept the lease unbroken (None: never)
     evicted: bool = False  # another process took this broker id over: it never leads again
+    plain_addresses: Mapping[int, str] = field(default_factory=dict)  # broker id -> plaintext endpoint ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ def leader_of(view: ClusterView, broker_id: int | None) -> Leader | None:
     """Where to redirect to: a live broker other than this one (this one, not leading yet: no leader yet)."""
     if broker_id is None or broker_id == view.me or broker_id not in view.live or not view.addresses.get(broker_id):
         return None
-    return Leader(broker_id, view.addresses[broker_id])
+    return Leader(broker_id, view.addresses[broker_id], view.plain_addresses.get(broker_id, ""))
 
 
 def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float) -> Decision:

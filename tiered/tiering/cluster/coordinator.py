@@ -65,6 +65,7 @@ class Leadership(Protocol):
 class Endpoints:
     advertised: str  # host:port, an IPv4 address: TANK's redirects carry addr4
     http: str
+    plain: str = ""  # host:port for plaintext clients ("": none besides `advertised`; tiered.server.leaders)
 
 
 class Coordinator:
@@ -86,6 +87,7 @@ class Coordinator:
         self._evicted = False  # another process took this broker id: never lead again
         self.live: set[int] = set()
         self.addresses: dict[int, str] = {}
+        self.plain_addresses: dict[int, str] = {}  # broker id -> where plaintext clients reach it ("": none known)
         # What the last full look was decided from: the change counter and the membership (live brokers, their
         # addresses, whether this one could claim). While neither moved, nothing a decision depends on did, and a
         # tick reads one small statement (tiered.catalog.cluster.look) instead of every partition.
@@ -105,7 +107,7 @@ class Coordinator:
         self.endpoints = endpoints
         started = self.clock.monotonic()
         await self.catalog.write(catalog_cluster.register, self.broker_id, self.incarnation, endpoints.advertised,
-                                 endpoints.http, self.lease_ms)
+                                 endpoints.http, self.lease_ms, advertised_plain=endpoints.plain)
         self._renewed_at = started
 
     def _lease_fresh(self, now: float) -> bool:
@@ -172,6 +174,7 @@ class Coordinator:
     def _take_members(self, members: Sequence[catalog_cluster.Member]) -> None:
         self.live = {mb.broker_id for mb in members if mb.live}
         self.addresses = {mb.broker_id: mb.advertised for mb in members}
+        self.plain_addresses = {mb.broker_id: mb.advertised_plain for mb in members}
         if self._lease_fresh(self.clock.monotonic()) and not self._evicted:
             self.live.add(self.broker_id)
 
@@ -185,13 +188,14 @@ class Coordinator:
 
     def view(self, assignments) -> ClusterView:
         return ClusterView(self.broker_id, frozenset(self.live), dict(self.addresses), assignments, self.lease_ms,
-                           self._renewed_at, self._evicted)
+                           self._renewed_at, self._evicted, dict(self.plain_addresses))
 
     async def _tick(self) -> None:
         started = self.clock.monotonic()
         look = await self.catalog.read(catalog_cluster.look)
         self._take_members(look.members)
         seen = (look.changes, frozenset(self.live), tuple(sorted(self.addresses.items())),
+                tuple(sorted(self.plain_addresses.items())),
                 not self._evicted and self._lease_fresh(self.clock.monotonic()))
         if look.changes is not None and seen == self._seen:
             # No partition, epoch, assignment, handover, topic or member moved since the last full look (the

@@ -45,6 +45,7 @@ from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteCompactionReport
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution
 
 log = logging.getLogger("tiered.tiering")
 
@@ -84,10 +85,10 @@ class Input:
              counted: Callable[[int], None]) -> AsyncIterator[list[StoredRecord]]:
         if self.row is not None:
             return object_records(store, self.row.object_key, self.row.size_bytes, self.row.base_seq, window=window,
-                                  counted=counted)
+                                  counted=counted, attribution=Attribution.topic(self.row.topic))
         run = self._run
         return object_records(store, run.object_key, run.length_bytes, run.first_seq, offset=run.position,
-                              window=window, counted=counted)
+                              window=window, counted=counted, attribution=Attribution.topic(run.topic))
 
 
 # Uploads a group's output and swaps it for the group's locations in the catalog; False when the pass must stop there
@@ -96,6 +97,7 @@ SwapGroup = Callable[[list[Input], list[SealedSegment]], Awaitable[bool]]
 
 async def object_records(store: ObjectStore, object_key: str, size: int, segment_base: int, *, offset: int = 0,
                          window: int = WINDOW_BYTES, counted: Callable[[int], None] | None = None,
+                         attribution: Attribution,
                          ) -> AsyncIterator[list[StoredRecord]]:
     """The records of the `size` bytes of an object from `offset` on (a segment object, or a block run), whose
     first record takes `segment_base` if it is not sparse, in batches of whole records, one batch per range GET.
@@ -107,7 +109,8 @@ async def object_records(store: ObjectStore, object_key: str, size: int, segment
         fetched = start + len(buf)
         if fetched < size:
             data = await store.get_range(object_key, offset + fetched,
-                                         offset + min(size, fetched + max(window, _needed(buf))))
+                                         offset + min(size, fetched + max(window, _needed(buf))),
+                                         attribution=attribution)
             if counted is not None:
                 counted(len(data))
             if not data:

@@ -53,6 +53,7 @@ from tiered.tiering.compaction.bucket_compaction import BucketPass, Input, clear
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.segments.segment_copier import segment_timestamp_bounds
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution
 
 log = logging.getLogger("tiered.tiering")
 
@@ -178,8 +179,8 @@ class RemoteCompactor:
             raise SwapRefused(f"{topic}/{partition}: no unused key for segment {segment.base}-{segment.last}")
         object_key, index_key = candidates[i]
         step(f"upload {object_key}")
-        await self.store.put_file(object_key, segment.path)
-        await self.store.put_file(index_key, segment.index_path)
+        await self.store.put_file(object_key, segment.path, attribution=Attribution.topic(topic))
+        await self.store.put_file(index_key, segment.index_path, attribution=Attribution.topic(topic))
         freeze = datetime.fromtimestamp(segment.freeze_ts + i, timezone.utc)
         return SegmentMeta(topic, partition, segment.base, segment.last, object_key, index_key, segment.size,
                            index_size, low, high, freeze, epoch)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from tiered.protocol.codes import UINT64_MAX
 from tiered.topic_rules import TOPIC_NAME_PATTERN, is_valid_topic_name
+from tiered.topic_partition import TopicPartition
 
 BLOCKS_PREFIX = "blocks/"
 SEGMENTS_PREFIX = "segments/"
@@ -87,6 +88,10 @@ class SegmentKey:
     base: int
     last: int
     freeze_ts: int  # seconds, as in TANK's `.ilog` name
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
 
 
 # --- blocks -------------------------------------------------------------------------------------------------------
@@ -225,12 +230,12 @@ def starts_prefix() -> str:
     return STARTS_PREFIX
 
 
-def parse_partition_start_key(object_key: str) -> tuple[str, int] | None:
-    """(topic, partition) of a `starts/` key, or None."""
+def parse_partition_start_key(object_key: str) -> TopicPartition | None:
+    """The partition of a `starts/` key, or None."""
     m = _START_KEY_RE.fullmatch(object_key)
     if m is None or int(m["partition"]) > MAX_PARTITION:
         return None
-    return m["topic"], int(m["partition"])
+    return TopicPartition(m["topic"], int(m["partition"]))
 
 
 # --- topics ---------------------------------------------------------------------------------------------------------

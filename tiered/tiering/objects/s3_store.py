@@ -6,6 +6,12 @@ AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL; the region from AWS_DEFAULT_REGION or th
 AWS_REGION is honoured as the other SDKs do, and TIERED_S3_PATH_STYLE=1 forces path-style addressing (MinIO and moto
 need it). Constructor options override all of these.
 
+Objects at rest: with `encryption` (ServerSideEncryption) every object this store writes is asked to be encrypted
+by S3, with S3's own keys (SSE-S3) or a KMS key (SSE-KMS): a PUT carries the request headers, and so does the creation
+of a multipart upload, whose parts and completed object inherit them. The store never copies an object server-side
+(CopyObject / UploadPartCopy), so there is no third kind of write to cover. Without it the bucket's default
+encryption applies (S3 encrypts every new object with SSE-S3 at least).
+
 Retries are botocore's "standard" mode: up to `max_attempts` attempts in all, with jittered exponential backoff, for
 5xx, throttling, timeouts and dropped connections. What is still failing after that surfaces as StoreError.
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -28,6 +35,7 @@ from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
+from tiered.tiering.objects.meter import s3_op
 
 STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
@@ -37,7 +45,41 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+SSE_MODES = {"s3": "AES256", "kms": "aws:kms"}  # our names -> S3's ServerSideEncryption values
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSideEncryption:
+    """The encryption asked of S3 for every object written: mode "s3" (SSE-S3, AES256) or "kms" (SSE-KMS, with
+    `kms_key_id`: a key id, ARN or alias/NAME; empty: the account's aws/s3 key)."""
+
+    mode: str
+    kms_key_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in SSE_MODES:
+            raise ValueError(f"server-side encryption {self.mode!r}: use s3 (SSE-S3) or kms (SSE-KMS)")
+        if self.kms_key_id and self.mode != "kms":
+            raise ValueError("a KMS key id needs server-side encryption kms")
+
+    @property
+    def algorithm(self) -> str:
+        """S3's name for it, as head_object reports it (ServerSideEncryption)."""
+        return SSE_MODES[self.mode]
+
+    def request_args(self) -> dict[str, str]:
+        """The parameters of a PutObject or CreateMultipartUpload that ask for it."""
+        args = {"ServerSideEncryption": self.algorithm}
+        if self.kms_key_id:
+            args["SSEKMSKeyId"] = self.kms_key_id
+        return args
+
+
 class S3ObjectStore(ObjectStore):
+    # Every HTTP request botocore sends, each retry attempt and each multipart part, is counted as it goes out
+    # (botocore's before-send event), against the attribution of the store call it is sent for: S3 bills each one.
+    counts_own_requests = True
+
     def __init__(
         self,
         bucket: str,
@@ -54,6 +96,7 @@ class S3ObjectStore(ObjectStore):
         read_timeout_s: float = 60.0,
         max_pool_connections: int = 32,
         multipart_concurrency: int = 4,
+        encryption: ServerSideEncryption | None = None,
     ):
         super().__init__()
         if max_attempts < 1 or multipart_concurrency < 1:
@@ -79,6 +122,9 @@ class S3ObjectStore(ObjectStore):
             "config": AioConfig(**config_options),
         }
         self.multipart_concurrency = multipart_concurrency
+        self.encryption = encryption
+        # Added to every request that creates an object (PutObject, CreateMultipartUpload).
+        self._write_args: dict[str, str] = encryption.request_args() if encryption is not None else {}
         self._client_context = None
         self._client = None
         self._client_lock = asyncio.Lock()
@@ -94,7 +140,7 @@ class S3ObjectStore(ObjectStore):
         data = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else await asyncio.to_thread(
             b"".join, pieces)
         with self._errors(object_key):
-            await client.put_object(Bucket=self.bucket, Key=self._key(object_key), Body=data)
+            await client.put_object(Bucket=self.bucket, Key=self._key(object_key), Body=data, **self._write_args)
 
     async def _put_file(self, object_key: str, path: Path, multipart_threshold_bytes: int, part_bytes: int,
                         immutable_source: bool) -> int:
@@ -203,7 +249,11 @@ class S3ObjectStore(ObjectStore):
                 except (BotoCoreError, ValueError) as e:
                     raise StoreError(f"cannot create S3 client for {self!r}: {e}") from e
                 self._client_context = context
+                self._client.meta.events.register("before-send.s3", self._sending)
             return self._client
+
+    def _sending(self, event_name: str, **_: Any) -> None:
+        self.sent(s3_op(event_name.rsplit(".", 1)[-1]))
 
     def _errors(self, object_key: str | None) -> _S3Errors:
         return _S3Errors(self, object_key)
@@ -211,7 +261,8 @@ class S3ObjectStore(ObjectStore):
     async def _multipart_upload(self, object_key: str, key: str, path: Path, size: int, part_bytes: int) -> None:
         client = await self._connected()
         with self._errors(object_key):
-            upload_id = (await client.create_multipart_upload(Bucket=self.bucket, Key=key))["UploadId"]
+            upload_id = (await client.create_multipart_upload(Bucket=self.bucket, Key=key, **self._write_args))[
+                "UploadId"]
         limit = asyncio.Semaphore(self.multipart_concurrency)
 
         async def upload_part(number: int, position: int) -> dict[str, Any]:

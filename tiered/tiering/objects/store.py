@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tiered.config import mask_url
+from tiered.config import Settings, mask_url
+from tiered.tiering.objects.meter import Attribution, Direction, Meter, Op
 
 MiB = 1024 * 1024
 DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MiB
@@ -79,21 +81,45 @@ def deadline_for(size_bytes: int) -> float:
     return DEADLINE_BASE_S + size_bytes / DEADLINE_FLOOR_BYTES_PER_S
 
 
+# The attribution of the store call in progress, for a backend that counts the requests it sends itself (S3: each
+# HTTP attempt, retries included). Set by ObjectStore around each backend call only; a task the backend starts (a
+# multipart upload's parts) inherits it.
+_CALL_ATTRIBUTION: contextvars.ContextVar[Attribution | None] = contextvars.ContextVar("store_call_attribution",
+                                                                                     default=None)
+
+
+def call_attribution() -> Attribution | None:
+    return _CALL_ATTRIBUTION.get()
+
+
+class AttributionMissing(ValueError):
+    """A store call without an Attribution on a store that requires one (the broker's, in tests): a bug."""
+
+
 class ObjectStore(abc.ABC):
     """Counting, argument checks, deadlines and error accounting live here; backends implement the underscored
     methods.
 
     A backend raises ObjectNotFound for a missing object and StoreError (cause chained) for any other failure; a
     request past its deadline (deadline_for) is abandoned and raises StoreError too.
+
+    Every public call takes `attribution`: the topics it is for (tiering/objects/meter.py). Each request sent for it is
+    counted in `self.meter`: by this class, one per backend call, unless the backend counts what it sends itself
+    (`counts_own_requests`: S3 counts each HTTP attempt, so retries and multipart parts are counted as billed). A call
+    without one is counted as unattributed, or refused where `require_attribution` is set.
     """
+
+    counts_own_requests = False
 
     def __init__(self) -> None:
         self.counters = StoreCounters()
         self.deadline_base_s = DEADLINE_BASE_S
+        self.meter = Meter()
+        self.require_attribution = False
 
     # --- public API -----------------------------------------------------------------------------------------------
 
-    async def put(self, object_key: str, data: bytes | list[Piece]) -> None:
+    async def put(self, object_key: str, data: bytes | list[Piece], *, attribution: Attribution | None = None) -> None:
         """Stores `data` under `object_key`, replacing any object there. Readers see the old object or the new one.
 
         `data` may be a list of pieces, stored as their concatenation: a block goes out as its runs' records without
@@ -102,9 +128,10 @@ class ObjectStore(abc.ABC):
         """
         pieces = data if isinstance(data, list) else [bytes(data)]
         size = sum(len(p) for p in pieces)
-        await self._counted(self._put(object_key, pieces), size)
+        await self._counted(self._put(object_key, pieces), attribution, Op.PUT, size)
         self.counters.puts += 1
         self.counters.put_bytes += size
+        self.meter.transferred(attribution, Direction.WRITTEN, size)
 
     async def put_file(
         self,
@@ -114,6 +141,7 @@ class ObjectStore(abc.ABC):
         multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
         part_bytes: int = DEFAULT_PART_BYTES,
         immutable_source: bool = False,
+        attribution: Attribution | None = None,
     ) -> None:
         """Uploads a file; S3 uses a multipart upload above the threshold (S3 wants parts of at least 5 MiB).
 
@@ -130,27 +158,33 @@ class ObjectStore(abc.ABC):
         except OSError as e:
             raise StoreError(f"cannot upload {path}: {e}") from e
         size = await self._counted(
-            self._put_file(object_key, path, multipart_threshold_bytes, part_bytes, immutable_source), expected)
+            self._put_file(object_key, path, multipart_threshold_bytes, part_bytes, immutable_source), attribution,
+            Op.PUT, expected)
         self.counters.puts += 1
         self.counters.put_bytes += size
+        self.meter.transferred(attribution, Direction.WRITTEN, size)
 
-    async def get(self, object_key: str) -> bytes:
-        data = await self._counted(self._get_range(object_key, 0, None), 1 << 30)
+    async def get(self, object_key: str, *, attribution: Attribution | None = None) -> bytes:
+        data = await self._counted(self._get_range(object_key, 0, None), attribution, Op.GET, 1 << 30)
         self.counters.gets += 1
         self.counters.get_bytes += len(data)
+        self.meter.transferred(attribution, Direction.READ, len(data))
         return data
 
-    async def get_range(self, object_key: str, start: int, end: int) -> bytes:
+    async def get_range(self, object_key: str, start: int, end: int, *,
+                        attribution: Attribution | None = None) -> bytes:
         """Bytes [start, end) of the object. Past the end it returns what exists (b"" from the end on), as S3 does."""
         if not 0 <= start < end:
             raise ValueError(f"bad byte range [{start}, {end})")
-        data = await self._counted(self._get_range(object_key, start, end), end - start)
+        data = await self._counted(self._get_range(object_key, start, end), attribution, Op.GET, end - start)
         self.counters.gets += 1
         self.counters.get_bytes += len(data)
+        self.meter.transferred(attribution, Direction.READ, len(data))
         return data
 
     async def read_range_into(self, object_key: str, start: int, end: int, sink: Callable[[bytes], None],
-                              pace: Callable[[], Awaitable[None]] | None = None) -> int:
+                              pace: Callable[[], Awaitable[None]] | None = None, *,
+                              attribution: Attribution | None = None) -> int:
         """Bytes [start, end) of the object handed to `sink` piece by piece as they arrive (a streamed range GET),
         under the same deadline as get_range for the whole range; returns the bytes received (fewer past the end
         of the object, as get_range). `sink` runs on the event loop and must not block. `pace`, when given, is
@@ -166,18 +200,24 @@ class ObjectStore(abc.ABC):
             self.counters.get_bytes += len(piece)
             sink(piece)
 
-        if pace is None:
-            await self._counted(self._read_range_into(object_key, start, end, counted, None), end - start)
-        else:
-            await self._counted(self._read_range_into(object_key, start, end, counted, pace), end - start, 2.0)
+        try:
+            if pace is None:
+                await self._counted(self._read_range_into(object_key, start, end, counted, None), attribution, Op.GET,
+                                    end - start)
+            else:
+                await self._counted(self._read_range_into(object_key, start, end, counted, pace), attribution, Op.GET,
+                                    end - start, 2.0)
+        finally:
+            self.meter.transferred(attribution, Direction.READ, received)  # what arrived, even of a failed read
         self.counters.gets += 1
         return received
 
-    async def head(self, object_key: str) -> ObjectInfo:
-        return await self._counted(self._head(object_key))
+    async def head(self, object_key: str, *, attribution: Attribution | None = None) -> ObjectInfo:
+        return await self._counted(self._head(object_key), attribution, Op.HEAD)
 
     async def list(
-        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None
+        self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None,
+        attribution: Attribution | None = None,
     ) -> AsyncIterator[ObjectInfo]:
         """Objects whose key starts with `prefix` (a plain string prefix, as S3's) and sorts after `start_after`,
         in key order, at most `limit` of them. Pages through the backend, one request per page."""
@@ -187,7 +227,7 @@ class ObjectStore(abc.ABC):
         after = start_after
         while remaining is None or remaining > 0:
             page_size = DEFAULT_LIST_PAGE if remaining is None else min(DEFAULT_LIST_PAGE, remaining)
-            page, truncated = await self._counted(self._list_page(prefix, after, page_size))
+            page, truncated = await self._counted(self._list_page(prefix, after, page_size), attribution, Op.LIST)
             self.counters.lists += 1
             for info in page:
                 yield info
@@ -197,11 +237,11 @@ class ObjectStore(abc.ABC):
                 return
             after = page[-1].object_key
 
-    async def delete_many(self, object_keys: Iterable[str]) -> None:
+    async def delete_many(self, object_keys: Iterable[str], *, attribution: Attribution | None = None) -> None:
         """Deletes the objects; keys with no object are fine."""
         keys = list(dict.fromkeys(object_keys))
         if keys:
-            await self._counted(self._delete_many(keys))
+            await self._counted(self._delete_many(keys), attribution, Op.DELETE)
             self.counters.deletes += len(keys)
 
     async def close(self) -> None:
@@ -250,8 +290,19 @@ class ObjectStore(abc.ABC):
     async def _close(self) -> None:
         return None
 
-    async def _counted(self, awaitable, size_bytes: int = 0, stretch: float = 1.0):
+    def sent(self, op: Op) -> None:
+        """One request sent for the call in progress: for backends that count their own (`counts_own_requests`)."""
+        self.meter.request(_CALL_ATTRIBUTION.get(), op)
+
+    async def _counted(self, awaitable, attribution: Attribution | None, op: Op, size_bytes: int = 0,
+                       stretch: float = 1.0):
+        if attribution is None and self.require_attribution:
+            awaitable.close()
+            raise AttributionMissing(f"{self!r}: a {op} request without an attribution")
         deadline = (self.deadline_base_s + size_bytes / DEADLINE_FLOOR_BYTES_PER_S) * stretch
+        if not self.counts_own_requests:
+            self.meter.request(attribution, op)
+        token = _CALL_ATTRIBUTION.set(attribution)
         try:
             return await asyncio.wait_for(awaitable, deadline)
         except asyncio.TimeoutError:
@@ -260,6 +311,8 @@ class ObjectStore(abc.ABC):
         except StoreError:
             self.counters.errors += 1
             raise
+        finally:
+            _CALL_ATTRIBUTION.reset(token)
 
 
 def check_object_key(object_key: str) -> list[str]:
@@ -271,6 +324,22 @@ def check_object_key(object_key: str) -> list[str]:
     if any(part in ("", ".", "..") or "\0" in part for part in parts):
         raise StoreError(f"invalid object key {object_key!r}")
     return parts
+
+
+def store_options(settings: Settings) -> dict[str, Any]:
+    """The backend options the settings ask for, for open_store(settings.effective_store_url, ...): every process
+    that writes to the bucket (the broker, `tiered topic config`, `tiered catalog rebuild`) opens it so, so that
+    every object is written with the same addressing and server-side encryption. Raises SettingsError (one line)
+    for encryption settings that cannot apply."""
+    encryption = settings.s3_encryption()  # SettingsError for encryption that cannot apply
+    if not settings.effective_store_url.startswith("s3://"):
+        return {}
+    from tiered.tiering.objects.s3_store import ServerSideEncryption
+
+    options: dict[str, Any] = {"path_style": settings.s3_path_style}
+    if encryption is not None:
+        options["encryption"] = ServerSideEncryption(*encryption)
+    return options
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 
 from tiered.tiering.objects import keys
 from tiered.tiering.objects.store import ObjectNotFound, ObjectStore, StoreError
+from tiered.tiering.objects.meter import CATALOG, Attribution
 from tiered.topic_rules import is_valid_topic_name, validate_partition_count
 
 log = logging.getLogger("tiered.tiering")
@@ -95,7 +96,7 @@ async def put_topic_config(store: ObjectStore, topic: str, partitions: int, conf
     created_at = created_at or datetime.now(timezone.utc)
     data = encode_topic_object(TopicObject(topic, partitions, config_text, int(created_at.timestamp() * 1000)))
     try:
-        await store.put(keys.topic_key(topic), data)
+        await store.put(keys.topic_key(topic), data, attribution=Attribution.topic(topic))
     except StoreError as exc:
         log.error("topic %s: could not store its config object (%s); it is written again at the next start", topic,
                   exc)
@@ -107,7 +108,7 @@ async def put_missing_topic_objects(store: ObjectStore, rows) -> int:
     """Writes the object of every catalog topic (`TopicRow`s) that has none in the store. Returns how many."""
     present: set[str] = set()
     try:
-        async for info in store.list(keys.topics_prefix()):
+        async for info in store.list(keys.topics_prefix(), attribution=CATALOG):
             if (name := keys.parse_topic_key(info.object_key)) is not None:
                 present.add(name)
     except StoreError as exc:
@@ -125,7 +126,7 @@ async def read_topic_objects(store: ObjectStore, concurrency: int = 16) -> tuple
     """Every topic object in the store, by topic, and the problems found (each names its key)."""
     limit = asyncio.Semaphore(concurrency)
     problems: list[str] = []
-    object_keys = [info.object_key async for info in store.list(keys.topics_prefix())]
+    object_keys = [info.object_key async for info in store.list(keys.topics_prefix(), attribution=CATALOG)]
 
     async def read(object_key: str) -> TopicObject | None:
         if keys.parse_topic_key(object_key) is None:
@@ -133,7 +134,7 @@ async def read_topic_objects(store: ObjectStore, concurrency: int = 16) -> tuple
             return None
         try:
             async with limit:
-                return decode_topic_object(await store.get(object_key), object_key)
+                return decode_topic_object(await store.get(object_key, attribution=CATALOG), object_key)
         except BadTopicObject as exc:
             problems.append(str(exc))
         except ObjectNotFound:

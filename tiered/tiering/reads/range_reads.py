@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution
 
 Pace = Callable[[], Awaitable[None]]  # awaited before each piece of a GET is taken in (tiered.tiering.blocks.hot_path)
 
@@ -86,8 +87,9 @@ class RangeRead:
     """One streamed range GET; `close` cancels it if still running and gives its bytes back to the budget."""
 
     def __init__(self, store: ObjectStore, object_key: str, start: int, end: int, budget: ReadBudget, *,
-                 ahead: bool, slots: asyncio.Semaphore, pace: Pace | None = None):
+                 ahead: bool, slots: asyncio.Semaphore, attribution: Attribution, pace: Pace | None = None):
         self.object_key = object_key
+        self.attribution = attribution
         self.start = start
         self.end = end
         self.buffer = bytearray(end - start)
@@ -103,18 +105,20 @@ class RangeRead:
 
     @classmethod
     async def open(cls, store: ObjectStore, object_key: str, start: int, end: int, budget: ReadBudget,
-                   slots: asyncio.Semaphore, pace: Pace | None = None) -> RangeRead:
+                   slots: asyncio.Semaphore, attribution: Attribution, pace: Pace | None = None) -> RangeRead:
         """A fetch's GET: waits for its bytes of the budget first."""
         await budget.acquire(end - start)
-        return cls(store, object_key, start, end, budget, ahead=False, slots=slots, pace=pace)
+        return cls(store, object_key, start, end, budget, ahead=False, slots=slots, attribution=attribution,
+                   pace=pace)
 
     @classmethod
     def ahead(cls, store: ObjectStore, object_key: str, start: int, end: int, budget: ReadBudget,
-              slots: asyncio.Semaphore, pace: Pace | None = None) -> RangeRead | None:
+              slots: asyncio.Semaphore, attribution: Attribution, pace: Pace | None = None) -> RangeRead | None:
         """A read-ahead GET, or None when the budget has no room for it now."""
         if not budget.try_acquire_ahead(end - start):
             return None
-        return cls(store, object_key, start, end, budget, ahead=True, slots=slots, pace=pace)
+        return cls(store, object_key, start, end, budget, ahead=True, slots=slots, attribution=attribution,
+                   pace=pace)
 
     @property
     def size(self) -> int:
@@ -123,7 +127,8 @@ class RangeRead:
     async def _run(self, store: ObjectStore, slots: asyncio.Semaphore, pace: Pace | None) -> None:
         try:
             async with slots:
-                await store.read_range_into(self.object_key, self.start, self.end, self._received, pace)
+                await store.read_range_into(self.object_key, self.start, self.end, self._received, pace,
+                                            attribution=self.attribution)
             if self.filled < self.size:
                 raise EOFError(f"object {self.object_key} ends at {self.start + self.filled}, before {self.end}")
         except asyncio.CancelledError:

@@ -40,6 +40,8 @@ from tiered.tiering.reads.caches import RangeCache, SizedLru
 from tiered.tiering.reads.range_reads import Pace, RangeRead, ReadBudget
 from tiered.tiering.reads.remote_chunks import RangeChunk, find_first_bundle, walked_end
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
@@ -150,7 +152,7 @@ class RunReads:
     pace: Pace | None
     _slots: asyncio.Semaphore
     _query: Callable[..., Awaitable[Any]]
-    _get: Callable[[str, int, int], Awaitable[bytes | None]]
+    _get: Callable[[str, int, int, str], Awaitable[bytes | None]]
     _failed: Callable[..., Unreadable]
 
     def __init__(self, cache_bytes: int, clock: Clock):
@@ -162,13 +164,14 @@ class RunReads:
         # read and keep its pages (by ("page", object key, position)). Runs never change.
         self.run_bytes: SizedLru[tuple, bytes] = SizedLru(cache_bytes // 4, len)
 
-    async def _from_run(self, topic: str, partition: int, run: RunLocation, seq: int,
+    async def _from_run(self, tp: TopicPartition, run: RunLocation, seq: int,
                         fetch_size: int) -> RemoteChunk | Unreadable | None:
         """The chunk for `seq` from `run`, the run answering for it; None when it holds no record from `seq` on."""
         footer = self.footers.get(run.object_key)
         if footer is None:
             try:
-                footer = await read_footer(self._get, run)
+                # The footer is the block's, read for this run's topic (which then pays for it).
+                footer = await read_footer(lambda key, start, end: self._get(key, start, end, run.topic), run)
             except ProtocolError as exc:
                 # Read the run whole, as from a block without indexes: its records are checked as they are trimmed.
                 log.error("block %s: unreadable footer (%s); reading the run whole", run.object_key, exc)
@@ -185,7 +188,7 @@ class RunReads:
         base, run_end = run.position, run.position + run.length_bytes
         self.metrics.inc(m.REMOTE_GETS)
         read = await RangeRead.open(self.store, run.object_key, base + window.floor, base + window.end, self.budget,
-                                    self._slots, self.pace)
+                                    self._slots, Attribution.topic(run.topic), self.pace)
         try:
             first = await find_first_bundle(read, base + window.floor, window.floor_seq, seq)
             if first is None:
@@ -213,7 +216,7 @@ class RunReads:
         missing = [i for i, page in enumerate(pages) if page is None]
         if missing:
             low, high = bounds[first + missing[0]], bounds[first + missing[-1] + 1]
-            data = await self._get(run.object_key, run.position + low, run.position + high)
+            data = await self._get(run.object_key, run.position + low, run.position + high, run.topic)
             if data is None:
                 return Unreadable(f"block object {run.object_key} is missing")
             if len(data) != high - low:
@@ -233,7 +236,7 @@ class RunReads:
         key = (run.object_key, run.position)
         data = self.run_bytes.get(key)
         if data is None:
-            data = await self._get(run.object_key, run.position, run.position + run.length_bytes)
+            data = await self._get(run.object_key, run.position, run.position + run.length_bytes, run.topic)
             if data is None:
                 return Unreadable(f"block object {run.object_key} is missing")
             self.run_bytes.put(key, data)

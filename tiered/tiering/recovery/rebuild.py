@@ -63,6 +63,8 @@ from tiered.tiering.objects import keys
 from tiered.tiering.blocks.block_format import FOOTER_TRAILER_BYTES, block_tail_bytes, read_block_footer
 from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore
 from tiered.tiering.objects.topic_objects import TopicObject, read_topic_objects
+from tiered.topic_partition import TopicPartition
+from tiered.tiering.objects.meter import CATALOG
 
 TAIL_GUESS_BYTES = 4096  # one GET reads the footer of a block of up to ~60 runs; a bigger footer takes a second
 UNKNOWN_MAX_TS_MS = 2**63 - 1  # BIGINT's max: "any time", for segments whose timestamps were not read
@@ -201,7 +203,7 @@ async def _read_blocks(
             progress.add(len(page))
 
     page: list[ObjectInfo] = []
-    async for info in store.list(keys.blocks_prefix()):
+    async for info in store.list(keys.blocks_prefix(), attribution=CATALOG):
         page.append(info)
         if len(page) == LIST_BATCH:
             await read_page(page)
@@ -220,10 +222,10 @@ async def _read_block(store: ObjectStore, info: ObjectInfo, report: RebuildRepor
     try:
         if size < FOOTER_TRAILER_BYTES:
             raise ProtocolError(f"block of {size} bytes is shorter than its trailer")
-        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size)
+        tail = await store.get_range(info.object_key, max(0, size - TAIL_GUESS_BYTES), size, attribution=CATALOG)
         needed = block_tail_bytes(tail)
         if needed > len(tail):
-            tail = await store.get_range(info.object_key, max(0, size - needed), size)
+            tail = await store.get_range(info.object_key, max(0, size - needed), size, attribution=CATALOG)
         runs = tuple(read_block_footer(tail, size))
     except ProtocolError as error:
         report.damaged.append(f"{info.object_key} ({error})")
@@ -239,7 +241,7 @@ async def _read_segments(
 ) -> list[FoundSegment]:
     ilogs: dict[keys.SegmentKey, ObjectInfo] = {}
     indexes: dict[keys.SegmentKey, ObjectInfo] = {}
-    async for info in store.list(keys.segments_prefix()):
+    async for info in store.list(keys.segments_prefix(), attribution=CATALOG):
         if (parsed := keys.parse_segment_key(info.object_key)) is not None:
             ilogs[parsed] = info
         elif (parsed := keys.parse_segment_index_key(info.object_key)) is not None:
@@ -257,7 +259,7 @@ async def _read_segments(
         low, high = 0, UNKNOWN_MAX_TS_MS
         if read_timestamps:
             try:
-                low, high = segment_timestamp_bounds(await store.get(ilog.object_key))
+                low, high = segment_timestamp_bounds(await store.get(ilog.object_key, attribution=CATALOG))
             except ProtocolError as error:
                 report.damaged.append(f"{ilog.object_key} ({error})")
                 return None
@@ -274,16 +276,16 @@ async def _read_segments(
     return [segment for segment in found if segment is not None]
 
 
-async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[tuple[str, int], int]:
+async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[TopicPartition, int]:
     """Each partition's first available seq as remote retention last wrote it (tiered.tiering.objects.keys)."""
-    starts: dict[tuple[str, int], int] = {}
-    async for info in store.list(keys.starts_prefix()):
+    starts: dict[TopicPartition, int] = {}
+    async for info in store.list(keys.starts_prefix(), attribution=CATALOG):
         where = keys.parse_partition_start_key(info.object_key)
         if where is None:
             report.foreign.append(info.object_key)
             continue
         try:
-            starts[where] = int((await store.get(info.object_key)).decode("ascii"))
+            starts[where] = int((await store.get(info.object_key, attribution=CATALOG)).decode("ascii"))
         except (ValueError, UnicodeDecodeError):
             report.damaged.append(info.object_key)
         except ObjectNotFound:
@@ -292,16 +294,16 @@ async def _read_starts(store: ObjectStore, report: RebuildReport) -> dict[tuple[
 
 
 def _below_starts_removed(
-    blocks: list[FoundBlock], segments: list[FoundSegment], starts: dict[tuple[str, int], int], report: RebuildReport
+    blocks: list[FoundBlock], segments: list[FoundSegment], starts: dict[TopicPartition, int], report: RebuildReport
 ) -> tuple[list[FoundBlock], list[FoundSegment]]:
     """Runs and remote segments wholly below their partition's start: history retention expired, whose objects were
     still waiting for their deletion. A block left without runs is recorded as abandoned (`deleting`)."""
     kept_blocks = []
     for block in blocks:
-        runs = tuple(r for r in block.runs if r.last_seq >= starts.get((r.topic, r.partition), 0))
+        runs = tuple(r for r in block.runs if r.last_seq >= starts.get(TopicPartition(r.topic, r.partition), 0))
         report.runs_expired += len(block.runs) - len(runs)
         kept_blocks.append(block if len(runs) == len(block.runs) else replace(block, runs=runs))
-    kept_segments = [s for s in segments if s.key.last >= starts.get((s.key.topic, s.key.partition), 0)]
+    kept_segments = [s for s in segments if s.key.last >= starts.get(s.key.tp, 0)]
     report.segments_expired += len(segments) - len(kept_segments)
     return kept_blocks, kept_segments
 
@@ -356,12 +358,12 @@ def _resolve_runs(
     """Highest leader epoch first (then newest block), each run kept unless such a block's run of the partition
     overlaps the seqs it answers for. Returns the blocks with the runs they keep (oldest first) and the blocks that
     keep none."""
-    taken: dict[tuple[str, int], _Taken] = defaultdict(_Taken)
+    taken: dict[TopicPartition, _Taken] = defaultdict(_Taken)
     kept: list[RestoredBlock] = []
     abandoned: list[FoundBlock] = []
     order = lambda b: (max(r.leader_epoch for r in b.runs), b.created_at, b.object_key)  # noqa: E731
     for block in sorted(found, key=order, reverse=True):
-        runs = [r for r in block.runs if taken[(r.topic, r.partition)].take(r.from_seq, r.last_seq)]
+        runs = [r for r in block.runs if taken[TopicPartition(r.topic, r.partition)].take(r.from_seq, r.last_seq)]
         if not block.runs:
             abandoned.append(block)
             continue
@@ -377,10 +379,10 @@ def _resolve_runs(
 
 
 def _resolve_segments(found: list[FoundSegment], report: RebuildReport) -> list[FoundSegment]:
-    taken: dict[tuple[str, int], _Taken] = defaultdict(_Taken)
+    taken: dict[TopicPartition, _Taken] = defaultdict(_Taken)
     kept: list[FoundSegment] = []
     for segment in sorted(found, key=lambda s: (s.last_modified, s.key.freeze_ts, s.object_key), reverse=True):
-        if taken[(segment.key.topic, segment.key.partition)].take(segment.key.base, segment.key.last):
+        if taken[segment.key.tp].take(segment.key.base, segment.key.last):
             kept.append(segment)
         else:
             report.segments_superseded.append(segment.object_key)
@@ -397,7 +399,7 @@ async def _write(
     kept: list[RestoredBlock],
     abandoned: list[FoundBlock],
     segments: list[FoundSegment],
-    starts: dict[tuple[str, int], int],
+    starts: dict[TopicPartition, int],
     grace: timedelta,
     now: datetime,
 ) -> None:
@@ -453,18 +455,18 @@ def _segment_from_seqs(kept: list[RestoredBlock], segments: list[FoundSegment]) 
     """The seq each remote segment answers from: right after the location before it (a segment or a run that is not
     inside a segment), when that leaves a jump before its base; else its base. The live broker records the same
     thing from the block run its first record was in (tiered.catalog.segments.segment_copy_finished)."""
-    ends: dict[tuple[str, int], list[int]] = defaultdict(list)
+    ends: dict[TopicPartition, list[int]] = defaultdict(list)
     for block in kept:
         for run in block.runs:
-            ends[(run.topic, run.partition)].append(run.last_seq)
+            ends[TopicPartition(run.topic, run.partition)].append(run.last_seq)
     for segment in segments:
-        ends[(segment.key.topic, segment.key.partition)].append(segment.key.last)
+        ends[segment.key.tp].append(segment.key.last)
     for values in ends.values():
         values.sort()
     out = {}
     for segment in segments:
         key = segment.key
-        values = ends[(key.topic, key.partition)]
+        values = ends[key.tp]
         i = bisect.bisect_left(values, key.base)
         out[(key.topic, key.partition, key.base)] = values[i - 1] + 1 if i > 0 else key.base
     return out
@@ -483,29 +485,28 @@ def _segment_meta(segment: FoundSegment) -> SegmentMeta:
 
 def _bounds(
     kept: list[RestoredBlock], segments: list[FoundSegment], from_seqs: dict[tuple[str, int, int], int],
-    starts: dict[tuple[str, int], int],
+    starts: dict[TopicPartition, int],
 ) -> list[PartitionBounds]:
     """The bounds of every partition holding something: the hwmark is the highest seq anywhere; the first available
     seq the lowest one a remote segment or a run no segment answers for holds, and never below the partition's
     start as retention wrote it."""
-    firsts: dict[tuple[str, int], int] = {}
-    hwmarks: dict[tuple[str, int], int] = {}
-    answering: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    firsts: dict[TopicPartition, int] = {}
+    hwmarks: dict[TopicPartition, int] = {}
+    answering: dict[TopicPartition, list[tuple[int, int]]] = defaultdict(list)
 
-    def hold(where: tuple[str, int], first: int, last: int, readable: bool) -> None:
+    def hold(where: TopicPartition, first: int, last: int, readable: bool) -> None:
         hwmarks[where] = max(hwmarks.get(where, 0), last)
         if readable:
             firsts[where] = min(firsts.get(where, first), first)
 
     for segment in segments:
         key = segment.key
-        hold((key.topic, key.partition), key.base, key.last, True)
-        answering[(key.topic, key.partition)].append((from_seqs[(key.topic, key.partition, key.base)], key.last))
+        hold(key.tp, key.base, key.last, True)
+        answering[key.tp].append((from_seqs[(key.topic, key.partition, key.base)], key.last))
     for block in kept:
         for run in block.runs:
-            where = (run.topic, run.partition)
+            where = TopicPartition(run.topic, run.partition)
             pruned = any(low <= run.from_seq and run.last_seq <= high for low, high in answering[where])
             hold(where, run.first_seq, run.last_seq, not pruned)
-    return [PartitionBounds(topic, partition, max(firsts.get((topic, partition), 0), starts.get((topic, partition), 0)),
-                            hwmark)
-            for (topic, partition), hwmark in sorted(hwmarks.items())]
+    return [PartitionBounds(tp.topic, tp.partition, max(firsts.get(tp, 0), starts.get(tp, 0)), hwmark)
+            for tp, hwmark in sorted(hwmarks.items())]

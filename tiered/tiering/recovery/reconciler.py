@@ -33,6 +33,7 @@ from tiered.catalog.errors import UnknownBlock
 from tiered.tiering.objects import keys
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.objects.store import ObjectInfo, ObjectStore
+from tiered.tiering.objects.meter import CATALOG
 
 
 @dataclass
@@ -67,7 +68,8 @@ async def reconcile(
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    listed: list[ObjectInfo] = [info async for info in store.list("", start_after=start_after, limit=limit)]
+    listed: list[ObjectInfo] = [info async for info in
+                                store.list("", start_after=start_after, limit=limit, attribution=CATALOG)]
     report = ReconcileReport(len(listed))
     if len(listed) == limit:
         report.next_start_after = listed[-1].object_key
@@ -78,7 +80,7 @@ async def reconcile(
     known = await catalog.read(catalog_blocks.known_object_keys, [i.object_key for i in candidates])
     orphans = [i.object_key for i in candidates if i.object_key not in known]
     if orphans:
-        await store.delete_many(orphans)
+        await store.delete_many(orphans, attribution=CATALOG)
         report.deleted = orphans
     return report
 
@@ -90,7 +92,7 @@ async def sweep_deleted_blocks(store: ObjectStore, catalog: AsyncCatalog, now: d
         raise ValueError("limit must be at least 1")
     due = await catalog.read(catalog_blocks.blocks_to_sweep, now, limit)
     if due:
-        await store.delete_many([b.object_key for b in due])
+        await store.delete_many([b.object_key for b in due], attribution=CATALOG)
         await catalog.write(catalog_blocks.delete_block_rows, [b.block_id for b in due])
     return due
 

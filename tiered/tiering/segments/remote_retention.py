@@ -42,6 +42,7 @@ from tiered.storage.topic_config import TopicConfig
 from tiered.tiering.objects import keys
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution
 
 
 @dataclass
@@ -101,7 +102,8 @@ async def enforce_remote_retention(
         first = await _first_kept_seq(catalog, topic, partition, expired[-1])
         report.first_available_seq = await catalog.write(catalog_partitions.set_first_available, topic, partition,
                                                          first)
-        await store.put(keys.partition_start_key(topic, partition), str(report.first_available_seq).encode())
+        await store.put(keys.partition_start_key(topic, partition), str(report.first_available_seq).encode(),
+                        attribution=Attribution.topic(topic))
         for segment in expired:
             await catalog.write(catalog_segments.segment_delete_started, topic, partition, segment.base_seq, now=now)
             await delete_objects(store, segment)
@@ -159,4 +161,5 @@ async def _runs_below(catalog: AsyncCatalog, topic: str, partition: int, seq: in
 
 async def delete_objects(store: ObjectStore, segment: SegmentRow) -> None:
     # delete_many succeeds for keys already gone: a repeated deletion after a crash is harmless.
-    await store.delete_many([segment.object_key, segment.index_object_key])
+    await store.delete_many([segment.object_key, segment.index_object_key],
+                            attribution=Attribution.topic(segment.topic))

@@ -40,6 +40,7 @@ from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.objects.retrying import Retrying
 from tiered.tiering.objects.store import ObjectStore
+from tiered.tiering.objects.meter import Attribution
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
@@ -231,10 +232,12 @@ class SegmentCopier:
         # A sealed segment file is never written in place (a cut or an append first replaces it with a private copy,
         # storage/segment.make_private) and its COPY_STARTED row names the key: the local store may link it. Its
         # index is rewritten in place by recovery, so it is always copied.
+        attribution = Attribution.topic(job.topic)
         await self.retry(what, lambda: self.store.put_file(
-            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes, immutable_source=True),
-            m.SEGMENT_UPLOAD_ERRORS)
-        await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path), m.SEGMENT_UPLOAD_ERRORS)
+            object_key, seg.path, multipart_threshold_bytes=self.multipart_threshold_bytes, immutable_source=True,
+            attribution=attribution), m.SEGMENT_UPLOAD_ERRORS)
+        await self.retry(what, lambda: self.store.put_file(index_key, seg.index_path, attribution=attribution),
+                         m.SEGMENT_UPLOAD_ERRORS)
         finished = await self.retry(what, lambda: self.catalog.write(
             catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace,
             now=utc_now(self.clock)),

@@ -1,0 +1,398 @@
+/* tiered.storage._tail: the native tail of an active segment, one call per appended record.
+ *
+ * The native twin of tiered/storage/tail.py's PySegmentTail, which stays the reference: tests write the same
+ * records through both and compare the segment files, the index files, the in-memory indexes and every attribute
+ * (tests/storage/test_tail.py); the invariants are stated once, in tail.py's docstring.
+ *
+ * What one `append` does: check that the record can be indexed (nothing written otherwise), write it whole at the
+ * file's end with the GIL released (a failed write cuts the file back), keep the timestamp bounds, apply TANK's
+ * index rule (an entry goes to the in-memory SparseIndex at once, through its `append`, and to the index file in
+ * batches of INDEX_WRITE_BATCH bytes). The record's buffer is held for the call only; the tail keeps no Python
+ * object but the index and the two names it reports failures with.
+ *
+ * Memory: the only buffer the tail owns is `unwritten`, INDEX_WRITE_BATCH bytes, written out whenever it is full,
+ * so an entry always fits. Lengths are compared, never summed past 64 bits: a record's length is at most
+ * PY_SSIZE_T_MAX and `size` at most 2^32 - 1 (the check before the write).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define INDEX_WRITE_BATCH 4096
+#define ENTRY_BYTES 8
+#define MAX_U32 0xFFFFFFFFULL
+
+static PyObject *logger; /* logging.getLogger("tiered.storage") */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *path, *index_path; /* str: named in what is logged */
+    PyObject *index;             /* the segment's SparseIndex */
+    int log_fd, index_fd;        /* -1 once closed */
+    uint64_t base, size, last, since_last_update;
+    int has_last;
+    uint64_t ts_low, ts_high;
+    int has_ts, ts_complete;
+    Py_ssize_t unwritten_len;
+    uint8_t unwritten[INDEX_WRITE_BATCH];
+} Tail;
+
+/* -- arguments --------------------------------------------------------------------------------------------------- */
+
+/* A u64 from a Python int; ValueError (as the reference's range checks raise) when it is not one. */
+static int u64_of(PyObject *obj, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s %R is not a u64", what, obj);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* -- I/O ---------------------------------------------------------------------------------------------------------- */
+
+/* Writes all of data[0:len] to fd, the GIL released; 0, or -1 with errno set. */
+static int write_all(int fd, const uint8_t *data, Py_ssize_t len)
+{
+    int failed = 0, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (len > 0) {
+        ssize_t n = write(fd, data, (size_t)len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            failed = 1;
+            err = errno;
+            break;
+        }
+        data += n;
+        len -= n;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed)
+        errno = err;
+    return failed ? -1 : 0;
+}
+
+/* logger.error(format, *args) without letting a failure of logging escape: the caller is already failing, or must
+ * not fail (an index write). */
+static void log_error(const char *format, PyObject *args)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (args != NULL) {
+        PyObject *fmt = PyUnicode_FromString(format);
+        if (fmt != NULL) {
+            PyObject *call = PyTuple_New(PyTuple_GET_SIZE(args) + 1);
+            if (call != NULL) {
+                PyTuple_SET_ITEM(call, 0, fmt);
+                fmt = NULL;
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++)
+                    PyTuple_SET_ITEM(call, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+                PyObject *error = PyObject_GetAttrString(logger, "error");
+                if (error != NULL) {
+                    Py_XDECREF(PyObject_Call(error, call, NULL));
+                    Py_DECREF(error);
+                }
+                Py_DECREF(call);
+            }
+            Py_XDECREF(fmt);
+        }
+        Py_DECREF(args);
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+}
+
+/* The strerror of errno `err` as a str (a new reference), for log_error's arguments. */
+static PyObject *error_text(int err)
+{
+    return PyUnicode_FromFormat("[Errno %d] %s", err, strerror(err));
+}
+
+/* Writes the pending index entries; a failure is logged, never raised (see tail.py). */
+static void write_entries(Tail *t)
+{
+    /* Taken out first: the write releases the GIL, and another append may then start the next batch. */
+    uint8_t entries[INDEX_WRITE_BATCH];
+    Py_ssize_t pending = t->unwritten_len;
+    memcpy(entries, t->unwritten, (size_t)pending);
+    t->unwritten_len = 0;
+    if (pending == 0 || t->index_fd < 0)
+        return;
+    struct stat st;
+    if (fstat(t->index_fd, &st) < 0) {
+        int err = errno;
+        log_error("could not write %d index entries to %s: %s",
+                  Py_BuildValue("(nON)", pending / ENTRY_BYTES, t->index_path, error_text(err)));
+        return;
+    }
+    if (write_all(t->index_fd, entries, pending) == 0)
+        return;
+    int err = errno;
+    log_error("could not write %d index entries to %s: %s",
+              Py_BuildValue("(nON)", pending / ENTRY_BYTES, t->index_path, error_text(err)));
+    if (ftruncate(t->index_fd, st.st_size - st.st_size % ENTRY_BYTES) < 0) {
+        err = errno;
+        log_error("could not cut %s back to whole entries: %s", Py_BuildValue("(ON)", t->index_path, error_text(err)));
+    }
+}
+
+static void put_u32(uint8_t *out, uint64_t v)
+{
+    out[0] = (uint8_t)v;
+    out[1] = (uint8_t)(v >> 8);
+    out[2] = (uint8_t)(v >> 16);
+    out[3] = (uint8_t)(v >> 24);
+}
+
+/* -- the type ----------------------------------------------------------------------------------------------------- */
+
+static int tail_init(Tail *t, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"path", "index_path", "log_fd", "index_fd", "base", "size", "last", "index",
+                            "since_last_update", NULL};
+    PyObject *path, *index_path, *base, *size, *last, *index, *since;
+    int log_fd, index_fd;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UUiiOOOOO", names, &path, &index_path, &log_fd, &index_fd, &base,
+                                     &size, &last, &index, &since))
+        return -1;
+    uint64_t base_v, size_v, last_v = 0, since_v;
+    if (u64_of(base, "base", &base_v) < 0 || u64_of(size, "size", &size_v) < 0
+        || (last != Py_None && u64_of(last, "last", &last_v) < 0) || u64_of(since, "since_last_update", &since_v) < 0)
+        return -1;
+    Py_XSETREF(t->path, Py_NewRef(path));
+    Py_XSETREF(t->index_path, Py_NewRef(index_path));
+    Py_XSETREF(t->index, Py_NewRef(index));
+    t->log_fd = log_fd;
+    t->index_fd = index_fd;
+    t->base = base_v;
+    t->size = size_v;
+    t->has_last = last != Py_None;
+    t->last = last_v;
+    t->since_last_update = since_v;
+    t->has_ts = 0;
+    t->ts_complete = size_v == 0;
+    t->unwritten_len = 0;
+    return 0;
+}
+
+static PyObject *tail_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    Tail *t = (Tail *)type->tp_alloc(type, 0);
+    if (t != NULL)
+        t->log_fd = t->index_fd = -1; /* not 0: a tail never initialised must not write to stdin */
+    return (PyObject *)t;
+}
+
+static void tail_dealloc(Tail *t)
+{
+    Py_XDECREF(t->path);
+    Py_XDECREF(t->index_path);
+    Py_XDECREF(t->index);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+PyDoc_STRVAR(append_doc,
+"append(record, first_seq, last_seq, interval, min_ts, max_ts=0, /)\n--\n\n"
+"Writes one record at the segment's end and returns its position; `min_ts` None: its timestamp bounds are not\n"
+"known. As tiered.storage.tail.PySegmentTail.append.");
+
+static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 5 || nargs > 6) {
+        PyErr_SetString(PyExc_TypeError, "append takes (record, first_seq, last_seq, interval, min_ts, max_ts=0)");
+        return NULL;
+    }
+    uint64_t first, last, interval, min_ts = 0, max_ts = 0;
+    int has_ts = args[4] != Py_None;
+    if (u64_of(args[1], "first_seq", &first) < 0 || u64_of(args[2], "last_seq", &last) < 0
+        || u64_of(args[3], "interval", &interval) < 0 || (has_ts && u64_of(args[4], "min_ts", &min_ts) < 0)
+        || (nargs == 6 && u64_of(args[5], "max_ts", &max_ts) < 0))
+        return NULL;
+    if (t->log_fd < 0 || t->index == NULL) {
+        PyErr_SetString(PyExc_ValueError, "append to a closed segment tail");
+        return NULL;
+    }
+    Py_buffer record;
+    if (PyObject_GetBuffer(args[0], &record, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t position = t->size;
+    /* position <= MAX_U32 (an earlier append checked it), so MAX_U32 - position does not wrap. */
+    if (first < t->base || first - t->base > MAX_U32 || position > MAX_U32
+        || (uint64_t)record.len > MAX_U32 - position) {
+        PyBuffer_Release(&record);
+        PyErr_Format(PyExc_ValueError, "record %llu..%llu at %llu cannot be indexed in the segment based at %llu",
+                     (unsigned long long)first, (unsigned long long)last, (unsigned long long)position,
+                     (unsigned long long)t->base);
+        return NULL;
+    }
+    uint64_t rel_seq = first - t->base;
+    if (write_all(t->log_fd, record.buf, record.len) < 0) {
+        int err = errno;
+        PyBuffer_Release(&record);
+        if (ftruncate(t->log_fd, (off_t)position) < 0) {
+            int cut = errno;
+            log_error("could not cut %s back to %d after a failed append: %s",
+                      Py_BuildValue("(OKN)", t->path, (unsigned long long)position, error_text(cut)));
+        }
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    uint64_t len = (uint64_t)record.len;
+    PyBuffer_Release(&record);
+    t->size = position + len;
+    t->last = last;
+    t->has_last = 1;
+    if (!has_ts)
+        t->ts_complete = 0;
+    else if (!t->has_ts) {
+        t->ts_low = min_ts;
+        t->ts_high = max_ts;
+        t->has_ts = 1;
+    } else {
+        if (min_ts < t->ts_low)
+            t->ts_low = min_ts;
+        if (max_ts > t->ts_high)
+            t->ts_high = max_ts;
+    }
+    if (t->since_last_update > interval) { /* TANK's rule: tiered.storage.index.should_index */
+        PyObject *r = PyObject_CallMethod(t->index, "append", "KK", (unsigned long long)rel_seq,
+                                          (unsigned long long)position);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        t->since_last_update = 0;
+        put_u32(t->unwritten + t->unwritten_len, rel_seq);
+        put_u32(t->unwritten + t->unwritten_len + 4, position);
+        t->unwritten_len += ENTRY_BYTES;
+        if (t->unwritten_len >= INDEX_WRITE_BATCH)
+            write_entries(t);
+    }
+    t->since_last_update += len;
+    return PyLong_FromUnsignedLongLong(position);
+}
+
+static PyObject *tail_write_entries(Tail *t, PyObject *unused)
+{
+    write_entries(t);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *tail_close(Tail *t, PyObject *unused)
+{
+    write_entries(t);
+    int fds[2] = {t->log_fd, t->index_fd};
+    t->log_fd = t->index_fd = -1;
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0 && close(fds[i]) < 0 && errno != EINTR)
+            return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_last(Tail *t, void *unused)
+{
+    if (!t->has_last)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(t->last);
+}
+
+static PyObject *get_ts_bounds(Tail *t, void *unused)
+{
+    if (!t->ts_complete || !t->has_ts)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KK)", (unsigned long long)t->ts_low, (unsigned long long)t->ts_high);
+}
+
+static PyObject *get_unwritten(Tail *t, void *unused)
+{
+    return PyByteArray_FromStringAndSize((const char *)t->unwritten, t->unwritten_len);
+}
+
+#define U64_GETTER(field)                                                                                        \
+    static PyObject *get_##field(Tail *t, void *unused) { return PyLong_FromUnsignedLongLong(t->field); }
+U64_GETTER(base)
+U64_GETTER(size)
+U64_GETTER(since_last_update)
+
+static PyObject *get_log_fd(Tail *t, void *unused) { return PyLong_FromLong(t->log_fd); }
+static PyObject *get_index_fd(Tail *t, void *unused) { return PyLong_FromLong(t->index_fd); }
+static PyObject *get_ts_complete(Tail *t, void *unused) { return PyBool_FromLong(t->ts_complete); }
+static PyObject *or_none(PyObject *obj) { return Py_NewRef(obj != NULL ? obj : Py_None); }
+static PyObject *get_index(Tail *t, void *unused) { return or_none(t->index); }
+static PyObject *get_path(Tail *t, void *unused) { return or_none(t->path); }
+static PyObject *get_index_path(Tail *t, void *unused) { return or_none(t->index_path); }
+
+static PyGetSetDef tail_getset[] = {
+    {"path", (getter)get_path, NULL, "the segment file's path", NULL},
+    {"index_path", (getter)get_index_path, NULL, "the index file's path", NULL},
+    {"log_fd", (getter)get_log_fd, NULL, "the segment file, open for appends (-1: closed)", NULL},
+    {"index_fd", (getter)get_index_fd, NULL, "the index file, open for appends (-1: closed)", NULL},
+    {"base", (getter)get_base, NULL, "the segment's base seq", NULL},
+    {"size", (getter)get_size, NULL, "bytes in the segment file", NULL},
+    {"last", (getter)get_last, NULL, "the last seq written, or None", NULL},
+    {"index", (getter)get_index, NULL, "the in-memory SparseIndex", NULL},
+    {"since_last_update", (getter)get_since_last_update, NULL, "TANK's bytes since the last indexed record", NULL},
+    {"ts_bounds", (getter)get_ts_bounds, NULL, "(min, max) timestamp of every record, or None", NULL},
+    {"ts_complete", (getter)get_ts_complete, NULL, "whether every record's bounds are known", NULL},
+    {"unwritten", (getter)get_unwritten, NULL, "a copy of the index entries not yet in the index file", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef tail_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))tail_append, METH_FASTCALL, append_doc},
+    {"write_entries", (PyCFunction)tail_write_entries, METH_NOARGS, "writes the index entries the file lacks"},
+    {"close", (PyCFunction)tail_close, METH_NOARGS, "writes the pending entries and closes both files"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TailType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.storage._tail.SegmentTail",
+    .tp_basicsize = sizeof(Tail),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "SegmentTail(path, index_path, log_fd, index_fd, base, size, last, index, since_last_update): the "
+              "native tail of an active segment (tiered/storage/tail.py).",
+    .tp_new = tail_new,
+    .tp_init = (initproc)tail_init,
+    .tp_dealloc = (destructor)tail_dealloc,
+    .tp_methods = tail_methods,
+    .tp_getset = tail_getset,
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "tiered.storage._tail", "The native tail of an active segment (see _tail.c).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__tail(void)
+{
+    if (PyType_Ready(&TailType) < 0)
+        return NULL;
+    PyObject *logging = PyImport_ImportModule("logging");
+    if (logging == NULL)
+        return NULL;
+    logger = PyObject_CallMethod(logging, "getLogger", "s", "tiered.storage");
+    Py_DECREF(logging);
+    if (logger == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "SegmentTail", (PyObject *)&TailType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

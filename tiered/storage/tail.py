@@ -1,0 +1,178 @@
+"""The append state of the active segment (its tail): where the next record goes, what the index has seen, and the
+index entries not yet in the index file. One owner: the ActiveSegment holding it; everything else reads it through
+the segment.
+
+Two implementations, one behaviour: `_tail.c` (the native tail, the default when built: one call per record writes
+it, applies TANK's index rule, batches the index entries and keeps the timestamp bounds, with the GIL released
+during the write) and `PySegmentTail` below, the reference the tests compare it against byte for byte
+(tests/storage/test_tail.py). `TIERED_PRODUCE_PATH=python` selects the reference; it is read when a segment is
+opened, so a test or an operator can switch at any time without a restart mattering.
+
+Invariants (both implementations):
+- A record is written whole with writes at the file's end (the file is O_APPEND); `size` counts exactly the bytes
+  written. A failed write cuts the file back to `size` (a failed cut back is logged) and raises the OSError; nothing
+  else changes.
+- Nothing is written when the record could not be indexed (its seq below the base or more than u32 above it, or
+  its end past u32 bytes): ValueError. PartitionLog rolls before either can happen (ActiveSegment.fits).
+- The index rule is TANK's (tiered.storage.index.IndexBuilder). Entries reach the in-memory SparseIndex at once
+  and the index file in batches of INDEX_WRITE_BATCH bytes, and before any flush, seal or close (`write_entries`);
+  a failed index write is logged and cut back to whole entries, and does not fail the append (as in TANK).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Protocol
+
+
+from tiered.storage.index import ENTRY, SparseIndex, should_index
+
+log = logging.getLogger("tiered.storage")
+
+INDEX_WRITE_BATCH = 4096  # bytes of index entries (512) written to the index file at once
+MAX_U32 = 0xFFFF_FFFF
+PRODUCE_PATH_ENV = "TIERED_PRODUCE_PATH"  # "python": the reference tail; anything else: the native one when built
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    written = os.write(fd, data)  # almost always all of it, at once
+    if written == len(data):
+        return
+    view = memoryview(data)[written:]
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class PySegmentTail:
+    """The reference tail (see the module's docstring)."""
+
+    def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
+                 last: int | None, index: SparseIndex, since_last_update: int):
+        self.path = path
+        self.index_path = index_path
+        self.log_fd = log_fd
+        self.index_fd = index_fd
+        self.base = base
+        self.size = size
+        self.last = last
+        self.index = index
+        self.since_last_update = since_last_update
+        self.unwritten = bytearray()
+        # (min, max) timestamp of the records appended; complete while every record of the segment was appended
+        # here with its bounds (a reopened segment's older records are not known).
+        self.ts_low: int | None = None
+        self.ts_high = 0
+        self.ts_complete = size == 0
+
+    @property
+    def ts_bounds(self) -> tuple[int, int] | None:
+        """The bounds of every record, or None when some are not known."""
+        return (self.ts_low, self.ts_high) if self.ts_complete and self.ts_low is not None else None
+
+    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
+               max_ts: int = 0, /) -> int:
+        """Writes one record; returns its position. `min_ts` None: its bounds are unknown (and so the segment's)."""
+        position = self.size
+        rel_seq = first_seq - self.base
+        if rel_seq < 0 or rel_seq > MAX_U32 or position + len(record) > MAX_U32:
+            raise ValueError(f"record {first_seq}..{last_seq} at {position} cannot be indexed in the segment based "
+                             f"at {self.base}")
+        try:
+            write_all(self.log_fd, record)
+        except OSError:
+            try:
+                os.ftruncate(self.log_fd, position)
+            except OSError as exc:
+                log.error("could not cut %s back to %d after a failed append: %s", self.path, position, exc)
+            raise
+        self.size = position + len(record)
+        self.last = last_seq
+        if min_ts is None:
+            self.ts_complete = False
+        elif self.ts_low is None:
+            self.ts_low, self.ts_high = min_ts, max_ts
+        else:
+            self.ts_low, self.ts_high = min(self.ts_low, min_ts), max(self.ts_high, max_ts)
+        if should_index(self.since_last_update, interval):
+            self.index.append(rel_seq, position)
+            self.since_last_update = 0
+            self.unwritten += ENTRY.pack(rel_seq, position)
+            if len(self.unwritten) >= INDEX_WRITE_BATCH:
+                self.write_entries()
+        self.since_last_update += len(record)
+        return position
+
+    def write_entries(self) -> None:
+        """Writes the entries the index file lacks. A failure is logged: readers use the in-memory index, and an
+        entry the file lacks only makes lookups walk further (recovery re-adds trailing ones)."""
+        pending, self.unwritten = self.unwritten, bytearray()
+        if not pending or self.index_fd < 0:
+            return
+        expected = None
+        try:
+            expected = os.fstat(self.index_fd).st_size
+            write_all(self.index_fd, pending)
+        except OSError as exc:
+            log.error("could not write %d index entries to %s: %s", len(pending) // ENTRY.size, self.index_path, exc)
+            if expected is None:
+                return
+            try:
+                os.ftruncate(self.index_fd, expected - expected % ENTRY.size)
+            except OSError as exc:
+                log.error("could not cut %s back to whole entries: %s", self.index_path, exc)
+
+    def close(self) -> None:
+        """Writes the pending entries and closes both files (again: nothing)."""
+        self.write_entries()
+        for fd in (self.log_fd, self.index_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.log_fd = self.index_fd = -1
+
+
+class SegmentTail(Protocol):
+    """What an ActiveSegment asks of its tail, whichever implements it."""
+
+    @property
+    def log_fd(self) -> int: ...
+    @property
+    def index_fd(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def last(self) -> int | None: ...
+    @property
+    def index(self) -> SparseIndex: ...
+    @property
+    def since_last_update(self) -> int: ...
+    @property
+    def ts_bounds(self) -> tuple[int, int] | None: ...
+    @property
+    def unwritten(self) -> bytearray: ...
+
+    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
+               max_ts: int = 0, /) -> int: ...
+
+    def write_entries(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int], SegmentTail]
+NativeSegmentTail: type[SegmentTail] | None
+try:
+    from tiered.storage._tail import SegmentTail as NativeSegmentTail
+except ImportError:  # built without a C compiler: the reference serves
+    NativeSegmentTail = None
+
+
+def tail_class(path: str | None = None) -> TailFactory:
+    """The tail implementation a segment opened now uses: `path` "python" or "native", else the environment's
+    choice (PRODUCE_PATH_ENV), else the native one when it is built."""
+    choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
+    if choice == "python" or NativeSegmentTail is None:
+        return PySegmentTail
+    return NativeSegmentTail

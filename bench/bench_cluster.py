@@ -81,7 +81,7 @@ class Service:
 
     async def rebalance(self) -> None:
         from tiered.catalog import cluster
-        from tiered.tiering.cluster_decision import plan_rebalance
+        from tiered.tiering.cluster.cluster_decision import plan_rebalance
 
         def ask() -> int:
             with self.catalog() as cat:

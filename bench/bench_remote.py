@@ -206,7 +206,7 @@ async def latency_rows(app, client: ClientProcess, ranges: dict, samples: int, r
                        bucket: str) -> list[Row]:
     """Local, remote cold, remote with the index cached, remote warm, and moto's own GET, interleaved sample by
     sample so that a change in the machine's load during the run hits every row alike."""
-    from tiered.tiering.caches import RangeCache, SizedLru
+    from tiered.tiering.reads.caches import RangeCache, SizedLru
 
     remote = app.tier.remote.reader
     await client.call("connect", app.broker.port)
@@ -634,7 +634,7 @@ async def run_backend(backend: str, catalog_url: str, moto: Moto, client: Client
         ranges = await produce_and_tier(app, client, REPLAY_TOPIC, config, replay_bytes + segment // 2)
         log(f"{backend}: produced and tiered in {time.monotonic() - started:.0f} s; replaying "
             f"{ranges['remote_first']}..{ranges['remote_last']} ...")
-        from tiered.tiering.remote_fetch import AHEAD_DEPTH
+        from tiered.tiering.reads.remote_fetch import AHEAD_DEPTH
 
         reader = app.tier.remote.reader
         by_depth = {}

@@ -14,10 +14,10 @@ durable path and the copier leave it: a committed block run per segment, then ea
 COPY_FINISHED. Two passes are timed, each on
 its own copy of that history (two topics):
 - from local copies: the local pass runs first (not timed here: bench_compaction measures it), then the remote
-  pass uploads the compacted local segments and swaps them in (tiered.tiering.remote_compaction);
+  pass uploads the compacted local segments and swaps them in (tiered.tiering.compaction.remote_compaction);
 - from the bucket: the broker's disk holds none of it; the remote pass streams the remote segments (range GETs),
   learns the keys, then rewrites them group by group in its work directory, uploading each group's output and
-  swapping it in before the next group starts (tiered.tiering.bucket_compaction).
+  swapping it in before the next group starts (tiered.tiering.compaction.bucket_compaction).
 MB/s is the remote bytes replaced (segment and index objects) per second of wall time; "reclaimed" is the share of
 those bytes the compacted segments no longer take (once the old objects' grace period is over). `tiered catalog
 check`'s consistency check runs after each pass and must find nothing.
@@ -61,11 +61,11 @@ from tiered.catalog.migrate import upgrade
 from tiered.catalog.segments import SegmentMeta
 from tiered.storage import PartitionLog, TopicConfig
 from tiered.storage.compaction import compact_partition
-from tiered.tiering import keys
+from tiered.tiering.objects import keys
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.remote_compaction import RemoteCompactor
-from tiered.tiering.s3_store import S3ObjectStore
-from tiered.tiering.segment_copier import segment_timestamp_bounds
+from tiered.tiering.compaction.remote_compaction import RemoteCompactor
+from tiered.tiering.objects.s3_store import S3ObjectStore
+from tiered.tiering.segments.segment_copier import segment_timestamp_bounds
 
 REGION = "us-east-1"
 SEGMENT_BYTES = 8 << 20

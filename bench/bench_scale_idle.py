@@ -1,15 +1,19 @@
 """An idle cluster at scale, and a failover at that size (issue 28 goals 1 and 2; docs/scale.md "Idle cost").
 
     python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--settle-s 60] [--measure-s 30]
-                                     [--mode idle|failover|both] [--lease-ms 10000] [--sample 64]
+                                     [--mode idle|failover|handover|both] [--lease-ms 10000] [--sample 64]
 
 - idle: three `tiered serve` processes on one real PostgreSQL (a temp cluster) and a local-directory store they
   share, `--topics` durable topics of `--partitions` partitions each (default 25 x 4,096 = 102,400), no traffic.
   After `--settle-s`, each broker's CPU and PostgreSQL's (the postmaster and every backend, /proc/<pid>/stat) over
   `--measure-s`, in cores. Goals: each broker <= 0.02 cores, PostgreSQL <= 0.05 cores.
-- failover: then `kill -9` of the broker leading the most partitions. From the kill: when the last of its partitions was claimed by a live broker
-  (the catalog polled every 0.1 s), and for `--sample` of its partitions (spread over every topic), when a durable
-  produce through a client that follows redirects was acknowledged again. Goal: every partition within lease + 2 s.
+- failover: then `kill -9` of the broker leading the most partitions. From the kill: when its lease expired, when
+  the live brokers claimed the first, half and last of its partitions (the claims' own rows, partition_epochs), and
+  for `--sample` of its partitions (spread over every topic), when a durable produce through a client that follows
+  redirects was acknowledged again. Goal: every partition within lease + 2 s.
+- handover: instead, SIGTERM of the broker leading the most (one step of a rolling restart: it hands every partition
+  over before it exits); per sampled partition, produced to continuously, the longest gap between two durable acks
+  from the SIGTERM until it is acknowledged again after the exit. Goal: at most 1 s.
 `--tree DIR` runs the brokers from another checkout (e.g. `git archive main | tar -x -C DIR`) for a before/after.
 Real parts throughout; the store is a local directory so that the catalog and the brokers are what is measured.
 """
@@ -114,59 +118,158 @@ def measure_idle(service: Service, settle_s: float, measure_s: float) -> dict[st
     return cores
 
 
-async def failover(service: Service, names: list[str], sample: int, seed: int) -> dict[str, float]:
-    from tiered.client import Client, TankError
+class Samples:
+    """A producer per sampled partition, through a client that follows redirects: the time of every durable ack."""
 
-    before = await asyncio.to_thread(service.claimed)
-    # The broker leading the most: under load a broker may have lost its partitions to takeovers while the topics
-    # were created (a lapsed lease), and a broker that comes back takes none back.
-    led = Counter(leader for leader, _ in before.values() if leader is not None)
-    victim = max(service.brokers, key=lambda b: (led[b], -b))
-    theirs = sorted(k for k, (leader, _) in before.items() if leader == victim)
-    rng = random.Random(seed)
-    sampled = sorted(rng.sample(theirs, min(sample, len(theirs))))
-    others = [bp for b, bp in service.brokers.items() if b != victim]
-    client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in others])
-    acked: dict[tuple[str, int], float] = {}
+    def __init__(self, client, keys: list[tuple[str, int]], pause_s: float):
+        self.client = client
+        self.pause_s = pause_s
+        self.acks: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._run(key)) for key in keys]
 
-    async def produce_until_acked(key: tuple[str, int]) -> None:
-        while True:
+    async def _run(self, key: tuple[str, int]) -> None:
+        from tiered.client import TankError
+
+        while not self._stop.is_set():
             try:
-                await client.produce(key[0], key[1], [b"after the kill"], timeout_s=60.0)
+                await self.client.produce(key[0], key[1], [b"sampled"], timeout_s=60.0)
             except (TankError, ConnectionError, OSError, asyncio.TimeoutError):
                 await asyncio.sleep(0.05)
                 continue
-            acked[key] = time.monotonic()
-            return
+            self.acks[key].append(time.monotonic())
+            await asyncio.sleep(self.pause_s)
 
+    def first_after(self, key: tuple[str, int], moment: float) -> float | None:
+        return next((t for t in self.acks[key] if t > moment), None)
+
+    async def wait_first_after(self, moment: float, deadline: float) -> None:
+        while time.monotonic() < deadline and any(self.first_after(k, moment) is None for k in self.acks):
+            await asyncio.sleep(0.05)
+
+    def longest_gap(self, key: tuple[str, int], start: float, end: float) -> float:
+        times = [start, *(t for t in self.acks[key] if start < t < end), end]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+def busiest(service: Service) -> tuple[int, dict[tuple[str, int], tuple[int | None, int]], list[tuple[str, int]]]:
+    """The broker leading the most (under load a broker may have lost its partitions to takeovers while the topics
+    were created, and a broker that comes back takes none back), every partition's (leader, epoch), and its
+    partitions."""
+    before = service.claimed()
+    led = Counter(leader for leader, _ in before.values() if leader is not None)
+    victim = max(service.brokers, key=lambda b: (led[b], -b))
+    return victim, before, sorted(k for k, (leader, _) in before.items() if leader == victim)
+
+
+def claims_after(service: Service, theirs: list[tuple[str, int]],
+                 before: dict[tuple[str, int], tuple[int | None, int]], since: float) -> tuple[list[float], int]:
+    """When each of `theirs` was claimed again (s after `since`, a time.time()), from the claims' own rows
+    (partition_epochs.claimed_at), and how many were not."""
+    from sqlalchemy import select
+
+    from tiered.catalog import Catalog
+    from tiered.catalog.models import PartitionEpochModel as E
+
+    wanted = set(theirs)
+    first: dict[tuple[str, int], float] = {}
+    with Catalog.open(service.pg.url()) as cat, cat.read() as conn:
+        for topic, partition, epoch, at in conn.execute(select(E.topic, E.partition, E.leader_epoch, E.claimed_at)):
+            key = (topic, partition)
+            if key in wanted and epoch > before[key][1]:
+                first[key] = min(first.get(key, float("inf")), at.timestamp() - since)
+    return sorted(first.values()), len(wanted) - len(first)
+
+
+def lease_expiry(service: Service, broker_id: int) -> float:
+    """The broker's lease expiry, as a time.time()."""
+    from tiered.catalog import Catalog
+    from tiered.catalog import cluster
+
+    with Catalog.open(service.pg.url()) as cat:
+        member = next(mb for mb in cluster.members(cat) if mb.broker_id == broker_id)
+    return member.lease_expires_at.timestamp()
+
+
+def unclaimed(service: Service, broker_id: int) -> int:
+    """Partitions still assigned to `broker_id` (a live broker's claim reassigns them): one count, not every row."""
+    from sqlalchemy import func, select
+
+    from tiered.catalog import Catalog
+    from tiered.catalog.models import PartitionModel as P
+
+    with Catalog.open(service.pg.url()) as cat, cat.read() as conn:
+        return conn.execute(select(func.count()).where(P.leader_broker == broker_id)).scalar()
+
+
+async def sampled_client(service: Service, victim: int, theirs: list[tuple[str, int]], sample: int, seed: int):
+    from tiered.client import Client
+
+    sampled = sorted(random.Random(seed).sample(theirs, min(sample, len(theirs))))
+    others = [bp for b, bp in service.brokers.items() if b != victim]
+    return await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in others]), sampled
+
+
+async def failover(service: Service, sample: int, seed: int) -> dict[str, float]:
+    victim, before, theirs = await asyncio.to_thread(busiest, service)
+    client, sampled = await sampled_client(service, victim, theirs, sample, seed)
+    samples = Samples(client, sampled, 0.2)
+    await asyncio.sleep(2)  # every sampled partition acknowledged before the kill
+    expires = await asyncio.to_thread(lease_expiry, service, victim)
     log(f"kill -9 of broker {victim}, which leads {len(theirs)} partitions; producing to {len(sampled)} of them")
-    killed_at = time.monotonic()
+    killed_wall, killed_at = time.time(), time.monotonic()
     service.brokers[victim].proc.kill()
     service.brokers[victim].proc.wait(10)
-    producers = [asyncio.create_task(produce_until_acked(key)) for key in sampled]
-    waiting = set(theirs)
-    last_claim = None
     deadline = killed_at + service.lease_ms / 1000.0 + 120
-    while waiting and time.monotonic() < deadline:
-        now = await asyncio.to_thread(service.claimed)
-        moved = {k for k in waiting if now[k][1] > before[k][1] and now[k][0] != victim}
-        if moved:
-            last_claim = time.monotonic()
-            waiting -= moved
-        await asyncio.sleep(0.1)
-    try:
-        await asyncio.wait_for(asyncio.gather(*producers), max(1.0, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
-        for task in producers:
-            task.cancel()
+    while time.monotonic() < deadline and await asyncio.to_thread(unclaimed, service, victim):
+        await asyncio.sleep(0.25)
+    await samples.wait_first_after(killed_at, deadline)
+    await samples.stop()
     await client.close()
-    took = sorted(t - killed_at for t in acked.values())
-    return {"killed broker": victim, "partitions of the killed broker": len(theirs), "not claimed": len(waiting),
-            "last claim (s after the kill)": (last_claim - killed_at) if last_claim else float("nan"),
+    claimed, never = await asyncio.to_thread(claims_after, service, theirs, before, killed_wall)
+    took = sorted(t - killed_at for t in (samples.first_after(k, killed_at) for k in sampled) if t is not None)
+    nan = float("nan")
+    return {"killed broker": victim, "partitions of the killed broker": len(theirs), "not claimed": never,
+            "its lease expired (s after the kill)": expires - killed_wall,
+            "first claim (s after the kill)": claimed[0] if claimed else nan,
+            "half claimed (s after the kill)": claimed[len(claimed) // 2] if claimed else nan,
+            "last claim (s after the kill)": claimed[-1] if claimed else nan,
             "sampled": len(sampled), "sampled never acked": len(sampled) - len(took),
-            "durable ack again, median (s)": took[len(took) // 2] if took else float("nan"),
-            "durable ack again, max (s)": took[-1] if took else float("nan"),
+            "durable ack again, median (s)": took[len(took) // 2] if took else nan,
+            "durable ack again, max (s)": took[-1] if took else nan,
             "goal (lease + 2 s)": service.lease_ms / 1000.0 + 2}
+
+
+async def handover(service: Service, sample: int, seed: int) -> dict[str, float]:
+    """One step of a rolling restart: SIGTERM of the broker leading the most, which hands every partition it leads
+    to the others before it exits; per sampled partition, the longest gap between two durable acks from the SIGTERM
+    until it was acknowledged again after the broker exited."""
+    victim, before, theirs = await asyncio.to_thread(busiest, service)
+    client, sampled = await sampled_client(service, victim, theirs, sample, seed)
+    samples = Samples(client, sampled, 0.01)
+    await asyncio.sleep(2)
+    log(f"SIGTERM of broker {victim}, which leads {len(theirs)} partitions; producing to {len(sampled)} of them")
+    started_wall, started = time.time(), time.monotonic()
+    await asyncio.to_thread(service.brokers[victim].stop)
+    stopped = time.monotonic()
+    await samples.wait_first_after(stopped, stopped + 60)
+    ended = max([time.monotonic(), *(samples.first_after(k, stopped) or 0 for k in sampled)])
+    await samples.stop()
+    await client.close()
+    gaps = sorted(samples.longest_gap(k, started, ended) for k in sampled)
+    claimed, never = await asyncio.to_thread(claims_after, service, theirs, before, started_wall)
+    nan = float("nan")
+    return {"stopped broker": victim, "partitions it led": len(theirs), "not claimed": never,
+            "its exit (s after SIGTERM)": stopped - started,
+            "last claim (s after SIGTERM)": claimed[-1] if claimed else nan,
+            "sampled": len(sampled),
+            "longest gap per partition, median (s)": gaps[len(gaps) // 2] if gaps else nan,
+            "longest gap per partition, max (s)": gaps[-1] if gaps else nan,
+            "goal (longest gap)": 1.0}
 
 
 def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
@@ -177,9 +280,9 @@ def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
         for name, value in cores.items()]))
 
 
-def print_failover(figures: dict[str, float]) -> None:
+def print_figures(title: str, figures: dict[str, float]) -> None:
     print()
-    print(format_table((f"failover: kill -9 of broker {figures['killed broker']}", "value"), list(figures.items())))
+    print(format_table((title, "value"), list(figures.items())))
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -198,7 +301,11 @@ async def run(args: argparse.Namespace) -> int:
         if args.mode in ("idle", "both"):
             print_idle(measure_idle(service, args.settle_s, args.measure_s), args.topics, args.partitions)
         if args.mode in ("failover", "both"):
-            print_failover(await failover(service, names, args.sample, args.seed))
+            figures = await failover(service, args.sample, args.seed)
+            print_figures(f"failover: kill -9 of broker {figures['killed broker']}", figures)
+        if args.mode == "handover":
+            figures = await handover(service, args.sample, args.seed)
+            print_figures(f"handover: SIGTERM of broker {figures['stopped broker']}", figures)
     finally:
         service.stop_all()
         pg.stop()
@@ -215,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=60.0,
                         help="after the claims: the start-up work of each claim (loading what is copied) ends")
     parser.add_argument("--measure-s", type=float, default=30.0)
-    parser.add_argument("--mode", choices=("idle", "failover", "both"), default="both")
+    parser.add_argument("--mode", choices=("idle", "failover", "handover", "both"), default="both",
+                        help="both: idle, then failover")
     parser.add_argument("--lease-ms", type=int, default=10_000)
     parser.add_argument("--sample", type=int, default=64, help="partitions of the killed broker produced to")
     parser.add_argument("--seed", type=int, default=1)

@@ -41,7 +41,7 @@ from tiered.catalog import Catalog
 from tiered.catalog.migrate import upgrade
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.storage import PartitionLog, TopicConfig
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.tiering.objects.local_store import LocalObjectStore
 
 TOPIC = "users"
 VALUE_BYTES = 100

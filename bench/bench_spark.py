@@ -333,7 +333,7 @@ def fill_catalog(url: str) -> None:
     from tiered.catalog.restore import (PartitionBounds, RestoredBlock, insert_committed_blocks,
                                         insert_finished_segments, restore_partition_bounds)
     from tiered.catalog.segments import SegmentMeta
-    from tiered.tiering import keys
+    from tiered.tiering.objects import keys
 
     cat = Catalog.open(url)
     try:

@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from tiered.cli.dev import find_pg_bindir  # the one finder of PostgreSQL's server binaries
+
 REPO = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 S3_REGION = "us-east-1"
@@ -209,17 +211,6 @@ class MotoProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-
-
-def find_pg_bindir() -> Path | None:
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True)
-    for bindir in candidates:
-        if os.access(Path(bindir) / "initdb", os.X_OK) and os.access(Path(bindir) / "pg_ctl", os.X_OK):
-            return Path(bindir)
-    on_path = shutil.which("pg_ctl")
-    if on_path and shutil.which("initdb"):
-        return Path(on_path).parent
-    return None
 
 
 class PgCluster:

@@ -13,6 +13,11 @@ pytest_plugins = sorted(
 )
 
 
+# Every store call the broker makes names the topics it is for (tiered/tiering/objects/meter.py): in tests, a broker's store
+# refuses one that does not, in this process and in the brokers started as child processes.
+os.environ["TIERED_REQUIRE_ATTRIBUTION"] = "1"
+
+
 def _no_sync(fd: int) -> None:
     return None
 

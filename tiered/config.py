@@ -38,18 +38,22 @@ class Settings:
     catalog_url: str = ""  # empty: derived from data_dir
     store_url: str = ""  # empty: derived from data_dir
     s3_path_style: bool = False
+    # Server-side encryption asked of S3 for every object written (tiered.tiering.s3_store.ServerSideEncryption):
+    # off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else the account's aws/s3 key).
+    s3_sse: str = "off"
+    s3_sse_kms_key_id: str = ""
     broker_id: int = 0
     read_only: bool = False
     block_max_bytes: int = 8 << 20
     block_max_age_ms: int = 250
-    # The latency-first block policy (tiered.tiering.durable): with no upload in flight a block may close once its
+    # The latency-first block policy (tiered.tiering.blocks.durable): with no upload in flight a block may close once its
     # oldest record is `block_linger_ms` old (None: off, blocks wait out their age limit), at most
     # `block_max_puts_per_s` times a second, so that the PUTs it adds stay bounded.
     block_linger_ms: int | None = None
     block_max_puts_per_s: float = 10.0
     # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
     remote_read_budget_bytes: int = 256 << 20
-    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.hot_path; 0: never).
+    # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.blocks.hot_path; 0: never).
     remote_read_yield_ms: int = 200
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
@@ -67,6 +71,9 @@ class Settings:
     tls_key: str = ""
     tls_client_ca: str = ""
     listen_plain: str = ""
+    # The access rules file (tiered.acl): who may produce, consume, create topics and reload configuration; reloaded
+    # when it changes. Empty: everything is allowed.
+    acl: str = ""
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -93,6 +100,20 @@ class Settings:
             raise SettingsError("tls_client_ca needs TLS on (--tls-cert and --tls-key)")
 
         return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert else None
+
+    def s3_encryption(self) -> tuple[str, str] | None:
+        """The server-side encryption asked of S3, (mode, KMS key id), or None when off (tiered.tiering.store.
+        store_options builds the store's from it). Raises SettingsError for a KMS key without kms, or encryption
+        asked of a store that is not S3."""
+        if self.s3_sse_kms_key_id and self.s3_sse != "kms":
+            raise SettingsError(f"s3_sse_kms_key_id is set but s3_sse is {self.s3_sse}: a KMS key is used by "
+                                "s3_sse = kms (--s3-sse kms) only")
+        if self.s3_sse == "off":
+            return None
+        if not self.effective_store_url.startswith("s3://"):
+            raise SettingsError(f"s3_sse = {self.s3_sse} asks S3 to encrypt objects, but the store is "
+                                f"{mask_url(self.effective_store_url)}, not s3://")
+        return self.s3_sse, self.s3_sse_kms_key_id
 
     def listen_plain_endpoint(self) -> tuple[str, int] | None:
         if self.listen_plain.strip().lower() in _OFF:
@@ -239,6 +260,8 @@ _CONVERTERS = {
     "catalog_url": str,
     "store_url": str,
     "s3_path_style": parse_bool,
+    "s3_sse": lambda v: _choice(v, ("off", "s3", "kms")),
+    "s3_sse_kms_key_id": lambda v: str(v).strip(),
     "broker_id": parse_broker_id,
     "read_only": parse_bool,
     "block_max_bytes": _at_least(parse_size, 1024, "1 KiB"),
@@ -257,6 +280,7 @@ _CONVERTERS = {
     "tls_key": str,
     "tls_client_ca": str,
     "listen_plain": _endpoint(DEFAULT_PORT, may_be_off=True),
+    "acl": lambda v: str(v).strip(),
 }
 
 
@@ -288,6 +312,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--catalog", dest="catalog_url", help="catalog URL: sqlite:///path or postgresql+psycopg://user@host/db")
     a("--store", dest="store_url", help="object store URL: file:///dir or s3://bucket/prefix")
     a("--s3-path-style", dest="s3_path_style", action="store_const", const=True, help="path-style S3 addressing")
+    a("--s3-sse", dest="s3_sse",
+      help="server-side encryption of every object written: off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS)")
+    a("--s3-sse-kms-key-id", dest="s3_sse_kms_key_id",
+      help="with --s3-sse kms: the KMS key id, ARN or alias/NAME (default: the account's aws/s3 key)")
     a("--broker-id", dest="broker_id", help="broker id, or auto (the host name's trailing number)")
     a("-r", "--read-only", dest="read_only", action="store_const", const=True, help="refuse produce and create")
     a("--block-max-bytes", dest="block_max_bytes", help="close a block at this size (default 8MiB)")
@@ -315,6 +343,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--tls-key", dest="tls_key", help="TLS private key file (PEM) for --tls-cert")
     a("--tls-client-ca", dest="tls_client_ca", help="require client certificates signed by this CA (mutual TLS)")
     a("--listen-plain", dest="listen_plain", help="a second, plaintext TANK listener [addr:]port (default: none)")
+    a("--acl", dest="acl", metavar="FILE",
+      help="access rules: who may produce, consume, create and reload, per topic (default: everyone may do all)")
 
 
 def load_settings(

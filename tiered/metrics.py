@@ -172,6 +172,15 @@ STORE_GETS = Counter("tiered_store_gets_total", "object store GET requests")
 STORE_ERRORS = Counter("tiered_store_errors_total", "object store request errors")
 STORE_PUT_BYTES = Counter("tiered_store_put_bytes_total", "bytes uploaded")
 CATALOG_STATEMENTS = Counter("tiered_catalog_statements_total", "SQL statements sent to the catalog")
+REQUESTS_REFUSED = Counter("tiered_requests_refused_total",
+                           "requests refused by the access rules, by operation (produce, consume, create, reload)")
+# The cost meter (tiered/tiering/objects/meter.py): every object store request and its bytes, by topic; "(catalog)" is
+# catalog-wide work. A request shared by the topics of a block counts a share to each, so the counts are floats.
+OBJECT_REQUESTS = Counter("tiered_object_requests_total",
+                          "object store requests by topic and operation (shared requests split by bytes)")
+OBJECT_BYTES = Counter("tiered_object_bytes_total", "object store bytes by topic and direction (written or read)")
+OBJECT_BYTES_STORED = Gauge("tiered_object_bytes_stored",
+                            "bytes in the bucket by topic, from the catalog (segments and block runs)")
 BLOCK_PENDING_BYTES = Gauge("tiered_block_pending_bytes", "bytes waiting for the next block")
 BLOCKS_IN_FLIGHT = Gauge("tiered_blocks_in_flight", "blocks uploading or committing")
 SEGMENTS_PENDING_UPLOAD = Gauge("tiered_segments_pending_upload", "sealed segments waiting to be copied")
@@ -207,7 +216,7 @@ class Metrics:
         self.histograms: dict[str, Histogram] = defaultdict(Histogram)
         # Gauges computed at scrape time: name -> (help, function returning value or {labels: value}).
         self.gauges: dict[str, tuple[str, Callable[[], GaugeValue]]] = {}
-        self.counter_fns: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.counter_fns: dict[str, tuple[str, Callable[[], GaugeValue]]] = {}
         self.help: dict[str, str] = {}
         for counter in DECLARED_COUNTERS:
             self.counters[counter.name] = 0
@@ -263,8 +272,9 @@ class Metrics:
     def gauge(self, gauge: Gauge, fn: Callable[[], GaugeValue]) -> None:
         self.gauges[gauge.name] = (gauge.help, fn)
 
-    def counter_fn(self, counter: Counter, fn: Callable[[], float]) -> None:
-        """A counter kept elsewhere (e.g. the object store's own), read at scrape time."""
+    def counter_fn(self, counter: Counter, fn: Callable[[], GaugeValue]) -> None:
+        """A counter kept elsewhere (e.g. the object store's own), read at scrape time: one value, or one per label
+        set."""
         self.counter_fns[counter.name] = (counter.help, fn)
 
     def render(self) -> str:
@@ -286,7 +296,8 @@ class Metrics:
             out.append(f"# TYPE {name} histogram")
             _histogram_lines(out, name, hist, "")
         for name, (help, fn) in sorted(self.counter_fns.items()):
-            _family(out, name, "counter", help, (("", fn()),))
+            counted = fn()
+            _family(out, name, "counter", help, counted.items() if isinstance(counted, dict) else (("", counted),))
         for name, (help, gauge_fn) in sorted(self.gauges.items()):
             reading = gauge_fn()
             samples: Iterable[tuple[str, float]] = reading.items() if isinstance(reading, dict) else (("", reading),)
@@ -317,6 +328,11 @@ def _num(value: float) -> str:
     if isinstance(value, float) and not value.is_integer():
         return repr(value)
     return str(int(value))
+
+
+def labels(**values: str) -> str:
+    """A label set as it is written in the exposition: `topic="orders",op="put"`."""
+    return ",".join(f'{name}="{_esc(value)}"' for name, value in values.items())
 
 
 def _esc(text: str) -> str:

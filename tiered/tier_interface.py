@@ -54,7 +54,7 @@ class LocalTopic:
 
 @dataclass(frozen=True, slots=True)
 class PartitionPlan:
-    """How one partition is served from now on (tiered.tiering.startup.plan_partition).
+    """How one partition is served from now on (tiered.tiering.cluster.startup.plan_partition).
 
     truncate_after  drop local records past this seq first (None: keep them all)
     next_seq        the next plain append gets at least this seq (the catalog's high-water mark + 1)
@@ -94,7 +94,10 @@ class Leader:
     """The broker leading a partition elsewhere: where TANK's redirect (0xfc) sends its clients."""
 
     broker_id: int
-    endpoint: str  # "a.b.c.d:port", its advertised TANK endpoint
+    endpoint: str  # "a.b.c.d:port", its advertised TANK endpoint (TLS when TLS is on)
+    # "a.b.c.d:port" at which plaintext clients reach it (its --listen-plain listener when TLS is on); "": none
+    # known, `endpoint` serves them (tiered.server.leaders.redirect_endpoint)
+    plain_endpoint: str = ""
 
 
 class ChunkStream(Protocol):
@@ -126,7 +129,7 @@ class Unreadable:
 
 @dataclass
 class RemoteCompactionReport:
-    """What one pass of remote compaction did (tiered.tiering.remote_compaction)."""
+    """What one pass of remote compaction did (tiered.tiering.compaction.remote_compaction)."""
 
     topic: str
     partition: int
@@ -178,9 +181,10 @@ class Tier(Protocol):
 
     async def start(self) -> None: ...
 
-    async def join(self, advertised: str, http: str) -> None:
-        """Joins the service as the broker reachable at `advertised` (its HTTP endpoint at `http`, "" if off):
-        leads what it should (through the sink's `lead`), follows the rest, and keeps doing so until `stop`."""
+    async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
+        """Joins the service as the broker reachable at `advertised` (its HTTP endpoint at `http`, "" if off; by
+        plaintext clients at `advertised_plain`, "" if none): leads what it should (through the sink's `lead`),
+        follows the rest, and keeps doing so until `stop`."""
 
     def may_acknowledge(self) -> bool:
         """False while this broker cannot be sure it still leads (its lease is not renewed): produce answers 0xfd."""
@@ -248,7 +252,7 @@ class LocalOnly:
     async def start(self) -> None:
         return None
 
-    async def join(self, advertised: str, http: str) -> None:
+    async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         return None
 
     def may_acknowledge(self) -> bool:

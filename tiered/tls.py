@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 RELOAD_INTERVAL_S = 5.0  # the certificate files' mtimes are looked at at most this often
 HANDSHAKE_TIMEOUT_S = 10.0  # a client that does not finish its handshake (a plaintext client) is closed after this
+SHUTDOWN_TIMEOUT_S = 5.0  # closing waits this long at most for the client's close_notify (asyncio's default: 30 s)
 
 
 class TLSError(ValueError):

@@ -25,7 +25,7 @@ MAX_PARTITION_ID = 0xFFFF  # partition ids on the wire
 STATE_DIRS = frozenset({".tiered"})  # dot entries of the data directory that are ours (tiered.config's state_dir)
 RESERVED_TOPIC_NAMES = frozenset(d[1:] for d in STATE_DIRS)
 NAME_RULE = f"1..{MAX_TOPIC_NAME} characters of A-Z a-z 0-9 _ -, not starting or ending with - or _"
-# The one spelling of TANK's rule: object keys (tiered.tiering.keys) and block footers match topics with it too.
+# The one spelling of TANK's rule: object keys (tiered.tiering.objects.keys) and block footers match topics with it too.
 TOPIC_NAME_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?"
 _TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN, re.ASCII)
 

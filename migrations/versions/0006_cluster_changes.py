@@ -11,7 +11,7 @@ Create Date: 2026-11-29
   inserted, deleted or updated. A commit that only raises `hwmark_seq` does not fire it (the row trigger's WHEN is
   false), so the block path neither waits on the counter row nor pays for a function call.
   Each broker reads the counter with the members, one small statement per tick, and re-reads the assignments only
-  when it moved (tiered.tiering.coordinator). The bump is inside the changing transaction, so a counter a broker has
+  when it moved (tiered.tiering.cluster.coordinator). The bump is inside the changing transaction, so a counter a broker has
   seen never hides a change committed before it.
 - The same triggers on SQLite (row triggers only; WHEN as on PostgreSQL).
 Written by hand and frozen, like the others.

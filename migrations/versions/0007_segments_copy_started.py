@@ -4,7 +4,7 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-11-29
 
-The cleanup of abandoned copies (tiered.tiering.abandoned_copies) looks, once a grace period, for COPY_STARTED rows
+The cleanup of abandoned copies (tiered.tiering.segments.abandoned_copies) looks, once a grace period, for COPY_STARTED rows
 older than the grace period among the partitions a broker leads. With this index one statement answers that for
 every partition at once, reading only the rows of copies in flight or abandoned, instead of a page of segment rows
 per led partition: the look costs what is being copied, not how many partitions exist. Written by hand and frozen,

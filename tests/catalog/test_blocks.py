@@ -97,6 +97,38 @@ def test_a_commit_must_continue_the_high_water_mark(cat, epochs):
     assert (hit.object_key, hit.from_seq, hit.first_seq) == ("blk/2", 11, 50) and hit.holds(30)
 
 
+def test_one_refused_partition_refuses_the_whole_block(cat, epochs):
+    """The partitions are checked and raised together: a gap or an overlap in any of them changes none, and the
+    refusal names the first refused partition in (topic, partition) order, whatever the order of the runs."""
+    commit(cat, epochs, "blk/1", run("a", 0, 1, 10), run("a", 1, 1, 5, 100), run("b", 0, 1, 3, 200))
+    before = hwmarks(cat)
+    cases = {  # each: runs continuing a/0 exactly, with a gap or an overlap elsewhere
+        "gap": ([run("b", 0, 9, 9, 200), run("a", 0, 11, 20), run("a", 1, 8, 9, 100)], ("a", 1, 5, 8)),
+        "overlap": ([run("b", 0, 3, 4, 200), run("a", 0, 11, 20), run("a", 1, 6, 7, 100)], ("b", 0, 3, 3)),
+    }
+    for name, (runs, refusal) in cases.items():
+        block_id = insert_pending_block(cat, f"blk/{name}", BROKER, 300, now=T0)
+        with pytest.raises(Discontinuity) as caught:
+            commit_block(cat, block_id, BROKER, stamped(runs, epochs), epochs)
+        error = caught.value
+        assert (error.topic, error.partition, error.hwmark, error.from_seq) == refusal
+        assert get_block(cat, block_id).state == "pending"
+        assert hwmarks(cat) == before
+        assert find_run(cat, "a", 0, 11) is None
+
+
+def test_a_wide_block_commits_every_partition(cat):
+    """Hundreds of partitions in one block: every one raised, every run found, and a retry is a no-op."""
+    create_topic(cat, "w", 300)
+    held = {("w", p): e for p, e in claim_partitions(cat, BROKER, "w", range(300)).items()}
+    runs = [run("w", p, 1, 1 + p % 3, 10 * i) for i, p in enumerate(reversed(range(300)))]
+    block_id, marks = commit(cat, held, "blk/wide", *runs)
+    assert marks == {("w", p): 1 + p % 3 for p in range(300)}
+    assert {k: v for k, v in hwmarks(cat).items() if k[0] == "w"} == {("w", p): (1, 1 + p % 3) for p in range(300)}
+    assert [find_run(cat, "w", p, 1).position for p in (0, 150, 299)] == [2990, 1490, 0]
+    assert commit_block(cat, block_id, BROKER, stamped(runs, held), held) == marks
+
+
 def test_runs_of_one_partition_in_a_block_must_follow_each_other(cat, epochs):
     _, marks = commit(cat, epochs, "blk/1", run("a", 0, 1, 10), run("a", 0, 11, 20, 100))
     assert marks == {("a", 0): 20}

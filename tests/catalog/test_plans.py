@@ -330,3 +330,35 @@ def test_lookups_get_a_generic_plan(large, name):
             driver.execute("DEALLOCATE lookup")
     assert generic >= 3 and custom <= 5, (generic, custom, text)
     assert full_scans("postgresql", plan) == [] and index in plan, plan
+
+
+@pytest.fixture(scope="module")
+def many_partitions(_pg_databases):
+    """A PostgreSQL catalog of 100,000 partitions (issue 28's scale) and no history, analyzed: what a commit's
+    plan depends on."""
+    url = _pg_databases.take()
+    try:
+        with Catalog.open(url) as catalog:
+            with catalog.write() as conn:
+                bulk_load(conn, 100_000, 0, 0)
+            yield catalog
+    finally:
+        _pg_databases.cluster.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+def test_a_wide_commit_probes_each_partition_by_key_among_100k(many_partitions):
+    """commit_block's lock, check and raise (one statement on PostgreSQL) for a block of 1,600 partitions: each
+    partition given is a primary key probe, for the lock and for the UPDATE, with sequential scans allowed; nothing
+    reads every partition. (On a small table PostgreSQL may rightly hash-join a scan of it instead.)"""
+    from sqlalchemy import text
+
+    from tiered.catalog.arrays import statement
+
+    heads = [("bulk", p, 1, 1, 1, 1, 1) for p in range(0, 100_000, 62)][:1600]
+    check = statement("postgresql", blocks._LOCK_CHECK_RAISE["postgresql"], blocks.HEADS)
+    with many_partitions.engine.connect() as conn:
+        rows = conn.execute(text("EXPLAIN " + check.text), {"broker_id": 1, **blocks.HEADS.params(heads)}).all()
+        conn.rollback()
+    plan = "\n".join(r[0] for r in rows)
+    assert full_scans("postgresql", plan) == [], plan
+    assert plan.count("Index Scan using pk_partitions on partitions") == 2 and "LockRows" in plan, plan

@@ -26,8 +26,8 @@ from tiered.client import Client
 from tiered.protocol.bundle import Message
 from tiered.catalog.migrate import upgrade
 from tiered.storage.compaction_checkpoint import read_checkpoint
-from tiered.tiering.rebuild import rebuild_catalog
-from tiered.tiering.store import open_store
+from tiered.tiering.recovery.rebuild import rebuild_catalog
+from tiered.tiering.objects.store import open_store
 
 CONFIG = ("log.cleanup.policy=cleanup\nremote.copy=false\nlog.segment.bytes=1kb\nlog.index.interval.bytes=256\n"
           "produce.ack=durable\n")
@@ -131,7 +131,7 @@ async def test_block_runs_compacted_by_a_broker_process_then_read_from_the_bucke
         check(catalog_url)
 
         # The catalog rebuilt from the bucket, where segments of both passes and the runs they replaced remain,
-        # indexes the same locations (tiered/tiering/rebuild.py).
+        # indexes the same locations (tiered/tiering/recovery/rebuild.py).
         assert cluster.stop(1) == 0
         rebuilt_url = f"sqlite:///{tmp_path}/rebuilt.db"
         upgrade(rebuilt_url)

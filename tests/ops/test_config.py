@@ -40,6 +40,8 @@ SAMPLES = {
                     "postgresql+psycopg://u@db:5432/t"),
     "store_url": ('"s3://bucket/prefix"', "s3://bucket/prefix", "s3://bucket/prefix"),
     "s3_path_style": ("true", "yes", True),
+    "s3_sse": ('"kms"', "KMS", "kms"),
+    "s3_sse_kms_key_id": ('"alias/streams"', "alias/streams", "alias/streams"),
     "broker_id": ("7", "7", 7),
     "read_only": ("true", "1", True),
     "block_max_bytes": ('"512kb"', "512KiB", 512 << 10),
@@ -64,6 +66,7 @@ OTHER = {
     "data_dir": ("/other", Path("/other")), "listen": (":2345", ":2345"), "http_listen": (":9300", ":9300"),
     "catalog_url": ("sqlite:///x.db", "sqlite:///x.db"), "store_url": ("file:///objects", "file:///objects"),
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
+    "s3_sse": ("s3", "s3"), "s3_sse_kms_key_id": ("alias/other", "alias/other"),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
     "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
     "tls_cert": ("/o.crt", "/o.crt"), "tls_key": ("/o.key", "/o.key"), "tls_client_ca": ("/o.ca", "/o.ca"),
@@ -140,6 +143,9 @@ def _documented_defaults() -> Settings:
         elif name == "block_linger_ms":
             assert default == "off"  # blocks wait out block_max_age_ms
             values[name] = None
+        elif name == "s3_sse_kms_key_id":
+            assert default == "the account's aws/s3 key"  # empty: S3 uses the account's default KMS key
+            values[name] = ""
         elif name in ("tls_cert", "tls_key", "tls_client_ca", "listen_plain"):
             assert default == "off"  # TLS off; no second listener
             values[name] = ""

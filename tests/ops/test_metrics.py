@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tiered.client import Client
 from tiered.protocol.bundle import Message
-from tiered.tiering import keys
-from tiered.tiering.store import open_store
+from tiered.tiering.objects import keys
+from tiered.tiering.objects.store import open_store
 
 from tests.ops.helpers import ahttp_get, scrape
 from tests.support.polling import eventually

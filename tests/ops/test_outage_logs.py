@@ -10,7 +10,7 @@ from tiered.catalog.errors import CatalogUnavailable
 from tiered.metrics import TASK_FAILURES, Metrics
 from tiered.server.app import App
 from tiered.tasks import OUTAGES, Supervisor
-from tiered.tiering.store import StoreError
+from tiered.tiering.objects.store import StoreError
 
 from tests.support.broker import local_settings
 

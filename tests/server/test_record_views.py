@@ -18,8 +18,8 @@ from tiered.protocol.responses import read_produce_response
 from tiered.protocol.varint import encode_varint
 from tiered.server.app import App, tiering_service
 from tiered.server.connection import BIG_FRAME_BYTES
-from tiered.tiering.block_format import decode_block
-from tiered.tiering.keys import BLOCK_SUFFIX
+from tiered.tiering.blocks.block_format import decode_block
+from tiered.tiering.objects.keys import BLOCK_SUFFIX
 
 from tests.server.rawwire import RawConnection
 from tests.support.broker import local_settings

@@ -1,5 +1,5 @@
-"""TLS on the TANK listener: real handshakes over 127.0.0.1 with certificates made here by `openssl` (the
-`cryptography` package is not installed in this project's environment)."""
+"""TLS on the TANK listener: real handshakes over 127.0.0.1 with certificates made in the test by `openssl`
+(tests/support/certs.py)."""
 
 from __future__ import annotations
 
@@ -19,35 +19,9 @@ from tiered.server.app import App
 from tiered.tls import TLSError, client_context
 
 from tests.support.broker import REPO, local_settings
+from tests.support.certs import HAVE_OPENSSL, Certs
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-def _run(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-class Certs:
-    """A CA and certificates it signs, as PEM files in `folder`."""
-
-    def __init__(self, folder: Path, ca_name: str = "ca"):
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.ca = ca_name
-        _run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-             f"{ca_name}.key", "-out", f"{ca_name}.pem", "-subj", f"/CN={ca_name}", "-days", "2", cwd=folder)
-
-    def path(self, name: str) -> str:
-        return str(self.folder / name)
-
-    def issue(self, name: str, *, days: int = 2) -> tuple[str, str]:
-        """(cert, key) for 127.0.0.1 signed by this CA; days=-1 makes one that has expired."""
-        (self.folder / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        _run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=self.folder)
-        _run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{self.ca}.pem", "-CAkey", f"{self.ca}.key", "-out",
-             f"{name}.pem", "-days", str(days), "-extfile", f"{name}.ext", cwd=self.folder)
-        return self.path(f"{name}.pem"), self.path(f"{name}.key")
+pytestmark = pytest.mark.skipif(not HAVE_OPENSSL, reason="needs the openssl command")
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +206,40 @@ def test_bad_tls_flags_are_one_line_for_the_cli_and_the_broker(tmp_path, certs):
     bad.write_text("not a certificate\n")
     unloadable = cli("serve", "-p", str(tmp_path / "d"), "--tls-cert", str(bad), "--tls-key", str(bad))
     assert unloadable.returncode == 2 and unloadable.stderr.count("\n") == 1 and "TLS" in unloadable.stderr
+
+
+async def test_shutdown_cuts_off_a_tls_client_that_never_answers_the_close(tmp_path, certs, caplog):
+    """A TLS close waits for the client's close_notify; a client that never reads again must not hold the broker's
+    shutdown past its deadline (asyncio alone would wait 30 s per connection, one after another)."""
+    import logging
+    import socket
+    import ssl
+
+    caplog.set_level(logging.WARNING, logger="tiered.server")
+    settings = local_settings(tmp_path / "data", tls_cert=certs.path("server.pem"), tls_key=certs.path("server.key"),
+                              shutdown_timeout_s=0.5)
+    app = App(settings, local_only=True)
+    await app.start()
+    ctx = client_context(certs.path("ca.pem"))
+
+    def silent_client() -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", app.broker.port), timeout=10)
+        tls = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        tls.recv(5)  # the broker's ping: it serves this connection; from here on nothing is read
+        return tls
+
+    silent = await asyncio.to_thread(silent_client)
+    try:
+        await app.stop()
+        assert any("did not close by the shutdown deadline; cut off" in r.getMessage() for r in caplog.records)
+        silent.settimeout(10)
+
+        def read_to_the_end() -> bytes:
+            try:
+                return silent.recv(1024)  # the broker's close_notify reads as the end of the stream
+            except (ConnectionError, ssl.SSLError):
+                return b""  # or the connection was cut
+
+        assert await asyncio.to_thread(read_to_the_end) == b""
+    finally:
+        silent.close()

@@ -31,9 +31,9 @@ from tiered.protocol.bundle import (
 )
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig
-from tiered.tiering import keys
+from tiered.tiering.objects import keys
 from tiered.catalog.blocks import RunMeta
-from tiered.tiering.block_format import encode_block
+from tiered.tiering.blocks.block_format import encode_block
 
 from tests.support.compaction import random_workload
 

@@ -32,8 +32,8 @@ from tiered.spark.objects import open_range_reader
 from tiered.spark.options import ReadOptions
 from tiered.storage.partition_log import PartitionLog
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.remote_compaction import RemoteCompactor
-from tiered.tiering.store import open_store
+from tiered.tiering.compaction.remote_compaction import RemoteCompactor
+from tiered.tiering.objects.store import open_store
 
 from tests.spark.history import BROKER_ID, FileObjects, PartitionHistory, append_compactable
 from tests.support.clock import ManualClock

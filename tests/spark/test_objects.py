@@ -7,7 +7,7 @@ import pytest
 from tiered.spark.execution import fetch, piece_gets
 from tiered.spark.objects import FileRangeReader, open_range_reader, parse_store_url
 from tiered.spark.planning import RunPiece
-from tiered.tiering.store import ObjectNotFound, StoreError
+from tiered.tiering.objects.store import ObjectNotFound, StoreError
 
 
 def test_store_urls_parse_as_the_broker_reads_them(tmp_path, monkeypatch):

@@ -26,8 +26,8 @@ from tiered.spark.snapshot import LatestPerKey
 from tiered.storage.compaction import compact_partition
 from tiered.storage.partition_log import PartitionLog
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.remote_compaction import RemoteCompactor
-from tiered.tiering.store import open_store
+from tiered.tiering.compaction.remote_compaction import RemoteCompactor
+from tiered.tiering.objects.store import open_store
 
 from tests.spark.history import BROKER_ID, FileObjects, PartitionHistory, append_compactable
 from tests.support.clock import ManualClock

@@ -16,7 +16,6 @@ As root (CI containers), the server runs as the `postgres` user through `runuser
 
 from __future__ import annotations
 
-import glob
 import itertools
 import os
 import pwd
@@ -28,21 +27,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.ports import free_port
+from tiered.cli.dev import find_pg_bindir
 
 TEMPLATE_DB = "tiered_template"
 
 
 def _find_bindir() -> Path:
-    candidates = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True
-    )
-    for bindir in candidates:
-        if os.access(Path(bindir) / "initdb", os.X_OK) and os.access(Path(bindir) / "pg_ctl", os.X_OK):
-            return Path(bindir)
-    on_path = shutil.which("pg_ctl")
-    if on_path and shutil.which("initdb"):
-        return Path(on_path).parent
-    raise RuntimeError("PostgreSQL server binaries not found (initdb, pg_ctl): run `make system-deps`")
+    bindir = find_pg_bindir()
+    if bindir is None:
+        raise RuntimeError("PostgreSQL server binaries not found (initdb, pg_ctl): run `make system-deps`")
+    return bindir
 
 
 class PgCluster:

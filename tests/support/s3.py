@@ -330,7 +330,7 @@ def s3_bucket(s3_endpoint: str, s3_admin) -> str:
 
 @pytest_asyncio.fixture
 async def s3_store(s3_endpoint: str, s3_bucket: str):
-    from tiered.tiering.s3_store import S3ObjectStore
+    from tiered.tiering.objects.s3_store import S3ObjectStore
 
     store = S3ObjectStore(
         s3_bucket,

@@ -1,4 +1,4 @@
-"""Cleanup of abandoned copies (tiered.tiering.abandoned_copies) against moto's S3 server and both catalog backends:
+"""Cleanup of abandoned copies (tiered.tiering.segments.abandoned_copies) against moto's S3 server and both catalog backends:
 a fenced broker's COPY_STARTED row and its objects go once the new leader's pass finds them old enough; a copy the
 leader is about to redo is left to it, and finishes; a crash at each step is finished by the next pass; a copy of
 the same base after the cleanup works; and a seeded run of random fences, takeovers, copies and passes. After each,
@@ -34,14 +34,14 @@ from tiered.storage.partition_log import PartitionLog
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteChunk
-from tiered.tiering import keys
-from tiered.tiering.abandoned_copies import clean_abandoned_copies
-from tiered.tiering.block_format import encode_block
-from tiered.tiering.remote_fetch import RemoteReader
-from tiered.tiering.remote_retention import delete_objects
+from tiered.tiering.objects import keys
+from tiered.tiering.segments.abandoned_copies import clean_abandoned_copies
+from tiered.tiering.blocks.block_format import encode_block
+from tiered.tiering.reads.remote_fetch import RemoteReader
+from tiered.tiering.segments.remote_retention import delete_objects
 from tiered.tiering.remote_tier import RemoteTier
-from tiered.tiering.segment_copier import CopyJob, SegmentCopier, segment_timestamp_bounds
-from tiered.tiering.store import StoreError
+from tiered.tiering.segments.segment_copier import CopyJob, SegmentCopier, segment_timestamp_bounds
+from tiered.tiering.objects.store import StoreError
 
 TOPIC = "events"
 A, B = 1, 2  # broker ids

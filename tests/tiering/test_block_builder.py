@@ -11,17 +11,18 @@ from tests.tiering.tier_state import led_state
 from tiered.protocol.bundle import Message, encode_bundle, encode_record, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import AckOutcome
-from tiered.tiering.block_builder import BlockBuilder, NotLeading, record_stats
-from tiered.tiering.block_format import (
+from tiered.tiering.blocks.block_builder import BlockBuilder, NotLeading, record_stats
+from tiered.tiering.blocks.block_format import (
     INDEX_EVERY_BYTES,
     decode_block,
     encode_block,
+    encode_block_pieces,
     read_block_indexes,
     run_index_of,
 )
-from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.reads.caches import RangeCache, SizedLru
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.run_reads import trim_chunk
+from tiered.tiering.reads.run_reads import trim_chunk
 from tiered.storage.index import SparseIndex
 
 
@@ -67,6 +68,31 @@ def test_stamps_beyond_the_signed_64_bit_range_are_recorded_at_its_top():
     t, u = builder.close().runs
     assert (t.min_ts_ms, t.max_ts_ms) == (top, top) and (u.min_ts_ms, u.max_ts_ms) == (5, top)
     encode_block([(t.meta(), b"".join(t.records))])  # the footer takes them
+
+
+def test_stamps_beyond_the_range_in_the_append_path_s_facts_are_recorded_at_its_top_too():
+    builder = leading(("t", 0))
+    r = record([b"a", b"b"], ts=(1 << 64) - 2)
+    builder.add("t", 0, 1, 2, r, 1, now_ms=0, facts=validate_bundle(bundle_of(r)))
+    [t] = builder.close().runs
+    assert (t.min_ts_ms, t.max_ts_ms) == ((1 << 63) - 1, (1 << 63) - 1)
+
+
+def test_the_builder_s_runs_encode_as_their_metadata_does():
+    """The pipeline hands its PendingRuns to the footer as they are (no RunMeta per run): the same object, rows."""
+    builder = leading(*[(t, p) for t in "tu" for p in range(3)])
+    seqs = {}
+    for i in range(20):
+        topic, partition = "tu"[i % 2], i % 3
+        r = record([b"x" * i] * (1 + i % 3), ts=100 + i)
+        first = seqs.get((topic, partition), 0) + 1
+        seqs[(topic, partition)] = first + i % 3
+        builder.add(topic, partition, first, first + i % 3, r, 1, now_ms=0, facts=validate_bundle(bundle_of(r)))
+    runs = builder.close().runs
+    direct = encode_block_pieces([(run, run.records) for run in runs], [run.index for run in runs])
+    copied = encode_block_pieces([(run.meta(), run.records) for run in runs], [run.index for run in runs])
+    assert direct == copied and len(direct[1]) == 6
+    assert [r for r, _ in decode_block(b"".join(direct[0]))] == direct[1]
 
 
 def test_facts_spare_the_builder_a_walk_and_bad_records_are_refused():
@@ -220,7 +246,7 @@ def test_runs_keep_the_bundle_index_the_footer_would_read_from_their_bundles():
 def test_records_as_read_only_views_give_the_block_of_their_bytes():
     """Records handed over as read-only views of request payloads (AppendResult.record) build, check and encode the
     same block as the same records as bytes: one-, two- and three-byte lengths, and the index past 64 KiB."""
-    from tiered.tiering.block_format import encode_block_pieces
+    from tiered.tiering.blocks.block_format import encode_block_pieces
 
     rng = random.Random(11)
     records = [record([rng.randbytes(rng.choice([5, 200, 3000, 40_000]))] * rng.randint(1, 3)) for _ in range(40)]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tiered.protocol.bundle import Message, decode_bundle, encode_bundle, encode_record, maybe_record
 from tiered.protocol.errors import ProtocolError
 from tiered.catalog.blocks import RunMeta, RunRow
-from tiered.tiering.block_format import (
+from tiered.tiering.blocks.block_format import (
     FOOTER_TRAILER_BYTES,
     MAGIC,
     INDEX_EVERY_BYTES,
@@ -151,7 +151,7 @@ def test_the_footer_is_read_from_the_tail_alone():
 
 
 async def test_the_footer_from_a_stored_object_with_two_range_gets(tmp_path):
-    from tiered.tiering.local_store import LocalObjectStore
+    from tiered.tiering.objects.local_store import LocalObjectStore
 
     data, infos = encode_block(sample_runs())
     store = LocalObjectStore(tmp_path)

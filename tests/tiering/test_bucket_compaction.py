@@ -27,10 +27,11 @@ from tests.tiering.test_remote_compaction import (
 from tiered.catalog.check import check_partition
 from tiered.catalog.compaction import readable_segments
 from tiered.protocol.errors import ProtocolError
-from tiered.storage.compaction import OUTPUT_ALLOWANCE, compact_partition
-from tiered.tiering import keys
-from tiered.tiering.bucket_compaction import object_records
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.storage.compaction import output_allowance, compact_partition
+from tiered.tiering.objects import keys
+from tiered.tiering.compaction.bucket_compaction import object_records
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.objects.meter import Attribution
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,8 +76,8 @@ class SpaceProbe:
         elif name.startswith("swap ") and not self.group_input:  # a group from local copies
             first, last = map(int, name.split()[1].split("-"))
             self.rewritten += sum(b for base, b in self.old.items() if first <= base <= last)
-        assert disk <= OUTPUT_ALLOWANCE * self.group_input, (name, disk, self.group_input)
-        assert 0 <= extra <= OUTPUT_ALLOWANCE * self.rewritten, (name, extra, self.rewritten)
+        assert disk <= output_allowance(self.group_input), (name, disk, self.group_input)
+        assert 0 <= extra <= output_allowance(self.rewritten), (name, extra, self.rewritten)
         self.peak_disk, self.peak_bucket = max(self.peak_disk, disk), max(self.peak_bucket, extra)
 
 
@@ -96,7 +97,7 @@ async def test_a_pass_from_the_bucket_holds_one_group_on_disk_and_at_most_1_2x_i
     assert 0 < probe.peak_disk < range_bytes / 2
     # The bucket, after the pass: every object written is there beside the old ones (their grace period).
     after = probe.bucket_bytes() - probe.baseline
-    assert after == report.bytes_after <= OUTPUT_ALLOWANCE * report.bytes_before
+    assert after == report.bytes_after <= output_allowance(report.bytes_before)
     assert probe.peak_bucket <= after
     if distinct_keys == 12:
         assert report.bytes_after < report.bytes_before / 3
@@ -117,7 +118,7 @@ async def test_a_pass_from_local_copies_writes_nothing_locally_and_at_most_1_2x_
     probe = SpaceProbe(s3_admin, s3_bucket, tmp_path / "work" / "t.0", readable_segments(cat, "t", 0))
     report = await compactor(s3_store, acat, tmp_path).compact("t", 0, plog, epoch, on_step=probe)
     assert report.groups and report.stopped is None and probe.peak_disk == 0
-    assert probe.bucket_bytes() - probe.baseline == report.bytes_after <= OUTPUT_ALLOWANCE * report.bytes_before
+    assert probe.bucket_bytes() - probe.baseline == report.bytes_after <= output_allowance(report.bytes_before)
     assert rows(await remote_messages(s3_store, cat, "t")) == rows(Model(RETENTION_S * 1000).compact(
         before, int(NOW_S * 1000)))
     assert check_partition(cat, "t", 0).problems == []
@@ -131,7 +132,7 @@ CHILD_IMPORTS = """
     from tests.tiering.test_run_compaction import leader_without_history
     from tiered.catalog import Catalog
     from tiered.tiering.catalog_access import AsyncCatalog
-    from tiered.tiering.s3_store import S3ObjectStore
+    from tiered.tiering.objects.s3_store import S3ObjectStore
 """
 CHILD = textwrap.dedent(CHILD_IMPORTS) + textwrap.dedent("""
     url, endpoint, bucket, root, epoch, kill_at, history = sys.argv[1:8]
@@ -213,14 +214,16 @@ async def test_segment_objects_are_read_as_whole_records_from_any_window(tmp_pat
     expected = list(plog.iter_records(segment.base, segment.last))
 
     async def read(size: int, window: int, key: str = "seg") -> list:
-        return [r async for batch in object_records(store, key, size, segment.base, window=window) for r in batch]
+        return [r async for batch in object_records(store, key, size, segment.base, window=window,
+                                                                attribution=Attribution.topic("t")) for r in batch]
 
     for window in (1, 7, 100, len(data), 1 << 20):
         assert await read(len(data), window) == expected
     # A run inside a block: the same bytes between others, read from its offset (positions relative to it).
     await store.put("block", b"other runs" + data + b"more runs")
     for window in (1, 7, 100, 1 << 20):
-        got = [r async for batch in object_records(store, "block", len(data), segment.base, offset=10, window=window)
+        got = [r async for batch in object_records(store, "block", len(data), segment.base, offset=10, window=window,
+                                                                   attribution=Attribution.topic("t"))
                for r in batch]
         assert got == expected
     # Oversized: an object longer than its row says is read up to the row's size, at a record boundary.

@@ -1,4 +1,4 @@
-"""The cluster decision (tiered.tiering.cluster_decision.decide): pure, as a table of cases, and its placements."""
+"""The cluster decision (tiered.tiering.cluster.cluster_decision.decide): pure, as a table of cases, and its placements."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
-from tiered.tiering.cluster_decision import ClusterView, Follow, claim_batches, decide, plan_rebalance, spread
+from tiered.tiering.cluster.cluster_decision import ClusterView, Follow, claim_batches, decide, plan_rebalance, spread
 
 ME, B, C = 1, 2, 3
 ADDRESSES = {ME: "10.0.0.1:11011", B: "10.0.0.2:11011", C: "10.0.0.3:11011"}

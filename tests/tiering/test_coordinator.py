@@ -1,4 +1,4 @@
-"""The coordinator (tiered.tiering.coordinator) on a manual clock and a real catalog (both backends): its work per
+"""The coordinator (tiered.tiering.cluster.coordinator) on a manual clock and a real catalog (both backends): its work per
 tick follows what changed, not how many partitions exist (issue 28, "idle costs nothing")."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.coordinator import CLAIM_POLL_S, Coordinator, Endpoints
+from tiered.tiering.cluster.coordinator import CLAIM_POLL_S, Coordinator, Endpoints
 from tests.catalog.rows import run, stamped
 from tests.support.clock import ManualClock
 

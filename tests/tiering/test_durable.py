@@ -19,8 +19,8 @@ from tiered.client import Client, TankError
 from tiered.protocol.bundle import Message
 from tiered.protocol.codes import ProduceStatus
 from tiered.server.app import App, tiering_service
-from tiered.tiering.block_format import decode_block
-from tiered.tiering.store import open_store
+from tiered.tiering.blocks.block_format import decode_block
+from tiered.tiering.objects.store import open_store
 
 from tests.support.broker import local_settings
 from tests.support.polling import eventually

@@ -1,4 +1,4 @@
-"""The durable path alone (tiered.tiering.durable), on the local object store and SQLite, with a clock the test
+"""The durable path alone (tiered.tiering.blocks.durable), on the local object store and SQLite, with a clock the test
 moves: blocks close by age, commit in block order whatever order their uploads finish in, and a refused commit
 fences its partition without losing the others' records."""
 
@@ -22,8 +22,8 @@ from tiered.protocol.bundle import Message, encode_bundle, encode_record, valida
 from tiered.storage.partition_log import AppendResult
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.durable import DurablePath
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.tiering.blocks.durable import DurablePath
+from tiered.tiering.objects.local_store import LocalObjectStore
 
 from tests.support.clock import ManualClock
 
@@ -68,12 +68,17 @@ def appended(first: int, data: bytes, base: int = 1) -> AppendResult:
     return AppendResult(first, first, base, 0, len(data), data, validate_bundle(data[1:]))
 
 
-async def durable_path(tmp_path, **policy):
-    url = f"sqlite:///{tmp_path}/c.db"
+def claimed_catalog(path) -> tuple[Catalog, dict[int, int]]:
+    """A new SQLite catalog at `path` with topic "t" of 2 partitions, both claimed by broker 1: (catalog, epochs)."""
+    url = f"sqlite:///{path}"
     upgrade(url)
     catalog = Catalog.open(url)
     catalog_topics.create_topic(catalog, "t", 2)
-    epochs = catalog_partitions.claim_partitions(catalog, 1, "t", [0, 1])
+    return catalog, catalog_partitions.claim_partitions(catalog, 1, "t", [0, 1])
+
+
+async def durable_path(tmp_path, **policy):
+    catalog, epochs = claimed_catalog(tmp_path / "c.db")
     clock = ManualClock()
     sink = RecordingSink()
     store = GatedStore(tmp_path / "objects")
@@ -163,7 +168,7 @@ async def test_a_refused_commit_fences_its_partition_and_commits_the_others(path
 
 
 async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkeypatch):
-    from tiered.tiering.store import StoreError
+    from tiered.tiering.objects.store import StoreError
 
     failures = [3]
     original = path.store.put

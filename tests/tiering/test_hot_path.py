@@ -10,8 +10,8 @@ import pytest
 from tiered.client import Client
 from tiered.clock import SYSTEM_CLOCK
 from tiered.protocol.bundle import Message
-from tiered.tiering.hot_path import LEAD_S, HotPathGate
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.tiering.blocks.hot_path import LEAD_S, HotPathGate
+from tiered.tiering.objects.local_store import LocalObjectStore
 
 from tests.support.polling import eventually
 from tests.tiering.test_remote_reads import tiered_broker  # noqa: F401 (the fixture)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered.protocol.codes import UINT64_MAX
-from tiered.tiering import keys
-from tiered.tiering.keys import (
+from tiered.tiering.objects import keys
+from tiered.tiering.objects.keys import (
     BlockIdClock,
     BlockKey,
     SegmentKey,

@@ -26,8 +26,8 @@ from tiered.storage.compaction import compact_partition
 from tiered.storage.names import PRIVATE, Ignored, parse_name
 from tiered.storage.segment import make_private
 from tiered.storage.truncate import truncate_partition_dir
-from tiered.tiering import local_store
-from tiered.tiering.local_store import TEMP_PREFIX, LocalObjectStore
+from tiered.tiering.objects import local_store
+from tiered.tiering.objects.local_store import TEMP_PREFIX, LocalObjectStore
 
 from tests.support.broker import local_settings
 from tests.support.polling import eventually

@@ -21,7 +21,7 @@ from tiered.catalog.compaction import readable_segments
 from tiered.metrics import Metrics
 from tiered.storage.compaction import compact_partition
 from tiered.tier_interface import RemoteChunk, Unreadable
-from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.reads.remote_fetch import RemoteReader
 from tiered.tiering.remote_tier import RemoteTier
 
 

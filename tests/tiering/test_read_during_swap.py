@@ -23,8 +23,8 @@ from tiered.protocol.bundle import Message
 from tiered.storage.compaction import compact_partition
 from tiered.tier_interface import RemoteChunk
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.remote_fetch import RemoteReader
-from tiered.tiering.store import open_store
+from tiered.tiering.reads.remote_fetch import RemoteReader
+from tiered.tiering.objects.store import open_store
 
 
 def run_for(cat: Catalog, seq: int) -> RunLocation | None:

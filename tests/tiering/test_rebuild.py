@@ -24,19 +24,19 @@ from tiered.client import BoundaryError, Client
 from tiered.protocol.bundle import Message, encode_bundle, encode_record
 from tiered.server.app import App, tiering_service
 from tiered.storage.topic_config import TopicConfig
-from tiered.tiering import keys
+from tiered.tiering.objects import keys
 from tiered.catalog.blocks import RunMeta
 from tiered.catalog.check import check_catalog
 from tiered.metrics import Metrics
 from tiered.tier_interface import RemoteChunk
-from tiered.tiering.block_format import encode_block
-from tiered.tiering.remote_fetch import RemoteReader
-from tiered.tiering.run_reads import trim_chunk
-from tiered.tiering.rebuild import UNKNOWN_MAX_TS_MS, CatalogNotEmpty, rebuild_catalog
+from tiered.tiering.blocks.block_format import encode_block
+from tiered.tiering.reads.remote_fetch import RemoteReader
+from tiered.tiering.reads.run_reads import trim_chunk
+from tiered.tiering.recovery.rebuild import UNKNOWN_MAX_TS_MS, CatalogNotEmpty, rebuild_catalog
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.remote_retention import enforce_remote_retention
-from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.store import open_store
+from tiered.tiering.segments.remote_retention import enforce_remote_retention
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.objects.store import open_store
 
 from tests.support.broker import local_settings
 from tests.support.postgres import TEMPLATE_DB

@@ -22,9 +22,9 @@ from tiered.client import Client
 from tiered.metrics import Metrics
 from tiered.protocol.bundle import Message
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.rebuild import rebuild_catalog
-from tiered.tiering.remote_fetch import RemoteReader
-from tiered.tiering.store import open_store
+from tiered.tiering.recovery.rebuild import rebuild_catalog
+from tiered.tiering.reads.remote_fetch import RemoteReader
+from tiered.tiering.objects.store import open_store
 
 SMALL = {"log.segment.bytes": "1kb", "log.index.interval.bytes": "256", "remote.copy": "false"}
 COMPACTED = {**SMALL, "log.cleanup.policy": "cleanup"}
@@ -108,7 +108,7 @@ async def test_a_bucket_of_compacted_runs_rebuilds_to_the_same_history(brokers, 
             assert after[table] == before[table], table
         # Blocks: committed while the plain topic's runs remain, else deleting, as before. The objects of the
         # segments a later pass replaced are `deleting` rows of the original only: the rebuild reports them as
-        # superseded, and the reconciler deletes them as orphans after the grace period (tiered.tiering.rebuild).
+        # superseded, and the reconciler deletes them as orphans after the grace period (tiered.tiering.recovery.rebuild).
         replaced = [b for b in before["blocks"] if b[0].startswith("segments/")]
         assert replaced and {b[1] for b in replaced} == {"deleting"}
         assert sorted(key for key, *_ in replaced) == sorted(

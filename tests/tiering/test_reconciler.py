@@ -18,9 +18,9 @@ from tiered.catalog import segments as catalog_segments
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.blocks import RunRow
 from tiered.catalog.segments import SegmentMeta
-from tiered.tiering import keys
-from tiered.tiering.reconciler import abandon_stale_pending, is_our_key, reconcile, sweep_deleted_blocks
-from tiered.tiering.store import ObjectNotFound
+from tiered.tiering.objects import keys
+from tiered.tiering.recovery.reconciler import abandon_stale_pending, is_our_key, reconcile, sweep_deleted_blocks
+from tiered.tiering.objects.store import ObjectNotFound
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=10)

@@ -28,18 +28,18 @@ from tiered.protocol.bundle import decode_bundle, maybe_record
 from tiered.protocol.varint import read_varint
 from tiered.storage.compaction import compact_partition
 from tiered.storage.partition_log import PartitionLog
-from tiered.tiering import keys
-from tiered.tiering.reconciler import reconcile, sweep_deleted_blocks
-from tiered.tiering.remote_compaction import RemoteCompactor, _groups_from_local
-from tiered.tiering.segment_copier import CopyJob, SegmentCopier
+from tiered.tiering.objects import keys
+from tiered.tiering.recovery.reconciler import reconcile, sweep_deleted_blocks
+from tiered.tiering.compaction.remote_compaction import RemoteCompactor, _groups_from_local
+from tiered.tiering.segments.segment_copier import CopyJob, SegmentCopier
 from tiered.storage.index import SparseIndex
 from tiered.storage.segment import SealedSegment
 from tiered.catalog.segments import SegmentRow
-from tiered.tiering.remote_fetch import RemoteReader
+from tiered.tiering.reads.remote_fetch import RemoteReader
 from tiered.tier_interface import RemoteChunk
 from tiered.metrics import Metrics
-from tiered.tiering.segment_copier import segment_timestamp_bounds
-from tiered.tiering.store import ObjectNotFound
+from tiered.tiering.segments.segment_copier import segment_timestamp_bounds
+from tiered.tiering.objects.store import ObjectNotFound
 
 BROKER = 1
 RETENTION_S = 100

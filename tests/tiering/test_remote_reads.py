@@ -14,7 +14,8 @@ from tiered.catalog.states import SegmentState
 from tiered.client import Client
 from tiered.protocol.bundle import Message
 from tiered.server.app import App, tiering_service
-from tiered.tiering.caches import RangeCache, SizedLru
+from tiered.tiering.objects.meter import CATALOG
+from tiered.tiering.reads.caches import RangeCache, SizedLru
 
 from tests.support.broker import local_settings
 from tests.support.polling import eventually
@@ -162,7 +163,7 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
     from datetime import timedelta
 
     from tiered.client import BoundaryError
-    from tiered.tiering import keys
+    from tiered.tiering.objects import keys
 
     app = await tiered_broker()
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
@@ -183,11 +184,11 @@ async def test_remote_retention_and_the_reconciler_run_in_the_broker(tiered_brok
         assert got[0].seq == first and [m.value for m in got] == values[first - 1:]
         # An upload whose commit never happened leaves an object the catalog does not know: the reconciler removes it.
         orphan = keys.block_key(0, keys.new_block_id(1_000))
-        await tiering.store.put(orphan, b"orphan")
+        await tiering.store.put(orphan, b"orphan", attribution=CATALOG)
         tiering.remote.grace = timedelta(0)
         assert await tiering.reconcile_pass() >= 1
         assert app.broker.metrics.counters["tiered_reconciler_deletions_total"] >= 1
-        assert [i.object_key async for i in tiering.store.list(orphan)] == []
+        assert [i.object_key async for i in tiering.store.list(orphan, attribution=CATALOG)] == []
         assert [m.value async for m in c.drain("hist", 0, 0)] == values[first - 1:]
 
 

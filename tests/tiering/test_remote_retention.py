@@ -14,9 +14,9 @@ from tiered.catalog import topics as catalog_topics
 from tiered.catalog.blocks import RunRow
 from tiered.catalog.segments import SegmentMeta
 from tiered.storage.topic_config import TopicConfig
-from tiered.tiering import keys
-from tiered.tiering.remote_retention import enforce_remote_retention
-from tiered.tiering.store import ObjectNotFound, StoreError
+from tiered.tiering.objects import keys
+from tiered.tiering.segments.remote_retention import enforce_remote_retention
+from tiered.tiering.objects.store import ObjectNotFound, StoreError
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 BROKER = 1

@@ -18,10 +18,11 @@ from tiered.protocol.consume_response import read_consume_response
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MsgType, encode_frame
 from tiered.storage.index import SparseIndex
-from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.range_reads import RangeRead, ReadBudget
-from tiered.tiering.remote_chunks import find_first_bundle
-from tiered.tiering.remote_fetch import AHEAD_DEPTH, indexed_end, segment_window
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.reads.range_reads import RangeRead, ReadBudget
+from tiered.tiering.reads.remote_chunks import find_first_bundle
+from tiered.tiering.reads.remote_fetch import AHEAD_DEPTH, indexed_end, segment_window
+from tiered.tiering.objects.meter import Attribution
 
 from tests.support.polling import eventually
 from tests.tiering.test_remote_reads import _copied, tiered_broker  # noqa: F401 (the fixture)
@@ -282,7 +283,7 @@ async def test_the_first_bundle_is_found_in_whole_records_and_bad_bytes_are_refu
     slots = asyncio.Semaphore(2)
 
     async def first(obj: str, end: int, seq: int):
-        read = await RangeRead.open(store, obj, 0, end, budget, slots)
+        read = await RangeRead.open(store, obj, 0, end, budget, slots, Attribution.topic("t"))
         try:
             return await find_first_bundle(read, 0, 100, seq)
         finally:

@@ -40,7 +40,7 @@ from tiered.catalog.compaction import readable_segments
 from tiered.catalog.states import BlockState
 from tiered.storage.compaction import compact_partition
 from tiered.storage.partition_log import PartitionLog
-from tiered.tiering.reconciler import sweep_deleted_blocks
+from tiered.tiering.recovery.reconciler import sweep_deleted_blocks
 
 
 class RunHistory:

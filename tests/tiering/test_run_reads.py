@@ -1,4 +1,4 @@
-"""Range reads of block runs by their bundle index (block format version 3, tiered.tiering.run_reads), against
+"""Range reads of block runs by their bundle index (block format version 3, tiered.tiering.reads.run_reads), against
 moto's S3 server over HTTP and a real catalog: every kind of seq answered byte for byte as the local segment answers
 it, bytes GET per byte answered counted by the store, version 2 blocks still read whole."""
 
@@ -27,7 +27,7 @@ from tiered.protocol.bundle import (
     read_bundle_header,
 )
 from tiered.tier_interface import RemoteChunk
-from tiered.tiering.block_format import (
+from tiered.tiering.blocks.block_format import (
     FOOTER_TRAILER_BYTES,
     INDEX_EVERY_BYTES,
     MAGIC,
@@ -38,8 +38,8 @@ from tiered.tiering.block_format import (
     read_block_indexes,
     run_index_of,
 )
-from tiered.tiering.remote_fetch import RemoteReader
-from tiered.tiering.run_reads import run_window, trim_chunk
+from tiered.tiering.reads.remote_fetch import RemoteReader
+from tiered.tiering.reads.run_reads import run_window, trim_chunk
 
 from tests.spark.history import PartitionHistory, S3Objects
 from tests.tiering.test_remote_compaction import chunk_bytes

@@ -7,8 +7,8 @@ import random
 
 from tiered.protocol.bundle import CODEC_SNAPPY, Message, encode_bundle
 from tiered.storage import PartitionLog
-from tiered.tiering.block_builder import MAX_RECORDED_TS_MS, recorded_ts_bounds
-from tiered.tiering.segment_copier import segment_timestamp_bounds
+from tiered.tiering.blocks.block_builder import MAX_RECORDED_TS_MS, recorded_ts_bounds
+from tiered.tiering.segments.segment_copier import segment_timestamp_bounds
 
 from tests.support.storage_helpers import sparse_bundle, storage_config
 

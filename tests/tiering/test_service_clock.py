@@ -9,16 +9,13 @@ from __future__ import annotations
 import asyncio
 
 from tests.support.clock import ManualClock
-from tests.tiering.test_durable_path import RecordingSink, appended, record, settle
-from tiered.catalog import Catalog
+from tests.tiering.test_durable_path import RecordingSink, appended, claimed_catalog, record, settle
 from tiered.catalog import partitions as catalog_partitions
-from tiered.catalog import topics as catalog_topics
-from tiered.catalog.migrate import upgrade
 from tiered.config import Settings
 from tiered.metrics import Metrics
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import AckOutcome, PartitionPlan
-from tiered.tiering.local_store import LocalObjectStore
+from tiered.tiering.objects.local_store import LocalObjectStore
 from tiered.tiering.partition_state import Role
 from tiered.tiering.service import TieringService
 from tiered.topic_partition import TopicPartition
@@ -30,11 +27,7 @@ def plan(partition: int, epoch: int) -> PartitionPlan:
 
 
 async def test_a_block_commits_on_the_manual_clock_and_a_refused_one_fences(tmp_path):
-    url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
-    catalog = Catalog.open(url)
-    catalog_topics.create_topic(catalog, "t", 2)
-    epochs = catalog_partitions.claim_partitions(catalog, 1, "t", [0, 1])
+    catalog, epochs = claimed_catalog(tmp_path / "catalog.db")
     clock = ManualClock()
     sink = RecordingSink()
     service = TieringService(Settings(data_dir=tmp_path / "data", broker_id=1), sink, Metrics(), disk_id="disk",

@@ -1,4 +1,4 @@
-"""The start-up and takeover plan (tiered.tiering.startup.plan_partition): pure, as a table of cases."""
+"""The start-up and takeover plan (tiered.tiering.cluster.startup.plan_partition): pure, as a table of cases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from tiered.catalog.partitions import Claim, EpochRow, PartitionState
 from tiered.tier_interface import LocalPartition
-from tiered.tiering.startup import plan_partition
+from tiered.tiering.cluster.startup import plan_partition
 
 ME, OTHER = 1, 2
 MY_DISK, OTHER_DISK = "disk-a", "disk-b"

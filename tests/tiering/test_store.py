@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import pytest_asyncio
 
-from tiered.tiering import store as store_module
-from tiered.tiering.local_store import LocalObjectStore
-from tiered.tiering.s3_store import S3ObjectStore
-from tiered.tiering.store import ObjectInfo, ObjectNotFound, StoreCounters, StoreError
+from tiered.tiering.objects import store as store_module
+from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.tiering.objects.s3_store import S3ObjectStore
+from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, StoreCounters, StoreError
 
 KiB = 1024
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tiered.tiering import local_store
-from tiered.tiering.local_store import TEMP_PREFIX, LocalObjectStore
-from tiered.tiering.store import ObjectNotFound, StoreError, open_store
+from tiered.tiering.objects import local_store
+from tiered.tiering.objects.local_store import TEMP_PREFIX, LocalObjectStore
+from tiered.tiering.objects.store import ObjectNotFound, StoreError, open_store
 
 
 @pytest.fixture

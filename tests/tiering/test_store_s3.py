@@ -7,9 +7,9 @@ import os
 import pytest
 from botocore.exceptions import ClientError
 
-from tiered.tiering import s3_store as s3_store_module
-from tiered.tiering.s3_store import S3ObjectStore
-from tiered.tiering.store import ObjectNotFound, StoreError, open_store
+from tiered.tiering.objects import s3_store as s3_store_module
+from tiered.tiering.objects.s3_store import S3ObjectStore
+from tiered.tiering.objects.store import ObjectNotFound, StoreError, open_store
 
 KiB = 1024
 

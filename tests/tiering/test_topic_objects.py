@@ -14,10 +14,10 @@ from tiered.catalog import topics as catalog_topics
 from tiered.catalog.migrate import upgrade
 from tiered.client import Client
 from tiered.server.app import App
-from tiered.tiering import keys
-from tiered.tiering.rebuild import rebuild_catalog
-from tiered.tiering.store import open_store
-from tiered.tiering.topic_objects import (
+from tiered.tiering.objects import keys
+from tiered.tiering.recovery.rebuild import rebuild_catalog
+from tiered.tiering.objects.store import open_store
+from tiered.tiering.objects.topic_objects import (
     MAX_TOPIC_OBJECT_BYTES,
     BadTopicObject,
     TopicObject,

@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 
 from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
-from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock
+from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock, UnknownPartition
 from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.states import BLOCK_TRANSITIONS, BlockState
@@ -141,17 +141,59 @@ _MARK_COMMITTED = (
     .values(state=BlockState.COMMITTED, committed_at=bindparam("b_at"))
 )
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
-# commit_block's rows as bound values (tiered.catalog.arrays): one INSERT for every run of the block and one UPDATE
-# for every partition it raises, whatever their number (a block may hold runs of thousands of partitions).
+# commit_block's rows as bound values (tiered.catalog.arrays): one INSERT for every run of the block, and one
+# statement that locks, checks and raises every partition it touches, whatever their number (a block may hold runs
+# of thousands of partitions).
 _RUN_TYPES = {"topic": "text", "partition": "integer", "messages": "integer"}
 RUNS = RowSource("r", tuple((f, _RUN_TYPES.get(f, "bigint")) for f in _RUN_FIELDS))
-HWMARKS = RowSource("h", (("topic", "text"), ("partition", "integer"), ("hwmark", "bigint"), ("first", "bigint")))
+# One row per partition of the block, sorted by (topic, partition): the epoch the broker holds it at, the epoch its
+# first run was stamped with, where its first run answers from, and what the commit sets.
+HEADS = RowSource("h", (("topic", "text"), ("partition", "integer"), ("epoch", "bigint"), ("run_epoch", "bigint"),
+                        ("from_seq", "bigint"), ("first", "bigint"), ("hwmark", "bigint")))
 _QUOTED_RUN_FIELDS = [f'"{f}"' for f in _RUN_FIELDS]
 _INSERT_RUNS = (f"INSERT INTO block_runs (block_id, {', '.join(_QUOTED_RUN_FIELDS)})\n"
                 f"SELECT :block_id, {', '.join('r.' + f for f in _QUOTED_RUN_FIELDS)} FROM {{r}}")
-# UPDATE ... FROM on both backends (SQLite has it since 3.33): driven by the rows given, each a primary key probe.
-_RAISE_HWMARKS = """UPDATE partitions AS p SET hwmark_seq = h.hwmark, first_available_seq = h.first FROM {h}
-WHERE p.topic = h.topic AND p."partition" = h."partition"
+# A partition the commit may raise: led by the committing broker at the epoch it holds (and stamped on its first
+# run), and continued exactly: its first run answers from the high-water mark + 1.
+_CONTINUES = ("p.leader_broker = :broker_id AND p.leader_epoch = h.epoch AND h.run_epoch = h.epoch"
+              " AND p.hwmark_seq + 1 = h.from_seq")
+# The partitions the commit refuses, as (topic, partition, known, leader_broker, leader_epoch, hwmark_seq, from_seq),
+# in (topic, partition) order; none on success.
+#
+# PostgreSQL: one statement locks, checks and raises. `given` probes the primary key per row given and locks what it
+# finds, in the order given (sorted: the locking sub-SELECT is never flattened into a join, as in
+# tiered.catalog.partitions.lock_partitions); `raised` updates them only when none is refused (the caller then
+# raises, which rolls back anyway, but a retry of a landed commit must find nothing changed). Both read `given`,
+# materialised once: the rows locked are the rows checked are the rows raised. At READ COMMITTED a row another
+# transaction changed after the statement's snapshot is locked and checked in its newest version (FOR UPDATE), and
+# the UPDATE re-reads that version too (EvalPlanQual).
+_LOCK_CHECK_RAISE = {
+    "postgresql": f"""WITH given AS MATERIALIZED (
+    SELECT h.topic, h."partition", h.from_seq, h.hwmark, h."first", p.topic IS NOT NULL AS known, p.leader_broker,
+           p.leader_epoch, p.hwmark_seq, ({_CONTINUES}) AS continues
+    FROM {{h}} LEFT JOIN LATERAL (SELECT topic, leader_broker, leader_epoch, hwmark_seq FROM partitions
+                                 WHERE topic = h.topic AND "partition" = h."partition" FOR UPDATE) AS p ON true
+), refused AS MATERIALIZED (
+    SELECT * FROM given WHERE continues IS NOT TRUE
+), raised AS (
+    UPDATE partitions AS p SET hwmark_seq = g.hwmark,
+        first_available_seq = CASE WHEN p.first_available_seq = 0 THEN g."first" ELSE p.first_available_seq END
+    FROM given AS g WHERE p.topic = g.topic AND p."partition" = g."partition" AND NOT EXISTS (SELECT FROM refused)
+)
+SELECT topic, "partition", known, leader_broker, leader_epoch, hwmark_seq, from_seq FROM refused
+ORDER BY topic, "partition"
+""",
+    # SQLite's write transaction already holds the database: a check, and the raise (_RAISE) once the block is marked.
+    "sqlite": f"""SELECT h.topic, h."partition", p.topic IS NOT NULL, p.leader_broker, p.leader_epoch, p.hwmark_seq,
+       h.from_seq
+FROM {{h}} LEFT JOIN partitions AS p ON p.topic = h.topic AND p."partition" = h."partition"
+WHERE NOT coalesce({_CONTINUES}, 0)
+ORDER BY h.topic, h."partition"
+""",
+}
+_RAISE = """UPDATE partitions AS p SET hwmark_seq = h.hwmark,
+    first_available_seq = CASE WHEN p.first_available_seq = 0 THEN h."first" ELSE p.first_available_seq END
+FROM {h} WHERE p.topic = h.topic AND p."partition" = h."partition"
 """
 
 
@@ -208,44 +250,62 @@ def commit_block(
 
     Locks the block's partitions rows in (topic, partition) order. Refuses, changing nothing:
     - StaleEpoch unless `broker_id` leads every partition at the epoch given in `epochs`;
-    - Discontinuity unless each partition's first run continues the catalog exactly (from_seq = hwmark_seq + 1):
-      so a commit can neither reuse a committed seq nor leave one without a location.
+    - Discontinuity unless each partition's first run continues the catalog exactly (from_seq = hwmark_seq + 1)
+      and carries that epoch: so a commit can neither reuse a committed seq nor leave one without a location.
     Then marks the block committed, inserts its runs, raises each partition's hwmark_seq to its last run's
     last_seq, and sets first_available_seq from the first run when it was still 0.
 
-    A retry of a commit that did land (after CatalogUnavailable) returns the hwmarks as they are. A block that is
-    not pending (abandoned) raises IllegalTransition; another broker's block raises ValueError.
+    Three statements on PostgreSQL (lock, check and raise; mark; insert), four on SQLite, whatever the number of
+    runs. A retry of a commit that did land (after CatalogUnavailable) returns the hwmarks as they are. A block
+    that is not pending (abandoned) raises IllegalTransition; another broker's block raises ValueError.
     """
     by_partition = _check_runs(runs, epochs)
-    keys = sorted(by_partition)
+    heads = [(topic, partition, epochs[topic, partition], mine[0].leader_epoch, mine[0].from_seq, mine[0].first_seq,
+              mine[-1].last_seq)
+             for (topic, partition), mine in sorted(by_partition.items())]
     committed_at = utcnow(now)
     with cat.write() as conn:
         backend = conn.dialect.name
-        partitions = lock_partitions(conn, keys)
+        check = statement(backend, _LOCK_CHECK_RAISE[backend], HEADS)
+        refused = conn.execute(check, {"broker_id": broker_id, **HEADS.params(heads)}).first()
+        if refused is not None:
+            # Raising inside the transaction rolls back what the statement did; the block's own state comes first
+            # (a retry of a landed commit finds every partition already raised).
+            landed = _committed_before(conn, block_id, broker_id, by_partition)
+            if landed is not None:
+                return landed
+            topic, partition, known, leader_broker, leader_epoch, hwmark, from_seq = refused
+            if not known:
+                raise UnknownPartition(topic, partition)
+            if leader_broker != broker_id or leader_epoch != epochs[topic, partition]:
+                raise StaleEpoch(topic, partition, epochs[topic, partition], leader_epoch, leader_broker)
+            raise Discontinuity(topic, partition, hwmark, from_seq)
         moved = conn.execute(_MARK_COMMITTED, {"b_id": block_id, "b_broker": broker_id, "b_at": committed_at})
         if moved.rowcount == 0:
-            block = conn.execute(select(BlockModel.state, BlockModel.broker_id).where(BlockModel.block_id == block_id)).first()
-            if block is None:
-                raise UnknownBlock(block_id)
-            if block.broker_id != broker_id:
-                raise ValueError(f"block {block_id} belongs to broker {block.broker_id}, not {broker_id}")
-            if block.state == BlockState.COMMITTED:
-                return {key: partitions[key].hwmark_seq for key in keys}
-            BLOCK_TRANSITIONS.check(block.state, BlockState.COMMITTED, f"{block_id}")
-        changes = []
-        for key in keys:
-            state = partitions[key]
-            # Raising inside the transaction rolls back the block's state change above.
-            if state.leader_broker != broker_id or state.leader_epoch != epochs[key]:
-                raise StaleEpoch(key[0], key[1], epochs[key], state.leader_epoch, state.leader_broker)
-            mine = by_partition[key]
-            if mine[0].from_seq != state.hwmark_seq + 1 or mine[0].leader_epoch != epochs[key]:
-                raise Discontinuity(key[0], key[1], state.hwmark_seq, mine[0].from_seq)
-            changes.append((key[0], key[1], mine[-1].last_seq, state.first_available_seq or mine[0].first_seq))
+            landed = _committed_before(conn, block_id, broker_id, by_partition)
+            if landed is not None:
+                return landed
         conn.execute(statement(backend, _INSERT_RUNS, RUNS),
                      {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
-        conn.execute(statement(backend, _RAISE_HWMARKS, HWMARKS), HWMARKS.params(changes))
-    return {(topic, partition): hwmark for topic, partition, hwmark, _ in changes}
+        if backend != "postgresql":
+            conn.execute(statement(backend, _RAISE, HEADS), HEADS.params(heads))
+    return {key: mine[-1].last_seq for key, mine in by_partition.items()}
+
+
+def _committed_before(conn: Connection, block_id: int, broker_id: int, by_partition) -> dict[tuple[str, int], int] | None:
+    """When the block cannot be committed now: the hwmarks of its partitions if its commit already landed (a
+    retry), None if it is this broker's pending block (the partitions decide); raises for any other block."""
+    block = conn.execute(select(BlockModel.state, BlockModel.broker_id).where(BlockModel.block_id == block_id)).first()
+    if block is None:
+        raise UnknownBlock(block_id)
+    if block.broker_id != broker_id:
+        raise ValueError(f"block {block_id} belongs to broker {block.broker_id}, not {broker_id}")
+    if block.state == BlockState.COMMITTED:
+        partitions = lock_partitions(conn, by_partition)
+        return {key: partitions[key].hwmark_seq for key in by_partition}
+    if block.state != BlockState.PENDING:
+        BLOCK_TRANSITIONS.check(block.state, BlockState.COMMITTED, f"{block_id}")  # raises: only pending commits
+    return None
 
 
 _run_values = attrgetter(*_RUN_FIELDS)

@@ -39,6 +39,7 @@ class Member:
     http_endpoint: str
     live: bool  # its lease has not expired, by the catalog's clock
     lease_expires_at: datetime | None
+    advertised_plain: str = ""  # host:port at which plaintext clients reach it ("": none known, use `advertised`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,7 @@ def _still_running(process: str) -> bool:
 
 
 def register(cat: Catalog, broker_id: int, incarnation: str, advertised: str, http_endpoint: str,
-             lease_ms: int, *, now: datetime | None = None) -> None:
+             lease_ms: int, *, now: datetime | None = None, advertised_plain: str = "") -> None:
     """Records this process as broker `broker_id` with a fresh lease; takes over the row of an earlier process with
     the same id (whose renewals fail from now on). On SQLite, refuses (SingleBrokerCatalog) while another broker id
     holds a live lease: several brokers need PostgreSQL."""
@@ -94,7 +95,8 @@ def register(cat: Catalog, broker_id: int, incarnation: str, advertised: str, ht
                 raise SingleBrokerCatalog(
                     f"broker(s) {running} already serve this SQLite catalog: a SQLite catalog serves one broker; "
                     f"several brokers need a PostgreSQL catalog (--catalog postgresql+psycopg://...)")
-        values = {"address": advertised, "advertised": advertised, "http_endpoint": http_endpoint,
+        values = {"address": advertised, "advertised": advertised, "advertised_plain": advertised_plain,
+                  "http_endpoint": http_endpoint,
                   "incarnation": incarnation, "started_at": utcnow(now), "heartbeat_at": utcnow(now),
                   "lease_expires_at": _now(cat, lease), "process": f"{socket.gethostname()}:{os.getpid()}"}
         insert = postgresql.insert if cat.backend == "postgresql" else sqlite.insert
@@ -128,11 +130,12 @@ def members(cat: Catalog) -> list[Member]:
     with cat.read() as conn:
         rows = conn.execute(
             select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
-                   (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at)
+                   (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at,
+                   BrokerModel.advertised_plain)
             .order_by(BrokerModel.broker_id)
         ).all()
-    return [Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live), r.lease_expires_at)
-            for r in rows]
+    return [Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live), r.lease_expires_at,
+                   r.advertised_plain or "") for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +148,19 @@ class Look:
 
 def look(cat: Catalog) -> Look:
     """The members and the change counter, in one small statement: what a broker reads every tick. The assignments
-    are re-read only when the counter moved or the members changed (tiered.tiering.coordinator)."""
+    are re-read only when the counter moved or the members changed (tiered.tiering.cluster.coordinator)."""
     changes = select(ClusterChangeModel.version).where(ClusterChangeModel.id == 1).scalar_subquery()
     with cat.read() as conn:
         rows = conn.execute(
             select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
                    (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at,
-                   changes.label("changes"))
+                   BrokerModel.advertised_plain, changes.label("changes"))
             .order_by(BrokerModel.broker_id)
         ).all()
         if not rows:
             return Look((), conn.execute(select(changes)).scalar())
     return Look(tuple(Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live),
-                             r.lease_expires_at) for r in rows), rows[0].changes)
+                             r.lease_expires_at, r.advertised_plain or "") for r in rows), rows[0].changes)
 
 
 def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:

@@ -4,7 +4,7 @@ A compaction of remote segments uploads new objects first (under keys the catalo
 then `swap_compacted_segments` swaps them in:
 - the old rows, a run of readable (COPY_FINISHED) segments, leave the `segments` table;
 - their objects (`.ilog` and `.index`) become `deleting` rows of the `blocks` table, with `delete_after` a grace
-  period away: the existing two-phase deletion (tiered.tiering.reconciler.sweep_deleted_blocks) removes them then,
+  period away: the existing two-phase deletion (tiered.tiering.recovery.reconciler.sweep_deleted_blocks) removes them then,
   so a reader that looked the old rows up before the swap still reads them (the grace outlasts every cache of
   catalog lookups). The `blocks` table is the catalog's list of objects waiting for their sweep; such rows have no
   runs;

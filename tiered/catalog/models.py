@@ -16,6 +16,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -146,6 +147,9 @@ class BrokerModel(Base):
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
     advertised: Mapped[str] = mapped_column(Text, server_default="")  # host:port of its TANK listener, for clients
+    # host:port at which plaintext clients reach it: its main listener with TLS off, its plaintext listener
+    # (--listen-plain) with TLS on; empty when it has none (0008). Redirects name it to plaintext clients.
+    advertised_plain: Mapped[str] = mapped_column(Text, server_default="")
     http_endpoint: Mapped[str] = mapped_column(Text, server_default="")
     # A random token per process: a second process under the same id takes the row over; the first one's renewals
     # then fail and it stops leading.
@@ -159,7 +163,7 @@ class ClusterChangeModel(Base):
     """One row (id 1): a counter the catalog's triggers bump whenever what the coordinators read changes: a
     partition created or deleted, its assigned leader, epoch or handover, its first available seq moved by retention,
     a topic created, deleted or reconfigured (migration 0006). A broker re-reads the assignments only when it moved
-    (tiered.tiering.coordinator); committed high-water marks do not bump it."""
+    (tiered.tiering.cluster.coordinator); committed high-water marks do not bump it."""
 
     __tablename__ = "cluster_changes"
 
@@ -287,3 +291,19 @@ class SegmentModel(Base):
     leader_epoch: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class ObjectUsageModel(Base):
+    """What each broker's cost meter counted (tiered.tiering.objects.meter), per hour: object store requests per operation
+    and bytes per direction, per topic ("(catalog)" for catalog-wide work). Brokers add to their rows
+    (tiered.catalog.usage); `tiered cost` sums them over a window of whole hours (migration 0009)."""
+
+    __tablename__ = "object_usage"
+
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)  # the hour's start, UTC
+    broker_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    # An operation (requests: put, get, head, list, delete, copy, part, multipart) or a direction (bytes: written,
+    # read), as tiered.catalog.usage names them.
+    measure: Mapped[str] = mapped_column(Text, primary_key=True)
+    amount: Mapped[float] = mapped_column(Float)

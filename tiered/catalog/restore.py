@@ -1,4 +1,4 @@
-"""Restoring a catalog from the bucket (`tiered catalog rebuild`, tiered.tiering.rebuild): rows written directly.
+"""Restoring a catalog from the bucket (`tiered catalog rebuild`, tiered.tiering.recovery.rebuild): rows written directly.
 
 The other modules hold the live broker's transitions: a block becomes `committed` only through
 `blocks.commit_block`, which checks that the committing broker leads each partition at its epoch; a segment

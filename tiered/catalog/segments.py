@@ -190,7 +190,7 @@ def segment_copy_abandoned(
     cat: Catalog, topic: str, partition: int, base_seq: int, leader_epoch: int, *, older_than: datetime,
     now: datetime | None = None,
 ) -> SegmentRow | None:
-    """Starts the deletion of a copy that can never finish (tiered.tiering.abandoned_copies): COPY_STARTED ->
+    """Starts the deletion of a copy that can never finish (tiered.tiering.segments.abandoned_copies): COPY_STARTED ->
     DELETE_STARTED, before its objects are deleted. The caller must lead the partition at `leader_epoch` (else
     StaleEpoch); the row must have been started under an older epoch (its copy_finished would be refused) and last
     touched before `older_than`. Once DELETE_STARTED, no copy of the base can start until the deletion finished, so
@@ -297,7 +297,7 @@ def partitions_mid_deletion(cat: Catalog) -> set[tuple[str, int]]:
 
 def partitions_with_stale_copies(cat: Catalog, *, older_than: datetime) -> set[tuple[str, int]]:
     """The partitions holding a COPY_STARTED row last touched at or before `older_than` (candidates for the cleanup
-    of abandoned copies, tiered.tiering.abandoned_copies, which checks each row again): one scan of
+    of abandoned copies, tiered.tiering.segments.abandoned_copies, which checks each row again): one scan of
     ix_segments_copy_started, which holds only the copies in flight or abandoned."""
     with cat.read() as conn:
         rows = conn.execute(

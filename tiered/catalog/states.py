@@ -19,7 +19,7 @@ Remote segments (Kafka's RemoteLogSegmentState; docs/architecture.md steps 5 and
 
 COPY_STARTED -> COPY_STARTED is a real transition: a copier that crashed mid-upload records the new attempt (its
 sizes, epoch, time). DELETE_FINISHED -> COPY_STARTED lets a later leader copy the base of a copy that was cleaned up
-(tiered.tiering.abandoned_copies); segment_copy_started allows it only for a row at or above the partition's first
+(tiered.tiering.segments.abandoned_copies); segment_copy_started allows it only for a row at or above the partition's first
 available seq, which a segment remote retention deleted never is. Anywhere else, asking for the state a row is
 already in is an idempotent retry (after CatalogUnavailable the caller cannot know whether its COMMIT landed): the
 query function changes nothing and returns the row as it is.

@@ -3,7 +3,7 @@
     tiered catalog rebuild --catalog URL --store URL [--s3-path-style] [--force] [--read-timestamps]
         reconstruct the catalog from the bucket alone (block footers, segment keys and index objects), with the
         brokers stopped. The catalog is migrated to head first and must hold no topics, blocks or segments;
-        --force deletes those rows first. See tiered.tiering.rebuild for what the bucket cannot tell.
+        --force deletes those rows first. See tiered.tiering.recovery.rebuild for what the bucket cannot tell.
 
     tiered catalog check [--catalog URL] [-t TOPIC]
         check that every seq from each partition's first available seq to its high-water mark has exactly one
@@ -35,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="object store: s3://bucket/prefix or file:///dir")
     rebuild.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
                          help="path-style S3 addressing (MinIO, moto)")
+    rebuild.add_argument("--s3-sse", dest="s3_sse", choices=("off", "s3", "kms"),
+                         help="server-side encryption of the objects written, as the brokers' s3_sse (default: off)")
+    rebuild.add_argument("--s3-sse-kms-key-id", dest="s3_sse_kms_key_id", metavar="KEY",
+                         help="with --s3-sse kms: the KMS key id, ARN or alias/NAME")
     rebuild.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
     rebuild.add_argument("-p", "--data-dir", dest="data_dir",
                          help="data directory (holds the default catalog and store)")
@@ -60,8 +64,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     from tiered.catalog import CatalogError
     from tiered.catalog.migrate import upgrade
-    from tiered.tiering.rebuild import CatalogNotEmpty
-    from tiered.tiering.store import StoreError
+    from tiered.tiering.recovery.rebuild import CatalogNotEmpty
+    from tiered.tiering.objects.store import StoreError
 
     failures = (SettingsError, CatalogError, CatalogNotEmpty, SQLAlchemyError, StoreError, ValueError, OSError)
     catalog_url = None
@@ -81,11 +85,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 async def _rebuild(settings, args: argparse.Namespace):
     from tiered.catalog import Catalog
-    from tiered.tiering.rebuild import rebuild_catalog
-    from tiered.tiering.store import open_store
+    from tiered.tiering.recovery.rebuild import rebuild_catalog
+    from tiered.tiering.objects.store import open_store, store_options
 
-    options = {"path_style": settings.s3_path_style} if settings.effective_store_url.startswith("s3://") else {}
-    store = open_store(settings.effective_store_url, **options)
+    store = open_store(settings.effective_store_url, **store_options(settings))
     catalog = await asyncio.to_thread(Catalog.open, settings.effective_catalog_url)
     progress = Progress("objects read", unit="obj")
     try:

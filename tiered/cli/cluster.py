@@ -101,7 +101,7 @@ def _note(a, live: set[int]) -> str:
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
     from tiered.catalog import cluster
-    from tiered.tiering.cluster_decision import plan_rebalance
+    from tiered.tiering.cluster.cluster_decision import plan_rebalance
 
     try:
         with _open(args) as catalog:

@@ -110,7 +110,7 @@ def _check(args: argparse.Namespace) -> None:
         import moto.server  # noqa: F401
     except ModuleNotFoundError:
         raise CommandError("the local S3 is moto's server, which is not installed: pip install 'tiered[dev]'") from None
-    if _pg_bindir() is None:
+    if find_pg_bindir() is None:
         raise CommandError("PostgreSQL's server binaries (initdb, pg_ctl) are not installed: apt-get install "
                            "postgresql (or `make system-deps` in a checkout)")
     if os.geteuid() == 0:
@@ -153,7 +153,7 @@ def _start(stack: Stack, args: argparse.Namespace) -> dict[str, str]:
 
 
 def _start_postgres(stack: Stack, port: int) -> str:
-    bindir = _pg_bindir()
+    bindir = find_pg_bindir()
     assert bindir is not None  # _check
     home = stack.root / "postgresql"
     as_postgres: list[str] = []
@@ -199,7 +199,9 @@ def _announce(args: argparse.Namespace, env: dict[str, str], root: Path, postgre
           f"ready; Ctrl-C stops everything", flush=True)
 
 
-def _pg_bindir() -> Path | None:
+def find_pg_bindir() -> Path | None:
+    """PostgreSQL's server binaries (initdb, pg_ctl): Debian's newest /usr/lib/postgresql/N/bin, else the PATH's.
+    The one finder: the tests' and the benchmarks' throwaway clusters use it too."""
     for bindir in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name),
                          reverse=True):
         if os.access(Path(bindir) / "initdb", os.X_OK) and os.access(Path(bindir) / "pg_ctl", os.X_OK):

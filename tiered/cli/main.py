@@ -7,7 +7,8 @@ import importlib
 import os
 import sys
 
-GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "cluster", "replay", "dev")
+GROUPS = ("serve", "topic", "produce", "consume", "status", "verify", "db", "tier", "catalog", "cluster", "cost", "replay",
+          "dev")
 
 
 def build_parser() -> argparse.ArgumentParser:

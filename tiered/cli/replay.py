@@ -101,7 +101,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from tiered.spark import replay
         from tiered.spark.listing import UnknownTopicError
         from tiered.spark.options import OptionError
-        from tiered.tiering.store import ObjectNotFound, StoreError
+        from tiered.tiering.objects.store import ObjectNotFound, StoreError
     except ModuleNotFoundError as exc:
         return fail("replay", f"the Python package {exc.name} is missing: replay needs the spark extra of tiered "
                               "(pip install 'tiered[spark]')")

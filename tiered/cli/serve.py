@@ -103,6 +103,7 @@ def main(args) -> int:
     try:
         settings = load_settings(args)
         settings.server_tls()  # a certificate without its key is a bad setting
+        settings.s3_encryption()  # so is a KMS key without kms, or encryption asked of a file store
     except SettingsError as exc:
         print(f"tiered serve: {exc}", file=sys.stderr)
         return 2
@@ -112,6 +113,14 @@ def main(args) -> int:
         try:
             server_context(settings.server_tls())  # files that do not load: one line, before anything starts
         except TLSError as exc:
+            print(f"tiered serve: {exc}", file=sys.stderr)
+            return 2
+    if settings.acl:
+        from tiered.acl import RulesError, load_rules
+
+        try:
+            load_rules(settings.acl)  # a file that does not load: one line, before anything starts
+        except RulesError as exc:
             print(f"tiered serve: {exc}", file=sys.stderr)
             return 2
     configure_logging(settings)

@@ -59,6 +59,10 @@ def register(sub) -> None:
                      help="the brokers' object store, which keeps a copy of every topic's configuration")
     cfg.add_argument("--s3-path-style", dest="s3_path_style", action="store_const", const=True,
                      help="path-style S3 addressing (MinIO, moto)")
+    cfg.add_argument("--s3-sse", dest="s3_sse", choices=("off", "s3", "kms"),
+                     help="server-side encryption of the objects written, as the brokers' s3_sse (default: off)")
+    cfg.add_argument("--s3-sse-kms-key-id", dest="s3_sse_kms_key_id", metavar="KEY",
+                     help="with --s3-sse kms: the KMS key id, ARN or alias/NAME")
     cfg.add_argument("--config", help="TOML config file (also TIERED_CONFIG)")
     cfg.add_argument("-p", "--data-dir", dest="data_dir", help="data directory (holds the default catalog and store)")
     cfg.set_defaults(func=cmd_config)
@@ -159,7 +163,7 @@ def cmd_config(args) -> int:
     from tiered.catalog import CatalogError
     from tiered.config import SettingsError, load_settings
     from tiered.storage.topic_config import ConfigError
-    from tiered.tiering.store import StoreError
+    from tiered.tiering.objects.store import StoreError
 
     try:
         settings = load_settings(args)
@@ -181,8 +185,8 @@ class _Outcome:
 
 async def _config(settings, args) -> _Outcome:
     from tiered.catalog.topics import get_topic, update_topic_config
-    from tiered.tiering.store import open_store
-    from tiered.tiering.topic_objects import put_topic_config
+    from tiered.tiering.objects.store import open_store, store_options
+    from tiered.tiering.objects.topic_objects import put_topic_config
 
     catalog = await asyncio.to_thread(open_catalog, args)
     try:
@@ -196,8 +200,7 @@ async def _config(settings, args) -> _Outcome:
     finally:
         await asyncio.to_thread(catalog.close)
     shown = _describe_config(args.name, text)
-    path_style = {"path_style": bool(settings.s3_path_style)} if settings.effective_store_url.startswith("s3") else {}
-    store = open_store(settings.effective_store_url, **path_style)
+    store = open_store(settings.effective_store_url, **store_options(settings))
     try:
         stored = await put_topic_config(store, args.name, row.partitions, text, row.created_at)
     finally:

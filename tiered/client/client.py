@@ -370,7 +370,7 @@ class Client:
 _CREATE_REFUSALS = {
     CreateTopicStatus.SYSTEM: "the broker could not create it (its log says why)",
     CreateTopicStatus.BAD_CONFIG: "the broker refused its config (its log says why)",
-    CreateTopicStatus.READ_ONLY: "the broker is read-only (started with -r)",
+    CreateTopicStatus.READ_ONLY: "the broker is read-only (started with -r), or its access rules refuse this client",
     CreateTopicStatus.INVALID: "the broker refused the name or partition count",
     CreateTopicStatus.UNSUPPORTED: "the broker does not create topics (cluster mode)",
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from tiered import metrics as m
+from tiered.acl import Op
 from tiered.catalog.errors import TopicExists as CatalogTopicExists
 from tiered.protocol.codes import UINT64_MAX, CreateTopicStatus, DiscoverReason, ReloadConfStatus
 from tiered.protocol.frame import MsgType
@@ -38,7 +39,7 @@ from tiered.protocol.responses import (
     encode_reload_conf_response,
     encode_status_response,
 )
-from tiered.server.leaders import endpoint_of
+from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
 from tiered.storage import topics as topic_dirs
 from tiered.storage.topic_config import ConfigError
@@ -66,7 +67,8 @@ class AdminHandler:
                         ranges.append(PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.NO_LEADER)
                                       if part.leader is None else
                                       PartitionRange(UINT64_MAX, UINT64_MAX, DiscoverReason.OTHER_LEADER,
-                                                     endpoint_of(part.leader)))
+                                                     redirect_endpoint(part.leader, conn.plaintext,
+                                                                       self.broker.advertised_host)))
                         continue
                     bounds = part.bounds()
                     ranges.append(PartitionRange(bounds.first_available, bounds.hwmark))
@@ -76,15 +78,15 @@ class AdminHandler:
         await conn.send(MsgType.DISCOVER_PARTITIONS, payload)
 
     async def create_topic(self, conn, req: CreateTopicRequest) -> None:
-        status = await self._create_topic(req)
+        status = await self._create_topic(conn, req)
         payload = encode_create_topic_response(CreateTopicResponse(req.request_id, req.topic, status))
         await conn.send(MsgType.CREATE_TOPIC, payload)
 
-    async def _create_topic(self, req: CreateTopicRequest) -> int:
+    async def _create_topic(self, conn, req: CreateTopicRequest) -> int:
         """Everything that can be refused is checked before anything is written (catalog or disk)."""
         broker = self.broker
-        if broker.settings.read_only:
-            return CreateTopicStatus.READ_ONLY
+        if broker.settings.read_only or not broker.access.allows(conn, Op.CREATE, req.topic):
+            return CreateTopicStatus.READ_ONLY  # read-only, or the access rules refuse this client
         if not 1 <= req.partitions <= topic_dirs.MAX_PARTITIONS:
             log.info("create topic %s refused: %d partitions (1..%d allowed)", req.topic, req.partitions,
                      topic_dirs.MAX_PARTITIONS)
@@ -113,7 +115,10 @@ class AdminHandler:
         return CreateTopicStatus.OK
 
     async def reload_conf(self, conn, req: ReloadConfRequest) -> None:
-        status = self._reload(req)
+        if not self.broker.access.allows(conn, Op.RELOAD, req.topic):
+            status = ReloadConfStatus.UNKNOWN_TOPIC  # TANK's nearest refusal (tiered.server.access)
+        else:
+            status = self._reload(req)
         payload = encode_reload_conf_response(ReloadConfResponse(req.request_id, req.topic, req.partition, status))
         await conn.send(MsgType.RELOAD_CONF, payload)
 

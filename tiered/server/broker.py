@@ -3,7 +3,7 @@ shuts down gracefully.
 
 Start-up order: recover the local logs; bind the listener (its address is what the broker advertises); start the
 tier; create locally the topics the catalog has and the disk lacks; join the service: the tier claims the partitions
-this broker should lead and hands over their plans (tiered.tiering.startup), carried out here (truncate, continue
+this broker should lead and hands over their plans (tiered.tiering.cluster.startup), carried out here (truncate, continue
 from the catalog's high-water mark, remember the epoch) before the tier uploads what a plan keeps; the other
 partitions are followed. Only then accept connections.
 
@@ -23,10 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
+from tiered.acl import RELOAD_INTERVAL_S as ACL_RELOAD_INTERVAL_S
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.tls import RELOAD_INTERVAL_S, CertReloader
 from tiered.config import Settings
 from tiered.metrics import Metrics
+from tiered.server.access import Access
 from tiered.server.admin import AdminHandler
 from tiered.server.compaction import Compactor
 from tiered.server.connection import IDLE_TIMEOUT_S, Connection, advertised_endpoint, bind_listener, serve
@@ -88,12 +90,15 @@ class Broker:
         tls = settings.server_tls()
         # Raises TLSError (one line) when the files do not load: a broker does not start without its certificate.
         self.tls: CertReloader | None = CertReloader(tls, clock.monotonic()) if tls else None
+        # Raises RulesError (one line) when the access rules file does not load.
+        self.access = Access(settings.acl, metrics, clock)
         self.started_at = time.time()
         self.idle_timeout_s = IDLE_TIMEOUT_S
         self.retention_interval_s = RETENTION_INTERVAL_S
         self.stopping = False
         self.ready = False
         self.http_port: int | None = None  # the HTTP endpoint's port, when it serves (set by the App)
+        self.advertised_host = ""  # the host of the TANK endpoint this broker advertises (set at start)
         self.receive_budget = ReceiveBudget()
         self.max_connections = max_connections()
         self.connections_refused = Throttled("connection limit reached ({limit} open): refused {count} connection(s)")
@@ -109,25 +114,39 @@ class Broker:
         self.registry.open_all(self.tier)
         host, port = self.settings.listen_endpoint()
         sock = bind_listener(host, port)
+        plain = self.settings.listen_plain_endpoint()
+        plain_sock = None
         try:
+            plain_sock = bind_listener(*plain) if plain is not None else None
             await self.tier.start()
             await self._open_partitions()
             bound_host, bound_port = sock.getsockname()[:2]
             advertised = advertised_endpoint(self.settings.advertise, bound_host, bound_port)
-            http = f"{advertised.rpartition(':')[0]}:{self.http_port}" if self.http_port else ""
-            await self.tier.join(advertised, http)
+            self.advertised_host = advertised.rpartition(":")[0]
+            http = f"{self.advertised_host}:{self.http_port}" if self.http_port else ""
+            # Where plaintext clients reach this broker: the listener itself with TLS off, else the plaintext one.
+            if self.tls is None:
+                advertised_plain = advertised
+            elif plain_sock is not None:
+                advertised_plain = advertised_endpoint("", *plain_sock.getsockname()[:2])
+            else:
+                advertised_plain = ""
+            await self.tier.join(advertised, http, advertised_plain)
         except BaseException:
             sock.close()
+            if plain_sock is not None:
+                plain_sock.close()
             raise
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(AcceptErrors(loop.get_exception_handler()))
         settle_heap()
         self.server = await serve(self, sock, self.tls.listener_context if self.tls else None)
-        plain = self.settings.listen_plain_endpoint()
-        if plain is not None:
-            self.plain_server = await serve(self, bind_listener(*plain))
+        if plain_sock is not None:
+            self.plain_server = await serve(self, plain_sock)
         if self.tls is not None:
             self.supervisor.every("tls reload", RELOAD_INTERVAL_S, self._reload_tls)
+        if self.access.file is not None:
+            self.supervisor.every("access rules reload", ACL_RELOAD_INTERVAL_S, self.access.reload)
         self.supervisor.every("local retention", self.retention_interval_s, self._retention_pass)
         self.supervisor.start("compaction", self.compactor.run)
         self.ready = True
@@ -139,6 +158,8 @@ class Broker:
         )
         if self.tls is not None:
             log.info("TLS on%s", ", client certificates required" if self.settings.tls_client_ca else "")
+        if self.access.file is not None:
+            log.info("access rules from %s (%d rules)", self.access.file.path, len(self.access.file.rules.rules))
         if self.plain_server is not None:
             log.info("plaintext listener on %s:%d", *self.plain_server.sockets[0].getsockname()[:2])
 
@@ -240,11 +261,26 @@ class Broker:
         pending = [t for c in self.connections for t in c.tasks]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - self.clock.monotonic()))
-        for conn in list(self.connections):
-            await conn.close()
+        await self._close_connections(deadline)
         await self.tier.stop(deadline)
         self.registry.close()
         log.info("stopped")
+
+    async def _close_connections(self, deadline: float) -> None:
+        """Closes every connection at once. A TLS close waits for the client's close_notify (at most
+        TLS_SHUTDOWN_TIMEOUT_S); a client that never answers is cut off at the deadline, so shutdown stays within
+        its budget whatever the clients do."""
+        conns = list(self.connections)
+        if not conns:
+            return
+        closing = [asyncio.ensure_future(conn.close()) for conn in conns]
+        _, late = await asyncio.wait(closing, timeout=max(0.0, deadline - self.clock.monotonic()))
+        if late:
+            log.warning("%d connection(s) did not close by the shutdown deadline; cut off", len(late))
+            for conn in conns:
+                if conn.transport is not None:
+                    conn.transport.abort()
+            await asyncio.wait(late, timeout=1.0)
 
     # -- the data path ----------------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
+from tiered.acl import ANONYMOUS, principal_of
 from tiered.protocol import requests as rq
 from tiered.protocol.buffers import receive_buffer
 from tiered.protocol.errors import ProtocolError
@@ -107,10 +108,11 @@ async def serve(broker, sock: socket.socket, ssl_context=None) -> asyncio.Abstra
     loop = asyncio.get_running_loop()
     if ssl_context is None:
         return await loop.create_server(lambda: Connection(broker), sock=sock)
-    from tiered.tls import HANDSHAKE_TIMEOUT_S
+    from tiered.tls import HANDSHAKE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S
 
     return await loop.create_server(lambda: Connection(broker), sock=sock, ssl=ssl_context,
-                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                                    ssl_shutdown_timeout=SHUTDOWN_TIMEOUT_S)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -119,6 +121,8 @@ class Connection(asyncio.BufferedProtocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = None
+        self.principal = ANONYMOUS  # who the access rules see (tiered.acl): set from the client certificate
+        self.plaintext = True  # not TLS: redirects name the leader's plaintext endpoint (tiered.server.leaders)
         self.write_lock = asyncio.Lock()
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
@@ -166,6 +170,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.principal = principal_of(transport.get_extra_info("peercert"))  # None on a plaintext transport
+        self.plaintext = transport.get_extra_info("sslcontext") is None
         if self.broker.stopping:
             self.closed = True
             transport.close()

@@ -20,6 +20,7 @@ import asyncio
 import logging
 
 from tiered import metrics as m
+from tiered.acl import Op
 from tiered.protocol.codes import UINT64_MAX, ConsumeStatus
 from tiered.protocol.consume_response import ConsumePartitionResult, ConsumeTopicResult, encode_consume_head
 from tiered.protocol.requests import ConsumeRequest
@@ -27,7 +28,7 @@ from tiered.protocol.requests import ConsumeRequest
 from tiered.bounds import Boundary, Eof
 from tiered.server.fetch import Chunk, Found, Resolved, release
 from tiered.server.registry import Partition
-from tiered.server.leaders import LedElsewhere, endpoint_of
+from tiered.server.leaders import LedElsewhere, redirect_endpoint
 from tiered.server.waiters import Waiter, wakeup_deadline_ms
 from tiered.tier_interface import Unreadable
 
@@ -54,7 +55,10 @@ class ConsumeHandler:
         immediate = req.max_wait_ms == 0 or broker.stopping  # no new long-polls while shutting down
         # What the request names, looked up once; the partitions are then read at once (remote ones GET in
         # parallel), the response budget shared out beforehand in request order by fetch size.
-        named = [(topic, None if broker.registry.topics.get(topic.name) is None else
+        # A topic the access rules refuse this client is answered as unknown (tiered.server.access).
+        access = broker.access if broker.access.active else None
+        named = [(topic, None if broker.registry.topics.get(topic.name) is None
+                  or access is not None and not access.allows(conn, Op.CONSUME, topic.name) else
                   [(p, broker.registry.get(topic.name, p.partition)) for p in topic.partitions])
                  for topic in req.topics]
         budget = RESPONSE_BUDGET_BYTES
@@ -83,7 +87,7 @@ class ConsumeHandler:
                 if not isinstance(got, Eof):
                     if isinstance(got, LedElsewhere):
                         broker.metrics.inc(m.REDIRECTS)
-                    results.append(_result(p.partition, got))
+                    results.append(_result(p.partition, got, conn, broker))
                     immediate = True
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
@@ -157,7 +161,7 @@ class ConsumeHandler:
                 if got is not None and not isinstance(got, Eof):
                     if isinstance(got, LedElsewhere):
                         broker.metrics.inc(m.REDIRECTS)
-                    results.append(_result(p.partition, got))
+                    results.append(_result(p.partition, got, conn, broker))
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, 0, hwmark, 0))
             if results:
@@ -171,8 +175,8 @@ def _release_found(task: asyncio.Task) -> None:
         release([task.result().chunk])
 
 
-def _result(partition: int, got: Resolved) -> ConsumePartitionResult:
-    """The partition's result for anything but EOF."""
+def _result(partition: int, got: Resolved, conn, broker) -> ConsumePartitionResult:
+    """The partition's result for anything but EOF; a redirect names the leader's endpoint for `conn`'s kind."""
     if isinstance(got, Found):
         if got.first_bundle_sparse:
             return ConsumePartitionResult(partition, ConsumeStatus.SPARSE, 0, got.hwmark, got.chunk.size)
@@ -184,5 +188,6 @@ def _result(partition: int, got: Resolved) -> ConsumePartitionResult:
     if isinstance(got, LedElsewhere):
         if got.leader is None:
             return ConsumePartitionResult(partition, ConsumeStatus.NO_LEADER)
-        return ConsumePartitionResult(partition, ConsumeStatus.OTHER_LEADER, leader=endpoint_of(got.leader))
+        return ConsumePartitionResult(partition, ConsumeStatus.OTHER_LEADER,
+                                      leader=redirect_endpoint(got.leader, conn.plaintext, broker.advertised_host))
     raise TypeError(f"no consume result for {got!r}")

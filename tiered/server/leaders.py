@@ -7,6 +7,14 @@ way, or a partition still being opened here) is 0xfd: nothing was done, ask agai
 - consume: history up to the catalog's high-water mark is served by any broker; at or past it (the tail, where
   a long-poll waits) the leader answers.
 - DiscoverPartitions: the leader answers (its bounds are the exact ones).
+
+The endpoint a redirect names is one the client can use on the kind of connection it came on
+(`redirect_endpoint`): a TLS client gets the leader's advertised endpoint (its TLS listener when TLS is on), a
+plaintext client the leader's plaintext endpoint (its `--listen-plain` listener when TLS is on; brokers register both,
+tiered.catalog.cluster). A plaintext endpoint on a loopback address is only reachable on the leader's own host, so it
+is named only when the leader advertises the same host as this broker; otherwise, and when the leader has no
+plaintext endpoint, the advertised one is named (the only one there is; with TLS on a plaintext client cannot use
+it, and fails there rather than bouncing between brokers).
 """
 
 from __future__ import annotations
@@ -33,4 +41,14 @@ def _endpoint(text: str) -> Endpoint:
 
 def endpoint_of(leader: Leader) -> Endpoint:
     """The wire endpoint of a leader's advertised "a.b.c.d:port"."""
+    return _endpoint(leader.endpoint)
+
+
+def redirect_endpoint(leader: Leader, plaintext: bool, own_host: str) -> Endpoint:
+    """Where a client redirected to `leader` goes: `plaintext` says what its connection to this broker is, and
+    `own_host` is the host this broker advertises."""
+    if plaintext and leader.plain_endpoint:
+        plain = _endpoint(leader.plain_endpoint)
+        if not plain.addr.startswith("127.") or _endpoint(leader.endpoint).addr == own_host:
+            return plain
     return _endpoint(leader.endpoint)

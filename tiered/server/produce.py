@@ -18,6 +18,8 @@ What a partition's answer means (docs/operations.md, "What a produce answer mean
   is not renewed in time, or the partition was fenced before the records were committed): safe to send again.
 - 0x02 (system): not stored: nothing was appended (uploads stalled past the deadline before the append, or the
   local append failed).
+- 0xfe (read-only, for the whole topic): not stored: the broker is read-only, or the access rules do not let this
+  client produce to the topic (tiered.server.access).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import logging
 
 from tiered import metrics as m
+from tiered.acl import Op
 from tiered.protocol.bundle import BundleFacts
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.frame import MsgType
@@ -37,7 +40,7 @@ from tiered.protocol.responses import (
     encode_produce_codes,
     encode_produce_response,
 )
-from tiered.server.leaders import endpoint_of
+from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
 from tiered.storage.partition_log import InvalidSeqnums
 from tiered.tier_interface import AckOutcome
@@ -79,6 +82,7 @@ class ProduceHandler:
             return
         registry = broker.registry
         read_only = broker.settings.read_only
+        access = broker.access if broker.access.active else None
         base_seqs = req.with_seqnum
         answers: list[TopicAnswer] = []
         pending: list[tuple[int, int, asyncio.Future]] = []  # (answer index, partition index, durable ack)
@@ -86,6 +90,10 @@ class ProduceHandler:
         i = 0  # the next bundle's index in `facts`
         for topic in req.topics:
             name = topic.name
+            if access is not None and not access.allows(conn, Op.PRODUCE, name):
+                answers.append((name, ProduceStatus.READ_ONLY, None))  # TANK's nearest "not taken here"
+                i += len(topic.partitions)
+                continue
             if read_only or name not in registry.topics:
                 answers.append((name, ProduceStatus.READ_ONLY if read_only else ProduceStatus.UNKNOWN_TOPIC, None))
                 i += len(topic.partitions)
@@ -103,7 +111,8 @@ class ProduceHandler:
                     if part.leader is None:
                         codes.append(ProduceStatus.NO_LEADER)
                     else:
-                        redirects[(len(answers), len(codes))] = endpoint_of(part.leader)
+                        redirects[(len(answers), len(codes))] = redirect_endpoint(part.leader, conn.plaintext,
+                                                                                  broker.advertised_host)
                         codes.append(ProduceStatus.OTHER_LEADER)
                     continue
                 try:

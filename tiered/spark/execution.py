@@ -32,7 +32,7 @@ from tiered.spark.planning import (
     load_segment_index,
     resolve_segment_range,
 )
-from tiered.tiering.store import StoreError
+from tiered.tiering.objects.store import StoreError
 
 PART_BYTES = 8 << 20  # one range GET of a long segment range
 READ_AHEAD_BYTES = 32 << 20  # GETs in flight or fetched ahead of decoding, per task

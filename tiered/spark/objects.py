@@ -1,9 +1,9 @@
 """Blocking range reads of the bucket, for replay executors: each process opens its own client.
 
-The broker's ObjectStore (tiered.tiering.store) is asyncio; a Spark task is plain blocking Python, so executors read
+The broker's ObjectStore (tiered.tiering.objects.store) is asyncio; a Spark task is plain blocking Python, so executors read
 through this small synchronous twin instead: boto3 range GETs for `s3://bucket/prefix`, `pread` for `file://` URLs.
-URLs, prefixes and key checks are the broker's (tiered.tiering.store.check_object_key), so a replay reads exactly
-the keys the broker wrote. A missing object raises tiered.tiering.store.ObjectNotFound, any other failure
+URLs, prefixes and key checks are the broker's (tiered.tiering.objects.store.check_object_key), so a replay reads exactly
+the keys the broker wrote. A missing object raises tiered.tiering.objects.store.ObjectNotFound, any other failure
 StoreError (after botocore's standard retries).
 
 S3 settings are resolved as the AWS SDKs resolve them, by botocore, in each executor's environment
@@ -27,7 +27,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiered.config import SettingsError, parse_bool
-from tiered.tiering.store import ObjectNotFound, StoreError, check_object_key
+from tiered.tiering.objects.store import ObjectNotFound, StoreError, check_object_key
 
 S3_MAX_ATTEMPTS = 5
 S3_POOL_CONNECTIONS = 16

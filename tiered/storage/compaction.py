@@ -16,8 +16,8 @@ A pass (one at a time per log):
    each segment stay; plan groups of segments (compaction_plan.plan_groups).
 3. For each group that changes something, oldest first: write its output (compaction_writer), then swap it in
    under the log's lock (PartitionLog.replace_sealed, compaction_swap.swap_in). Messages keep their seqs. A group
-   whose output would exceed OUTPUT_ALLOWANCE times its input stops the pass (so peak extra disk space is at
-   most that much of one group), as does any error: later groups are left for the next pass. Stopping in seq
+   whose output would exceed `output_allowance` of its input (1.2 times, plus 4 KiB) stops the pass (so peak
+   extra disk space is at most that much of one group), as does any error: later groups are left for the next pass. Stopping in seq
    order matters: a tombstone is only dropped after the older values of its key are gone.
 4. The checkpoint (compaction_checkpoint) records how far the pass got and when it ran.
 
@@ -26,7 +26,7 @@ decoder elsewhere writes the same bytes); what stays per message in Python is on
 (KeyIndex.add_messages) and one over the keep rule (KeepRule.split), and the re-encoding of kept messages.
 
 `scan_record` (step 2) and `GroupRewrite` (step 3) take records from anywhere: the pass from the bucket
-(tiered.tiering.bucket_compaction) feeds them records streamed from remote segments and block runs.
+(tiered.tiering.compaction.bucket_compaction) feeds them records streamed from remote segments and block runs.
 """
 
 from __future__ import annotations
@@ -60,7 +60,14 @@ from tiered.storage.topic_config import TopicConfig
 
 logger = logging.getLogger("tiered.storage")
 
-OUTPUT_ALLOWANCE = 1.2  # a group's output may take at most this many times the group's input bytes
+OUTPUT_ALLOWANCE = 1.2  # a group's output may take at most this many times the group's input bytes,
+OUTPUT_SLACK_BYTES = 4096  # plus this much: a tiny group re-encoded (a compressed bundle that lost one message) can
+#                            grow by more than a ratio allows, and refusing it would stop every pass at that group
+
+
+def output_allowance(input_bytes: int) -> int:
+    """The most bytes a group's output may take: the bound on a pass's extra space, on disk and in the bucket."""
+    return int(input_bytes * OUTPUT_ALLOWANCE) + OUTPUT_SLACK_BYTES
 
 _guards: weakref.WeakKeyDictionary[PartitionLog, threading.Lock] = weakref.WeakKeyDictionary()
 _guards_lock = threading.Lock()
@@ -238,7 +245,7 @@ def _read_keys(log: PartitionLog, segments: list[SealedSegment]) -> tuple[KeyInd
 class GroupRewrite:
     """One group's output being written into `directory` from the group's records, fed in seq order: the kept
     messages of each record, whole records copied when they lost nothing. The writer gives up (OutputTooLarge)
-    past OUTPUT_ALLOWANCE times the group's input bytes."""
+    past `output_allowance` of the group's input bytes."""
 
     def __init__(self, directory: str, group: Group, rule: KeepRule, config: TopicConfig):
         self.rule = rule
@@ -246,7 +253,7 @@ class GroupRewrite:
         self.dropped_tombstones = 0
         freeze_ts = max(s.freeze_ts for s in group.segments)
         self.writer = GroupWriter(directory, group.base, group.last, freeze_ts, config,
-                                  int(group.input_bytes * OUTPUT_ALLOWANCE))
+                                  output_allowance(group.input_bytes))
 
     def add(self, record: StoredRecord) -> None:
         start, messages = _messages(record)

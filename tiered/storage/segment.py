@@ -66,7 +66,7 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 def make_private(path: str) -> bool:
     """Called before a segment file is written in place (cut back, or reopened for appends). A local object store
-    keeps a copied sealed segment as a hard link to its file (tiering/local_store.py), and an object is never
+    keeps a copied sealed segment as a hard link to its file (tiering/objects/local_store.py), and an object is never
     overwritten: a file with other links is first replaced, under its own name, by a copy of its own, so that the
     write never reaches the other links. The copy is `<name>.private`, fsynced, given the file's times (older names
     take their timestamps from the mtime), then renamed over the name: a crash leaves the old file whole, and at
@@ -89,7 +89,7 @@ def make_private(path: str) -> bool:
 
 def copy_file(src: io.BufferedReader, dst: int) -> int:
     """Copies all of `src` into the empty file `dst` (both at their start); returns the bytes copied. Used for a
-    segment's private copy (make_private) and a local object store's copy of a segment (tiering/local_store.py).
+    segment's private copy (make_private) and a local object store's copy of a segment (tiering/objects/local_store.py).
     In the kernel (copy_file_range: no pass through user space, a reflink where the filesystem has them) when it
     can, else through a buffer: a filesystem or kernel without it refuses before any byte is copied, so a refusal
     once `dst` holds bytes is an error, not a reason to start again."""

@@ -2,7 +2,7 @@
 
 When a broker reopens a disk whose partition another volume has led since, its records past the last seq its own
 epochs committed were never committed (they were answered with an error, or not at all) and the catalog holds
-other messages at those seqs. They are removed before the partition is served (tiered.tiering.startup).
+other messages at those seqs. They are removed before the partition is served (tiered.tiering.cluster.startup).
 
 Crash-safety: each step leaves a directory that recovery (recovery.py) opens, and running the whole cut again
 finishes it:

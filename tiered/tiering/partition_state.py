@@ -102,8 +102,9 @@ class TierState:
     def committed(self, tp: TopicPartition, seq: int) -> None:
         """Seqs up to `seq` are committed (the committed seq never goes back)."""
         old = self.of(tp)
-        if seq > old.committed_seq:
-            self._partitions[tp] = replace(old, committed_seq=seq)
+        if seq > old.committed_seq:  # once per partition of every block: built directly, not by replace()
+            self._partitions[tp] = PartitionTier(old.role, old.epoch, old.config, seq, old.highest_copied_seq,
+                                                 old.locations_version)
 
     def copied(self, tp: TopicPartition, last_seq: int) -> None:
         """A remote segment ending at `last_seq` is COPY_FINISHED (the highest copied seq never goes back)."""

@@ -20,16 +20,16 @@ from tiered.metrics import Metrics
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
-from tiered.tiering.abandoned_copies import clean_abandoned_copies
+from tiered.tiering.segments.abandoned_copies import clean_abandoned_copies
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.hot_path import HotPathGate
+from tiered.tiering.blocks.hot_path import HotPathGate
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
-from tiered.tiering.range_reads import ReadBudget
-from tiered.tiering.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
-from tiered.tiering.remote_retention import enforce_remote_retention, finish_interrupted_deletions
-from tiered.tiering.segment_copier import CopyJob, SegmentCopier
-from tiered.tiering.store import ObjectStore
+from tiered.tiering.recovery.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
+from tiered.tiering.reads.range_reads import ReadBudget
+from tiered.tiering.reads.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
+from tiered.tiering.segments.remote_retention import enforce_remote_retention, finish_interrupted_deletions
+from tiered.tiering.segments.segment_copier import CopyJob, SegmentCopier
+from tiered.tiering.objects.store import ObjectStore
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")

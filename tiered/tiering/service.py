@@ -1,10 +1,10 @@
 """The tier below the local disk, as the server sees it (tiered.tier_interface.Tier): the catalog and the object
-store, the durable path (tiered.tiering.durable) and the remote tier (tiered.tiering.remote_tier), wired together.
+store, the durable path (tiered.tiering.blocks.durable) and the remote tier (tiered.tiering.remote_tier), wired together.
 
 Life: `start` opens the catalog (migrating it) and the store and starts the background loops; `open_partitions`
 registers the disk's topics in the catalog and names the catalog's topics the disk lacks; `join` makes the broker a
-member of the service (tiered.tiering.coordinator): it claims the partitions it should lead, plans each one
-(tiered.tiering.startup) and hands the plans to the server, which carries them out and calls `resume`, after which
+member of the service (tiered.tiering.cluster.coordinator): it claims the partitions it should lead, plans each one
+(tiered.tiering.cluster.startup) and hands the plans to the server, which carries them out and calls `resume`, after which
 the partition is led here; the others are followed. Produce, roll, retention and reads call in through the Tier
 methods; commits, fences, copies, leads and follows go out through the server's TierSink.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -43,14 +44,16 @@ from tiered.tier_interface import (
     Unreadable,
 )
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.coordinator import Coordinator, Endpoints
-from tiered.tiering.durable import DurablePath
+from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
+from tiered.tiering.blocks.durable import DurablePath
+from tiered.tiering.objects.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
-from tiered.tiering.remote_compaction import RemoteCompactor
+from tiered.tiering.compaction.remote_compaction import RemoteCompactor
 from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
-from tiered.tiering.startup import plan_partition
-from tiered.tiering.store import ObjectStore, StoreError, open_store
-from tiered.tiering.topic_objects import put_missing_topic_objects, put_topic_config
+from tiered.tiering.cluster.startup import plan_partition
+from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
+from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
+from tiered.tiering.objects.usage_flush import FLUSH_INTERVAL_S, UsageFlush
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
@@ -98,6 +101,9 @@ class TieringService:
             catalog = await asyncio.to_thread(Catalog.open, url)
         self.catalog = AsyncCatalog(catalog)
         self.store = self._store_given or open_store(self.settings.effective_store_url, **self._store_options())
+        # Tests set TIERED_REQUIRE_ATTRIBUTION: a store call of the broker's without one is then refused (a bug).
+        self.store.require_attribution = os.environ.get("TIERED_REQUIRE_ATTRIBUTION", "") == "1"
+        self.usage = UsageFlush(self.store.meter, self.catalog, self.broker_id, self.clock)
         self.durable = DurablePath(self.store, self.catalog, self.broker_id, self.sink, state=self.state,
                                    metrics=self.metrics, max_bytes=self.settings.block_max_bytes,
                                    max_age_ms=self.settings.block_max_age_ms, grace=self.grace, clock=self.clock,
@@ -113,20 +119,25 @@ class TieringService:
                                                 workdir=str(self.settings.state_dir / "compaction"), grace=self.grace,
                                                 clock=self.clock)
         await self._warm_store()
+        try:
+            await self.usage.run_pass()  # the stored-bytes gauge from the first scrape on
+        except Exception as exc:
+            log.warning("the cost meter could not read the bytes stored yet: %s", exc)
         self._register_metrics()
         sup = self.supervisor
         sup.start("block timer", self.durable.block_timer)
         sup.start("segment copier", self.remote.copier.run)
         sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
+        sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
 
-    async def join(self, advertised: str, http: str) -> None:
+    async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead
         before it serves (the first tick), then keeps its lease and looks at the assignments (tiered.tiering.
         coordinator)."""
         coordinator = Coordinator(self.catalog, self.sink, self, broker_id=self.broker_id,
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
-        await coordinator.join(Endpoints(advertised, http))
+        await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
@@ -157,15 +168,13 @@ class TieringService:
         """Opens the object store client now (creating it costs ~0.3 s), so the first produce or fetch does not pay;
         an unreachable store is reported here and by /readyz, and does not stop the broker from starting."""
         try:
-            async for _ in self.store.list("", limit=1):
+            async for _ in self.store.list("", limit=1, attribution=CATALOG):
                 break
         except Exception as exc:
             log.warning("object store %s does not answer yet: %s", mask_url(self.settings.effective_store_url), exc)
 
     def _store_options(self) -> dict:
-        if self.settings.effective_store_url.startswith("s3://"):
-            return {"path_style": self.settings.s3_path_style}
-        return {}
+        return store_options(self.settings)
 
     async def flush(self, deadline: float) -> None:
         if hasattr(self, "durable"):
@@ -176,6 +185,11 @@ class TieringService:
         await self.supervisor.stop()
         if hasattr(self, "durable"):
             await self.durable.stop()
+        if hasattr(self, "usage"):
+            try:  # what the meter counted since its last flush
+                await self.usage.flush()
+            except Exception as exc:
+                log.warning("the cost meter's last counts were not written to the catalog: %s", exc)
         if hasattr(self, "remote"):
             self.remote.reader.close()
         if hasattr(self, "store"):
@@ -188,7 +202,7 @@ class TieringService:
         task that keeps failing makes the broker not ready too."""
 
         async def store_answers() -> None:
-            async for _ in self.store.list("", limit=1):
+            async for _ in self.store.list("", limit=1, attribution=CATALOG):
                 break
 
         checks = {"catalog": self.catalog.read(catalog_topics.list_topics, deadline_s=timeout_s),
@@ -245,14 +259,14 @@ class TieringService:
         await self.coordinator.await_claims(name, {p: 0 for p in range(partitions)},
                                             self.clock.monotonic() + 5.0)
 
-    # -- leadership (tiered.tiering.coordinator.Leadership) ------------------------------------------------------
+    # -- leadership (tiered.tiering.cluster.coordinator.Leadership) ------------------------------------------------------
 
     def leading(self) -> dict[tuple[str, int], int]:
         return {tp: state.epoch for tp, state in self.state.led()}
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
         """Claims the partitions whose epoch is still the one expected, and plans each one won from what the disk
-        holds (tiered.tiering.startup). A partition not open here is not claimed: its topic is created locally only
+        holds (tiered.tiering.cluster.startup). A partition not open here is not claimed: its topic is created locally only
         at the tick after the catalog names it, and a claim before that would leave it led and not served until
         the tick after (clients told "unknown topic" by its leader meanwhile)."""
         local = {p: self.sink.local_partition(topic, p) for p in expected}
@@ -332,7 +346,7 @@ class TieringService:
 
     async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
                              force: bool = False) -> RemoteCompactionReport | None:
-        """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.remote_compaction)."""
+        """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.compaction.remote_compaction)."""
         tp = TopicPartition(topic, partition)
         epoch, config = self.state.epoch_of(tp), self.state.config_of(tp)
         if epoch is None or config is None:
@@ -372,6 +386,14 @@ class TieringService:
         metrics.counter_fn(m.STORE_ERRORS, lambda: counters.errors)
         metrics.counter_fn(m.STORE_PUT_BYTES, lambda: counters.put_bytes)
         metrics.counter_fn(m.CATALOG_STATEMENTS, lambda: self.catalog.catalog.statements)
+        meter = self.store.meter
+        metrics.counter_fn(m.OBJECT_REQUESTS, lambda: {m.labels(topic=topic, op=op): n
+                                                       for (topic, op), n in sorted(meter.requests.items())})
+        metrics.counter_fn(m.OBJECT_BYTES, lambda: {m.labels(topic=topic, direction=direction): n
+                                                    for (topic, direction), n in sorted(meter.bytes.items())
+                                                    if direction != Direction.INGESTED})
+        metrics.gauge(m.OBJECT_BYTES_STORED, lambda: {m.labels(topic=topic): float(n)
+                                                      for topic, n in sorted(self.usage.stored.items())})
         self.durable.register_metrics()
         self.remote.register_metrics()
         metrics.gauge(m.UPLOAD_LAG_BYTES, lambda: self.durable.unuploaded_bytes + self.remote.copier.pending_bytes)

@@ -92,6 +92,13 @@ The password only ever travels as a reference to an existing Secret.
 {{- end }}
 
 {{/*
+The labels that admit a pod to the TANK port (networkPolicy.clients.podLabels, else the chart's default).
+*/}}
+{{- define "tiered.clientPodLabels" -}}
+{{- toYaml (.Values.networkPolicy.clients.podLabels | default (dict "tiered-client" "true")) }}
+{{- end }}
+
+{{/*
 The object store's environment, read by the AWS SDK itself. Credentials are references to an existing Secret;
 without one the SDK falls back to IRSA / web identity or the instance role.
 */}}
@@ -140,6 +147,7 @@ reads identically (JSON string escapes are a subset of TOML basic-string escapes
 What values.schema.json cannot say, checked when the config file renders (every render includes it).
 - The grace period exceeds the broker's shutdown budget by 5 s or more: within shutdownTimeoutSeconds the broker
   hands its partitions over and commits its open block, then it must still exit before the kubelet's SIGKILL.
+- TLS needs the Secret it is read from, and client certificates need TLS.
 - Several brokers need what lets them act as one: the PostgreSQL catalog they coordinate through (a SQLite one
   refuses a second broker) and one S3 bucket any of them reads. The schema already refuses anything else at any
   replica count; this says why, also to a render that skips the schema (--skip-schema-validation).
@@ -154,6 +162,12 @@ What values.schema.json cannot say, checked when the config file renders (every 
 {{- $shutdown := int .Values.shutdownTimeoutSeconds }}
 {{- if lt $grace (add $shutdown 5) }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must be at least shutdownTimeoutSeconds (%d) + 5: on SIGTERM the broker hands its partitions over within shutdownTimeoutSeconds, then exits, and the kubelet kills it when the grace period ends" $grace $shutdown) }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
+{{- fail "tls.enabled is true but tls.secretName is empty: name the existing Secret holding the certificate and its key (cert-manager's Certificate writes one)" }}
+{{- end }}
+{{- if and .Values.tls.clientCA.enabled (not .Values.tls.enabled) }}
+{{- fail "tls.clientCA.enabled needs tls.enabled: client certificates are asked for in the TLS handshake" }}
 {{- end }}
 {{- $replicas := int .Values.replicaCount }}
 {{- if gt $replicas 1 }}
@@ -182,6 +196,19 @@ The config file. Settings the chart owns come first; values.schema.json keeps th
   "broker_id" "auto"
   "shutdown_timeout_s" (int .Values.shutdownTimeoutSeconds)
 }}
+{{- with .Values.store.serverSideEncryption }}
+{{- $_ := set $owned "s3_sse" . }}
+{{- end }}
+{{- with .Values.store.kmsKeyId }}
+{{- $_ := set $owned "s3_sse_kms_key_id" . }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $owned "tls_cert" (printf "%s/tls.crt" .Values.tls.mountPath) }}
+{{- $_ := set $owned "tls_key" (printf "%s/tls.key" .Values.tls.mountPath) }}
+{{- if .Values.tls.clientCA.enabled }}
+{{- $_ := set $owned "tls_client_ca" (printf "%s/client-ca.crt" .Values.tls.mountPath) }}
+{{- end }}
+{{- end }}
 {{- include "tiered.tomlPairs" $owned }}
 {{- include "tiered.tomlPairs" .Values.config }}
 

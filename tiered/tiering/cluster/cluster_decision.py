@@ -1,0 +1,178 @@
+"""What one broker does about the cluster, decided from one look at the catalog: pure, no I/O, no clock of its own.
+
+`decide(view, leading, now)` takes what the coordinator read (the members, every partition's assignment) and what
+this broker leads, and answers with a `Decision`: which partitions it claims, which it lost, which it hands over,
+whom it follows, and whether its lease must be renewed before it claims. The coordinator (tiered.tiering.
+coordinator) only reads, calls `decide`, and applies the answer; every case of the cluster's behaviour is a row of
+a table in tests/tiering/test_cluster_decision.py.
+
+The rules (docs/cluster.md):
+- a partition led here whose epoch moved on was claimed by another broker: lost, and followed;
+- a partition led here that `tiered cluster rebalance` asked to move to another live broker: handed over;
+- a partition assigned to this broker, not led here: claimed, at the epoch read (compare-and-set), but only while
+  the lease is held; since the row may also name this broker id because another process took the id over, the
+  lease is renewed first (a renewal refused means: evicted, claim nothing);
+- an orphan (no assigned leader, or one whose lease expired): claimed by the live broker `spread` picks, the same
+  answer on every broker;
+- anything else is followed: redirected to its live leader, or "no leader yet" while nobody leads it.
+
+`spread` and `plan_rebalance` are the two placements: a batch of partitions over the live brokers, and the moves
+that even the brokers' loads out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tiered.catalog.cluster import Assignment
+from tiered.tier_interface import Leader
+
+TopicPartition = tuple[str, int]
+
+LEASE_SAFETY = 0.8  # acknowledge (and claim) only while the last renewal is younger than this share of the lease
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """One look at the catalog, from broker `me`."""
+
+    me: int
+    live: frozenset[int]  # brokers whose lease has not expired (this one included while its own lease is fresh)
+    addresses: Mapping[int, str]  # broker id -> advertised TANK endpoint
+    assignments: Sequence[Assignment]
+    lease_ms: int
+    renewed_at: float | None  # monotonic time of the last renewal that kept the lease unbroken (None: never)
+    evicted: bool = False  # another process took this broker id over: it never leads again
+    plain_addresses: Mapping[int, str] = field(default_factory=dict)  # broker id -> plaintext endpoint ("": none)
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """Tell the server: the partition is led elsewhere (`leader`), or by nobody yet (None), with the catalog's
+    committed bounds."""
+
+    key: TopicPartition
+    leader: Leader | None
+    committed: int
+    first_available: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    lost: tuple[Follow, ...] = ()  # led here, claimed by another broker: forget, then follow
+    follows: tuple[Follow, ...] = ()
+    claims: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # topic -> {partition: epoch read}
+    handovers: Mapping[TopicPartition, tuple[int, int]] = field(default_factory=dict)  # -> (to broker, epoch)
+    renew_first: bool = False  # a claim names this broker id: renew the lease before claiming (evicted: no claims)
+
+
+def lease_fresh(renewed_at: float | None, lease_ms: int, now: float) -> bool:
+    """Whether a lease renewed at `renewed_at` (monotonic) may still be relied on at `now`."""
+    return renewed_at is not None and now - renewed_at < LEASE_SAFETY * lease_ms / 1000.0
+
+
+def leader_of(view: ClusterView, broker_id: int | None) -> Leader | None:
+    """Where to redirect to: a live broker other than this one (this one, not leading yet: no leader yet)."""
+    if broker_id is None or broker_id == view.me or broker_id not in view.live or not view.addresses.get(broker_id):
+        return None
+    return Leader(broker_id, view.addresses[broker_id], view.plain_addresses.get(broker_id, ""))
+
+
+def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float) -> Decision:
+    """The claims, losses, handovers and follows of one look (module docstring)."""
+    me = view.me
+    serving = not view.evicted and lease_fresh(view.renewed_at, view.lease_ms, now)
+    load = Counter(a.leader_broker for a in view.assignments if a.leader_broker in view.live)
+    lost: list[Follow] = []
+    follows: list[Follow] = []
+    claims: dict[str, dict[int, int]] = {}
+    handovers: dict[TopicPartition, tuple[int, int]] = {}
+    orphans: list[TopicPartition] = []
+    epochs: dict[TopicPartition, int] = {}
+    renew_first = False
+    for a in view.assignments:
+        key = (a.topic, a.partition)
+        epochs[key] = a.leader_epoch
+        if key in leading:
+            if a.leader_epoch > leading[key]:
+                lost.append(Follow(key, leader_of(view, a.leader_broker), a.hwmark_seq, a.first_available_seq))
+            elif a.handover_to is not None and a.handover_to != me and a.handover_to in view.live:
+                handovers[key] = (a.handover_to, a.leader_epoch)
+            continue
+        if a.leader_broker == me or a.leader_broker is None or a.leader_broker not in view.live:
+            # Assigned here but not claimed yet, or orphaned: nobody leads it this moment (0xfd, not a redirect
+            # that could bounce between two brokers that each think the other leads).
+            follows.append(Follow(key, None, a.hwmark_seq, a.first_available_seq))
+            if a.leader_broker != me:
+                orphans.append(key)
+            elif serving:
+                claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
+                renew_first = True
+        else:
+            follows.append(Follow(key, leader_of(view, a.leader_broker), a.hwmark_seq, a.first_available_seq))
+    if serving:
+        for key, broker in spread(orphans, view.live, load).items():
+            if broker == me:
+                claims.setdefault(key[0], {})[key[1]] = epochs[key]
+    return Decision(tuple(lost), tuple(follows), claims, handovers, renew_first)
+
+
+CLAIM_BATCH = 512  # partitions per claim statement: a failover's first partitions take produce again early
+
+
+def claim_batches(claims: Mapping[str, Mapping[int, int]],
+                  limit: int = CLAIM_BATCH) -> list[tuple[str, dict[int, int]]]:
+    """A decision's claims as (topic, {partition: epoch read}) batches of at most `limit` partitions each, topics in
+    name order and partitions in order: the coordinator claims one batch per statement and lets what it claimed
+    take produce before it claims the next, so that 17,000 orphans of a failover are not one long wait. Raises
+    ValueError for a limit below 1."""
+    if limit < 1:
+        raise ValueError("a claim batch holds at least one partition")
+    out: list[tuple[str, dict[int, int]]] = []
+    for topic in sorted(claims):
+        partitions = sorted(claims[topic].items())
+        for start in range(0, len(partitions), limit):
+            out.append((topic, dict(partitions[start:start + limit])))
+    return out
+
+
+def spread(partitions: Sequence[TopicPartition], live: Iterable[int],
+           load: Mapping[int, int]) -> dict[TopicPartition, int]:
+    """Which live broker takes each partition: fewest leaderships first (then the lowest id), one at a time, so a
+    batch lands evenly. Every broker computes the same answer from the same view."""
+    brokers = sorted(set(live))
+    if not brokers:
+        return {}
+    counts = {b: load.get(b, 0) for b in brokers}
+    out: dict[TopicPartition, int] = {}
+    for key in sorted(partitions):
+        chosen = min(brokers, key=lambda b: (counts[b], b))
+        out[key] = chosen
+        counts[chosen] += 1
+    return out
+
+
+def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> dict[TopicPartition, int]:
+    """Which partitions to move, and where, so that every live broker leads as many as the others, give or take
+    one: one partition at a time from the broker leading the most to the one leading the fewest (ties: the lowest
+    id), each taken from the topic the receiver leads least of, so topics spread too."""
+    brokers = sorted(set(live))
+    if len(brokers) < 2:
+        return {}
+    held: dict[int, list[TopicPartition]] = {b: [] for b in brokers}
+    for a in assignments:
+        if a.leader_broker in held:
+            held[a.leader_broker].append((a.topic, a.partition))
+    moves: dict[TopicPartition, int] = {}
+    while True:
+        most = max(brokers, key=lambda b: (len(held[b]), -b))
+        fewest = min(brokers, key=lambda b: (len(held[b]), b))
+        if len(held[most]) - len(held[fewest]) <= 1:
+            return moves
+        topics_of_fewest = Counter(topic for topic, _ in held[fewest])
+        key = min(held[most], key=lambda k: (topics_of_fewest[k[0]], k[0], -k[1]))
+        held[most].remove(key)
+        held[fewest].append(key)
+        moves[key] = fewest

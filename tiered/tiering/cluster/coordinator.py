@@ -1,0 +1,337 @@
+"""Several brokers as one service, from one broker's side: its lease, and which partitions it leads.
+
+Two loops, under the tier's supervisor:
+- the lease: renewed every third of `cluster.lease_ms`, by the catalog's clock (tiered.catalog.cluster). A broker
+  that has not renewed for 0.8 of the lease stops acknowledging at once (`holds_lease` is asked on every produce):
+  by the time the others see its lease expire and take its partitions, it answers nothing more. Its late commits
+  are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge a message the new
+  leader does not have. A renewal refused because another process took the broker id over ends its leadership for
+  good.
+- the tick (every TICK_S): reads the members and the partitions' assignments, and
+    claims (compare-and-set on the epoch) the partitions assigned to it, and its even share of the orphans, those
+    whose leader is gone (the live brokers with the fewest leaderships first, computed alike by every broker);
+    hands over the partitions `tiered cluster rebalance` asked it to give away (stop taking produces, commit what is
+    held, assign the partition: the new leader claims it at its next tick);
+    notices the partitions another broker claimed from it (fenced) and tells the server who leads the others, with
+    their committed bounds, so any broker serves history and redirects the tail to the leader.
+A broker that returns does not take partitions back: only orphans and explicit assignments are claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tiered import metrics as m
+from tiered.catalog import cluster as catalog_cluster
+from tiered.catalog import topics as catalog_topics
+from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.metrics import Metrics
+from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
+from tiered.tiering.catalog_access import AsyncCatalog
+from tiered.tiering.cluster.cluster_decision import (
+    ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
+)
+
+log = logging.getLogger("tiered.cluster")
+
+TICK_S = 0.25  # a handover's new leader claims at its next tick: this is most of a clean move's stall
+CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
+CLAIM_WAIT_S = 5.0  # and for how long at most
+
+
+class Leadership(Protocol):
+    """What the coordinator asks of the tier it serves."""
+
+    def leading(self) -> dict[tuple[str, int], int]:
+        """The partitions led here, with their epochs."""
+
+    async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
+        """Claims the partitions whose epoch is still the one given; plans the ones won."""
+
+    async def give_up(self, keys: Sequence[tuple[str, int]], deadline: float) -> None:
+        """Stops leading: the open block and the blocks in flight are committed (until `deadline`), then forgotten."""
+
+    def lost(self, topic: str, partition: int) -> None:
+        """Another broker claimed the partition: forget it without committing anything more."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    advertised: str  # host:port, an IPv4 address: TANK's redirects carry addr4
+    http: str
+    plain: str = ""  # host:port for plaintext clients ("": none besides `advertised`; tiered.server.leaders)
+
+
+class Coordinator:
+    def __init__(self, catalog: AsyncCatalog, sink: TierSink, leadership: Leadership, *, broker_id: int,
+                 lease_ms: int, metrics: Metrics, clock: Clock = SYSTEM_CLOCK):
+        self.catalog = catalog
+        self.sink = sink
+        self.leadership = leadership
+        self.broker_id = broker_id
+        self.lease_ms = lease_ms
+        self.metrics = metrics
+        self.clock = clock
+        self.incarnation = secrets.token_hex(8)
+        self.endpoints: Endpoints | None = None
+        self._renewed_at: float | None = None  # monotonic time of the last renewal that kept the lease unbroken
+        # The lease lapsed (a pause, a cut-off catalog) and was renewed since: whether another broker took a
+        # partition meanwhile is only known after the next tick has read the epochs. Until then: no acks.
+        self._lapsed = False
+        self._evicted = False  # another process took this broker id: never lead again
+        self.live: set[int] = set()
+        self.addresses: dict[int, str] = {}
+        self.plain_addresses: dict[int, str] = {}  # broker id -> where plaintext clients reach it ("": none known)
+        # What the last full look was decided from: the change counter and the membership (live brokers, their
+        # addresses, whether this one could claim). While neither moved, nothing a decision depends on did, and a
+        # tick reads one small statement (tiered.catalog.cluster.look) instead of every partition.
+        self._seen: tuple | None = None
+        # What the server was last told of each partition followed (one owner: every follow goes through
+        # `_follow`): a full look re-tells only what changed. A partition led here is not in it.
+        self._followed: dict[tuple[str, int], Follow] = {}
+        self._bounds_asked: dict[tuple[str, int], float] = {}  # monotonic time a read last asked for a follower's
+        # One tick at a time (the loop's, a topic creation's): a tick reads the epochs, then compares them with what
+        # is led here; a claim by another tick in between would look like a partition lost.
+        self._ticking = asyncio.Lock()
+
+    # -- the lease --------------------------------------------------------------------------------------------
+
+    async def join(self, endpoints: Endpoints) -> None:
+        """Registers this process (SingleBrokerCatalog on SQLite while another broker is live)."""
+        self.endpoints = endpoints
+        started = self.clock.monotonic()
+        await self.catalog.write(catalog_cluster.register, self.broker_id, self.incarnation, endpoints.advertised,
+                                 endpoints.http, self.lease_ms, advertised_plain=endpoints.plain)
+        self._renewed_at = started
+
+    def _lease_fresh(self, now: float) -> bool:
+        return lease_fresh(self._renewed_at, self.lease_ms, now)
+
+    def holds_lease(self) -> bool:
+        """Whether this broker may acknowledge: its lease was renewed in time, and never lapsed unverified."""
+        return not self._evicted and not self._lapsed and self._lease_fresh(self.clock.monotonic())
+
+    async def renew_loop(self) -> None:
+        while not self._evicted:
+            await self.clock.sleep(self.lease_ms / 3000.0)
+            await self.renew()
+
+    async def renew(self) -> None:
+        started = self.clock.monotonic()
+        try:
+            kept = await self.catalog.write(catalog_cluster.renew, self.broker_id, self.incarnation, self.lease_ms,
+                                            deadline_s=self.lease_ms / 3000.0)
+        except Exception:
+            self.metrics.inc(m.LEASE_RENEWAL_FAILURES)
+            raise
+        self.metrics.observe(m.LEASE_RENEWAL_SECONDS, self.clock.monotonic() - started)
+        if not kept:
+            self._evicted = True
+            log.error("broker id %d was taken over by another process: this one stops leading", self.broker_id)
+            for topic, partition in list(self.leadership.leading()):
+                self.leadership.lost(topic, partition)
+                self._no_leader(topic, partition)
+            # It could only answer "no leader" from now on (the new leader has its id): it stops, and its clients
+            # find the new process through the other brokers' redirects.
+            self.sink.evicted(f"broker id {self.broker_id} was taken over by another process")
+            return
+        if not self._lease_fresh(started):
+            self._lapsed = True
+            log.warning("the lease was not renewed in time: no acknowledgements until the partitions are checked")
+        self._renewed_at = started
+
+    async def leave(self, deadline: float) -> None:
+        """A graceful stop (the loops are stopped first): hands every partition led here to the other live
+        brokers, then ends the lease."""
+        if self._evicted or self.endpoints is None:
+            return
+        await self._refresh_members()
+        others = self.live - {self.broker_id}
+        leading = self.leadership.leading()
+        if others and leading:
+            load = Counter(a.leader_broker for a in await self.catalog.read(catalog_cluster.assignments)
+                           if a.leader_broker in others)
+            targets = spread(sorted(leading), others, load)
+            await self._hand_over({key: (targets[key], leading[key]) for key in leading}, deadline)
+        await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
+
+    # -- the tick ---------------------------------------------------------------------------------------------
+
+    async def tick_loop(self) -> None:
+        while True:
+            await self.tick()
+            await self.clock.sleep(TICK_S)
+
+    async def _refresh_members(self) -> None:
+        self._take_members(await self.catalog.read(catalog_cluster.members))
+
+    def _take_members(self, members: Sequence[catalog_cluster.Member]) -> None:
+        self.live = {mb.broker_id for mb in members if mb.live}
+        self.addresses = {mb.broker_id: mb.advertised for mb in members}
+        self.plain_addresses = {mb.broker_id: mb.advertised_plain for mb in members}
+        if self._lease_fresh(self.clock.monotonic()) and not self._evicted:
+            self.live.add(self.broker_id)
+
+    def _leader(self, broker_id: int | None) -> Leader | None:
+        return leader_of(self.view(()), broker_id)
+
+    async def tick(self) -> None:
+        """One look at the members and the assignments: claim, hand over, follow (module docstring)."""
+        async with self._ticking:
+            await self._tick()
+
+    def view(self, assignments) -> ClusterView:
+        return ClusterView(self.broker_id, frozenset(self.live), dict(self.addresses), assignments, self.lease_ms,
+                           self._renewed_at, self._evicted, dict(self.plain_addresses))
+
+    async def _tick(self) -> None:
+        started = self.clock.monotonic()
+        look = await self.catalog.read(catalog_cluster.look)
+        self._take_members(look.members)
+        seen = (look.changes, frozenset(self.live), tuple(sorted(self.addresses.items())),
+                tuple(sorted(self.plain_addresses.items())),
+                not self._evicted and self._lease_fresh(self.clock.monotonic()))
+        if look.changes is not None and seen == self._seen:
+            # No partition, epoch, assignment, handover, topic or member moved since the last full look (the
+            # counter is bumped in the transaction of each change): its decision stands. That is also what a
+            # lapsed lease needs to see to acknowledge again: no epoch moved while it was lapsed.
+            self._checked(started)
+            return
+        self._seen = None  # until this look is carried out (a failure in between looks again next time)
+        topics = await self.catalog.read(catalog_topics.list_topics)
+        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
+        assignments = await self.catalog.read(catalog_cluster.assignments)
+        leading = self.leadership.leading()
+        # Pure, and linear in the partitions: on a worker thread, so that a large catalog's look does not hold up
+        # the event loop (produces and their acks) while it is decided.
+        decision = await asyncio.to_thread(decide, self.view(assignments), leading, self.clock.monotonic())
+        for key in leading:
+            self._followed.pop(key, None)
+        await self._apply(decision, started)
+        # A claim or a handover changes the catalog, and so the counter: the next tick looks again anyway. One that
+        # changed nothing (a topic this broker cannot serve) is tried again at the next tick, as before.
+        if not decision.claims and not decision.handovers and not decision.renew_first:
+            self._seen = seen
+
+    def _checked(self, started: float) -> None:
+        """The epochs were read (or known unchanged) after the look that began at `started`."""
+        if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
+            self._lapsed = False  # the epochs read after the renewal showed what is still led here
+            log.info("lease renewed and partitions checked: acknowledging again")
+
+    def _follow(self, f: Follow) -> None:
+        """Tells the server, unless it was told exactly this last time."""
+        if self._followed.get(f.key) != f:
+            self._followed[f.key] = f
+            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+
+    def _no_leader(self, topic: str, partition: int) -> None:
+        self._followed.pop((topic, partition), None)
+        self.sink.follow(topic, partition, None, None)
+
+    async def refresh_follower(self, topic: str, partition: int) -> bool:
+        """A read on a follower went past the bounds it knows: the partition's row is read now (at most once per
+        tick per partition), and the server told its leader and committed bounds. True if it was told (the read
+        looks again). This is how a follower's high-water mark stays current without every broker polling every
+        partition's bounds: the change counter does not move on commits."""
+        key = (topic, partition)
+        now = self.clock.monotonic()
+        if now - self._bounds_asked.get(key, float("-inf")) < TICK_S:
+            return False
+        self._bounds_asked[key] = now
+        a = await self.catalog.read(catalog_cluster.assignment, topic, partition)
+        if a is None or key in self.leadership.leading():
+            return False
+        leader = self._leader(a.leader_broker) if a.leader_broker in self.live else None
+        self._follow(Follow(key, leader, a.hwmark_seq, a.first_available_seq))
+        return True
+
+    async def _apply(self, decision: Decision, started: float) -> None:
+        """Carries one decision out; `started`: when the look it was decided from began."""
+        for f in decision.lost:
+            log.warning("%s/%d was claimed by broker %s: no longer led here", *f.key,
+                        f.leader.broker_id if f.leader else "(not live)")
+            self.leadership.lost(*f.key)
+            self._follow(f)
+        for f in decision.follows:
+            self._follow(f)
+        if decision.renew_first:
+            # A row naming this broker id that this process does not lead is either assigned here and not claimed
+            # yet, or was claimed by another process that took this broker id over (a new volume, a rescheduled
+            # pod): the lease says which. Taking it back would fence the process that now owns the id.
+            await self.renew()
+            if self._evicted:
+                return
+        # The look read every epoch after `started`, and the losses are applied: what is led here is checked now,
+        # before the claims, so that a lapsed lease acknowledges again without waiting for a long failover's claims.
+        self._checked(started)
+        for topic, expected in claim_batches(decision.claims):
+            # One bounded batch per claim statement; each takes produce as soon as it is claimed, and a renewal that
+            # falls due meanwhile runs between batches (the renewal loop), not after all of them.
+            await self._claim(topic, expected)
+        if decision.handovers:
+            await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
+
+    async def _claim(self, topic: str, expected: Mapping[int, int]) -> None:
+        plans = await self.leadership.claim(topic, dict(expected))
+        if not plans:
+            return
+        lost = len(expected) - len(plans)
+        log.info("leading %d partitions of %s%s", len(plans), topic,
+                 f" ({lost} claimed by another broker first)" if lost else "")
+        self.metrics.inc(m.TAKEOVERS, len(plans))
+        await self.sink.lead(plans)
+
+    async def _hand_over(self, moves: dict[tuple[str, int], tuple[int, int]], deadline: float) -> None:
+        """Clean handovers: produces to these partitions are answered "no leader" (retry) from now on; what is held
+        is committed; each partition is assigned to its new leader, who claims it at its next tick; once it has,
+        clients are redirected there."""
+        for topic, partition in moves:
+            self._no_leader(topic, partition)
+        await self.leadership.give_up(sorted(moves), deadline)
+        by_topic: dict[str, dict[int, tuple[int, int]]] = {}
+        for (topic, partition), move in moves.items():
+            by_topic.setdefault(topic, {})[partition] = move
+        for topic, moving in sorted(by_topic.items()):
+            done = await self.catalog.write(
+                catalog_cluster.assign, topic, {p: target for p, (target, _) in moving.items()},
+                expected={p: (self.broker_id, epoch) for p, (_, epoch) in moving.items()})
+            self.metrics.inc(m.HANDOVERS, len(done))
+            log.info("handed %s partitions %s over", topic, {p: moving[p][0] for p in done})
+            await self.await_claims(topic, {p: moving[p][1] for p in done}, deadline)
+
+    async def await_claims(self, topic: str, epochs: Mapping[int, int], deadline: float) -> None:
+        """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
+        following each one to its new leader as soon as it has: a handover or a creation then redirects clients
+        straight to where they will be served."""
+        waiting = dict(epochs)
+        while waiting:
+            assignments = await self.catalog.read(catalog_cluster.assignments, topic)
+            leading = self.leadership.leading()  # once per look, not per partition: it is every partition led here
+            for a in assignments:
+                if a.partition in waiting and a.leader_epoch > waiting[a.partition]:
+                    del waiting[a.partition]
+                    if (a.topic, a.partition) not in leading:
+                        self._follow(Follow((a.topic, a.partition), self._leader(a.leader_broker), a.hwmark_seq,
+                                            a.first_available_seq))
+            if not waiting or self.clock.monotonic() >= deadline:
+                break
+            await self.clock.sleep(CLAIM_POLL_S)
+
+    async def place_new_topic(self, partitions: int) -> dict[int, int]:
+        """Which live broker leads each partition of a new topic: the fewest leaderships first."""
+        await self._refresh_members()
+        assignments = await self.catalog.read(catalog_cluster.assignments)
+        load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
+        placed = spread([("", p) for p in range(partitions)], self.live, load)
+        return {p: broker for (_, p), broker in placed.items()}
+
+    def status(self) -> dict:
+        return {"broker_id": self.broker_id, "holds_lease": self.holds_lease(), "live": sorted(self.live),
+                "advertised": self.endpoints.advertised if self.endpoints else ""}

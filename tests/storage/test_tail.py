@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from tiered.storage.tail import INDEX_WRITE_BATCH, PRODUCE_PATH_ENV, NativeSegme
 from tiered.storage.topic_config import TopicConfig
 
 TAILS = pytest.mark.parametrize("tail_type", [PySegmentTail, NativeSegmentTail], ids=["python", "native"])
+CREATED, ROLL_AGE = 1_795_352_546, 3600
 ATTRIBUTES = ("log_fd", "index_fd", "base", "size", "last", "since_last_update", "ts_bounds", "ts_complete")
 
 
@@ -45,7 +47,7 @@ def opened(tail_type, directory: str, base: int = 1, size: int = 0, last: int | 
     index_path = index_path or os.path.join(directory, f"{base}.index")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    tail = tail_type(log_path, index_path, log_fd, index_fd, base, size, last, SparseIndex(), since)
+    tail = tail_type(log_path, index_path, log_fd, index_fd, base, size, last, SparseIndex(), since, CREATED, ROLL_AGE)
     try:
         yield tail
     finally:
@@ -66,11 +68,14 @@ def files(directory: str) -> dict[str, bytes]:
     return out
 
 
-# An append: (record, seq step before it, messages, interval, ts bounds or None); or "flush".
+# An append: (record, seq step before it, messages, interval, ts bounds or None, None or the limits of an
+# append_in_place: (sparse, seconds since the segment's creation, segment bytes, index bytes)); or "flush".
 appends = st.lists(
     st.one_of(
         st.tuples(st.binary(min_size=1, max_size=300), st.integers(0, 3), st.integers(1, 5), st.integers(0, 600),
-                  st.one_of(st.none(), st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)))),
+                  st.one_of(st.none(), st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))),
+                  st.one_of(st.none(), st.tuples(st.booleans(), st.floats(0, 2 * ROLL_AGE), st.integers(0, 5000),
+                                                 st.integers(0, 80)))),
         st.just("flush"),
     ),
     max_size=60,
@@ -88,11 +93,20 @@ def test_the_same_appends_write_the_same_bytes(ops, base, since):
                     ref.write_entries()
                     nat.write_entries()
                     continue
-                record, step, messages, interval, ts = op
+                record, step, messages, interval, ts, in_place = op
                 seq += step
                 low, high = (None, 0) if ts is None else (min(ts), max(ts))
-                assert ref.append(record, seq, seq + messages - 1, interval, low, high) == nat.append(
-                    memoryview(record).toreadonly(), seq, seq + messages - 1, interval, low, high)
+                last = seq + messages - 1
+                if in_place is None:
+                    assert ref.append(record, seq, last, interval, low, high) == nat.append(
+                        memoryview(record).toreadonly(), seq, last, interval, low, high)
+                else:
+                    sparse, age, segment_bytes, index_bytes = in_place
+                    limits = (sparse, CREATED + age, segment_bytes, index_bytes)
+                    assert ref.takes(seq, last, sparse, len(record), *limits[1:]) == nat.takes(
+                        seq, last, sparse, len(record), *limits[1:])
+                    assert ref.append_in_place(record, seq, last, *limits, interval, low, high) == \
+                        nat.append_in_place(memoryview(record).toreadonly(), seq, last, *limits, interval, low, high)
                 seq += messages
                 assert state(ref)[2:] == state(nat)[2:]  # the fds differ, every other attribute is the same
             assert files(a) == files(b)
@@ -162,12 +176,20 @@ def test_the_native_tail_survives_misuse(tmp_path):
     with pytest.raises(TypeError):
         NativeSegmentTail("p", "i", 1, 2)
     with pytest.raises(TypeError):
-        NativeSegmentTail(b"p", "i", -1, -1, 1, 0, None, SparseIndex(), 0)
+        NativeSegmentTail(b"p", "i", -1, -1, 1, 0, None, SparseIndex(), 0, 0, 0)
     with pytest.raises(ValueError):
-        NativeSegmentTail("p", "i", -1, -1, -1, 0, None, SparseIndex(), 0)
+        NativeSegmentTail("p", "i", -1, -1, -1, 0, None, SparseIndex(), 0, 0, 0)
+    with pytest.raises(TypeError):
+        NativeSegmentTail("p", "i", -1, -1, 1, 0, None, 5, 0, 0, 0)  # an index without a length
     with opened(NativeSegmentTail, str(tmp_path)) as tail:
         with pytest.raises(TypeError):
             tail.append(b"x", 1, 1)
+        with pytest.raises(TypeError):
+            tail.append_in_place(b"x", 1, 1, False, 0.0, 1, 1, 10, 1)
+        with pytest.raises(TypeError):
+            tail.takes(1, 1, False, 1, "now", 1, 1)
+        with pytest.raises(TypeError):
+            tail.append_in_place(5, 1, 1, False, 0.0, 1, 1, 10, 1, 1)
         tail.close()
         with pytest.raises(ValueError, match="closed"):
             tail.append(b"x", 1, 1, 10, 1, 1)
@@ -186,7 +208,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.getrlimit(resource.RLI
 path, index_path = os.path.join(sys.argv[1], "1_1.log"), os.path.join(sys.argv[1], "1.index")
 log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-tail = tail_type(path, index_path, log_fd, index_fd, 1, 0, None, SparseIndex(), NEVER_INDEXED)
+tail = tail_type(path, index_path, log_fd, index_fd, 1, 0, None, SparseIndex(), NEVER_INDEXED, 0, 3600)
 tail.append(b"a" * 600, 1, 1, 10, 1, 1)
 try:
     tail.append(b"b" * 600, 2, 2, 10, 1, 1)
@@ -249,10 +271,12 @@ def produce_path(name: str):
 
 def write_log(directory: str, path: str, ops, config: TopicConfig) -> list:
     results = []
+    clock = [float(CREATED)]
     with produce_path(path):
-        log = PartitionLog.open(directory, config, now_s=lambda: 1_795_352_546.0)
+        log = PartitionLog.open(directory, config, now_s=lambda: clock[0], rng=random.Random(7))
         try:
             for values, codec, jump, ts in ops:
+                clock[0] += 400.0  # past the segment's roll age (one hour) every few records
                 bundle = encode_bundle([Message(v, ts_ms=ts + i) for i, v in enumerate(values)], codec=codec)
                 base_seq = log.last_assigned + 1 + jump if jump else None  # a jump rolls, as TANK does
                 a = log.append(bundle, base_seq)
@@ -263,9 +287,11 @@ def write_log(directory: str, path: str, ops, config: TopicConfig) -> list:
 
 
 @budget(60)
-@given(ops=log_ops, segment_bytes=st.integers(200, 3000), interval=st.integers(0, 500))
-def test_the_log_writes_the_same_files_either_way(ops, segment_bytes, interval):
-    config = TopicConfig(log_segment_bytes=segment_bytes, log_index_interval_bytes=interval)
+@given(ops=log_ops, segment_bytes=st.integers(200, 3000), interval=st.integers(0, 500),
+       index_bytes=st.sampled_from([16, 64, 10 * 1024 * 1024]))
+def test_the_log_writes_the_same_files_either_way(ops, segment_bytes, interval, index_bytes):
+    config = TopicConfig(log_segment_bytes=segment_bytes, log_index_interval_bytes=interval,
+                         log_index_size_max_bytes=index_bytes, log_roll_jitter_secs=1)  # a roll age of one hour
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         assert write_log(a, "python", ops, config) == write_log(b, "native", ops, config)
         assert files(a) == files(b)

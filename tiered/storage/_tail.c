@@ -25,6 +25,7 @@
 #define INDEX_WRITE_BATCH 4096
 #define ENTRY_BYTES 8
 #define MAX_U32 0xFFFFFFFFULL
+#define MAX_REL_SEQ 0x7FFFFFFFULL /* tiered.storage.segment.MAX_REL_SEQ: TANK's seq span within one segment */
 
 static PyObject *logger; /* logging.getLogger("tiered.storage") */
 
@@ -35,6 +36,8 @@ typedef struct {
     int log_fd, index_fd;        /* -1 once closed */
     uint64_t base, size, last, since_last_update;
     int has_last;
+    double created_ts, roll_age_s; /* when the segment was created, and the age past which it rolls */
+    uint64_t entries;              /* in the in-memory index: it grows by this tail's appends only */
     uint64_t ts_low, ts_high;
     int has_ts, ts_complete;
     Py_ssize_t unwritten_len;
@@ -162,11 +165,15 @@ static void put_u32(uint8_t *out, uint64_t v)
 static int tail_init(Tail *t, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"path", "index_path", "log_fd", "index_fd", "base", "size", "last", "index",
-                            "since_last_update", NULL};
+                            "since_last_update", "created_ts", "roll_age_s", NULL};
     PyObject *path, *index_path, *base, *size, *last, *index, *since;
     int log_fd, index_fd;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UUiiOOOOO", names, &path, &index_path, &log_fd, &index_fd, &base,
-                                     &size, &last, &index, &since))
+    double created_ts, roll_age_s;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UUiiOOOOOdd", names, &path, &index_path, &log_fd, &index_fd,
+                                     &base, &size, &last, &index, &since, &created_ts, &roll_age_s))
+        return -1;
+    Py_ssize_t entries = PyObject_Length(index);
+    if (entries < 0)
         return -1;
     uint64_t base_v, size_v, last_v = 0, since_v;
     if (u64_of(base, "base", &base_v) < 0 || u64_of(size, "size", &size_v) < 0
@@ -182,6 +189,9 @@ static int tail_init(Tail *t, PyObject *args, PyObject *kwargs)
     t->has_last = last != Py_None;
     t->last = last_v;
     t->since_last_update = since_v;
+    t->created_ts = created_ts;
+    t->roll_age_s = roll_age_s;
+    t->entries = (uint64_t)entries;
     t->has_ts = 0;
     t->ts_complete = size_v == 0;
     t->unwritten_len = 0;
@@ -273,6 +283,7 @@ static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
         if (r == NULL)
             return NULL;
         Py_DECREF(r);
+        t->entries++;
         t->since_last_update = 0;
         put_u32(t->unwritten + t->unwritten_len, rel_seq);
         put_u32(t->unwritten + t->unwritten_len + 4, position);
@@ -282,6 +293,88 @@ static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
     }
     t->since_last_update += len;
     return PyLong_FromUnsignedLongLong(position);
+}
+
+/* tail.py's `takes`: whether the record first..last of record_len bytes goes into this segment, or into a new one
+ * (TANK's should_roll, evaluated before an append, a seq that does not follow on in a plain bundle, and the u32
+ * columns of the index). */
+static int takes(const Tail *t, uint64_t first, uint64_t last, int sparse, uint64_t record_len, double now_s,
+                 uint64_t segment_bytes, uint64_t index_max_bytes)
+{
+    if (t->has_last) {
+        if (!sparse && first != t->last + 1)
+            return 0;
+        if (t->size != 0 && (t->size > segment_bytes || t->entries * ENTRY_BYTES > index_max_bytes
+                             || now_s - t->created_ts > t->roll_age_s))
+            return 0;
+    }
+    if (last >= t->base && last - t->base > MAX_REL_SEQ)
+        return 0;
+    return t->size <= MAX_U32 && record_len <= MAX_U32 - t->size;
+}
+
+/* The arguments of `takes` from args[0:7]: first, last, sparse, record_len, now_s, segment_bytes, index_max_bytes. */
+static int takes_args(PyObject *const *args, uint64_t *first, uint64_t *last, int *sparse, uint64_t *record_len,
+                      double *now_s, uint64_t *segment_bytes, uint64_t *index_max_bytes)
+{
+    if (u64_of(args[0], "first_seq", first) < 0 || u64_of(args[1], "last_seq", last) < 0
+        || (*sparse = PyObject_IsTrue(args[2])) < 0 || u64_of(args[3], "record_len", record_len) < 0)
+        return -1;
+    *now_s = PyFloat_AsDouble(args[4]);
+    if (*now_s == -1.0 && PyErr_Occurred())
+        return -1;
+    return u64_of(args[5], "segment_bytes", segment_bytes) < 0 || u64_of(args[6], "index_max_bytes", index_max_bytes) < 0
+               ? -1 : 0;
+}
+
+PyDoc_STRVAR(takes_doc,
+"takes(first_seq, last_seq, sparse, record_len, now_s, segment_bytes, index_max_bytes, /)\n--\n\n"
+"Whether the record goes into this segment (False: the log rolls first). As PySegmentTail.takes.");
+
+static PyObject *tail_takes(Tail *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t first, last, record_len, segment_bytes, index_max_bytes;
+    int sparse;
+    double now_s;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "takes takes 7 arguments");
+        return NULL;
+    }
+    if (takes_args(args, &first, &last, &sparse, &record_len, &now_s, &segment_bytes, &index_max_bytes) < 0)
+        return NULL;
+    return PyBool_FromLong(takes(t, first, last, sparse, record_len, now_s, segment_bytes, index_max_bytes));
+}
+
+PyDoc_STRVAR(append_in_place_doc,
+"append_in_place(record, first_seq, last_seq, sparse, now_s, segment_bytes, index_max_bytes, interval, min_ts,\n"
+"                max_ts, /)\n--\n\n"
+"`append` when the segment holds a record and `takes` this one; else None, and nothing is written. As\n"
+"PySegmentTail.append_in_place: the produce path's one call per record.");
+
+static PyObject *tail_append_in_place(Tail *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t first, last, record_len, segment_bytes, index_max_bytes;
+    int sparse;
+    double now_s;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "append_in_place takes 10 arguments");
+        return NULL;
+    }
+    Py_ssize_t len = PyObject_Length(args[0]);
+    if (len < 0)
+        return NULL;
+    PyObject *record_len_obj = PyLong_FromSsize_t(len);
+    if (record_len_obj == NULL)
+        return NULL;
+    PyObject *takes_argv[7] = {args[1], args[2], args[3], record_len_obj, args[4], args[5], args[6]};
+    int bad = takes_args(takes_argv, &first, &last, &sparse, &record_len, &now_s, &segment_bytes, &index_max_bytes);
+    Py_DECREF(record_len_obj);
+    if (bad < 0)
+        return NULL;
+    if (!t->has_last || !takes(t, first, last, sparse, record_len, now_s, segment_bytes, index_max_bytes))
+        Py_RETURN_NONE;
+    PyObject *append_argv[6] = {args[0], args[1], args[2], args[7], args[8], args[9]};
+    return tail_append(t, append_argv, 6);
 }
 
 static PyObject *tail_write_entries(Tail *t, PyObject *unused)
@@ -354,6 +447,8 @@ static PyGetSetDef tail_getset[] = {
 
 static PyMethodDef tail_methods[] = {
     {"append", (PyCFunction)(void (*)(void))tail_append, METH_FASTCALL, append_doc},
+    {"takes", (PyCFunction)(void (*)(void))tail_takes, METH_FASTCALL, takes_doc},
+    {"append_in_place", (PyCFunction)(void (*)(void))tail_append_in_place, METH_FASTCALL, append_in_place_doc},
     {"write_entries", (PyCFunction)tail_write_entries, METH_NOARGS, "writes the index entries the file lacks"},
     {"close", (PyCFunction)tail_close, METH_NOARGS, "writes the pending entries and closes both files"},
     {NULL, NULL, 0, NULL},
@@ -363,8 +458,8 @@ static PyTypeObject TailType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.storage._tail.SegmentTail",
     .tp_basicsize = sizeof(Tail),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "SegmentTail(path, index_path, log_fd, index_fd, base, size, last, index, since_last_update): the "
-              "native tail of an active segment (tiered/storage/tail.py).",
+    .tp_doc = "SegmentTail(path, index_path, log_fd, index_fd, base, size, last, index, since_last_update, "
+              "created_ts, roll_age_s): the native tail of an active segment (tiered/storage/tail.py).",
     .tp_new = tail_new,
     .tp_init = (initproc)tail_init,
     .tp_dealloc = (destructor)tail_dealloc,

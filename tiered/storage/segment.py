@@ -25,9 +25,6 @@ log = logging.getLogger("tiered.storage")
 
 MIN_ROLL_AGE_S = 3600
 DEFAULT_ROLL_AGE_S = 7 * 86400
-# Index entries and segment positions are u32; a segment never grows a rel_seq or a position past these.
-MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
-MAX_POSITION = 0xFFFF_FFFF
 _COPY_CALL_BYTES = 64 << 20  # asked of one copy_file_range call (copy_file)
 _COPY_BUFFER_BYTES = 1 << 20  # the buffer of copy_file where copy_file_range is refused
 # How a kernel or filesystem says it cannot copy_file_range these two files (copy_file).
@@ -217,7 +214,7 @@ class ActiveSegment(SegmentFiles):
         # each bundle with: the copier needs them for the catalog and would otherwise read the whole file again
         # (2 CPU s/GB at 100 B messages); only a segment created here saw every append.
         self._tail = tail_class()(self.path, self.index_path, log_fd, index_fd, base, size, last, index,
-                                  since_last_update)
+                                  since_last_update, created_ts, roll_age_s)
         self._reader: SegmentReader | None = SegmentReader(self.path)
 
     @property
@@ -313,19 +310,20 @@ class ActiveSegment(SegmentFiles):
             raise ValueError(f"segment {self.filename} is no longer the active one")
         return self._reader
 
-    def should_roll(self, now_s: float, config: TopicConfig) -> bool:
-        """TANK's `should_roll()`, evaluated before an append. An empty segment never rolls."""
-        if self.size == 0:
-            return False
-        if self.size > config.log_segment_bytes:
-            return True
-        if self.index_bytes > config.log_index_size_max_bytes:
-            return True
-        return now_s - self.created_ts > self.roll_age_s
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float,
+              config: TopicConfig) -> bool:
+        """Whether the record goes into this segment, or the log rolls first (tiered.storage.tail: TANK's
+        should_roll(), a seq jump, the index's u32 columns)."""
+        return self._tail.takes(first_seq, last_seq, sparse, record_len, now_s, config.log_segment_bytes,
+                                config.log_index_size_max_bytes)
 
-    def fits(self, first_seq: int, last_seq: int, record_len: int) -> bool:
-        """Whether a record keeps this segment's index columns within u32 (and TANK's seq span limit)."""
-        return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
+    def append_in_place(self, record: bytes | memoryview, first_seq: int, last_seq: int, sparse: bool, now_s: float,
+                        config: TopicConfig, ts_bounds: tuple[int, int]) -> int | None:
+        """`append` when this segment holds a record and takes this one (the produce path's one native call);
+        None otherwise, and nothing is written."""
+        return self._tail.append_in_place(record, first_seq, last_seq, sparse, now_s, config.log_segment_bytes,
+                                          config.log_index_size_max_bytes, config.log_index_interval_bytes,
+                                          ts_bounds[0], ts_bounds[1])
 
     def append(self, record: bytes | memoryview, first_seq: int, last_seq: int, interval: int,
                ts_bounds: tuple[int, int] | None = None) -> int:

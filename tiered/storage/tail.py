@@ -32,7 +32,10 @@ from tiered.storage.index import ENTRY, SparseIndex, should_index
 log = logging.getLogger("tiered.storage")
 
 INDEX_WRITE_BATCH = 4096  # bytes of index entries (512) written to the index file at once
+# Index entries and segment positions are u32; a segment never grows a rel_seq or a position past these.
 MAX_U32 = 0xFFFF_FFFF
+MAX_POSITION = MAX_U32
+MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
 PRODUCE_PATH_ENV = "TIERED_PRODUCE_PATH"  # "python": the reference tail; anything else: the native one when built
 
 
@@ -50,7 +53,8 @@ class PySegmentTail:
     """The reference tail (see the module's docstring)."""
 
     def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
-                 last: int | None, index: SparseIndex, since_last_update: int):
+                 last: int | None, index: SparseIndex, since_last_update: int, created_ts: float,
+                 roll_age_s: float):
         self.path = path
         self.index_path = index_path
         self.log_fd = log_fd
@@ -60,6 +64,8 @@ class PySegmentTail:
         self.last = last
         self.index = index
         self.since_last_update = since_last_update
+        self.created_ts = created_ts
+        self.roll_age_s = roll_age_s
         self.unwritten = bytearray()
         # (min, max) timestamp of the records appended; complete while every record of the segment was appended
         # here with its bounds (a reopened segment's older records are not known).
@@ -71,6 +77,29 @@ class PySegmentTail:
     def ts_bounds(self) -> tuple[int, int] | None:
         """The bounds of every record, or None when some are not known."""
         return (self.ts_low, self.ts_high) if self.ts_complete and self.ts_low is not None else None
+
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float, segment_bytes: int,
+              index_max_bytes: int, /) -> bool:
+        """Whether the record goes into this segment; False: the log rolls first. TANK's should_roll() (evaluated
+        before an append; an empty segment never rolls: size, index size, age), a plain bundle whose first seq does
+        not follow the last (TANK rolls on a jump), and the u32 columns of the index (seq span, position)."""
+        if self.last is not None:
+            if not sparse and first_seq != self.last + 1:
+                return False
+            if self.size and (self.size > segment_bytes or len(self.index) * ENTRY.size > index_max_bytes
+                              or now_s - self.created_ts > self.roll_age_s):
+                return False
+        return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
+
+    def append_in_place(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, sparse: bool,
+                        now_s: float, segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None,
+                        max_ts: int, /) -> int | None:
+        """`append` when the segment holds a record and `takes` this one; else None, and nothing is written: the
+        produce path's one call per record (the log's slower path creates, rolls, and appends)."""
+        if self.last is None or not self.takes(first_seq, last_seq, sparse, len(record), now_s, segment_bytes,
+                                               index_max_bytes):
+            return None
+        return self.append(record, first_seq, last_seq, interval, min_ts, max_ts)
 
     def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
                max_ts: int = 0, /) -> int:
@@ -153,15 +182,22 @@ class SegmentTail(Protocol):
     @property
     def unwritten(self) -> bytearray: ...
 
-    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
-               max_ts: int = 0, /) -> int: ...
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float, segment_bytes: int,
+              index_max_bytes: int, /) -> bool: ...
+
+    def append_in_place(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, sparse: bool,
+                        now_s: float, segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None,
+                        max_ts: int, /) -> int | None: ...
+
+    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int,
+               min_ts: int | None, max_ts: int = 0, /) -> int: ...
 
     def write_entries(self) -> None: ...
 
     def close(self) -> None: ...
 
 
-TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int], SegmentTail]
+TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int, float, float], SegmentTail]
 NativeSegmentTail: type[SegmentTail] | None
 try:
     from tiered.storage._tail import SegmentTail as NativeSegmentTail

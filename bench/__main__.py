@@ -48,7 +48,7 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
              "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
              "scale_idle": "bench.bench_scale_idle", "scale_lookup": "bench.bench_scale_lookup",
-             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls"}
+             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

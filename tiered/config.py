@@ -38,8 +38,8 @@ class Settings:
     catalog_url: str = ""  # empty: derived from data_dir
     store_url: str = ""  # empty: derived from data_dir
     s3_path_style: bool = False
-    # Server-side encryption asked of S3 for every object written (tiered.tiering.s3_store.ServerSideEncryption):
-    # off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else the account's aws/s3 key).
+    # Server-side encryption asked of S3 for every object written (ServerSideEncryption, tiered/tiering/objects/
+    # s3_store.py): off (the bucket's default), s3 (SSE-S3) or kms (SSE-KMS, with the key id, else aws/s3's key).
     s3_sse: str = "off"
     s3_sse_kms_key_id: str = ""
     broker_id: int = 0
@@ -102,7 +102,7 @@ class Settings:
         return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert else None
 
     def s3_encryption(self) -> tuple[str, str] | None:
-        """The server-side encryption asked of S3, (mode, KMS key id), or None when off (tiered.tiering.store.
+        """The server-side encryption asked of S3, (mode, KMS key id), or None when off (tiered.tiering.objects.store.
         store_options builds the store's from it). Raises SettingsError for a KMS key without kms, or encryption
         asked of a store that is not S3."""
         if self.s3_sse_kms_key_id and self.s3_sse != "kms":

@@ -27,9 +27,9 @@ def tls_pg(tmp_path_factory):
     pg.stop()
 
 
-def db_upgrade(url: str) -> subprocess.CompletedProcess:
+def db_upgrade(url: str, **pg_env: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERED_", "PG"))}
-    env["PYTHONPATH"] = str(REPO)
+    env.update(pg_env, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "tiered.cli.main", "db", "upgrade", "--catalog", url],
                           capture_output=True, text=True, timeout=120, env=env)
 
@@ -67,3 +67,12 @@ def test_a_wrong_ca_or_plaintext_is_refused_in_one_line(tls_pg: TlsPg, which: st
     assert len(lines) == 1 and lines[0].startswith("tiered db upgrade: postgresql+psycopg://postgres:***@"), lines
     assert expected in lines[0]
     assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_the_ca_and_mode_from_libpqs_environment(tls_pg: TlsPg) -> None:
+    """What the chart's catalog.rootCA sets: PGSSLROOTCERT and PGSSLMODE=verify-full, the URL naming neither."""
+    url = tls_pg.url(sslmode=None)
+    done = db_upgrade(url, PGSSLROOTCERT=str(tls_pg.certs.ca_path), PGSSLMODE="verify-full")
+    assert done.returncode == 0, done.stderr
+    done = db_upgrade(url, PGSSLROOTCERT=str(tls_pg.wrong_ca), PGSSLMODE="verify-full")
+    assert done.returncode == 1 and "certificate verify failed" in done.stderr

@@ -56,3 +56,16 @@ def test_look_reads_the_members_and_the_counter(cat):
     assert [(m.broker_id, m.advertised, m.live) for m in seen.members] == [(1, "127.0.0.1:1", True)]
     create_topic(cat, "t", 1)
     assert look(cat).changes == changes(cat) > 0
+
+
+def test_members_carry_where_plaintext_clients_reach_them(cat):
+    from tiered.catalog.cluster import members
+
+    # Leases of 0: expired at once, so that SQLite takes a second broker.
+    register(cat, 1, "i1", "127.0.0.1:1", "", 0, advertised_plain="127.0.0.1:2")
+    register(cat, 2, "i2", "127.0.0.1:3", "", 0)  # no plaintext endpoint (or a broker older than 0008)
+    for seen in (look(cat).members, members(cat)):
+        assert [(m.broker_id, m.advertised, m.advertised_plain) for m in seen] == [
+            (1, "127.0.0.1:1", "127.0.0.1:2"), (2, "127.0.0.1:3", "")]
+    register(cat, 1, "i1b", "127.0.0.1:1", "", 0)  # a restart without the plaintext listener forgets it
+    assert [m.advertised_plain for m in members(cat)] == ["", ""]

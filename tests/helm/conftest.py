@@ -39,6 +39,12 @@ class Rendered:
         return found[0]
 
     @property
+    def config_map(self) -> dict[str, Any]:
+        """The ConfigMap holding the broker's config file (another may hold the access rules)."""
+        (found,) = [o for o in self.of_kind("ConfigMap") if "tiered.toml" in o["data"]]
+        return found
+
+    @property
     def broker(self) -> dict[str, Any]:
         """The StatefulSet's broker container."""
         (container,) = self.one("StatefulSet")["spec"]["template"]["spec"]["containers"]

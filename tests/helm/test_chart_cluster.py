@@ -54,7 +54,7 @@ def test_every_pod_advertises_its_own_ip(render, values_name: str, brokers: int)
     assert pod_environ(rendered.broker)["TIERED_ADVERTISE"] == f"{POD_FIELDS['status.podIP']}:{tank}"
     # Redirected clients connect to the pod IP directly: the advertised port is the container's TANK port.
     assert {"name": "tank", "containerPort": tank, "protocol": "TCP"} in rendered.broker["ports"]
-    assert "advertise" not in rendered.one("ConfigMap")["data"]["tiered.toml"], "per pod, not in the shared file"
+    assert "advertise" not in rendered.config_map["data"]["tiered.toml"], "per pod, not in the shared file"
 
 
 @pytest.mark.parametrize("values_name", BROKERS)
@@ -86,7 +86,7 @@ def test_sigterm_handover_fits_in_the_grace_period(render, values_name: str) -> 
     grace = pod_spec(rendered)["terminationGracePeriodSeconds"]
     shutdown = setting(values_name, "shutdownTimeoutSeconds")
     assert grace == setting(values_name, "terminationGracePeriodSeconds") >= shutdown + 5
-    assert f'"shutdown_timeout_s" = {shutdown}' in rendered.one("ConfigMap")["data"]["tiered.toml"]
+    assert f'"shutdown_timeout_s" = {shutdown}' in rendered.config_map["data"]["tiered.toml"]
     assert "lifecycle" not in rendered.broker, "SIGTERM itself starts the handover: no preStop hook"
 
 
@@ -96,7 +96,7 @@ def test_probes_and_lease(render, values_name: str) -> None:
     assert rendered.broker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert rendered.broker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     lease = setting(values_name, "config", "cluster_lease_ms")
-    assert f'"cluster_lease_ms" = {lease}' in rendered.one("ConfigMap")["data"]["tiered.toml"]
+    assert f'"cluster_lease_ms" = {lease}' in rendered.config_map["data"]["tiered.toml"]
 
 
 @pytest.mark.parametrize(("values_name", "rule"), [("minimal", "preferred"), ("one-broker", "preferred"),

@@ -30,7 +30,7 @@ def secret_ref(env: dict[str, dict[str, Any]], name: str) -> tuple[str, str]:
 
 
 def config_toml(rendered: Rendered) -> dict[str, Any]:
-    return tomllib.loads(rendered.one("ConfigMap")["data"]["tiered.toml"])
+    return tomllib.loads(rendered.config_map["data"]["tiered.toml"])
 
 
 def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def test_config_file_is_mounted_read_only_where_tiered_config_points(render, val
     rendered = render(values_name)
     mounts = {m["name"]: m for m in rendered.broker["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(rendered.one("StatefulSet"))["volumes"]}
-    configmap = rendered.one("ConfigMap")
+    configmap = rendered.config_map
     assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
     assert mounts["config"]["readOnly"] is True
     (key,) = configmap["data"]
@@ -412,7 +412,7 @@ def test_broker_settings_load_from_the_rendered_pod(render, values_name: str, tm
     rendered = render(values_name)
     values = values_of(values_name)
     config_file = tmp_path / "tiered.toml"
-    config_file.write_text(rendered.one("ConfigMap")["data"]["tiered.toml"])
+    config_file.write_text(rendered.config_map["data"]["tiered.toml"])
     environ = pod_environ(rendered.broker)
     environ["TIERED_CONFIG"] = str(config_file)
     settings = load_settings(environ=environ)

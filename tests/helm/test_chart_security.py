@@ -23,7 +23,7 @@ def broker_labels(rendered: Rendered) -> dict[str, str]:
 
 
 def config_toml(rendered: Rendered) -> dict[str, Any]:
-    return tomllib.loads(rendered.one("ConfigMap")["data"]["tiered.toml"])
+    return tomllib.loads(rendered.config_map["data"]["tiered.toml"])
 
 
 def ports_of(values_name: str) -> dict[str, int]:
@@ -206,7 +206,7 @@ def test_tls_from_a_secret_with_client_certificates(render, tmp_path) -> None:
     assert client_ca["secret"] == {"name": "tiered-client-ca", "items": [{"key": "ca.pem", "path": "client-ca.crt"}]}
     # The broker reads the mounted files: its settings, from the rendered config file and environment.
     config_file = tmp_path / "tiered.toml"
-    config_file.write_text(rendered.one("ConfigMap")["data"]["tiered.toml"])
+    config_file.write_text(rendered.config_map["data"]["tiered.toml"])
     environ = {**pod_environ(rendered.broker), "TIERED_CONFIG": str(config_file)}
     settings = load_settings(environ=environ)
     assert settings.server_tls() == ServerTLS("/var/run/tiered-tls/tls.crt", "/var/run/tiered-tls/tls.key",
@@ -242,8 +242,10 @@ def test_tls_changes_roll_the_brokers(render) -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--set", "tls.enabled=true"], "tls.enabled is true but tls.secretName is empty"),
     (["--set", "tls.clientCA.enabled=true"], "tls.clientCA.enabled needs tls.enabled"),
+    (["--set", "accessRules.rules=[[rule]]", "--set", "accessRules.existingConfigMap=a"],
+     "accessRules has both rules and existingConfigMap"),
 ])
-def test_tls_settings_that_cannot_work_fail_to_render(helm: Helm, flags: list[str], message: str) -> None:
+def test_settings_that_cannot_work_fail_to_render(helm: Helm, flags: list[str], message: str) -> None:
     # The template says why even when the schema is skipped.
     done = helm.run("template", RELEASE, str(CHART), "-f", str(HERE / "values" / "minimal.yaml"),
                     "--skip-schema-validation", *flags)
@@ -256,14 +258,15 @@ def test_notes_tell_clients_to_speak_tls(notes) -> None:
     assert "The TANK port speaks TLS only, with the certificate of Secret tiered-tls" in text
     assert "tiered status -b localhost:11011 --tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in text
     assert "speaks TLS" not in notes("minimal")
+    assert "WARNING: with 3 brokers, a produce or tail consume redirected (0xfc)" in text
 
 
 # --- objects at rest --------------------------------------------------------------------------------------------
 
 def test_objects_at_rest_are_encrypted_as_the_store_values_say(render, tmp_path) -> None:
     from tiered.config import load_settings
-    from tiered.tiering.s3_store import ServerSideEncryption
-    from tiered.tiering.store import store_options
+    from tiered.tiering.objects.s3_store import ServerSideEncryption
+    from tiered.tiering.objects.store import store_options
 
     assert not {"s3_sse", "s3_sse_kms_key_id"} & set(config_toml(render("minimal")))
     rendered = render("production")
@@ -271,8 +274,76 @@ def test_objects_at_rest_are_encrypted_as_the_store_values_say(render, tmp_path)
     config = config_toml(rendered)
     assert (config["s3_sse"], config["s3_sse_kms_key_id"]) == ("kms", key)
     config_file = tmp_path / "tiered.toml"
-    config_file.write_text(rendered.one("ConfigMap")["data"]["tiered.toml"])
+    config_file.write_text(rendered.config_map["data"]["tiered.toml"])
     settings = load_settings(environ={**pod_environ(rendered.broker), "TIERED_CONFIG": str(config_file)})
     assert store_options(settings)["encryption"] == ServerSideEncryption("kms", key)
     config = config_toml(render("minimal", "--set", "store.serverSideEncryption=s3"))
     assert config["s3_sse"] == "s3" and "s3_sse_kms_key_id" not in config
+
+
+# --- the catalog's CA -------------------------------------------------------------------------------------------
+
+def test_the_catalog_ca_is_mounted_for_the_brokers_and_the_migration_job(render) -> None:
+    rendered = render("production")
+    for obj in [rendered.one("StatefulSet"), rendered.one("Job")]:
+        spec = obj["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["PGSSLROOTCERT"] == "/etc/tiered-catalog-ca/global-bundle.pem"
+        assert env["PGSSLMODE"] == "verify-full"
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["catalog-ca"] == {"name": "catalog-ca", "mountPath": "/etc/tiered-catalog-ca", "readOnly": True}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["catalog-ca"]["configMap"] == {
+            "name": "rds-ca", "items": [{"key": "global-bundle.pem", "path": "global-bundle.pem"}]}
+    rendered = render("minimal", "--set", "catalog.rootCA.secret=pg-ca")
+    volumes = {v["name"]: v for v in pod_spec(rendered)["volumes"]}
+    assert volumes["catalog-ca"]["secret"] == {"secretName": "pg-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {e["name"]: e.get("value") for e in rendered.broker["env"]}["PGSSLROOTCERT"] == \
+        "/etc/tiered-catalog-ca/ca.crt"
+    rendered = render("minimal")
+    assert not {"PGSSLROOTCERT", "PGSSLMODE"} & {e["name"] for e in rendered.broker["env"]}
+    assert "catalog-ca" not in {v["name"] for v in pod_spec(rendered)["volumes"]}
+
+
+def test_a_catalog_ca_from_two_places_fails_to_render(helm: Helm) -> None:
+    done = helm.run("template", RELEASE, str(CHART), "-f", str(HERE / "values" / "minimal.yaml"),
+                    "--skip-schema-validation", "--set", "catalog.rootCA.configMap=a", "--set", "catalog.rootCA.secret=b")
+    assert done.returncode != 0
+    assert "catalog.rootCA names both a configMap and a secret" in done.stderr
+
+
+# --- access rules -----------------------------------------------------------------------------------------------
+
+def test_access_rules_inline_are_their_own_config_map_mounted_where_acl_points(render, tmp_path) -> None:
+    from tiered.acl import Op, allowed, parse_rules
+    from tiered.config import load_settings
+
+    rendered = render("tls")
+    (acl_map,) = [o for o in rendered.of_kind("ConfigMap") if o is not rendered.config_map]
+    assert acl_map["metadata"]["name"] == "rel-tiered-acl"
+    rules = parse_rules(acl_map["data"]["acl.toml"], "the rendered ConfigMap")
+    assert allowed(rules, "billing", Op.PRODUCE, "billing-eu") and not allowed(rules, "billing", Op.CREATE, "x")
+    assert allowed(rules, "anonymous", Op.CONSUME, "orders")
+    mounts = {m["name"]: m for m in rendered.broker["volumeMounts"]}
+    assert mounts["acl"] == {"name": "acl", "mountPath": "/etc/tiered-acl", "readOnly": True}
+    volumes = {v["name"]: v for v in pod_spec(rendered)["volumes"]}
+    assert volumes["acl"]["configMap"] == {"name": "rel-tiered-acl", "items": [{"key": "acl.toml", "path": "acl.toml"}]}
+    config_file = tmp_path / "tiered.toml"
+    config_file.write_text(rendered.config_map["data"]["tiered.toml"])
+    settings = load_settings(environ={**pod_environ(rendered.broker), "TIERED_CONFIG": str(config_file)})
+    assert settings.acl == "/etc/tiered-acl/acl.toml"
+    # The rules are outside the config file's checksum: the brokers reload them, no restart needed.
+    checksum = lambda r: r.one("StatefulSet")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]  # noqa: E731
+    assert checksum(render("tls", "--set", "accessRules.rules=[[rule]]")) == checksum(rendered)
+
+
+def test_access_rules_from_an_existing_config_map_or_none(render) -> None:
+    rendered = render("minimal", "--set", "accessRules.existingConfigMap=streams-acl", "--set", "accessRules.key=r.toml")
+    assert len(rendered.of_kind("ConfigMap")) == 1
+    assert config_toml(rendered)["acl"] == "/etc/tiered-acl/r.toml"
+    volumes = {v["name"]: v for v in pod_spec(rendered)["volumes"]}
+    assert volumes["acl"]["configMap"] == {"name": "streams-acl", "items": [{"key": "r.toml", "path": "r.toml"}]}
+    rendered = render("minimal")
+    assert "acl" not in config_toml(rendered)
+    assert "acl" not in {v["name"] for v in pod_spec(rendered)["volumes"]}

@@ -60,6 +60,7 @@ SAMPLES = {
     "tls_key": ('"/etc/tiered/tls.key"', "/etc/tiered/tls.key", "/etc/tiered/tls.key"),
     "tls_client_ca": ('"/etc/tiered/ca.crt"', "/etc/tiered/ca.crt", "/etc/tiered/ca.crt"),
     "listen_plain": ('"127.0.0.1:11012"', "127.0.0.1:11012", "127.0.0.1:11012"),
+    "acl": ('"/etc/tiered/acl.toml"', "/etc/tiered/acl.toml", "/etc/tiered/acl.toml"),
 }
 # A second value per setting, to tell the sources apart in the precedence test.
 OTHER = {
@@ -70,7 +71,7 @@ OTHER = {
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
     "produce_ack_timeout_ms": ("900", 900), "advertise": ("10.9.9.9:1", "10.9.9.9:1"),
     "tls_cert": ("/o.crt", "/o.crt"), "tls_key": ("/o.key", "/o.key"), "tls_client_ca": ("/o.ca", "/o.ca"),
-    "listen_plain": (":2346", ":2346"),
+    "listen_plain": (":2346", ":2346"), "acl": ("/o.toml", "/o.toml"),
     "cluster_lease_ms": ("2000", 2000), "block_linger_ms": ("0", 0), "block_max_puts_per_s": ("50", 50.0),
     "remote_read_budget_bytes": ("32m", 32 << 20), "remote_read_yield_ms": ("0", 0),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
@@ -146,8 +147,8 @@ def _documented_defaults() -> Settings:
         elif name == "s3_sse_kms_key_id":
             assert default == "the account's aws/s3 key"  # empty: S3 uses the account's default KMS key
             values[name] = ""
-        elif name in ("tls_cert", "tls_key", "tls_client_ca", "listen_plain"):
-            assert default == "off"  # TLS off; no second listener
+        elif name in ("tls_cert", "tls_key", "tls_client_ca", "listen_plain", "acl"):
+            assert default == "off"  # TLS off; no second listener; no access rules
             values[name] = ""
         elif name in SAMPLES:
             values[name] = load_settings({name: default}, {}).__getattribute__(name)

@@ -12,7 +12,7 @@ import boto3
 
 from tiered.client import Client
 from tiered.protocol.bundle import Message
-from tiered.tiering import keys
+from tiered.tiering.objects import keys
 
 from tests.ops.helpers import child_env
 from tests.support.polling import eventually

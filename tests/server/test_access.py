@@ -222,3 +222,14 @@ async def test_a_malformed_rules_file_does_not_start_the_broker(tmp_path, certs)
                              path], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith("tiered serve: access rules") and path in done.stderr
+
+
+def test_the_rules_file_is_a_setting_like_any_other(tmp_path):
+    from tiered.config import load_settings
+
+    config = tmp_path / "tiered.toml"
+    config.write_text(f'data_dir = "{tmp_path / "d"}"\nacl = "/etc/tiered/from-file.toml"\n')
+    assert load_settings({"config": str(config)}, environ={}).acl == "/etc/tiered/from-file.toml"
+    environ = {"TIERED_CONFIG": str(config), "TIERED_ACL": "/etc/tiered/from-env.toml"}
+    assert load_settings({}, environ=environ).acl == "/etc/tiered/from-env.toml"
+    assert load_settings({"acl": "/etc/tiered/from-flag.toml"}, environ=environ).acl == "/etc/tiered/from-flag.toml"

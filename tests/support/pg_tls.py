@@ -30,13 +30,14 @@ class TlsPg:
     certs: Certs
     wrong_ca: Path  # a CA that did not sign the server's certificate
 
-    def url(self, *, ca: Path | None = None, host: str = "127.0.0.1", sslmode: str = "verify-full",
-            password: bool = True) -> str:
-        """The catalog URL, with the password in it unless password=False (then it comes from PGPASSWORD)."""
-        user = f"postgres:{quote(PASSWORD, safe='')}" if password else "postgres"
-        query = f"sslmode={sslmode}" + (f"&sslrootcert={ca or self.certs.ca_path}" if sslmode.startswith("verify")
-                                         else "")
-        return f"postgresql+psycopg://{user}@{host}:{self.cluster.port}/{DATABASE}?{query}"
+    def url(self, *, ca: Path | None = None, host: str = "127.0.0.1", sslmode: str | None = "verify-full") -> str:
+        """The catalog URL, its password in it; sslmode None: no query (libpq's environment decides)."""
+        base = f"postgresql+psycopg://postgres:{quote(PASSWORD, safe='')}@{host}:{self.cluster.port}/{DATABASE}"
+        if sslmode is None:
+            return base
+        if sslmode.startswith("verify"):
+            return f"{base}?sslmode={sslmode}&sslrootcert={ca or self.certs.ca_path}"
+        return f"{base}?sslmode={sslmode}"
 
     def stop(self) -> None:
         try:

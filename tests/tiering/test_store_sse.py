@@ -11,8 +11,8 @@ import boto3
 import pytest
 
 from tiered.config import SettingsError, load_settings
-from tiered.tiering.s3_store import S3ObjectStore, ServerSideEncryption
-from tiered.tiering.store import open_store, store_options
+from tiered.tiering.objects.s3_store import S3ObjectStore, ServerSideEncryption
+from tiered.tiering.objects.store import open_store, store_options
 
 from tests.support.s3 import REGION
 

@@ -15,6 +15,7 @@ names, partition counts and seq bounds, never messages, and every client needs t
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from tiered.acl import Op, RulesFile, allowed
 from tiered.clock import Clock
@@ -24,6 +25,16 @@ log = logging.getLogger("tiered.server")
 
 REFUSAL_WINDOW_S = 10.0
 REFUSAL_LINES = 20  # at most this many refusal lines per window
+# Decisions kept for the rules in force, by (principal, operation, topic): a request costs a dict lookup, not a walk
+# of the rules (some 10 to 20 µs for 50 rules). Dropped whole when the rules change or when it holds this many.
+VERDICTS_KEPT = 4096
+
+
+class Asker(Protocol):
+    """What a check needs of a connection (tiered.server.connection.Connection)."""
+
+    principal: str
+    peer: object
 
 
 class RefusalLog:
@@ -60,12 +71,24 @@ class Access:
         self.file = RulesFile(path, clock.monotonic()) if path else None
         self.active = self.file is not None
         self.refused = {op: 0 for op in Op}
+        self._verdicts: dict[tuple[str, Op, str], bool] = {}
+        self._verdicts_for = self.file.rules if self.file is not None else None
         self.refusal_log = RefusalLog()
         metrics.counter_fn(REQUESTS_REFUSED, lambda: {f'op="{op.value}"': float(n) for op, n in self.refused.items()})
 
-    def allows(self, conn, op: Op, topic: str) -> bool:
+    def allows(self, conn: Asker, op: Op, topic: str) -> bool:
         """Whether `conn`'s principal may do `op` on `topic`; a refusal is counted and (rate-limited) logged."""
-        if self.file is None or allowed(self.file.rules, conn.principal, op, topic):
+        if self.file is None:
+            return True
+        rules = self.file.rules
+        if rules is not self._verdicts_for or len(self._verdicts) >= VERDICTS_KEPT:
+            self._verdicts.clear()
+            self._verdicts_for = rules
+        key = (conn.principal, op, topic)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = allowed(rules, *key)
+        if verdict:
             return True
         self.refused[op] += 1
         say, left_out = self.refusal_log.note((conn.principal, op.value, topic), self.clock.monotonic())
@@ -85,7 +108,7 @@ class Access:
             log.info("access rules reloaded from %s (%d rules)", self.file.path, len(self.file.rules.rules))
 
 
-def _peer(peer) -> str:
+def _peer(peer: object) -> str:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer)

@@ -268,7 +268,7 @@ class Broker:
 
     async def _close_connections(self, deadline: float) -> None:
         """Closes every connection at once. A TLS close waits for the client's close_notify (at most
-        TLS_SHUTDOWN_TIMEOUT_S); a client that never answers is cut off at the deadline, so shutdown stays within
+        tiered.tls.SHUTDOWN_TIMEOUT_S); a client that never answers is cut off at the deadline, so shutdown stays within
         its budget whatever the clients do."""
         conns = list(self.connections)
         if not conns:

@@ -82,12 +82,63 @@ The password only ever travels as a reference to an existing Secret.
 {{- define "tiered.catalogEnv" -}}
 - name: TIERED_CATALOG_URL
   value: {{ .Values.catalog.url | quote }}
+{{- if include "tiered.catalogCA" . }}
+# libpq checks the server's certificate against the mounted CA, and its name against the URL's host.
+- name: PGSSLROOTCERT
+  value: {{ printf "/etc/tiered-catalog-ca/%s" .Values.catalog.rootCA.key | quote }}
+- name: PGSSLMODE
+  value: verify-full
+{{- end }}
 {{- with .Values.catalog.existingSecret }}
 - name: PGPASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ . | quote }}
       key: {{ $.Values.catalog.passwordKey | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The catalog's CA (catalog.rootCA): "configMap" or "secret" when one is named, else empty; its volume and mount,
+shared by the brokers and the migration Job.
+*/}}
+{{/*
+The access rules file's ConfigMap (accessRules): the chart's own when the rules are inline, else the one named;
+empty when there are none.
+*/}}
+{{- define "tiered.accessRules" -}}
+{{- if .Values.accessRules.rules }}{{ include "tiered.fullname" . | trunc 59 | trimSuffix "-" }}-acl
+{{- else if .Values.accessRules.existingConfigMap }}{{ .Values.accessRules.existingConfigMap }}{{ end }}
+{{- end }}
+
+{{- define "tiered.catalogCA" -}}
+{{- if .Values.catalog.rootCA.configMap }}configMap{{ else if .Values.catalog.rootCA.secret }}secret{{ end }}
+{{- end }}
+
+{{- define "tiered.catalogCAVolume" -}}
+{{- $ca := .Values.catalog.rootCA }}
+{{- if $ca.configMap }}
+- name: catalog-ca
+  configMap:
+    name: {{ $ca.configMap | quote }}
+    items:
+      - key: {{ $ca.key | quote }}
+        path: {{ $ca.key | quote }}
+{{- else if $ca.secret }}
+- name: catalog-ca
+  secret:
+    secretName: {{ $ca.secret | quote }}
+    items:
+      - key: {{ $ca.key | quote }}
+        path: {{ $ca.key | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "tiered.catalogCAMount" -}}
+{{- if include "tiered.catalogCA" . }}
+- name: catalog-ca
+  mountPath: /etc/tiered-catalog-ca
+  readOnly: true
 {{- end }}
 {{- end }}
 
@@ -169,6 +220,12 @@ What values.schema.json cannot say, checked when the config file renders (every 
 {{- if and .Values.tls.clientCA.enabled (not .Values.tls.enabled) }}
 {{- fail "tls.clientCA.enabled needs tls.enabled: client certificates are asked for in the TLS handshake" }}
 {{- end }}
+{{- if and .Values.accessRules.rules .Values.accessRules.existingConfigMap }}
+{{- fail "accessRules has both rules and existingConfigMap: give the rules in one place" }}
+{{- end }}
+{{- if and .Values.catalog.rootCA.configMap .Values.catalog.rootCA.secret }}
+{{- fail "catalog.rootCA names both a configMap and a secret: name the one holding the CA" }}
+{{- end }}
 {{- $replicas := int .Values.replicaCount }}
 {{- if gt $replicas 1 }}
 {{- if not (regexMatch "^postgresql(\\+psycopg)?://" .Values.catalog.url) }}
@@ -201,6 +258,9 @@ The config file. Settings the chart owns come first; values.schema.json keeps th
 {{- end }}
 {{- with .Values.store.kmsKeyId }}
 {{- $_ := set $owned "s3_sse_kms_key_id" . }}
+{{- end }}
+{{- if include "tiered.accessRules" . }}
+{{- $_ := set $owned "acl" (printf "/etc/tiered-acl/%s" .Values.accessRules.key) }}
 {{- end }}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $owned "tls_cert" (printf "%s/tls.crt" .Values.tls.mountPath) }}

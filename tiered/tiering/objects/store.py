@@ -334,7 +334,7 @@ def store_options(settings: Settings) -> dict[str, Any]:
     encryption = settings.s3_encryption()  # SettingsError for encryption that cannot apply
     if not settings.effective_store_url.startswith("s3://"):
         return {}
-    from tiered.tiering.s3_store import ServerSideEncryption
+    from tiered.tiering.objects.s3_store import ServerSideEncryption
 
     options: dict[str, Any] = {"path_style": settings.s3_path_style}
     if encryption is not None:

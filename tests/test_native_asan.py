@@ -32,7 +32,7 @@ TESTS = [
     "tests/protocol/test_validate.py",  # _bundlescan: scan_bundle, scan_produce
     "tests/protocol/test_chunk.py",  # _bundlescan: read_chunk, scan_chunk
     "tests/spark/test_native_decoding.py",  # _decode
-    "tests/storage/test_tail.py",  # _tail
+    "tests/storage/test_appender.py",  # _appender
 ]
 
 RUNNER = r"""
@@ -65,7 +65,8 @@ decoding.FLIPS //= 10
 
 import pytest
 
-sys.exit(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--durations=12", *sys.argv[2:]]))
+options = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "--durations=12"]
+sys.exit(pytest.main([*options, *sys.argv[2:]]))
 """
 
 

@@ -1,11 +1,11 @@
-"""What the native module built from _tail.c exports, for the type checker (a compiled module has no annotations of
-its own). The behaviour is tiered/storage/tail.py's PySegmentTail, the reference."""
+"""What the native module built from _appender.c exports, for the type checker (a compiled module has no annotations of
+its own). The behaviour is tiered/storage/appender.py's PySegmentAppender, the reference."""
 
 from typing_extensions import Buffer
 
 from tiered.storage.index import SparseIndex
 
-class SegmentTail:
+class SegmentAppender:
     def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
                  last: int | None, index: SparseIndex, since_last_update: int, created_ts: float,
                  roll_age_s: float) -> None: ...

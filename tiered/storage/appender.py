@@ -1,19 +1,19 @@
-"""The append state of the active segment (its tail): where the next record goes, what the index has seen, and the
-index entries not yet in the index file. One owner: the ActiveSegment holding it; everything else reads it through
-the segment.
+"""The appender of the active segment: its append state (where the next record goes, when the segment rolls, what
+the index has seen and the index entries not yet in the index file, the timestamp bounds) and the one call per record
+that decides, writes and indexes. One owner: the ActiveSegment holding it; everything else reads it through the
+segment.
 
-Two implementations, one behaviour: `_tail.c` (the native tail, the default when built: one call per record writes
-it, applies TANK's index rule, batches the index entries and keeps the timestamp bounds, with the GIL released
-during the write) and `PySegmentTail` below, the reference the tests compare it against byte for byte
-(tests/storage/test_tail.py). `TIERED_PRODUCE_PATH=python` selects the reference; it is read when a segment is
-opened, so a test or an operator can switch at any time without a restart mattering.
+Two implementations, one behaviour: `_appender.c` (the native appender, the default when built; the GIL is released
+during the write) and `PySegmentAppender` below, the reference the tests compare it against byte for byte
+(tests/storage/test_appender.py). `TIERED_PRODUCE_PATH=python` selects the reference; it is read when a segment is
+opened.
 
 Invariants (both implementations):
 - A record is written whole with writes at the file's end (the file is O_APPEND); `size` counts exactly the bytes
   written. A failed write cuts the file back to `size` (a failed cut back is logged) and raises the OSError; nothing
   else changes.
 - Nothing is written when the record could not be indexed (its seq below the base or more than u32 above it, or
-  its end past u32 bytes): ValueError. PartitionLog rolls before either can happen (ActiveSegment.fits).
+  its end past u32 bytes): ValueError. PartitionLog rolls before either can happen (`takes`).
 - The index rule is TANK's (tiered.storage.index.IndexBuilder). Entries reach the in-memory SparseIndex at once
   and the index file in batches of INDEX_WRITE_BATCH bytes, and before any flush, seal or close (`write_entries`);
   a failed index write is logged and cut back to whole entries, and does not fail the append (as in TANK).
@@ -36,7 +36,7 @@ INDEX_WRITE_BATCH = 4096  # bytes of index entries (512) written to the index fi
 MAX_U32 = 0xFFFF_FFFF
 MAX_POSITION = MAX_U32
 MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
-PRODUCE_PATH_ENV = "TIERED_PRODUCE_PATH"  # "python": the reference tail; anything else: the native one when built
+PRODUCE_PATH_ENV = "TIERED_PRODUCE_PATH"  # "python": the reference appender; anything else: the native one when built
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -49,8 +49,8 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[written:]
 
 
-class PySegmentTail:
-    """The reference tail (see the module's docstring)."""
+class PySegmentAppender:
+    """The reference appender (see the module's docstring)."""
 
     def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
                  last: int | None, index: SparseIndex, since_last_update: int, created_ts: float,
@@ -101,7 +101,8 @@ class PySegmentTail:
             return None
         return self.append(record, first_seq, last_seq, interval, min_ts, max_ts)
 
-    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
+    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int,
+               min_ts: int | None,
                max_ts: int = 0, /) -> int:
         """Writes one record; returns its position. `min_ts` None: its bounds are unknown (and so the segment's)."""
         position = self.size
@@ -162,8 +163,8 @@ class PySegmentTail:
         self.log_fd = self.index_fd = -1
 
 
-class SegmentTail(Protocol):
-    """What an ActiveSegment asks of its tail, whichever implements it."""
+class SegmentAppender(Protocol):
+    """What an ActiveSegment asks of its appender, whichever implements it."""
 
     @property
     def log_fd(self) -> int: ...
@@ -197,18 +198,18 @@ class SegmentTail(Protocol):
     def close(self) -> None: ...
 
 
-TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int, float, float], SegmentTail]
-NativeSegmentTail: type[SegmentTail] | None
+TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int, float, float], SegmentAppender]
+NativeSegmentAppender: type[SegmentAppender] | None
 try:
-    from tiered.storage._tail import SegmentTail as NativeSegmentTail
+    from tiered.storage._appender import SegmentAppender as NativeSegmentAppender
 except ImportError:  # built without a C compiler: the reference serves
-    NativeSegmentTail = None
+    NativeSegmentAppender = None
 
 
-def tail_class(path: str | None = None) -> TailFactory:
-    """The tail implementation a segment opened now uses: `path` "python" or "native", else the environment's
+def appender_class(path: str | None = None) -> TailFactory:
+    """The appender implementation a segment opened now uses: `path` "python" or "native", else the environment's
     choice (PRODUCE_PATH_ENV), else the native one when it is built."""
     choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
-    if choice == "python" or NativeSegmentTail is None:
-        return PySegmentTail
-    return NativeSegmentTail
+    if choice == "python" or NativeSegmentAppender is None:
+        return PySegmentAppender
+    return NativeSegmentAppender

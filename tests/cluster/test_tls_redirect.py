@@ -229,6 +229,8 @@ async def test_a_redirect_to_a_broker_whose_certificate_names_another_is_one_lin
     assert said in one_line_error(failed, "produce")
     failed = await run("consume", "-t", "ev/1", "-b", first, "-n", "1", *cli_tls(certs, "admin"), check=False)
     assert one_line_error(failed, "consume") == f"tiered consume: {said}\n"
+    failed = await run("status", "-b", leader, *cli_tls(certs, "admin"), check=False)  # a bootstrap broker alike
+    assert one_line_error(failed, "status") == f"tiered status: {said}\n"
 
     # The CLI given the name, as a flag or from the environment, or bootstrapped by it.
     await run("produce", "-t", "ev/1", "-b", first, *cli_tls(certs, "admin"), "--tls-server-name", "localhost",

@@ -264,8 +264,6 @@ def reason(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer in time"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS handshake failed: the broker's certificate was refused ({exc.verify_message})"
     if isinstance(exc, ssl.SSLError):
         why = (exc.reason or str(exc)).lower().replace("_", " ")
         if "certificate required" in why or "handshake failure" in why:

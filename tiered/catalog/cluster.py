@@ -177,6 +177,26 @@ def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:
     return Assignment(*row) if row is not None else None
 
 
+# claimed_since's rows: each partition waited for, with the epoch it had.
+WAITING = RowSource("w", (("topic", "text"), ("partition", "integer"), ("leader_epoch", "bigint")))
+_CLAIMED_SINCE = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.hwmark_seq, p.first_available_seq,
+       p.handover_to
+FROM {w} JOIN partitions AS p ON p.topic = w.topic AND p."partition" = w."partition"
+WHERE p.leader_epoch > w.leader_epoch
+"""
+
+
+def claimed_since(cat: Catalog, epochs: Mapping[tuple[str, int], int]) -> list[Assignment]:
+    """The assignments of the partitions of `epochs` whose epoch has moved past the one given (claimed since), in one
+    statement whatever their number: what a handover or a topic creation waits for, without reading the rest."""
+    if not epochs:
+        return []
+    rows = [(topic, partition, epoch) for (topic, partition), epoch in sorted(epochs.items())]
+    with cat.read() as conn:
+        return [Assignment(*r) for r in conn.execute(statement(conn.dialect.name, _CLAIMED_SINCE, WAITING),
+                                                     WAITING.params(rows))]
+
+
 def leaderships(cat: Catalog) -> dict[int, int]:
     """How many partitions each broker is assigned: one count per broker, whatever the number of partitions (what
     a placement needs, without reading every assignment)."""

@@ -313,20 +313,14 @@ class Coordinator:
         for topic, partition in moves:
             self._no_leader(topic, partition)
         await self.leadership.give_up(sorted(moves), deadline)
-        by_topic: dict[str, dict[int, tuple[int, int]]] = {}
-        for (topic, partition), move in moves.items():
-            by_topic.setdefault(topic, {})[partition] = move
-        # Every topic assigned first, then the claims awaited together: a partition of the last topic waits for its
-        # own new leader, not for the topics before it.
-        waiting: dict[tuple[str, int], int] = {}
-        for topic, moving in sorted(by_topic.items()):
-            done = await self.catalog.write(
-                catalog_cluster.assign, topic, {p: target for p, (target, _) in moving.items()},
-                expected={p: (self.broker_id, epoch) for p, (_, epoch) in moving.items()})
-            self.metrics.inc(m.HANDOVERS, len(done))
-            log.info("handed %d partitions of %s over", len(done), topic)
-            waiting.update({(topic, p): moving[p][1] for p in done})
-        await self.await_claims(waiting, deadline)
+        # Every move in one transaction, then the claims awaited together: the new leaders see them all at their next
+        # look, and a partition of the last topic waits for its own new leader, not for the topics before it.
+        done = await self.catalog.write(
+            catalog_cluster.assign_moves, {key: target for key, (target, _) in moves.items()},
+            expected={key: (self.broker_id, epoch) for key, (_, epoch) in moves.items()})
+        self.metrics.inc(m.HANDOVERS, len(done))
+        log.info("handed %d partitions over", len(done))
+        await self.await_claims({key: moves[key][1] for key in done}, deadline)
 
     async def await_claims(self, epochs: Mapping[tuple[str, int], int], deadline: float) -> None:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,

@@ -326,13 +326,16 @@ class Coordinator:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
         following each one to its new leader as soon as it has: a handover or a creation then redirects clients
         straight to where they will be served. Each poll reads the change counter (one small statement); only when
-        it moved are the partitions still waited for read, in one statement (a claim moves the counter)."""
+        it moved are the partitions still waited for read, in one statement (a claim moves the counter), at most once
+        a tick: the new leaders' claims move it every batch, and the read costs what is still waited for."""
         waiting = dict(epochs)
         seen: int | None = None
+        read_at = float("-inf")
         while waiting:
             look = await self.catalog.read(catalog_cluster.look)
-            if look.changes is None or look.changes != seen:
-                seen = look.changes
+            now = self.clock.monotonic()
+            if (look.changes is None or look.changes != seen) and now - read_at >= TICK_S:
+                seen, read_at = look.changes, now
                 moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
                 leading = self.leadership.leading()  # once per look, not per partition: every partition led here
                 for a in moved:

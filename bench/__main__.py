@@ -12,7 +12,7 @@
     python -m bench --json PATH          also write every figure as JSON
 
 Every other `--only NAME` (spark, remote, cli, compaction, remote_compaction, snapshot, chaos, client, cluster,
-linger, instructions, scale_commit, scale_idle, scale_lookup, restarts, ...) runs the module DELEGATED[NAME] names, a
+linger, instructions, scale_commit, scale_idle, scale_create, scale_lookup, restarts, ...) runs the module DELEGATED[NAME] names, a
 benchmark of its own (`python -m bench.bench_NAME`), passing `--quick` or `--smoke` on. A benchmark that cannot run on
 this machine
 (valgrind or PostgreSQL missing) says why and is skipped; the exit status is bench.sizes.CANNOT_RUN when no benchmark
@@ -47,8 +47,10 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "chaos": "bench.chaos", "client": "bench.bench_client",
              "cluster": "bench.bench_cluster", "linger": "bench.bench_linger",
              "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
-             "scale_idle": "bench.bench_scale_idle", "scale_lookup": "bench.bench_scale_lookup",
-             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access"}
+             "scale_idle": "bench.bench_scale_idle", "scale_create": "bench.bench_scale_create",
+             "scale_lookup": "bench.bench_scale_lookup",
+             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access",
+             "cost": "bench.bench_cost"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

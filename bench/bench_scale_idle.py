@@ -1,8 +1,9 @@
 """An idle cluster at scale, and a failover at that size (issue 28 goals 1 and 2; docs/scale.md "Idle cost").
 
     python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--settle-s 60] [--measure-s 30]
-                                     [--mode idle|failover|handover|both] [--lease-ms 10000] [--sample 64]
+                                     [--mode create|idle|failover|handover|both] [--lease-ms 10000] [--sample 64]
 
+- creation (always): the time of each CreateTopic and until every partition is claimed.
 - idle: three `tiered serve` processes on one real PostgreSQL (a temp cluster) and a local-directory store they
   share, `--topics` durable topics of `--partitions` partitions each (default 25 x 4,096 = 102,400), no traffic.
   After `--settle-s`, each broker's CPU and PostgreSQL's (the postmaster and every backend, /proc/<pid>/stat) over
@@ -74,10 +75,15 @@ class Service:
                 bp.proc.wait(10)
 
 
-async def create_topics(service: Service, topics: int, partitions: int) -> list[str]:
+async def create_topics(service: Service, topics: int, partitions: int) -> dict[str, float]:
+    """Creates the topics one after the other; returns the figures of the creation: each CreateTopic until its
+    answer (the creating broker answers once the topic is in the catalog, on its disk and claimed, and the others'
+    claims landed or 5 s passed), and until every partition of every topic is claimed."""
     from tiered.client import Client
 
     names = [f"idle{i:02d}" for i in range(topics)]
+    answered: list[float] = []
+    begun = time.monotonic()
     for i, name in enumerate(names):
         started = time.monotonic()
         for attempt in range(3):
@@ -93,12 +99,17 @@ async def create_topics(service: Service, topics: int, partitions: int) -> list[
                         raise RuntimeError(f"broker {b} exited: {bp.output()}") from None
             finally:
                 await client.close()
-        log(f"topic {i + 1}/{topics}: {name}, {partitions} partitions in {time.monotonic() - started:.1f} s")
+        answered.append(time.monotonic() - started)
+        log(f"topic {i + 1}/{topics}: {name}, {partitions} partitions in {answered[-1]:.1f} s")
     deadline = time.monotonic() + 600
     while True:
         unclaimed = [k for k, (_, epoch) in (await asyncio.to_thread(service.claimed)).items() if not epoch]
         if not unclaimed:
-            return names
+            took = time.monotonic() - begun
+            return {"topics x partitions": f"{topics} x {partitions}", "first topic answered (s)": answered[0],
+                    "median topic answered (s)": sorted(answered)[len(answered) // 2],
+                    "last topic answered (s)": answered[-1], "all created and claimed (s)": took,
+                    "partitions per second": topics * partitions / took}
         if time.monotonic() > deadline:
             raise RuntimeError(f"{len(unclaimed)} partitions never claimed, e.g. {unclaimed[:3]}")
         await asyncio.sleep(1)
@@ -296,8 +307,9 @@ async def run(args: argparse.Namespace) -> int:
         for broker_id in range(BROKERS):
             service.start(broker_id)
         started = time.monotonic()
-        names = await create_topics(service, args.topics, args.partitions)
+        created = await create_topics(service, args.topics, args.partitions)
         log(f"{args.topics * args.partitions} partitions created and claimed in {time.monotonic() - started:.0f} s")
+        print_figures(f"creating {args.topics * args.partitions} partitions on {BROKERS} brokers", created)
         if args.mode in ("idle", "both"):
             print_idle(measure_idle(service, args.settle_s, args.measure_s), args.topics, args.partitions)
         if args.mode in ("failover", "both"):
@@ -322,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=60.0,
                         help="after the claims: the start-up work of each claim (loading what is copied) ends")
     parser.add_argument("--measure-s", type=float, default=30.0)
-    parser.add_argument("--mode", choices=("idle", "failover", "handover", "both"), default="both",
-                        help="both: idle, then failover")
+    parser.add_argument("--mode", choices=("create", "idle", "failover", "handover", "both"), default="both",
+                        help="both: idle, then failover; create: only the creation")
     parser.add_argument("--lease-ms", type=int, default=10_000)
     parser.add_argument("--sample", type=int, default=64, help="partitions of the killed broker produced to")
     parser.add_argument("--seed", type=int, default=1)

@@ -58,6 +58,31 @@ def test_look_reads_the_members_and_the_counter(cat):
     assert look(cat).changes == changes(cat) > 0
 
 
+def test_a_claim_of_many_partitions_counts_once_and_other_moves_still_count(cat):
+    """PostgreSQL: a claim bumps the counter itself, once, and the row trigger skips its rows (migration 0010);
+    an update outside such a transaction still counts per row. SQLite counts every row."""
+    create_topic(cat, "t", 300)
+    before = changes(cat)
+    claim_partitions(cat, 1, "t", range(300))
+    claimed = changes(cat)
+    assert claimed - before == (1 if cat.backend == "postgresql" else 300)
+    assert request_handover(cat, "t", 5, 2)
+    assert changes(cat) == claimed + 1  # the setting was the claim transaction's only
+
+
+def test_assign_moves_only_what_is_still_as_expected_in_one_count(cat):
+    create_topic(cat, "t", 4)
+    epochs = claim_partitions(cat, 1, "t", range(4))
+    claim_partitions(cat, 3, "t", [2])  # claimed by broker 3 since: no longer as the handover expects
+    before = changes(cat)
+    done = assign(cat, "t", {0: 2, 1: 2, 2: 2, 3: None, 9: 2},
+                  expected={0: (1, epochs[0]), 1: (1, epochs[1] - 1), 2: (1, epochs[2]), 9: (1, 1)})
+    assert done == [0, 3]  # 1: another epoch expected; 2: another leader; 3: unchecked; 9: no such partition
+    assert [assignment(cat, "t", p).leader_broker for p in range(4)] == [2, 1, 3, None]
+    assert changes(cat) - before == (1 if cat.backend == "postgresql" else 2)
+    assert assign(cat, "t", {1: 2}, expected={1: (3, 0)}) == [] and changes(cat) - before <= 2
+
+
 def test_members_carry_where_plaintext_clients_reach_them(cat):
     from tiered.catalog.cluster import members
 

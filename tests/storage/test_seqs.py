@@ -233,3 +233,21 @@ def test_a_record_view_of_the_request_writes_the_joined_bytes(open_storage_log, 
         assert list(viewed.iter_records(1, MAX_SEQ)) == list(joined.iter_records(1, MAX_SEQ))
     finally:
         joined.close()
+
+
+def test_a_log_opened_new_is_the_log_open_would_recover_from_its_empty_directory(tmp_path, storage_clock,
+                                                                                 open_storage_log):
+    import random
+
+    from tiered.storage.partition_log import PartitionLog
+    from tiered.storage.topic_config import TopicConfig
+
+    (tmp_path / "p").mkdir()
+    new = PartitionLog.open_new(str(tmp_path / "p"), TopicConfig(), now_s=storage_clock, rng=random.Random(7))
+    assert (new.first_available, new.last_assigned, new.last_held, new.segments) == (0, 0, 0, ())
+    assert new.recovery.clean
+    assert new.append(plain_bundle(b"a", b"b")).first_seq == 1
+    new.close()
+    reopened = open_storage_log()  # what it wrote is the same files a log opened by `open` writes
+    assert (reopened.first_available, reopened.last_held) == (1, 2)
+    assert reopened.append(plain_bundle(b"c")).first_seq == 3

@@ -176,3 +176,32 @@ async def test_a_follower_learns_its_bounds_when_a_read_needs_them(pg_url):
         assert not await coordinator.refresh_follower("t", 0)  # at most once per tick per partition
     finally:
         access.close()
+
+
+async def test_claim_batches_are_pipelined_the_next_claimed_while_one_is_led(cat):
+    """The catalog claims batch k + 1 (on its write thread) while batch k is carried out and led: each batch is
+    claimed before the one before it is led, and every batch is led, in order."""
+    events: list[tuple[str, tuple]] = []
+
+    class Recorded(Leadership):
+        async def claim(self, topic, expected):
+            events.append(("claim", tuple(sorted(expected))))
+            return await super().claim(topic, expected)
+
+    class RecordedSink(Sink):
+        async def lead(self, plans):
+            events.append(("lead", tuple(p for _, p in plans)))
+            await super().lead(plans)
+
+    access = AsyncCatalog(cat)
+    coordinator = Coordinator(access, RecordedSink(), Recorded(cat), broker_id=ME, lease_ms=LEASE_MS,
+                              metrics=Metrics(), clock=ManualClock(), claim_batch=2)
+    try:
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        create_topic(cat, "t", 5, leaders={p: ME for p in range(5)})
+        await coordinator.tick()
+    finally:
+        access.close()
+    assert events == [("claim", (0, 1)), ("claim", (2, 3)), ("lead", (0, 1)), ("claim", (4,)), ("lead", (2, 3)),
+                      ("lead", (4,))]
+    assert sorted(coordinator.leadership.leading()) == [("t", p) for p in range(5)]

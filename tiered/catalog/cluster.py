@@ -20,12 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, literal, select, update
+from sqlalchemy import func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from tiered.catalog.arrays import RowSource, statement
+from tiered.catalog.changes import count_change, skip_row_counts
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import CatalogError
 from tiered.catalog.models import BrokerModel, ClusterChangeModel, PartitionModel
+from tiered.catalog.partitions import lock_partitions
 
 
 class SingleBrokerCatalog(CatalogError):
@@ -174,6 +177,15 @@ def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:
     return Assignment(*row) if row is not None else None
 
 
+def leaderships(cat: Catalog) -> dict[int, int]:
+    """How many partitions each broker is assigned: one count per broker, whatever the number of partitions (what
+    a placement needs, without reading every assignment)."""
+    with cat.read() as conn:
+        return dict(conn.execute(select(PartitionModel.leader_broker, func.count())
+                                 .where(PartitionModel.leader_broker.is_not(None))
+                                 .group_by(PartitionModel.leader_broker)).all())
+
+
 def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:
     """Every partition's assigned leader and epoch, with its committed bounds, in (topic, partition) order."""
     query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
@@ -185,23 +197,39 @@ def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:
         return [Assignment(*r) for r in conn.execute(query.order_by(PartitionModel.topic, PartitionModel.partition))]
 
 
+# assign's rows: each partition's new leader and, when `checked` is 1, the leader and epoch it must still have.
+ASSIGNED = RowSource("a", (("partition", "integer"), ("leader_broker", "integer"), ("checked", "integer"),
+                           ("was_leader", "integer"), ("was_epoch", "bigint")))
+_ASSIGN = """UPDATE partitions AS p SET leader_broker = a.leader_broker
+FROM {a} WHERE p.topic = :topic AND p."partition" = a."partition"
+  AND (a.checked = 0 OR (p.leader_epoch = a.was_epoch
+                         AND (p.leader_broker = a.was_leader OR (a.was_leader IS NULL AND p.leader_broker IS NULL))))
+RETURNING {returned}
+"""
+# SQLite's RETURNING sees only the updated table, by its name, not its alias.
+_RETURNED = {"postgresql": 'p."partition"', "sqlite": '"partition"'}
+
+
 def assign(cat: Catalog, topic: str, leaders: Mapping[int, int | None], *,
            expected: Mapping[int, tuple[int | None, int]] | None = None) -> list[int]:
     """Writes the partitions' assigned leaders (the epoch is left to the claim that follows). With `expected`
     {partition: (leader, epoch)}, only where the partition is still as expected (a handover moves only what its
-    leader still holds). Returns the partitions assigned."""
-    done: list[int] = []
+    leader still holds). Returns the partitions assigned, in order. One transaction of three statements whatever
+    their number: the rows locked in order (as every transaction that locks several partitions), one update, and
+    one count of the change (tiered.catalog.changes)."""
+    if not leaders:
+        return []
+    expected = expected or {}
+    rows = [(p, leader, 1 if p in expected else 0, *(expected[p] if p in expected else (None, 0)))
+            for p, leader in sorted(leaders.items())]
     with cat.write() as conn:
-        for partition, leader in sorted(leaders.items()):
-            condition = [PartitionModel.topic == topic, PartitionModel.partition == partition]
-            if expected is not None and partition in expected:
-                was_leader, was_epoch = expected[partition]
-                condition += [PartitionModel.leader_epoch == was_epoch,
-                              PartitionModel.leader_broker.is_(None) if was_leader is None
-                              else PartitionModel.leader_broker == was_leader]
-            moved = conn.execute(update(PartitionModel).where(and_(*condition)).values(leader_broker=leader))
-            if moved.rowcount:
-                done.append(partition)
+        lock_partitions(conn, [(topic, p) for p in leaders], missing_ok=True)
+        skip_row_counts(conn)
+        backend = conn.dialect.name
+        done = sorted(r[0] for r in conn.execute(statement(backend, _ASSIGN.replace("{returned}", _RETURNED[backend]), ASSIGNED),
+                                                 {"topic": topic, **ASSIGNED.params(rows)}))
+        if done:
+            count_change(conn)
     return done
 
 

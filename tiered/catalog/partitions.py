@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import Connection, bindparam, select, update
 
 from tiered.catalog.arrays import RowSource, statement
+from tiered.catalog.changes import count_change, skip_row_counts
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
 from tiered.catalog.models import PartitionEpochModel, PartitionModel, UtcDateTime
@@ -94,15 +95,16 @@ class Claim:
     history: tuple[EpochRow, ...]  # epochs above the caller's `since`, oldest first, the new one last
 
 
-def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], PartitionState]:
+def lock_partitions(conn: Connection, keys: Iterable[tuple[str, int]], *,
+                    missing_ok: bool = False) -> dict[tuple[str, int], PartitionState]:
     """Locks the partitions rows of `keys` in (topic, partition) order (FOR UPDATE on PostgreSQL; the SQLite write
     transaction already holds the database) and returns them, in one statement whatever their number. Raises
-    UnknownPartition for a missing one."""
+    UnknownPartition for a missing one, unless `missing_ok` (then it is left out)."""
     wanted = sorted(set(keys))
     backend = conn.dialect.name
     rows = conn.execute(statement(backend, _LOCK[backend], KEYS), KEYS.params(wanted))
     states = {(r[0], r[1]): PartitionState(*r) for r in rows}
-    if len(states) != len(wanted):
+    if len(states) != len(wanted) and not missing_ok:
         raise UnknownPartition(*next(key for key in wanted if key not in states))
     return states
 
@@ -136,6 +138,7 @@ def claim_leadership(
         numbers = sorted(p for p in since if expected_epochs is None or p not in expected_epochs
                          or states[(topic, p)].leader_epoch == expected_epochs[p])
         if numbers:
+            skip_row_counts(conn)
             backend = conn.dialect.name
             rows = [(p, states[(topic, p)].leader_epoch + 1, states[(topic, p)].hwmark_seq + 1) for p in numbers]
             conn.execute(statement(backend, _CLAIM, CLAIMED),
@@ -143,6 +146,7 @@ def claim_leadership(
             conn.execute(statement(backend, _RECORD_CLAIMS, CLAIMED).bindparams(bindparam("claimed_at", type_=UtcDateTime())),
                          {"topic": topic, "broker_id": broker_id, "disk_id": disk_id, "claimed_at": claimed_at,
                           **CLAIMED.params(rows)})
+            count_change(conn)
         history = _history(conn, topic, {p: e for p, e in since.items() if e is not None and p in numbers})
         for p in numbers:
             before = states[(topic, p)]

@@ -11,6 +11,8 @@ Only the server changes a Partition: its request handlers and its TierSink (tier
 from __future__ import annotations
 
 import logging
+import os
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -154,13 +156,17 @@ class Registry:
         return list(topic.partitions)
 
     def _open_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier) -> Partition:
-        plog = PartitionLog.open(
-            str(self.data_dir / topic / str(partition)),
-            config,
-            now_s=self.now_s,
-            on_seal=lambda segment: tier.sealed(topic, partition, segment),
-            may_delete=lambda segment: tier.may_delete_local(topic, partition, segment),
-        )
+        plog = PartitionLog.open(str(self.data_dir / topic / str(partition)), config, now_s=self.now_s,
+                                 **self._tier_callbacks(topic, partition, tier))
+        return self._partition(topic, partition, plog, config, tier)
+
+    @staticmethod
+    def _tier_callbacks(topic: str, partition: int, tier: Tier) -> dict:
+        return {"on_seal": lambda segment: tier.sealed(topic, partition, segment),
+                "may_delete": lambda segment: tier.may_delete_local(topic, partition, segment)}
+
+    @staticmethod
+    def _partition(topic: str, partition: int, plog: PartitionLog, config: TopicConfig, tier: Tier) -> Partition:
         return Partition(topic, partition, plog, config, tier.lower_tier)
 
     def create_topic(self, name: str, partitions: int, config_text: str, tier: Tier) -> Topic:
@@ -168,7 +174,17 @@ class Registry:
         topic_dirs.validate_topic_name(name)
         self.topic_config(config_text)  # refuse a bad config before anything is written
         topic_dirs.create_topic_dir(str(self.data_dir), name, partitions, config_text)
-        return self.open_topic(name, partitions, config_text, tier)
+        # Its partition directories were just made, empty, and hold no config file of their own: each log is opened
+        # as new (no recovery pass, no second mkdir, no config file to look for), with one random generator.
+        config = self.topic_config(config_text)
+        rng = random.Random()
+        topic = Topic(name, config_text, config)
+        base = os.path.join(self.data_dir, name)
+        topic.partitions = [self._partition(name, p, PartitionLog.open_new(
+            os.path.join(base, str(p)), config, rng=rng, now_s=self.now_s,
+            **self._tier_callbacks(name, p, tier)), config, tier) for p in range(partitions)]
+        self.topics[name] = topic
+        return topic
 
     def get(self, topic: str, partition: int) -> Partition | None:
         t = self.topics.get(topic)

@@ -46,6 +46,9 @@ _NOT_LED = PartitionTier(Role.FOLLOWING, None, None, 0, 0, 0)
 class TierState:
     def __init__(self) -> None:
         self._partitions: dict[TopicPartition, PartitionTier] = {}
+        # The keys of the partitions whose role is LED, kept by the three writes that change a role (lead, lose,
+        # fence): `led()` costs what is led, not every partition this broker ever knew (a look asks it each time).
+        self._led: dict[TopicPartition, None] = {}
 
     # -- reads ------------------------------------------------------------------------------------------------------
 
@@ -73,7 +76,7 @@ class TierState:
 
     def led(self) -> Iterator[tuple[TopicPartition, PartitionTier]]:
         """The partitions led here, with their state."""
-        return ((tp, state) for tp, state in list(self._partitions.items()) if state.role is Role.LED)
+        return ((tp, self._partitions[tp]) for tp in list(self._led))
 
     # -- writes -----------------------------------------------------------------------------------------------------
 
@@ -83,12 +86,14 @@ class TierState:
         old = self.of(tp)
         self._partitions[tp] = PartitionTier(Role.LED, epoch, config, committed_seq,
                                              max(highest_copied_seq, old.highest_copied_seq), old.locations_version)
+        self._led[tp] = None
 
     def lose(self, tp: TopicPartition) -> None:
         """No longer led here (handed over, or claimed by another broker)."""
         old = self._partitions.get(tp)
         if old is not None:
             self._partitions[tp] = replace(old, role=Role.FOLLOWING)
+            self._led.pop(tp, None)
 
     def fence(self, tp: TopicPartition, epoch: int | None = None) -> bool:
         """A write under `epoch` (None: the current one) was refused for a newer epoch. Returns whether this changed
@@ -97,6 +102,7 @@ class TierState:
         if old is None or old.role is not Role.LED or (epoch is not None and epoch != old.epoch):
             return False
         self._partitions[tp] = replace(old, role=Role.FENCED)
+        self._led.pop(tp, None)
         return True
 
     def committed(self, tp: TopicPartition, seq: int) -> None:

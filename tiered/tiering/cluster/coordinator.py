@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,7 +34,7 @@ from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
-    ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
+    CLAIM_BATCH, ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
 )
 
 log = logging.getLogger("tiered.cluster")
@@ -70,7 +69,7 @@ class Endpoints:
 
 class Coordinator:
     def __init__(self, catalog: AsyncCatalog, sink: TierSink, leadership: Leadership, *, broker_id: int,
-                 lease_ms: int, metrics: Metrics, clock: Clock = SYSTEM_CLOCK):
+                 lease_ms: int, metrics: Metrics, clock: Clock = SYSTEM_CLOCK, claim_batch: int = CLAIM_BATCH):
         self.catalog = catalog
         self.sink = sink
         self.leadership = leadership
@@ -78,6 +77,7 @@ class Coordinator:
         self.lease_ms = lease_ms
         self.metrics = metrics
         self.clock = clock
+        self.claim_batch = claim_batch
         self.incarnation = secrets.token_hex(8)
         self.endpoints: Endpoints | None = None
         self._renewed_at: float | None = None  # monotonic time of the last renewal that kept the lease unbroken
@@ -155,8 +155,7 @@ class Coordinator:
         others = self.live - {self.broker_id}
         leading = self.leadership.leading()
         if others and leading:
-            load = Counter(a.leader_broker for a in await self.catalog.read(catalog_cluster.assignments)
-                           if a.leader_broker in others)
+            load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in others}
             targets = spread(sorted(leading), others, load)
             await self._hand_over({key: (targets[key], leading[key]) for key in leading}, deadline)
         await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
@@ -271,15 +270,34 @@ class Coordinator:
         # The look read every epoch after `started`, and the losses are applied: what is led here is checked now,
         # before the claims, so that a lapsed lease acknowledges again without waiting for a long failover's claims.
         self._checked(started)
-        for topic, expected in claim_batches(decision.claims):
-            # One bounded batch per claim statement; each takes produce as soon as it is claimed, and a renewal that
-            # falls due meanwhile runs between batches (the renewal loop), not after all of them.
-            await self._claim(topic, expected)
+        await self._claim_all(claim_batches(decision.claims, self.claim_batch))
         if decision.handovers:
             await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
 
-    async def _claim(self, topic: str, expected: Mapping[int, int]) -> None:
-        plans = await self.leadership.claim(topic, dict(expected))
+    async def _claim_all(self, batches: Sequence[tuple[str, Mapping[int, int]]]) -> None:
+        """One bounded batch per claim transaction, each taking produce as soon as it is claimed; a renewal that falls
+        due meanwhile runs between batches (the renewal loop), not after all of them. Pipelined: the next batch is
+        claimed in the catalog (on its write thread) while this one is carried out on the disk and led, so that a
+        failover's claims cost the larger of the two, not their sum. A batch's claim is always awaited, even when
+        leading the one before failed: a claim the catalog made is led or, if not, found at the next look
+        (assigned here, not led: claimed again)."""
+        claiming: asyncio.Task | None = None
+        pending: tuple[str, Mapping[int, int], list[PartitionPlan]] | None = None
+        try:
+            for topic, expected in batches:
+                claiming = asyncio.ensure_future(self.leadership.claim(topic, dict(expected)))
+                await asyncio.sleep(0)  # the claim reads the disk's epochs and goes to the write thread first
+                if pending is not None:
+                    await self._lead(*pending)
+                pending = (topic, expected, await claiming)
+                claiming = None
+            if pending is not None:
+                await self._lead(*pending)
+        finally:
+            if claiming is not None:
+                await asyncio.gather(claiming, return_exceptions=True)
+
+    async def _lead(self, topic: str, expected: Mapping[int, int], plans: list[PartitionPlan]) -> None:
         if not plans:
             return
         lost = len(expected) - len(plans)
@@ -298,13 +316,17 @@ class Coordinator:
         by_topic: dict[str, dict[int, tuple[int, int]]] = {}
         for (topic, partition), move in moves.items():
             by_topic.setdefault(topic, {})[partition] = move
+        # Every topic assigned first, then the claims awaited together: a partition of the last topic waits for its
+        # own new leader, not for the topics before it.
+        waits = []
         for topic, moving in sorted(by_topic.items()):
             done = await self.catalog.write(
                 catalog_cluster.assign, topic, {p: target for p, (target, _) in moving.items()},
                 expected={p: (self.broker_id, epoch) for p, (_, epoch) in moving.items()})
             self.metrics.inc(m.HANDOVERS, len(done))
-            log.info("handed %s partitions %s over", topic, {p: moving[p][0] for p in done})
-            await self.await_claims(topic, {p: moving[p][1] for p in done}, deadline)
+            log.info("handed %d partitions of %s over", len(done), topic)
+            waits.append(self.await_claims(topic, {p: moving[p][1] for p in done}, deadline))
+        await asyncio.gather(*waits)
 
     async def await_claims(self, topic: str, epochs: Mapping[int, int], deadline: float) -> None:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
@@ -327,8 +349,7 @@ class Coordinator:
     async def place_new_topic(self, partitions: int) -> dict[int, int]:
         """Which live broker leads each partition of a new topic: the fewest leaderships first."""
         await self._refresh_members()
-        assignments = await self.catalog.read(catalog_cluster.assignments)
-        load = Counter(a.leader_broker for a in assignments if a.leader_broker in self.live)
+        load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in self.live}
         placed = spread([("", p) for p in range(partitions)], self.live, load)
         return {p: broker for (_, p), broker in placed.items()}
 

@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(PY) -m bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis tiered/spark/_decode.*.so tiered/protocol/_bundlescan.*.so tiered/storage/_tail.*.so
+	rm -rf $(VENV) .pytest_cache .hypothesis tiered/spark/_decode.*.so tiered/protocol/_bundlescan.*.so tiered/storage/_appender.*.so

@@ -49,7 +49,8 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "instructions": "bench.bench_instructions", "scale_commit": "bench.bench_scale_commit",
              "scale_idle": "bench.bench_scale_idle", "scale_create": "bench.bench_scale_create",
              "scale_lookup": "bench.bench_scale_lookup",
-             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access"}
+             "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access",
+             "cost": "bench.bench_cost"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

@@ -68,7 +68,7 @@ def test_the_spark_data_source_imports_with_what_the_extra_installs(installed, t
     assert out[0] == "tiered" and str(installed.parent) in out[1]  # the installed package, not the checkout
 
 
-NATIVE_MODULES = ("tiered.protocol._bundlescan", "tiered.spark._decode", "tiered.storage._tail")
+NATIVE_MODULES = ("tiered.protocol._bundlescan", "tiered.spark._decode", "tiered.storage._appender")
 
 
 def test_the_native_modules_build_wherever_the_checkout_built_them(installed, tmp_path):

@@ -110,7 +110,7 @@ class TopicCost:
     dollars_per_gib_ingested: float | None  # None: nothing ingested
     dollars_per_month_stored: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 

@@ -112,3 +112,15 @@ def test_since_takes_ages_and_iso_times():
 def test_an_operation_the_table_cannot_price_is_refused_not_dropped():
     with pytest.raises(BadPrices, match="select"):
         cost_report({("t", "select"): 1.0}, {}, S3_STANDARD_US_EAST_1)
+
+
+def test_the_default_window_starts_at_the_hour_the_longest_running_live_broker_started(catalog_with_usage):
+    from tiered.catalog import cluster
+
+    with Catalog.open(catalog_with_usage) as cat:
+        cluster.register(cat, 7, "incarnation", "127.0.0.1:1", "", 60_000, now=NOW - timedelta(hours=3))
+        assert catalog_usage.live_since(cat) == NOW - timedelta(hours=3)
+    out = tiered("cost", "--catalog", catalog_with_usage).stdout.decode()
+    assert out.startswith(f"from {NOW - timedelta(hours=3):%Y-%m-%d %H}:00 UTC to now")
+    orders = next(line.split() for line in out.splitlines() if line.startswith("orders"))
+    assert orders[2] == "3,000.0"  # the hour 5 hours ago is before the window

@@ -265,6 +265,35 @@ def test_random_produce_payloads_alike(raw, with_seqnum):
     assert_same_request(raw, with_seqnum)
 
 
+@budget(60)
+@given(checked_requests())
+def test_every_truncation_of_a_produce_request_alike(case):
+    """Truncated anywhere (a frame cut short by a bad client): the native scan and the reference agree, every time."""
+    payload, with_seqnum = case
+    for cut in sorted(set(range(min(len(payload), 40))) | set(range(0, len(payload), 7))):
+        assert_same_request(payload[:cut], with_seqnum)
+
+
+def test_oversized_produce_lengths_alike():
+    """Lengths and counts that claim far more than the payload holds, or more than a varint may say."""
+    head = struct.pack("<HI", 2, 7) + b"\x03c++" + struct.pack("<BI", 0, 0)
+    bundle = encode_bundle([Message(b"v" * 20, None, 5)])
+    for with_seqnum in (False, True):
+        seq = b"\x01" * 8 if with_seqnum else b""
+        cases = [
+            head + b"\xff",  # 255 topics, none there
+            head + b"\x01\xfft",  # a topic name of 255 bytes
+            head + b"\x01\x01t\xff",  # 255 partitions, none there
+            head + b"\x01\x01t\x01\x00\x00\xff\xff\xff\xff\x0f" + seq + bundle,  # a bundle of 2^32 - 1 bytes
+            head + b"\x01\x01t\x01\x00\x00\xff\xff\xff\xff\x1f" + seq + bundle,  # a length past 32 bits
+            head + b"\x01\x01t\x01\x00\x00\x80\x80\x80\x80\x80\x01" + seq + bundle,  # a varint of 6 bytes
+            head + b"\x01\x01t\x01\x00\x00" + encode_varint(len(bundle) + 1) + seq + bundle,  # one byte short
+            head + b"\x01\x01t\x01\x00\x00" + encode_varint(len(bundle)) + seq + bundle + b"\x00" * 9,  # trailing
+        ]
+        for payload in cases:
+            assert assert_same_request(payload, with_seqnum)[0] == "error", payload.hex()
+
+
 def test_a_framing_fault_is_named_before_any_bad_bundle():
     bad = BAD_BUNDLES[0][1]
     req = rq.ProduceRequest(1, (rq.ProduceTopic("t", (rq.ProducePartition(0, bad),)),))

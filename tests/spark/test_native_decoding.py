@@ -27,6 +27,7 @@ from tiered.spark.decoding import (
 from tiered.spark.planning import U64_MAX, SeqRange, TimeRange
 
 T = 1_700_000_000_000
+FLIPS = 1500  # damaged copies per run of the bit-flip test; tests/test_native_asan.py runs a tenth under ASan
 SNAPPY_FAULT = "bad snappy message set:"
 
 
@@ -180,7 +181,7 @@ def test_every_truncation_raises_the_same_error():
 def test_random_bytes_and_bit_flips_raise_the_same_error():
     rng = random.Random(11)
     data, first = mixed_records(rng, bundles=8, sizes=(0, 1, 2))  # small values: most bytes are structure
-    for _ in range(1500):
+    for _ in range(FLIPS):
         damaged = bytearray(data)
         for _ in range(rng.choice([1, 1, 2, 8])):
             position = rng.randrange(len(damaged))

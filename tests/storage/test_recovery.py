@@ -9,7 +9,7 @@ import pytest
 from tests.support.storage_helpers import bundle_for_record, plain_bundle, segment_files, sparse_bundle, storage_config
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.storage import PartitionLog, RecoveryError
-from tiered.storage.tail import INDEX_WRITE_BATCH
+from tiered.storage.appender import INDEX_WRITE_BATCH
 
 CONFIG = storage_config(log_index_interval_bytes=128)
 
@@ -57,7 +57,7 @@ def test_clean_reopen_continues_exactly(tmp_path):
 
 
 def test_index_entries_a_kill_left_unwritten_are_re_added(tmp_path):
-    """Index entries reach the file in batches (tail.INDEX_WRITE_BATCH): a process killed between two batches
+    """Index entries reach the file in batches (appender.INDEX_WRITE_BATCH): a process killed between two batches
     leaves a file short of its last entries, and the reopen re-adds them, giving TANK's index byte for byte."""
     a, b = tmp_path / "a", tmp_path / "b"
     log = PartitionLog.open(str(a), CONFIG)

@@ -10,7 +10,7 @@ import pytest
 from tests.support.storage_helpers import OBSERVED_TS, bundle_for_record, segment_files, storage_config
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.storage.segment import roll_age_s
-from tiered.storage.tail import PRODUCE_PATH_ENV
+from tiered.storage.appender import PRODUCE_PATH_ENV
 
 HELLO_RECORD = bytes.fromhex("16 04 00 fbcd5903a2010000 0b") + b"hello world"
 HELLO_TS = 0x000001A20359CDFB
@@ -184,7 +184,7 @@ def test_failed_on_seal_does_not_fail_the_append(open_storage_log, caplog):
 
 
 def test_failed_write_is_cut_back_and_not_assigned(open_storage_log, monkeypatch):
-    """On the reference tail, whose os.write can be replaced (tests/storage/test_tail.py fails real writes of both)."""
+    """On the reference tail, whose os.write can be replaced (tests/storage/test_appender.py fails real writes of both)."""
     import tiered.storage.segment as segment_module
 
     monkeypatch.setenv(PRODUCE_PATH_ENV, "python")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
-def s3_op(method: str, path: str, bucket: str, prefix: str) -> tuple[str, str]:
+def request_op(method: str, path: str, bucket: str, prefix: str) -> tuple[str, str]:
     """(key, op) for a path-style request `method path` on `bucket`; key "" for bucket-wide requests."""
     parts = urlsplit(path)
     query = parse_qs(parts.query, keep_blank_values=True)

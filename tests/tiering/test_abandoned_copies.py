@@ -42,6 +42,7 @@ from tiered.tiering.segments.remote_retention import delete_objects
 from tiered.tiering.remote_tier import RemoteTier
 from tiered.tiering.segments.segment_copier import CopyJob, SegmentCopier, segment_timestamp_bounds
 from tiered.tiering.objects.store import StoreError
+from tiered.topic_partition import TopicPartition
 
 TOPIC = "events"
 A, B = 1, 2  # broker ids
@@ -133,7 +134,7 @@ async def read_everything(store, acat) -> bytes:
     hwmark = (await acat.read(catalog_partitions.get_partition_states, TOPIC))[0].hwmark_seq
     out, seq = b"", 1
     while seq <= hwmark:
-        chunk = await reader.fetch(TOPIC, 0, seq, 1 << 20)
+        chunk = await reader.fetch(TopicPartition(TOPIC, 0), seq, 1 << 20)
         assert isinstance(chunk, RemoteChunk), (seq, chunk)
         data = chunk.data if isinstance(chunk.data, bytes) else b"".join([bytes(p) async for p in chunk.data.pieces()])
         position, last = 0, seq - 1

@@ -24,6 +24,7 @@ from tiered.tiering.reads.caches import RangeCache, SizedLru
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.reads.run_reads import trim_chunk
 from tiered.storage.index import SparseIndex
+from tiered.topic_partition import TopicPartition
 
 
 def record(values, ts=1000, codec=0, seqs=None):
@@ -187,16 +188,19 @@ class Row:
         self.topic, self.partition, self.from_seq, self.last_seq = "t", 0, from_seq, last
 
 
+T0 = TopicPartition("t", 0)
+
+
 def test_range_cache_expires_and_evicts():
     now = [0.0]
     cache = RangeCache(lambda: now[0], per_partition=2, ttl_s=10)
     cache.put(Row(1, 10))
     cache.put(Row(11, 20))
-    assert cache.get("t", 0, 15).from_seq == 11 and cache.get("t", 0, 25) is None
+    assert cache.get(T0, 15).from_seq == 11 and cache.get(T0, 25) is None
     cache.put(Row(21, 30))  # evicts the least recently used: 1-10
-    assert cache.get("t", 0, 5) is None
+    assert cache.get(T0, 5) is None
     now[0] = 11
-    assert cache.get("t", 0, 15) is None  # older than the ttl
+    assert cache.get(T0, 15) is None  # older than the ttl
 
 
 def test_sized_lru_of_indexes_is_bounded_by_bytes():

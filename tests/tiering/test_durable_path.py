@@ -173,11 +173,11 @@ async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkey
     failures = [3]
     original = path.store.put
 
-    async def flaky(object_key, data):
+    async def flaky(object_key, data, **options):  # options: what the pipeline passes on (the PUT's attribution)
         if failures[0]:
             failures[0] -= 1
             raise StoreError("503 slow down")
-        return await original(object_key, data)
+        return await original(object_key, data, **options)
 
     monkeypatch.setattr(path.store, "put", flaky)
     ack = path.durable.appended("t", 0, appended(1, record()), durable=True)

@@ -13,10 +13,10 @@ import pytest
 from tiered.catalog import usage as catalog_usage
 from tiered.catalog.migrate import upgrade
 from tiered.tiering.objects.local_store import LocalObjectStore
-from tiered.tiering.objects.meter import CATALOG, CATALOG_WIDE, UNATTRIBUTED, Attribution, Meter, Op
+from tiered.tiering.objects.meter import CATALOG, CATALOG_WIDE, UNATTRIBUTED, Attribution, Meter, Op, s3_op
 from tiered.tiering.objects.store import AttributionMissing
 
-from .s3_ops import s3_op
+from .s3_ops import request_op
 
 REPO = Path(__file__).resolve().parents[2]
 KiB = 1024
@@ -36,6 +36,12 @@ def test_a_shared_request_is_split_by_bytes_and_the_shares_add_up():
         Attribution((("a", 1.0), ("a", 2.0)))
     with pytest.raises(ValueError):
         Attribution(())
+
+
+def test_an_s3_operation_we_never_send_is_priced_in_its_class():
+    assert s3_op("UploadPart") == Op.PART and s3_op("DeleteObjects") == Op.DELETE
+    assert s3_op("PutObjectTagging") == Op.PUT and s3_op("ListParts") == Op.PUT
+    assert s3_op("HeadBucket") == Op.GET and s3_op("GetBucketLocation") == Op.GET
 
 
 def test_what_a_flush_takes_is_put_back_when_it_fails():
@@ -94,7 +100,7 @@ async def test_s3_counts_every_attempt_and_every_part_as_the_bucket_sees_them(s3
     await s3_store.delete_many(["k", "seg.ilog"], attribution=CATALOG)
     seen: dict[tuple[str, str], float] = {}
     for method, p in s3_faults.requests:
-        key, op = s3_op(method, p, s3_bucket, "store")
+        key, op = request_op(method, p, s3_bucket, "store")
         topic = {"k": "a", "seg.ilog": "b"}.get(key, CATALOG_WIDE)
         seen[topic, op] = seen.get((topic, op), 0) + 1
     assert seen == {("a", "put"): 3, ("b", "multipart"): 2, ("b", "part"): 4, ("b", "get"): 1, ("a", "head"): 1,

@@ -23,6 +23,7 @@ from tiered.storage.compaction import compact_partition
 from tiered.tier_interface import RemoteChunk, Unreadable
 from tiered.tiering.reads.remote_fetch import RemoteReader
 from tiered.tiering.remote_tier import RemoteTier
+from tiered.topic_partition import TopicPartition
 
 
 class Sink:
@@ -53,7 +54,7 @@ async def test_a_seq_compacted_from_runs_into_a_segment_is_read_by_its_leader(s3
     compact_partition(p0, NOW_S, force=True)
     report = await compactor(s3_store, acat, tmp_path).compact("t", 0, p0, history.epoch)
     assert report.groups and report.runs_before
-    tier.reader.forget_locations("t", 0)  # as the service does after a pass with groups
+    tier.reader.forget_locations(TopicPartition("t", 0))  # as the service does after a pass with groups
     assert runs_for_range(cat, "t", 0, 1, 100_000) == [] and readable_segments(cat, "t", 0)
     after_swap = locations(cat, "t", 0, 1, seq, first_page=2)
     assert after_swap.runs == [] and after_swap.segments == readable_segments(cat, "t", 0)
@@ -80,7 +81,7 @@ async def test_a_hole_is_reported_only_where_the_catalog_check_finds_one(s3_stor
     # Past the committed seq: not history yet, so no location and no hole.
     past = locate(cat, "t", 0, committed + 1)
     assert isinstance(past, Nowhere) and not past.is_hole
-    assert isinstance(await reader.fetch("t", 0, committed + 1, 100_000), Unreadable)
+    assert isinstance(await reader.fetch(TopicPartition("t", 0), committed + 1, 100_000), Unreadable)
     assert metrics.counters[m.UNLOCATED_READS.name] == 0 and check_partition(cat, "t", 0).problems == []
 
     # A run row lost (by hand): its seqs are a hole, for the check and for the reader alike.
@@ -92,7 +93,7 @@ async def test_a_hole_is_reported_only_where_the_catalog_check_finds_one(s3_stor
     assert isinstance(hole, Nowhere) and hole.is_hole and hole.committed_seq == committed
     (problem,) = check_partition(cat, "t", 0).problems
     assert problem.endswith(f"..{run.last_seq} have no location")
-    assert isinstance(await reader.fetch("t", 0, run.last_seq, 100_000), Unreadable)
+    assert isinstance(await reader.fetch(TopicPartition("t", 0), run.last_seq, 100_000), Unreadable)
     assert metrics.counters[m.UNLOCATED_READS.name] == 1
     reader.close()
     p0.close()

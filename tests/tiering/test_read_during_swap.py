@@ -25,6 +25,7 @@ from tiered.tier_interface import RemoteChunk
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.reads.remote_fetch import RemoteReader
 from tiered.tiering.objects.store import open_store
+from tiered.topic_partition import TopicPartition
 
 
 def run_for(cat: Catalog, seq: int) -> RunLocation | None:
@@ -65,7 +66,7 @@ async def test_a_run_swapped_for_a_segment_right_after_the_lookup_is_read(broker
             return got
 
         reader._query = swap_after_the_lookup  # type: ignore[method-assign]
-        chunk = await reader.fetch("compacted", 0, seq, 100_000)
+        chunk = await reader.fetch(TopicPartition("compacted", 0), seq, 100_000)
         assert swapped and swapped[0].groups and swapped[0].runs_before
         assert run_for(cat, seq) is None  # the run is gone: the segment answers
         assert isinstance(chunk, RemoteChunk), chunk

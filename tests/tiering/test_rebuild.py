@@ -43,6 +43,7 @@ from tests.support.postgres import TEMPLATE_DB
 from tests.support.polling import eventually
 from tests.tiering.test_remote_compaction import chunk_bytes
 from tests.tiering.test_run_reads import as_version_2
+from tiered.topic_partition import TopicPartition
 
 SMALL_SEGMENTS = {"log.segment.bytes": "4k", "log.index.interval.bytes": "128"}
 TS0 = 1_700_000_000_000
@@ -336,7 +337,7 @@ async def test_a_bucket_of_version_2_and_version_3_blocks_rebuilds_and_reads_bac
             for first, last, records in runs:
                 for seq in range(first, last + 1):
                     for fetch_size in (1, 200_000):
-                        chunk = await reader.fetch(topic, partition, seq, fetch_size)
+                        chunk = await reader.fetch(TopicPartition(topic, partition), seq, fetch_size)
                         assert isinstance(chunk, RemoteChunk), chunk
                         expected = trim_chunk(records, first, seq, fetch_size)[0]  # an answer ends with its run
                         assert await chunk_bytes(chunk) == expected, (topic, partition, seq, fetch_size)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from functools import cache
 from operator import attrgetter
 
 from sqlalchemy import Connection, bindparam, delete, exists, insert, select, tuple_, update
@@ -340,16 +341,19 @@ def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
     return BlockRow(*row) if row else None
 
 
-def _locations(topic: str, partition: int, from_seq: int, limit: int):
+@cache
+def _locations(limit: int):
     # No filter on the block's state: a run exists only while its block is committed (runs are inserted by the
-    # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe.
+    # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe. Built
+    # once per limit (callers use a few): building the query per lookup cost about as much of the caller's CPU as
+    # executing it.
     return (
         select(*_LOCATION_COLUMNS)
         .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
         .where(
-            BlockRunModel.topic == topic,
-            BlockRunModel.partition == partition,
-            BlockRunModel.last_seq >= from_seq,
+            BlockRunModel.topic == bindparam("l_topic"),
+            BlockRunModel.partition == bindparam("l_partition"),
+            BlockRunModel.last_seq >= bindparam("l_seq"),
         )
         .order_by(BlockRunModel.last_seq)
         .limit(inline_limit(limit))
@@ -360,14 +364,15 @@ def find_run(cat: Catalog, topic: str, partition: int, seq: int) -> RunLocation 
     """The committed run with the smallest last_seq >= seq: the one that holds `seq` when `holds(seq)` says so.
     None when no run reaches `seq`. One index scan, LIMIT 1, answered from the index alone on PostgreSQL."""
     with cat.read() as conn:
-        row = conn.execute(_locations(topic, partition, seq, 1)).first()
+        row = conn.execute(_locations(1), {"l_topic": topic, "l_partition": partition, "l_seq": seq}).first()
     return RunLocation(topic, partition, *row) if row else None
 
 
 def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[RunLocation]:
     """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns."""
     with cat.read() as conn:
-        return [RunLocation(topic, partition, *row) for row in conn.execute(_locations(topic, partition, from_seq, limit))]
+        rows = conn.execute(_locations(limit), {"l_topic": topic, "l_partition": partition, "l_seq": from_seq})
+        return [RunLocation(topic, partition, *row) for row in rows]
 
 
 def prune_runs_in(

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta
+from functools import cache
 
-from sqlalchemy import Connection, and_, func, insert, literal_column, select, update
+from sqlalchemy import Connection, and_, bindparam, func, insert, literal_column, select, update
 
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
@@ -245,14 +246,22 @@ def readable_segments_from(cat: Catalog, topic: str, partition: int, seq: int, l
     which may be a base_seq the previous page already passed, but they end where that group ended, so the next
     page, from the seq after the last one listed, finds them."""
     with cat.read() as conn:
-        rows = conn.execute(
-            select(*_COLUMNS)
-            .where(SegmentModel.topic == topic, SegmentModel.partition == partition, SegmentModel.last_seq >= seq)
-            .where(_READABLE)
-            .order_by(SegmentModel.last_seq)
-            .limit(inline_limit(limit))
-        )
+        rows = conn.execute(_readable_from(limit), {"l_topic": topic, "l_partition": partition, "l_seq": seq})
         return [SegmentRow(*r) for r in rows]
+
+
+@cache
+def _readable_from(limit: int):
+    # Built once per limit (callers use a few): building the query per lookup cost about as much of the caller's CPU
+    # as executing it.
+    return (
+        select(*_COLUMNS)
+        .where(SegmentModel.topic == bindparam("l_topic"), SegmentModel.partition == bindparam("l_partition"),
+               SegmentModel.last_seq >= bindparam("l_seq"))
+        .where(_READABLE)
+        .order_by(SegmentModel.last_seq)
+        .limit(inline_limit(limit))
+    )
 
 
 def list_segments(

@@ -22,8 +22,9 @@ from typing import IO
 
 from tqdm import tqdm
 
-from tiered.client import Client, TankError, Unreachable
+from tiered.client import CertificateRefused, Client, TankError, Unreachable
 from tiered.client.connection import reason
+from tiered.client.server_name import check_server_name
 from tiered.config import DEFAULT_PORT, SettingsError, parse_endpoint
 from tiered.protocol.errors import ProtocolError
 from tiered.tls import TLSError, client_context
@@ -49,22 +50,34 @@ def add_broker_argument(parser: argparse.ArgumentParser, flags: tuple[str, ...] 
     if "--tls-ca" not in parser._option_string_actions:  # a command naming two brokers (replay) has them once
         parser.add_argument("--tls-ca", default=None, metavar="FILE",
                             help="connect over TLS, checking the brokers' certificates against this CA (PEM) "
-                                 "(default: $TIERED_TLS_CA; TLS is off when neither this nor --tls-cert is set)")
+                                 "(default: $TIERED_TLS_CA; TLS is off when none of the --tls-* flags is set)")
         parser.add_argument("--tls-cert", default=None, metavar="FILE",
                             help="client certificate (PEM) for brokers requiring one (default: $TIERED_TLS_CERT)")
         parser.add_argument("--tls-key", default=None, metavar="FILE",
                             help="private key of --tls-cert (default: $TIERED_TLS_KEY)")
+        parser.add_argument("--tls-server-name", default=None, metavar="NAME",
+                            help="verify every broker's certificate by this name, also those redirects send to "
+                                 "(default: $TIERED_TLS_SERVER_NAME, else the -b host when it is a name, else "
+                                 "each broker's address)")
 
 
-def client_tls(args: argparse.Namespace, environ=os.environ) -> ssl.SSLContext | None:
-    """The client's TLS context from --tls-ca/--tls-cert/--tls-key (else TIERED_TLS_*), or None: TLS off."""
-    ca, cert, key = (getattr(args, f"tls_{n}", None) or environ.get(f"TIERED_TLS_{n.upper()}", "")
-                     for n in ("ca", "cert", "key"))
-    if not (ca or cert or key):
+@dataclass(frozen=True)
+class ClientTLS:
+    """How a command's client speaks TLS."""
+
+    context: ssl.SSLContext
+    server_name: str = ""  # every broker is verified by it; "": as tiered.client.server_name says
+
+
+def client_tls(args: argparse.Namespace, environ=os.environ) -> ClientTLS | None:
+    """The client's TLS from --tls-ca/--tls-cert/--tls-key/--tls-server-name (else TIERED_TLS_*), or None: TLS off."""
+    ca, cert, key, name = (getattr(args, f"tls_{n}", None) or environ.get(f"TIERED_TLS_{n.upper()}", "")
+                           for n in ("ca", "cert", "key", "server_name"))
+    if not (ca or cert or key or name):
         return None
     try:
-        return client_context(ca, cert, key)
-    except TLSError as exc:
+        return ClientTLS(client_context(ca, cert, key), check_server_name(name) if name else "")
+    except (TLSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -121,11 +134,15 @@ def brokers(text: str | None, flag: str = "-b/--broker", environ=os.environ) -> 
     return Brokers(tuple(dict.fromkeys(endpoints)), source)
 
 
-async def connect_to(named: Brokers, ssl_context: ssl.SSLContext | None = None) -> Client:
-    """A client of the brokers named, connected to the first that answers (over TLS when `ssl_context` is given)."""
+async def connect_to(named: Brokers, tls: ClientTLS | None = None) -> Client:
+    """A client of the brokers named, connected to the first that answers (over TLS when `tls` is given)."""
     try:
-        return await Client.connect_any(named.endpoints, ssl_context=ssl_context)
+        if tls is None:
+            return await Client.connect_any(named.endpoints)
+        return await Client.connect_any(named.endpoints, ssl_context=tls.context, tls_server_name=tls.server_name)
     except Unreachable as exc:
+        if all(isinstance(f, CertificateRefused) for f in exc.failures.values()):  # reached, but not trusted
+            raise CommandError("; ".join(dict.fromkeys(map(str, exc.failures.values())))) from None
         if len(exc.failures) == 1:
             head, why = f"a broker at {named}", reason(next(iter(exc.failures.values())))
         else:
@@ -145,6 +162,8 @@ def run(coro, command: str) -> int:
     except UsageError as exc:
         return fail(command, exc, status=2)
     except (CommandError, TankError, SettingsError) as exc:
+        return fail(command, exc)
+    except CertificateRefused as exc:  # a broker a redirect named: it is there, but not who it should be
         return fail(command, exc)
     except ProtocolError as exc:
         return fail(command, f"the broker did not answer in TANK's protocol ({exc}): does -b name its TANK port "

@@ -4,6 +4,7 @@ brokers: Client.connect_any). It follows TANK's leader redirects; see tiered.cli
 from tiered.client.client import ChunkResult, Client, ConsumeResult, as_messages
 from tiered.client.errors import (
     BoundaryError,
+    CertificateRefused,
     ConnectionLost,
     InvalidRequest,
     NotConfirmed,
@@ -13,5 +14,5 @@ from tiered.client.errors import (
     Unreachable,
 )
 
-__all__ = ['BoundaryError', 'ChunkResult', 'Client', 'ConnectionLost', 'ConsumeResult', 'InvalidRequest', 'NotConfirmed',
-           'TankError', 'UnknownPartition', 'UnknownTopic', 'Unreachable', 'as_messages']
+__all__ = ['BoundaryError', 'CertificateRefused', 'ChunkResult', 'Client', 'ConnectionLost', 'ConsumeResult',
+           'InvalidRequest', 'NotConfirmed', 'TankError', 'UnknownPartition', 'UnknownTopic', 'Unreachable', 'as_messages']

@@ -4,7 +4,8 @@
     client = await Client.connect_any(["10.0.0.1:11011", "10.0.0.2:11011"])   a service of several (the bootstrap list)
 
 Either way the client follows TANK's redirects (tiered.client.routing): a partition led by another broker (0xfc) is
-asked again of that leader, which is remembered for later requests, and requests are pipelined on one connection
+asked again of that leader (over TLS verified by the service's name: tiered.client.server_name), which is
+remembered for later requests, and requests are pipelined on one connection
 per broker, opened when first needed. A broker that cannot be reached before a request was written to it is
 skipped for another known broker (the bootstrap list and every leader learned). The two differ in one default:
 `leader_wait_s`, how long a partition without a leader (0xfd: a takeover in progress, a broker shutting down) is
@@ -146,11 +147,12 @@ class Client:
 
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, timeout_s: float = 10.0,
-                      leader_wait_s: float = 0.0, ssl_context: ssl.SSLContext | None = None) -> "Client":
+                      leader_wait_s: float = 0.0, ssl_context: ssl.SSLContext | None = None,
+                      tls_server_name: str = "") -> "Client":
         """One broker. Raises the OSError (or TimeoutError) of a failed connection, as asyncio does. Over TLS when
-        `ssl_context` is given (tiered.tls.client_context)."""
+        `ssl_context` is given (tiered.tls.client_context); `tls_server_name` as in connect_any."""
         router = Router([Endpoint(host, port)], connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s,
-                        ssl_context=ssl_context)
+                        ssl_context=ssl_context, tls_server_name=tls_server_name)
         try:
             await router.connect_first()
         except Unreachable as exc:
@@ -159,12 +161,15 @@ class Client:
 
     @classmethod
     async def connect_any(cls, endpoints: Iterable[str | tuple[str, int] | Endpoint], *, timeout_s: float = 10.0,
-                          leader_wait_s: float = LEADER_WAIT_S, ssl_context: ssl.SSLContext | None = None
-                          ) -> "Client":
+                          leader_wait_s: float = LEADER_WAIT_S, ssl_context: ssl.SSLContext | None = None,
+                          tls_server_name: str = "") -> "Client":
         """Several brokers of one service ("host:port" strings, (host, port) pairs or Endpoints), tried in order
-        until one connects. Raises Unreachable (a ConnectionError naming each failure) when none does."""
+        until one connects. Raises Unreachable (a ConnectionError naming each failure) when none does. Over TLS
+        each broker's certificate is verified by `tls_server_name` when given, else by the name the broker was
+        given by, else (an address: a redirect's) by the first endpoint given by a DNS name, else by its address
+        (tiered.client.server_name); ValueError for a name that cannot be one."""
         router = Router(parse_endpoints(endpoints), connect_timeout_s=timeout_s, leader_wait_s=leader_wait_s,
-                        ssl_context=ssl_context)
+                        ssl_context=ssl_context, tls_server_name=tls_server_name)
         await router.connect_first()
         return cls(router)
 

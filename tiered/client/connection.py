@@ -25,6 +25,7 @@ import itertools
 import ssl
 import sys
 
+from tiered.client.errors import CertificateRefused
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MsgType, cut_frames, encode_frame
@@ -36,6 +37,7 @@ SPARE_MAX_BYTES = 64 << 20  # a bigger buffer is not kept
 CLOSE_WAIT_S = 5.0  # close() waits at most this long for the transport to report the connection lost
 
 
+X509_HOSTNAME_MISMATCH, X509_IP_MISMATCH = 62, 64  # OpenSSL's X509_V_ERR_*: the certificate names someone else
 TLS_REFUSED = ("TLS refused by the broker (does it require a client certificate, or not accept this one? "
                "--tls-cert/--tls-key)")
 
@@ -157,19 +159,25 @@ class Connection:
         self.greeted = False  # the broker's PING arrived
 
     @classmethod
-    async def open(cls, endpoint: Endpoint, timeout_s: float, ssl_context: ssl.SSLContext | None = None
-                   ) -> "Connection":
-        """Raises NotSent (with the OSError or TimeoutError as its cause) when no connection is made. Over TLS when
-        `ssl_context` is given: the broker's certificate is checked against the host or address as named."""
+    async def open(cls, endpoint: Endpoint, timeout_s: float, ssl_context: ssl.SSLContext | None = None,
+                   server_name: str = "") -> "Connection":
+        """Raises NotSent (with the OSError or TimeoutError as its cause, CertificateRefused for a certificate that
+        did not verify) when no connection is made. Over TLS when `ssl_context` is given: the broker's certificate
+        is checked against `server_name`, else the host or address as named."""
         conn = cls(endpoint)
         conn.tls = ssl_context is not None
-        tls = {"ssl": ssl_context, "server_hostname": endpoint.addr} if ssl_context is not None else {}
+        name = server_name or endpoint.addr
+        tls = {"ssl": ssl_context, "server_hostname": name} if ssl_context is not None else {}
         opening = asyncio.get_running_loop().create_connection(lambda: conn._frames, endpoint.addr, endpoint.port,
                                                                **tls)
         try:
             await asyncio.wait_for(opening, timeout_s)
         except asyncio.TimeoutError as exc:  # before OSError, which it is
             raise NotSent(f"{endpoint}: no connection within {timeout_s:g} s") from exc
+        except ssl.SSLCertVerificationError as exc:  # before OSError, which it is
+            refused = CertificateRefused(str(endpoint), name, exc.verify_message or str(exc),
+                                         mismatch=exc.verify_code in (X509_HOSTNAME_MISMATCH, X509_IP_MISMATCH))
+            raise NotSent(str(refused)) from refused
         except OSError as exc:
             raise NotSent(f"{endpoint}: {reason(exc)}") from exc
         return conn
@@ -180,6 +188,13 @@ class Connection:
         written then would be lost with it, its outcome unknown)."""
         transport = self._frames.transport
         return self._closed_exc is None and transport is not None and not transport.is_closing()
+
+    @property
+    def server_name(self) -> str | None:
+        """The name the broker's certificate was verified by, as the TLS session holds it; None without TLS."""
+        transport = self._frames.transport
+        sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+        return sslobj.server_hostname if sslobj is not None else None
 
     def request_id(self) -> int:
         return next(self._ids)
@@ -249,8 +264,6 @@ def reason(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer in time"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS handshake failed: the broker's certificate was refused ({exc.verify_message})"
     if isinstance(exc, ssl.SSLError):
         why = (exc.reason or str(exc)).lower().replace("_", " ")
         if "certificate required" in why or "handshake failure" in why:

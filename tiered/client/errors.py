@@ -47,6 +47,22 @@ class Unreachable(ConnectionError):
         self.failures = failures
 
 
+class CertificateRefused(ConnectionError):
+    """A broker's certificate did not verify as `server_name` (tiered.client.server_name chose it) when connecting to
+    `endpoint`. Trying again cannot help, so a request that needs that broker fails at once."""
+
+    def __new__(cls, endpoint: str, server_name: str, why: str, mismatch: bool = False):
+        # One argument: OSError would read several as (errno, strerror, ...).
+        hint = ("; a certificate names the service, not each broker's address: connect by a name it holds (-b) or "
+                "give that name as --tls-server-name" if mismatch else "")
+        return ConnectionError.__new__(cls, f"TLS handshake failed: the certificate of the broker at {endpoint} was "
+                                            f"refused, verified as {server_name!r} ({why.rstrip('.')}){hint}")
+
+    def __init__(self, endpoint: str, server_name: str, why: str, mismatch: bool = False):
+        self.endpoint = endpoint
+        self.server_name = server_name
+
+
 class UnknownTopic(TankError):
     pass
 

@@ -18,7 +18,9 @@ Groups run concurrently: a redirected long-poll consume waits at the leader whil
 A broker that cannot be reached (refused, reset, closed) before a request was written to it is forgotten, with every
 cached leader pointing at it, and the request goes to another known broker (the bootstrap list and every leader ever
 learned), which redirects; a redirect to a broker that failed in the same attempt counts as no leader yet (the
-service has not noticed that broker is gone). When no known broker can be reached, Unreachable. A request written
+service has not noticed that broker is gone). When no known broker can be reached, Unreachable. A broker whose TLS
+certificate does not verify (tiered.client.server_name says by which name) fails the request at once with
+CertificateRefused: it is there, and would show the same certificate to every attempt. A request written
 and then lost with its connection is sent again only when it is idempotent (consume, discover, status); a produce
 raises ConnectionLost instead, since sending it again could store it twice.
 """
@@ -32,7 +34,8 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Generic, Hashable, NamedTuple, Sequence, TypeVar
 
 from tiered.client.connection import Connection, NotSent, reason
-from tiered.client.errors import NotConfirmed, TankError, Unreachable
+from tiered.client.errors import CertificateRefused, NotConfirmed, TankError, Unreachable
+from tiered.client.server_name import check_server_name, server_name
 from tiered.protocol.codes import Endpoint, ProduceStatus
 
 HOP_LIMIT = 5
@@ -65,10 +68,14 @@ class Router:
     leader of each (topic, partition) learned from redirects."""
 
     def __init__(self, bootstrap: Sequence[Endpoint], *, connect_timeout_s: float, leader_wait_s: float,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, tls_server_name: str = ""):
         if not bootstrap:
             raise ValueError("at least one broker endpoint is needed")
+        if tls_server_name and ssl_context is None:
+            raise ValueError("a TLS server name needs an ssl_context (TLS is off without one)")
         self.ssl_context = ssl_context  # every connection, those opened to follow a redirect too
+        self.tls_server_name = check_server_name(tls_server_name) if tls_server_name else ""
+        self.bootstrap_hosts = tuple(e.addr for e in bootstrap)  # whose first DNS name verifies redirects' brokers
         self.connect_timeout_s = connect_timeout_s
         self.leader_wait_s = leader_wait_s
         self.home = bootstrap[0]  # where requests go when no leader is known for them
@@ -91,7 +98,8 @@ class Router:
         return await asyncio.shield(task)  # a caller cancelled does not cancel the others' open
 
     async def _open(self, endpoint: Endpoint) -> Connection:
-        conn = await Connection.open(endpoint, self.connect_timeout_s, self.ssl_context)
+        name = server_name(endpoint.addr, self.bootstrap_hosts, self.tls_server_name)
+        conn = await Connection.open(endpoint, self.connect_timeout_s, self.ssl_context, name)
         stale = self._pool.get(endpoint)
         if stale is not None:
             stale.abort()
@@ -217,6 +225,8 @@ class _Routed(Generic[K, V]):
             try:
                 answers = await self.send(await self.router.connection(endpoint), keys)
             except NotSent as exc:
+                if isinstance(exc.__cause__, CertificateRefused):
+                    raise exc.__cause__ from None  # the same broker, asked again, would show the same certificate
                 await self._elsewhere(endpoint, keys, attempt, exc.__cause__ or exc)
                 return
             except (asyncio.TimeoutError, NotConfirmed):

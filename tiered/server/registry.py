@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from tiered.bounds import PartitionBounds
 from tiered.storage import topics as topic_dirs
@@ -161,7 +161,8 @@ class Registry:
         return self._partition(topic, partition, plog, config, tier)
 
     @staticmethod
-    def _tier_callbacks(topic: str, partition: int, tier: Tier) -> dict:
+    def _tier_callbacks(topic: str, partition: int, tier: Tier) -> dict[str, Any]:
+        """PartitionLog's on_seal and may_delete keywords for a partition of `tier`."""
         return {"on_seal": lambda segment: tier.sealed(topic, partition, segment),
                 "may_delete": lambda segment: tier.may_delete_local(topic, partition, segment)}
 

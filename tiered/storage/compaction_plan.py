@@ -25,7 +25,8 @@ from typing import Sequence
 
 from tiered.protocol.bundle import Message
 from tiered.storage.compaction_checkpoint import Checkpoint
-from tiered.storage.segment import MAX_REL_SEQ, SealedSegment
+from tiered.storage.segment import SealedSegment
+from tiered.storage.appender import MAX_REL_SEQ
 
 
 def dirty_ratio(segments: Sequence[SealedSegment], cleaned_upto: int) -> float:

@@ -35,7 +35,7 @@ from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, BundleHeader, Messa
 from tiered.protocol.varint import encode_varint
 from tiered.storage.index import IndexBuilder, SparseIndex
 from tiered.storage.names import CLEANED, format_ilog_name, format_index_name
-from tiered.storage.segment import MAX_POSITION, MAX_REL_SEQ
+from tiered.storage.appender import MAX_POSITION, MAX_REL_SEQ
 from tiered.storage.topic_config import TopicConfig
 
 BUNDLE_BYTES = 64 * 1024  # key and value bytes of re-encoded messages gathered into one bundle

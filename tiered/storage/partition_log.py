@@ -238,14 +238,19 @@ class PartitionLog:
             # Without the request's own layout, the bundle is copied once, from the request.
             written = record if record is not None else b"".join((encode_varint(size), bundle))
             now = self._now_s()
-            segment = self._segment_for(first, last, facts.sparse, len(written), now)
             config = self.config
-            position = segment.append(written, first, last, config.log_index_interval_bytes,
-                                      (facts.min_ts_ms, facts.max_ts_ms))
+            ts_bounds = (facts.min_ts_ms, facts.max_ts_ms)
+            # Most records go into the active segment as it is: one native call decides and writes.
+            active = self._active
+            position = None if active is None else active.append_in_place(written, first, last, facts.sparse, now,
+                                                                            config, ts_bounds)
+            if active is None or position is None:
+                active = self._segment_for(first, last, facts.sparse, len(written), now)
+                position = active.append(written, first, last, config.log_index_interval_bytes, ts_bounds)
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
-            return AppendResult(first, last, segment.base, position, position + len(written), written, facts)
+            return AppendResult(first, last, active.base, position, position + len(written), written, facts)
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active
@@ -253,8 +258,7 @@ class PartitionLog:
             active.delete()  # left empty by a failed write; its base would be wrong for this record
             self._active = active = None
         if active is not None and active.last is not None:
-            jump = not sparse and first != active.last + 1
-            if jump or active.should_roll(now, self.config) or not active.fits(first, last, record_len):
+            if not active.takes(first, last, sparse, record_len, now, self.config):
                 self._roll(active, now)
                 active = None
         if active is None:

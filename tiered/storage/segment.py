@@ -18,16 +18,13 @@ import shutil
 
 from tiered.storage.index import NEVER_INDEXED, SparseIndex
 from tiered.storage.names import PRIVATE, format_ilog_name, format_index_name, format_log_name
-from tiered.storage.tail import tail_class
+from tiered.storage.appender import appender_class
 from tiered.storage.topic_config import TopicConfig
 
 log = logging.getLogger("tiered.storage")
 
 MIN_ROLL_AGE_S = 3600
 DEFAULT_ROLL_AGE_S = 7 * 86400
-# Index entries and segment positions are u32; a segment never grows a rel_seq or a position past these.
-MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
-MAX_POSITION = 0xFFFF_FFFF
 _COPY_CALL_BYTES = 64 << 20  # asked of one copy_file_range call (copy_file)
 _COPY_BUFFER_BYTES = 1 << 20  # the buffer of copy_file where copy_file_range is refused
 # How a kernel or filesystem says it cannot copy_file_range these two files (copy_file).
@@ -211,27 +208,27 @@ class ActiveSegment(SegmentFiles):
         self.created_ts = created_ts
         self.roll_age_s = roll_age_s
         self.filename = filename
-        # The append state (size, last, index rule, unwritten index entries, timestamp bounds) is the tail's
-        # (tiered.storage.tail): native when built. The interval is passed with each append, so that a reloaded
+        # The append state (size, last, index rule, unwritten index entries, timestamp bounds) is the appender's
+        # (tiered.storage.appender): native when built. The interval is passed with each append, so that a reloaded
         # config applies from the next record. The timestamp bounds come from the facts the append path validated
         # each bundle with: the copier needs them for the catalog and would otherwise read the whole file again
         # (2 CPU s/GB at 100 B messages); only a segment created here saw every append.
-        self._tail = tail_class()(self.path, self.index_path, log_fd, index_fd, base, size, last, index,
-                                  since_last_update)
+        self._appender = appender_class()(self.path, self.index_path, log_fd, index_fd, base, size, last, index,
+                                  since_last_update, created_ts, roll_age_s)
         self._reader: SegmentReader | None = SegmentReader(self.path)
 
     @property
     def size(self) -> int:
-        return self._tail.size
+        return self._appender.size
 
     @property
     def last(self) -> int | None:
-        return self._tail.last
+        return self._appender.last
 
     @property
     def ts_bounds(self) -> tuple[int, int] | None:
         """(min, max) message timestamp of every record, or None when some are not known (a reopened segment)."""
-        return self._tail.ts_bounds
+        return self._appender.ts_bounds
 
     def __repr__(self) -> str:
         return f"ActiveSegment({self.filename!r}, size={self.size}, last={self.last})"
@@ -302,30 +299,31 @@ class ActiveSegment(SegmentFiles):
 
     @property
     def index(self) -> SparseIndex:
-        return self._tail.index
+        return self._appender.index
 
     @property
     def index_bytes(self) -> int:
-        return self._tail.index.size_bytes
+        return self._appender.index.size_bytes
 
     def reader(self) -> SegmentReader:
         if self._reader is None:  # sealed (the sealed segment took the reader) or closed
             raise ValueError(f"segment {self.filename} is no longer the active one")
         return self._reader
 
-    def should_roll(self, now_s: float, config: TopicConfig) -> bool:
-        """TANK's `should_roll()`, evaluated before an append. An empty segment never rolls."""
-        if self.size == 0:
-            return False
-        if self.size > config.log_segment_bytes:
-            return True
-        if self.index_bytes > config.log_index_size_max_bytes:
-            return True
-        return now_s - self.created_ts > self.roll_age_s
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float,
+              config: TopicConfig) -> bool:
+        """Whether the record goes into this segment, or the log rolls first (tiered.storage.appender: TANK's
+        should_roll(), a seq jump, the index's u32 columns)."""
+        return self._appender.takes(first_seq, last_seq, sparse, record_len, now_s, config.log_segment_bytes,
+                                config.log_index_size_max_bytes)
 
-    def fits(self, first_seq: int, last_seq: int, record_len: int) -> bool:
-        """Whether a record keeps this segment's index columns within u32 (and TANK's seq span limit)."""
-        return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
+    def append_in_place(self, record: bytes | memoryview, first_seq: int, last_seq: int, sparse: bool, now_s: float,
+                        config: TopicConfig, ts_bounds: tuple[int, int]) -> int | None:
+        """`append` when this segment holds a record and takes this one (the produce path's one native call);
+        None otherwise, and nothing is written."""
+        return self._appender.append_in_place(record, first_seq, last_seq, sparse, now_s, config.log_segment_bytes,
+                                          config.log_index_size_max_bytes, config.log_index_interval_bytes,
+                                          ts_bounds[0], ts_bounds[1])
 
     def append(self, record: bytes | memoryview, first_seq: int, last_seq: int, interval: int,
                ts_bounds: tuple[int, int] | None = None) -> int:
@@ -334,21 +332,21 @@ class ActiveSegment(SegmentFiles):
         Index entries reach the index file in batches and before any flush, seal or close; an entry the file lacks
         (a kill -9 with a batch unwritten) is one recovery re-adds, as TANK's recovery does after a crash."""
         if ts_bounds is None:
-            return self._tail.append(record, first_seq, last_seq, interval, None)
-        return self._tail.append(record, first_seq, last_seq, interval, ts_bounds[0], ts_bounds[1])
+            return self._appender.append(record, first_seq, last_seq, interval, None)
+        return self._appender.append(record, first_seq, last_seq, interval, ts_bounds[0], ts_bounds[1])
 
     def flush(self) -> None:
-        tail = self._tail
-        tail.write_entries()
-        os.fdatasync(tail.log_fd)
-        os.fdatasync(tail.index_fd)
+        appender = self._appender
+        appender.write_entries()
+        os.fdatasync(appender.log_fd)
+        os.fdatasync(appender.index_fd)
 
     def seal(self) -> SealedSegment:
         """Renames `X_ts.log` to `X-last_freezeTS.ilog` (freezeTS = the .log's mtime) and hands over the reader."""
         if self.last is None:
             raise ValueError("an empty segment is never sealed")
         self.flush()
-        freeze_ts = int(os.fstat(self._tail.log_fd).st_mtime)
+        freeze_ts = int(os.fstat(self._appender.log_fd).st_mtime)
         sealed_name = format_ilog_name(self.base, self.last, freeze_ts)
         os.rename(self.path, os.path.join(self.directory, sealed_name))
         self._close_writers()
@@ -367,7 +365,7 @@ class ActiveSegment(SegmentFiles):
         return sealed
 
     def _close_writers(self) -> None:
-        self._tail.close()
+        self._appender.close()
 
     def close(self) -> None:
         self._close_writers()

@@ -78,7 +78,7 @@ class RemoteTier:
         self.sink.copied(job.topic, job.partition, job.segment.base, job.segment.last)
 
     async def read(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
-        return await self.reader.fetch(topic, partition, seq, fetch_size)
+        return await self.reader.fetch(TopicPartition(topic, partition), seq, fetch_size)
 
     # -- periodic passes --------------------------------------------------------------------------------------------
 

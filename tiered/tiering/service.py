@@ -354,7 +354,7 @@ class TieringService:
         report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
         if report.groups:  # consumers read the compacted locations from now on, not the cached old ones
             self.state.locations_changed(tp)
-            self.remote.reader.forget_locations(topic, partition)
+            self.remote.reader.forget_locations(tp)
         if report.groups and config.remote_copy:  # the compacted local segments now in the bucket may leave
             await self.remote.copier.load_copied(topic, partition)  # the disk's veto list
         return report

@@ -60,6 +60,14 @@ S3_OPERATIONS: Mapping[str, Op] = {
 }
 
 
+def s3_op(operation: str) -> Op:
+    """The meter's operation for a botocore operation name. One we never send falls in S3's price classes: PUT, COPY,
+    POST and LIST are billed as PUTs, "GET and all other requests" as GETs."""
+    if (op := S3_OPERATIONS.get(operation)) is not None:
+        return op
+    return Op.PUT if operation.startswith(("Put", "Copy", "Post", "List", "Create", "Complete", "Upload")) else Op.GET
+
+
 @dataclass(frozen=True, slots=True)
 class Attribution:
     """Whom a store call is for: (topic, weight) pairs, weights positive, each topic once. A request counts as

@@ -35,7 +35,7 @@ from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiered.tiering.objects.store import ObjectInfo, ObjectNotFound, ObjectStore, Piece, StoreError, check_object_key
-from tiered.tiering.objects.meter import S3_OPERATIONS
+from tiered.tiering.objects.meter import s3_op
 
 STREAM_PIECE_BYTES = 1 << 20  # the most a streamed GET hands over at once
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
@@ -253,8 +253,7 @@ class S3ObjectStore(ObjectStore):
             return self._client
 
     def _sending(self, event_name: str, **_: Any) -> None:
-        operation = event_name.rsplit(".", 1)[-1]
-        self.sent(S3_OPERATIONS.get(operation) or operation.lower())
+        self.sent(s3_op(event_name.rsplit(".", 1)[-1]))
 
     def _errors(self, object_key: str | None) -> _S3Errors:
         return _S3Errors(self, object_key)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
+from tiered.topic_partition import TopicPartition
+
 
 class Ranged(Protocol):
     topic: str
@@ -31,11 +33,11 @@ class RangeCache(Generic[R]):
         self.per_partition = per_partition
         self.ttl_s = ttl_s
         self.clock = monotonic  # seconds (tiered.clock.Clock.monotonic of the reader's clock)
-        self._rows: dict[tuple[str, int], OrderedDict[int, tuple[float, R]]] = {}
+        self._rows: dict[TopicPartition, OrderedDict[int, tuple[float, R]]] = {}
 
-    def get(self, topic: str, partition: int, seq: int) -> R | None:
+    def get(self, tp: TopicPartition, seq: int) -> R | None:
         """The cached location answering for `seq` (from_seq <= seq <= last_seq), or None."""
-        rows = self._rows.get((topic, partition))
+        rows = self._rows.get(tp)
         if not rows:
             return None
         now = self.clock()
@@ -47,12 +49,12 @@ class RangeCache(Generic[R]):
                 return row
         return None
 
-    def forget(self, topic: str, partition: int) -> None:
+    def forget(self, tp: TopicPartition) -> None:
         """Drops the partition's entries: its locations were replaced (a remote compaction swapped them)."""
-        self._rows.pop((topic, partition), None)
+        self._rows.pop(tp, None)
 
     def put(self, row: R) -> None:
-        rows = self._rows.setdefault((row.topic, row.partition), OrderedDict())
+        rows = self._rows.setdefault(TopicPartition(row.topic, row.partition), OrderedDict())
         rows[row.last_seq] = (self.clock(), row)
         rows.move_to_end(row.last_seq)
         while len(rows) > self.per_partition:

@@ -49,6 +49,7 @@ from tiered.tiering.reads.remote_chunks import FirstBundle, RangeChunk, find_fir
 from tiered.tiering.reads.run_reads import RunReads
 from tiered.tiering.objects.store import ObjectNotFound, ObjectStore, StoreError
 from tiered.tiering.objects.meter import Attribution
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
@@ -146,23 +147,23 @@ class RemoteReader(RunReads):
                                                             lambda index: index.size_bytes)
         super().__init__(self.budget.cache_bytes, clock)  # the block-run caches: runs, footers, run_bytes
         self._slots = asyncio.Semaphore(max_concurrency)  # GETs in flight, read-aheads included
-        self._ahead: dict[tuple[str, int], list[_Ahead]] = {}
+        self._ahead: dict[TopicPartition, list[_Ahead]] = {}
         # The seqs that would continue recent answers, per partition: a fetch asking one of them reads in order,
         # and only such fetches are read ahead (a random read would waste the GET).
-        self._expected: dict[tuple[str, int], deque[int]] = {}
+        self._expected: dict[TopicPartition, deque[int]] = {}
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes held by GET buffers and the caches, all within the read budget."""
         return self.budget.used + self.indexes.size_bytes + self.footers.size_bytes + self.run_bytes.size_bytes
 
-    async def fetch(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
-        got = await self._answer(topic, partition, seq, fetch_size)
+    async def fetch(self, tp: TopicPartition, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
+        got = await self._answer(tp, seq, fetch_size)
         if isinstance(got, Nowhere):
             if got.is_hole:  # the one transaction saw no location below the committed seq: the check agrees
                 self.metrics.inc(m.UNLOCATED_READS)
-                log.error("%s/%d: no remote segment or block run answers for seq %d, below the high-water mark %d: "
-                          "the catalog has a hole (run `tiered catalog check`)", topic, partition, got.seq,
+                log.error("%s: no remote segment or block run answers for seq %d, below the high-water mark %d: "
+                          "the catalog has a hole (run `tiered catalog check`)", tp, got.seq,
                           got.committed_seq)
             return Unreadable(f"no location holds seq {got.seq} (history is {got.first_available_seq}.."
                               f"{got.committed_seq})")
@@ -170,45 +171,45 @@ class RemoteReader(RunReads):
             self.metrics.inc(m.REMOTE_BYTES, len(got.data) if isinstance(got.data, bytes) else got.data.size)
         return got
 
-    async def _answer(self, topic: str, partition: int, seq: int,
+    async def _answer(self, tp: TopicPartition, seq: int,
                       fetch_size: int) -> RemoteChunk | Unreadable | Nowhere:
         """The chunk for `seq` from the location answering for it: the cached one, else the one the catalog names
         (tiered.catalog.locate, one transaction). A cached location that fails to answer (its object gone, or
         holding nothing from the seq on) is not trusted: the catalog is asked again before anything is reported."""
         asked = False  # whether `location` comes from the catalog just now
         while True:
-            location = None if asked else self._cached(topic, partition, seq)
+            location = None if asked else self._cached(tp, seq)
             if location is None:
-                location = await self._query(locate, topic, partition, seq)
+                location = await self._query(locate, tp.topic, tp.partition, seq)
                 asked = True
                 if isinstance(location, Nowhere):
                     return location
                 self._remember(location)
             if isinstance(location, InSegment):
-                got = await self._from_segment(topic, partition, location.row, seq, fetch_size)
+                got = await self._from_segment(tp, location.row, seq, fetch_size)
                 if isinstance(got, int):  # compaction removed the segment's messages from seq on: the next answers
                     seq, asked = got, False
                     continue
             else:
-                got = await self._from_run(topic, partition, location.run, seq, fetch_size)
+                got = await self._from_run(tp, location.run, seq, fetch_size)
             if isinstance(got, RemoteChunk):
                 return got
             if not asked:
-                self.forget_locations(topic, partition)  # stale: the catalog names the locations now
+                self.forget_locations(tp)  # stale: the catalog names the locations now
                 asked = True
                 continue
             if got is None:
                 name = location.row.object_key if isinstance(location, InSegment) else location.run.object_key
-                log.error("%s/%d: %s, named for seq %d, holds no record at or after it", topic, partition, name, seq)
+                log.error("%s: %s, named for seq %d, holds no record at or after it", tp, name, seq)
                 return Unreadable(f"{name} holds no record at or after seq {seq}")
             return got
 
-    def _cached(self, topic: str, partition: int, seq: int) -> InSegment | InRun | None:
-        row = self.segments.get(topic, partition, seq)
+    def _cached(self, tp: TopicPartition, seq: int) -> InSegment | InRun | None:
+        row = self.segments.get(tp, seq)
         if row is not None:
             self.metrics.inc(m.REMOTE_CACHE_HITS)
             return InSegment(row)
-        run = self.runs.get(topic, partition, seq)
+        run = self.runs.get(tp, seq)
         if run is not None:
             return InRun(run)
         self.metrics.inc(m.REMOTE_CACHE_MISSES)
@@ -220,13 +221,13 @@ class RemoteReader(RunReads):
         else:
             self.runs.put(location.run)
 
-    def forget_locations(self, topic: str, partition: int) -> None:
+    def forget_locations(self, tp: TopicPartition) -> None:
         """The partition's locations were replaced (a remote compaction swapped them): its cached locations and
         read-aheads go, so that the next fetch looks the new ones up. The old objects stay a grace period, so a read
         already under way still succeeds."""
-        self.segments.forget(topic, partition)
-        self.runs.forget(topic, partition)
-        for entry in self._ahead.pop((topic, partition), []):
+        self.segments.forget(tp)
+        self.runs.forget(tp)
+        for entry in self._ahead.pop(tp, []):
             entry.drop()
 
     def close(self) -> None:
@@ -266,11 +267,11 @@ class RemoteReader(RunReads):
             self.indexes.put(row.index_object_key, index)
         return index
 
-    async def _from_segment(self, topic: str, partition: int, row: SegmentRow, seq: int,
+    async def _from_segment(self, tp: TopicPartition, row: SegmentRow, seq: int,
                             fetch_size: int) -> RemoteChunk | Unreadable | int | None:
         """The chunk from `row`, the segment answering for `seq`; the seq after the segment when it holds no message
         at or after `seq` (compaction removed them); None when its window holds none either."""
-        ahead = await self._ahead_for(topic, partition, seq)
+        ahead = await self._ahead_for(tp, seq)
         try:
             index = await self._index_for(row)
         except BaseException:
@@ -300,7 +301,7 @@ class RemoteReader(RunReads):
             read.close()
             if not isinstance(exc, Exception):
                 raise
-            return self._failed(topic, partition, seq, row.object_key, exc)
+            return self._failed(tp, seq, row.object_key, exc)
         if first is None:
             read.close()
             # No bundle of the window reaches the seq: the window runs to the segment's end (an index entry past the
@@ -314,11 +315,11 @@ class RemoteReader(RunReads):
                 read.close()
                 if not isinstance(exc, Exception):
                     raise
-                return self._failed(topic, partition, seq, row.object_key, exc)
+                return self._failed(tp, seq, row.object_key, exc)
             next_seq = last + 1
         else:
             next_seq = self._next_seq(index, row, first, end)
-        self._continue(topic, partition, seq, next_seq, fetch_size, sequential=ahead is not None)
+        self._continue(tp, seq, next_seq, fetch_size, sequential=ahead is not None)
         return RemoteChunk(RangeChunk(read, first.start, end, self.pace), first.first_seq, first.sparse)
 
     @staticmethod
@@ -331,21 +332,21 @@ class RemoteReader(RunReads):
         i = bisect_right(index.positions, end) - 1
         return row.base_seq + index.rel_seqs[i]  # chunks end at index entries: the next bundle's first seq
 
-    def _failed(self, topic: str, partition: int, seq: int, object_key: str, exc: Exception,
+    def _failed(self, tp: TopicPartition, seq: int, object_key: str, exc: Exception,
                 what: str = "segment") -> Unreadable:
         if isinstance(exc, ObjectNotFound):
             self._missing(object_key)
             return Unreadable(f"{what} object {object_key} is missing")
         if not isinstance(exc, (StoreError, EOFError, ProtocolError)):
             raise exc
-        log.error("%s/%d: reading seq %d from %s failed: %s", topic, partition, seq, object_key, exc)
+        log.error("%s: reading seq %d from %s failed: %s", tp, seq, object_key, exc)
         return Unreadable(f"{what} object {object_key}: {exc}")
 
     # -- read-ahead -------------------------------------------------------------------------------------------------
 
-    async def _ahead_for(self, topic: str, partition: int, seq: int) -> RangeRead | None:
+    async def _ahead_for(self, tp: TopicPartition, seq: int) -> RangeRead | None:
         """The read-ahead made for a consumer asking `seq` now (it is taken), or None."""
-        entries = self._ahead.get((topic, partition))
+        entries = self._ahead.get(tp)
         if not entries:
             return None
         for i, entry in enumerate(entries):
@@ -364,63 +365,63 @@ class RemoteReader(RunReads):
                     return None
         return None
 
-    def _continue(self, topic: str, partition: int, seq: int, next_seq: int, fetch_size: int,
+    def _continue(self, tp: TopicPartition, seq: int, next_seq: int, fetch_size: int,
                   sequential: bool) -> None:
         """Reads the window after this answer ahead when this fetch continued an earlier answer; otherwise only
         remembers where this answer ends."""
-        expected = self._expected.setdefault((topic, partition), deque(maxlen=AHEAD_PER_PARTITION))
+        expected = self._expected.setdefault(tp, deque(maxlen=AHEAD_PER_PARTITION))
         if seq in expected:
             expected.remove(seq)
             sequential = True
         if sequential and self.read_ahead:
-            self._extend_ahead(topic, partition, next_seq, fetch_size)
+            self._extend_ahead(tp, next_seq, fetch_size)
         else:
             expected.append(next_seq)
 
-    def _extend_ahead(self, topic: str, partition: int, seq: int, fetch_size: int) -> None:
+    def _extend_ahead(self, tp: TopicPartition, seq: int, fetch_size: int) -> None:
         """Makes sure the `ahead_depth` windows from `seq` on are read ahead: follows the read-aheads already made
         from window to window and starts the first one missing (which starts the rest once it is located)."""
-        entries = self._ahead.setdefault((topic, partition), [])
+        entries = self._ahead.setdefault(tp, [])
         for depth in range(self.ahead_depth):
             entry = next((e for e in entries if e.seq == seq), None)
             if entry is None:
-                self._start_ahead(topic, partition, seq, fetch_size, self.ahead_depth - 1 - depth)
+                self._start_ahead(tp, seq, fetch_size, self.ahead_depth - 1 - depth)
                 return
             if entry.follow is None:  # not located yet (it starts its chain then), or the end is not known
                 entry.chain = max(entry.chain, self.ahead_depth - 1 - depth)
                 return
             seq = entry.follow
 
-    def _start_ahead(self, topic: str, partition: int, seq: int, fetch_size: int, chain: int) -> None:
-        if self.runs.get(topic, partition, seq) is not None:
+    def _start_ahead(self, tp: TopicPartition, seq: int, fetch_size: int, chain: int) -> None:
+        if self.runs.get(tp, seq) is not None:
             return  # in a block run, not a remote segment
-        entries = self._ahead.setdefault((topic, partition), [])
+        entries = self._ahead.setdefault(tp, [])
         if any(entry.seq == seq for entry in entries):
             return
         entry = _Ahead(seq, chain)
-        entry.task = asyncio.get_running_loop().create_task(self._read_ahead(topic, partition, entry, fetch_size))
-        entry.expiry = asyncio.get_running_loop().create_task(self._expire_later(topic, partition, entry))
+        entry.task = asyncio.get_running_loop().create_task(self._read_ahead(tp, entry, fetch_size))
+        entry.expiry = asyncio.get_running_loop().create_task(self._expire_later(tp, entry))
         entries.append(entry)
         while len(entries) > AHEAD_PER_PARTITION:
             entries.pop(0).drop()
 
-    async def _expire_later(self, topic: str, partition: int, entry: _Ahead) -> None:
+    async def _expire_later(self, tp: TopicPartition, entry: _Ahead) -> None:
         await self.clock.sleep(AHEAD_TTL_S)
-        self._expire(topic, partition, entry)
+        self._expire(tp, entry)
 
-    def _expire(self, topic: str, partition: int, entry: _Ahead) -> None:
-        entries = self._ahead.get((topic, partition), [])
+    def _expire(self, tp: TopicPartition, entry: _Ahead) -> None:
+        entries = self._ahead.get(tp, [])
         if entry in entries:
             entries.remove(entry)
             entry.expiry = None
             entry.drop()
             self.metrics.inc(m.REMOTE_READ_AHEAD_DROPPED)
 
-    async def _read_ahead(self, topic: str, partition: int, entry: _Ahead, fetch_size: int) -> RangeRead | None:
+    async def _read_ahead(self, tp: TopicPartition, entry: _Ahead, fetch_size: int) -> RangeRead | None:
         seq = entry.seq
-        location = self.segments.get(topic, partition, seq)
+        location = self.segments.get(tp, seq)
         if location is None:
-            found = await self._query(locate, topic, partition, seq)
+            found = await self._query(locate, tp.topic, tp.partition, seq)
             if isinstance(found, Nowhere):
                 return None
             self._remember(found)
@@ -439,7 +440,7 @@ class RemoteReader(RunReads):
         self.metrics.inc(m.REMOTE_GETS)
         entry.follow = self._follow(index, row, window, seq, fetch_size)
         if entry.chain > 0 and entry.follow is not None:
-            self._start_ahead(topic, partition, entry.follow, fetch_size, entry.chain - 1)
+            self._start_ahead(tp, entry.follow, fetch_size, entry.chain - 1)
         return read
 
     @staticmethod

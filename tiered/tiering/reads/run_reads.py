@@ -41,6 +41,7 @@ from tiered.tiering.reads.range_reads import Pace, RangeRead, ReadBudget
 from tiered.tiering.reads.remote_chunks import RangeChunk, find_first_bundle, walked_end
 from tiered.tiering.objects.store import ObjectStore
 from tiered.tiering.objects.meter import Attribution
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
@@ -163,7 +164,7 @@ class RunReads:
         # read and keep its pages (by ("page", object key, position)). Runs never change.
         self.run_bytes: SizedLru[tuple, bytes] = SizedLru(cache_bytes // 4, len)
 
-    async def _from_run(self, topic: str, partition: int, run: RunLocation, seq: int,
+    async def _from_run(self, tp: TopicPartition, run: RunLocation, seq: int,
                         fetch_size: int) -> RemoteChunk | Unreadable | None:
         """The chunk for `seq` from `run`, the run answering for it; None when it holds no record from `seq` on."""
         footer = self.footers.get(run.object_key)

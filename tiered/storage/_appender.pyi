@@ -1,13 +1,14 @@
-"""What the native module built from _tail.c exports, for the type checker (a compiled module has no annotations of
-its own). The behaviour is tiered/storage/tail.py's PySegmentTail, the reference."""
+"""What the native module built from _appender.c exports, for the type checker (a compiled module has no annotations of
+its own). The behaviour is tiered/storage/appender.py's PySegmentAppender, the reference."""
 
 from typing_extensions import Buffer
 
 from tiered.storage.index import SparseIndex
 
-class SegmentTail:
+class SegmentAppender:
     def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
-                 last: int | None, index: SparseIndex, since_last_update: int) -> None: ...
+                 last: int | None, index: SparseIndex, since_last_update: int, created_ts: float,
+                 roll_age_s: float) -> None: ...
     @property
     def path(self) -> str: ...
     @property
@@ -32,6 +33,11 @@ class SegmentTail:
     def ts_complete(self) -> bool: ...
     @property
     def unwritten(self) -> bytearray: ...
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float, segment_bytes: int,
+              index_max_bytes: int, /) -> bool: ...
+    def append_in_place(self, record: Buffer, first_seq: int, last_seq: int, sparse: bool, now_s: float,
+                        segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None, max_ts: int,
+                        /) -> int | None: ...
     def append(self, record: Buffer, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
                max_ts: int = 0, /) -> int: ...
     def write_entries(self) -> None: ...

@@ -1,19 +1,19 @@
-"""The append state of the active segment (its tail): where the next record goes, what the index has seen, and the
-index entries not yet in the index file. One owner: the ActiveSegment holding it; everything else reads it through
-the segment.
+"""The appender of the active segment: its append state (where the next record goes, when the segment rolls, what
+the index has seen and the index entries not yet in the index file, the timestamp bounds) and the one call per record
+that decides, writes and indexes. One owner: the ActiveSegment holding it; everything else reads it through the
+segment.
 
-Two implementations, one behaviour: `_tail.c` (the native tail, the default when built: one call per record writes
-it, applies TANK's index rule, batches the index entries and keeps the timestamp bounds, with the GIL released
-during the write) and `PySegmentTail` below, the reference the tests compare it against byte for byte
-(tests/storage/test_tail.py). `TIERED_PRODUCE_PATH=python` selects the reference; it is read when a segment is
-opened, so a test or an operator can switch at any time without a restart mattering.
+Two implementations, one behaviour: `_appender.c` (the native appender, the default when built; the GIL is released
+during the write) and `PySegmentAppender` below, the reference the tests compare it against byte for byte
+(tests/storage/test_appender.py). `TIERED_PRODUCE_PATH=python` selects the reference; it is read when a segment is
+opened.
 
 Invariants (both implementations):
 - A record is written whole with writes at the file's end (the file is O_APPEND); `size` counts exactly the bytes
   written. A failed write cuts the file back to `size` (a failed cut back is logged) and raises the OSError; nothing
   else changes.
 - Nothing is written when the record could not be indexed (its seq below the base or more than u32 above it, or
-  its end past u32 bytes): ValueError. PartitionLog rolls before either can happen (ActiveSegment.fits).
+  its end past u32 bytes): ValueError. PartitionLog rolls before either can happen (`takes`).
 - The index rule is TANK's (tiered.storage.index.IndexBuilder). Entries reach the in-memory SparseIndex at once
   and the index file in batches of INDEX_WRITE_BATCH bytes, and before any flush, seal or close (`write_entries`);
   a failed index write is logged and cut back to whole entries, and does not fail the append (as in TANK).
@@ -32,8 +32,11 @@ from tiered.storage.index import ENTRY, SparseIndex, should_index
 log = logging.getLogger("tiered.storage")
 
 INDEX_WRITE_BATCH = 4096  # bytes of index entries (512) written to the index file at once
+# Index entries and segment positions are u32; a segment never grows a rel_seq or a position past these.
 MAX_U32 = 0xFFFF_FFFF
-PRODUCE_PATH_ENV = "TIERED_PRODUCE_PATH"  # "python": the reference tail; anything else: the native one when built
+MAX_POSITION = MAX_U32
+MAX_REL_SEQ = 0x7FFF_FFFF  # TANK refuses (IMPLEMENT_ME) seq spans above INT32_MAX within one segment
+PRODUCE_PATH_ENV = "TIERED_PRODUCE_PATH"  # "python": the reference appender; anything else: the native one when built
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -46,11 +49,12 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[written:]
 
 
-class PySegmentTail:
-    """The reference tail (see the module's docstring)."""
+class PySegmentAppender:
+    """The reference appender (see the module's docstring)."""
 
     def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
-                 last: int | None, index: SparseIndex, since_last_update: int):
+                 last: int | None, index: SparseIndex, since_last_update: int, created_ts: float,
+                 roll_age_s: float):
         self.path = path
         self.index_path = index_path
         self.log_fd = log_fd
@@ -60,6 +64,8 @@ class PySegmentTail:
         self.last = last
         self.index = index
         self.since_last_update = since_last_update
+        self.created_ts = created_ts
+        self.roll_age_s = roll_age_s
         self.unwritten = bytearray()
         # (min, max) timestamp of the records appended; complete while every record of the segment was appended
         # here with its bounds (a reopened segment's older records are not known).
@@ -72,7 +78,31 @@ class PySegmentTail:
         """The bounds of every record, or None when some are not known."""
         return (self.ts_low, self.ts_high) if self.ts_complete and self.ts_low is not None else None
 
-    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float, segment_bytes: int,
+              index_max_bytes: int, /) -> bool:
+        """Whether the record goes into this segment; False: the log rolls first. TANK's should_roll() (evaluated
+        before an append; an empty segment never rolls: size, index size, age), a plain bundle whose first seq does
+        not follow the last (TANK rolls on a jump), and the u32 columns of the index (seq span, position)."""
+        if self.last is not None:
+            if not sparse and first_seq != self.last + 1:
+                return False
+            if self.size and (self.size > segment_bytes or len(self.index) * ENTRY.size > index_max_bytes
+                              or now_s - self.created_ts > self.roll_age_s):
+                return False
+        return last_seq - self.base <= MAX_REL_SEQ and self.size + record_len <= MAX_POSITION
+
+    def append_in_place(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, sparse: bool,
+                        now_s: float, segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None,
+                        max_ts: int, /) -> int | None:
+        """`append` when the segment holds a record and `takes` this one; else None, and nothing is written: the
+        produce path's one call per record (the log's slower path creates, rolls, and appends)."""
+        if self.last is None or not self.takes(first_seq, last_seq, sparse, len(record), now_s, segment_bytes,
+                                               index_max_bytes):
+            return None
+        return self.append(record, first_seq, last_seq, interval, min_ts, max_ts)
+
+    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int,
+               min_ts: int | None,
                max_ts: int = 0, /) -> int:
         """Writes one record; returns its position. `min_ts` None: its bounds are unknown (and so the segment's)."""
         position = self.size
@@ -133,8 +163,8 @@ class PySegmentTail:
         self.log_fd = self.index_fd = -1
 
 
-class SegmentTail(Protocol):
-    """What an ActiveSegment asks of its tail, whichever implements it."""
+class SegmentAppender(Protocol):
+    """What an ActiveSegment asks of its appender, whichever implements it."""
 
     @property
     def log_fd(self) -> int: ...
@@ -153,26 +183,33 @@ class SegmentTail(Protocol):
     @property
     def unwritten(self) -> bytearray: ...
 
-    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
-               max_ts: int = 0, /) -> int: ...
+    def takes(self, first_seq: int, last_seq: int, sparse: bool, record_len: int, now_s: float, segment_bytes: int,
+              index_max_bytes: int, /) -> bool: ...
+
+    def append_in_place(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, sparse: bool,
+                        now_s: float, segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None,
+                        max_ts: int, /) -> int | None: ...
+
+    def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int,
+               min_ts: int | None, max_ts: int = 0, /) -> int: ...
 
     def write_entries(self) -> None: ...
 
     def close(self) -> None: ...
 
 
-TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int], SegmentTail]
-NativeSegmentTail: type[SegmentTail] | None
+TailFactory = Callable[[str, str, int, int, int, int, "int | None", SparseIndex, int, float, float], SegmentAppender]
+NativeSegmentAppender: type[SegmentAppender] | None
 try:
-    from tiered.storage._tail import SegmentTail as NativeSegmentTail
+    from tiered.storage._appender import SegmentAppender as NativeSegmentAppender
 except ImportError:  # built without a C compiler: the reference serves
-    NativeSegmentTail = None
+    NativeSegmentAppender = None
 
 
-def tail_class(path: str | None = None) -> TailFactory:
-    """The tail implementation a segment opened now uses: `path` "python" or "native", else the environment's
+def appender_class(path: str | None = None) -> TailFactory:
+    """The appender implementation a segment opened now uses: `path` "python" or "native", else the environment's
     choice (PRODUCE_PATH_ENV), else the native one when it is built."""
     choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
-    if choice == "python" or NativeSegmentTail is None:
-        return PySegmentTail
-    return NativeSegmentTail
+    if choice == "python" or NativeSegmentAppender is None:
+        return PySegmentAppender
+    return NativeSegmentAppender

@@ -1,16 +1,16 @@
-/* tiered.storage._tail: the native tail of an active segment, one call per appended record.
+/* tiered.storage._appender: the native appender of an active segment, one call per appended record.
  *
- * The native twin of tiered/storage/tail.py's PySegmentTail, which stays the reference: tests write the same
+ * The native twin of tiered/storage/appender.py's PySegmentAppender, which stays the reference: tests write the same
  * records through both and compare the segment files, the index files, the in-memory indexes and every attribute
- * (tests/storage/test_tail.py); the invariants are stated once, in tail.py's docstring.
+ * (tests/storage/test_appender.py); the invariants are stated once, in appender.py's docstring.
  *
  * What one `append` does: check that the record can be indexed (nothing written otherwise), write it whole at the
  * file's end with the GIL released (a failed write cuts the file back), keep the timestamp bounds, apply TANK's
  * index rule (an entry goes to the in-memory SparseIndex at once, through its `append`, and to the index file in
- * batches of INDEX_WRITE_BATCH bytes). The record's buffer is held for the call only; the tail keeps no Python
+ * batches of INDEX_WRITE_BATCH bytes). The record's buffer is held for the call only; the appender keeps no Python
  * object but the index and the two names it reports failures with.
  *
- * Memory: the only buffer the tail owns is `unwritten`, INDEX_WRITE_BATCH bytes, written out whenever it is full,
+ * Memory: the only buffer the appender owns is `unwritten`, INDEX_WRITE_BATCH bytes, written out whenever it is full,
  * so an entry always fits. Lengths are compared, never summed past 64 bits: a record's length is at most
  * PY_SSIZE_T_MAX and `size` at most 2^32 - 1 (the check before the write).
  */
@@ -25,6 +25,7 @@
 #define INDEX_WRITE_BATCH 4096
 #define ENTRY_BYTES 8
 #define MAX_U32 0xFFFFFFFFULL
+#define MAX_REL_SEQ 0x7FFFFFFFULL /* tiered.storage.segment.MAX_REL_SEQ: TANK's seq span within one segment */
 
 static PyObject *logger; /* logging.getLogger("tiered.storage") */
 
@@ -35,11 +36,13 @@ typedef struct {
     int log_fd, index_fd;        /* -1 once closed */
     uint64_t base, size, last, since_last_update;
     int has_last;
+    double created_ts, roll_age_s; /* when the segment was created, and the age past which it rolls */
+    uint64_t entries;              /* in the in-memory index: it grows by this appender's appends only */
     uint64_t ts_low, ts_high;
     int has_ts, ts_complete;
     Py_ssize_t unwritten_len;
     uint8_t unwritten[INDEX_WRITE_BATCH];
-} Tail;
+} Appender;
 
 /* -- arguments --------------------------------------------------------------------------------------------------- */
 
@@ -121,8 +124,8 @@ static PyObject *error_text(int err)
     return PyUnicode_FromFormat("[Errno %d] %s", err, strerror(err));
 }
 
-/* Writes the pending index entries; a failure is logged, never raised (see tail.py). */
-static void write_entries(Tail *t)
+/* Writes the pending index entries; a failure is logged, never raised (see appender.py). */
+static void write_entries(Appender *t)
 {
     /* Taken out first: the write releases the GIL, and another append may then start the next batch. */
     uint8_t entries[INDEX_WRITE_BATCH];
@@ -159,14 +162,18 @@ static void put_u32(uint8_t *out, uint64_t v)
 
 /* -- the type ----------------------------------------------------------------------------------------------------- */
 
-static int tail_init(Tail *t, PyObject *args, PyObject *kwargs)
+static int appender_init(Appender *t, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"path", "index_path", "log_fd", "index_fd", "base", "size", "last", "index",
-                            "since_last_update", NULL};
+                            "since_last_update", "created_ts", "roll_age_s", NULL};
     PyObject *path, *index_path, *base, *size, *last, *index, *since;
     int log_fd, index_fd;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UUiiOOOOO", names, &path, &index_path, &log_fd, &index_fd, &base,
-                                     &size, &last, &index, &since))
+    double created_ts, roll_age_s;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UUiiOOOOOdd", names, &path, &index_path, &log_fd, &index_fd,
+                                     &base, &size, &last, &index, &since, &created_ts, &roll_age_s))
+        return -1;
+    Py_ssize_t entries = PyObject_Length(index);
+    if (entries < 0)
         return -1;
     uint64_t base_v, size_v, last_v = 0, since_v;
     if (u64_of(base, "base", &base_v) < 0 || u64_of(size, "size", &size_v) < 0
@@ -182,21 +189,24 @@ static int tail_init(Tail *t, PyObject *args, PyObject *kwargs)
     t->has_last = last != Py_None;
     t->last = last_v;
     t->since_last_update = since_v;
+    t->created_ts = created_ts;
+    t->roll_age_s = roll_age_s;
+    t->entries = (uint64_t)entries;
     t->has_ts = 0;
     t->ts_complete = size_v == 0;
     t->unwritten_len = 0;
     return 0;
 }
 
-static PyObject *tail_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+static PyObject *appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    Tail *t = (Tail *)type->tp_alloc(type, 0);
+    Appender *t = (Appender *)type->tp_alloc(type, 0);
     if (t != NULL)
-        t->log_fd = t->index_fd = -1; /* not 0: a tail never initialised must not write to stdin */
+        t->log_fd = t->index_fd = -1; /* not 0: a appender never initialised must not write to stdin */
     return (PyObject *)t;
 }
 
-static void tail_dealloc(Tail *t)
+static void appender_dealloc(Appender *t)
 {
     Py_XDECREF(t->path);
     Py_XDECREF(t->index_path);
@@ -207,9 +217,9 @@ static void tail_dealloc(Tail *t)
 PyDoc_STRVAR(append_doc,
 "append(record, first_seq, last_seq, interval, min_ts, max_ts=0, /)\n--\n\n"
 "Writes one record at the segment's end and returns its position; `min_ts` None: its timestamp bounds are not\n"
-"known. As tiered.storage.tail.PySegmentTail.append.");
+"known. As tiered.storage.appender.PySegmentAppender.append.");
 
-static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *appender_append(Appender *t, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 5 || nargs > 6) {
         PyErr_SetString(PyExc_TypeError, "append takes (record, first_seq, last_seq, interval, min_ts, max_ts=0)");
@@ -222,7 +232,7 @@ static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
         || (nargs == 6 && u64_of(args[5], "max_ts", &max_ts) < 0))
         return NULL;
     if (t->log_fd < 0 || t->index == NULL) {
-        PyErr_SetString(PyExc_ValueError, "append to a closed segment tail");
+        PyErr_SetString(PyExc_ValueError, "append to a closed segment appender");
         return NULL;
     }
     Py_buffer record;
@@ -273,6 +283,7 @@ static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
         if (r == NULL)
             return NULL;
         Py_DECREF(r);
+        t->entries++;
         t->since_last_update = 0;
         put_u32(t->unwritten + t->unwritten_len, rel_seq);
         put_u32(t->unwritten + t->unwritten_len + 4, position);
@@ -284,7 +295,90 @@ static PyObject *tail_append(Tail *t, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLongLong(position);
 }
 
-static PyObject *tail_write_entries(Tail *t, PyObject *unused)
+/* appender.py's `takes`: whether the record first..last of record_len bytes goes into this segment, or into a new one
+ * (TANK's should_roll, evaluated before an append, a seq that does not follow on in a plain bundle, and the u32
+ * columns of the index). */
+static int takes(const Appender *t, uint64_t first, uint64_t last, int sparse, uint64_t record_len, double now_s,
+                 uint64_t segment_bytes, uint64_t index_max_bytes)
+{
+    if (t->has_last) {
+        if (!sparse && first != t->last + 1)
+            return 0;
+        if (t->size != 0 && (t->size > segment_bytes || t->entries * ENTRY_BYTES > index_max_bytes
+                             || now_s - t->created_ts > t->roll_age_s))
+            return 0;
+    }
+    if (last >= t->base && last - t->base > MAX_REL_SEQ)
+        return 0;
+    return t->size <= MAX_U32 && record_len <= MAX_U32 - t->size;
+}
+
+/* The arguments of `takes` from args[0:7]: first, last, sparse, record_len, now_s, segment_bytes, index_max_bytes. */
+static int takes_args(PyObject *const *args, uint64_t *first, uint64_t *last, int *sparse, uint64_t *record_len,
+                      double *now_s, uint64_t *segment_bytes, uint64_t *index_max_bytes)
+{
+    if (u64_of(args[0], "first_seq", first) < 0 || u64_of(args[1], "last_seq", last) < 0
+        || (*sparse = PyObject_IsTrue(args[2])) < 0 || u64_of(args[3], "record_len", record_len) < 0)
+        return -1;
+    *now_s = PyFloat_AsDouble(args[4]);
+    if (*now_s == -1.0 && PyErr_Occurred())
+        return -1;
+    return u64_of(args[5], "segment_bytes", segment_bytes) < 0
+                   || u64_of(args[6], "index_max_bytes", index_max_bytes) < 0
+               ? -1 : 0;
+}
+
+PyDoc_STRVAR(takes_doc,
+"takes(first_seq, last_seq, sparse, record_len, now_s, segment_bytes, index_max_bytes, /)\n--\n\n"
+"Whether the record goes into this segment (False: the log rolls first). As PySegmentAppender.takes.");
+
+static PyObject *appender_takes(Appender *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t first, last, record_len, segment_bytes, index_max_bytes;
+    int sparse;
+    double now_s;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "takes takes 7 arguments");
+        return NULL;
+    }
+    if (takes_args(args, &first, &last, &sparse, &record_len, &now_s, &segment_bytes, &index_max_bytes) < 0)
+        return NULL;
+    return PyBool_FromLong(takes(t, first, last, sparse, record_len, now_s, segment_bytes, index_max_bytes));
+}
+
+PyDoc_STRVAR(append_in_place_doc,
+"append_in_place(record, first_seq, last_seq, sparse, now_s, segment_bytes, index_max_bytes, interval, min_ts,\n"
+"                max_ts, /)\n--\n\n"
+"`append` when the segment holds a record and `takes` this one; else None, and nothing is written. As\n"
+"PySegmentAppender.append_in_place: the produce path's one call per record.");
+
+static PyObject *appender_append_in_place(Appender *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t first, last, record_len, segment_bytes, index_max_bytes;
+    int sparse;
+    double now_s;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "append_in_place takes 10 arguments");
+        return NULL;
+    }
+    Py_ssize_t len = PyObject_Length(args[0]);
+    if (len < 0)
+        return NULL;
+    PyObject *record_len_obj = PyLong_FromSsize_t(len);
+    if (record_len_obj == NULL)
+        return NULL;
+    PyObject *takes_argv[7] = {args[1], args[2], args[3], record_len_obj, args[4], args[5], args[6]};
+    int bad = takes_args(takes_argv, &first, &last, &sparse, &record_len, &now_s, &segment_bytes, &index_max_bytes);
+    Py_DECREF(record_len_obj);
+    if (bad < 0)
+        return NULL;
+    if (!t->has_last || !takes(t, first, last, sparse, record_len, now_s, segment_bytes, index_max_bytes))
+        Py_RETURN_NONE;
+    PyObject *append_argv[6] = {args[0], args[1], args[2], args[7], args[8], args[9]};
+    return appender_append(t, append_argv, 6);
+}
+
+static PyObject *appender_write_entries(Appender *t, PyObject *unused)
 {
     write_entries(t);
     if (PyErr_Occurred())
@@ -292,7 +386,7 @@ static PyObject *tail_write_entries(Tail *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *tail_close(Tail *t, PyObject *unused)
+static PyObject *appender_close(Appender *t, PyObject *unused)
 {
     write_entries(t);
     int fds[2] = {t->log_fd, t->index_fd};
@@ -303,40 +397,40 @@ static PyObject *tail_close(Tail *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *get_last(Tail *t, void *unused)
+static PyObject *get_last(Appender *t, void *unused)
 {
     if (!t->has_last)
         Py_RETURN_NONE;
     return PyLong_FromUnsignedLongLong(t->last);
 }
 
-static PyObject *get_ts_bounds(Tail *t, void *unused)
+static PyObject *get_ts_bounds(Appender *t, void *unused)
 {
     if (!t->ts_complete || !t->has_ts)
         Py_RETURN_NONE;
     return Py_BuildValue("(KK)", (unsigned long long)t->ts_low, (unsigned long long)t->ts_high);
 }
 
-static PyObject *get_unwritten(Tail *t, void *unused)
+static PyObject *get_unwritten(Appender *t, void *unused)
 {
     return PyByteArray_FromStringAndSize((const char *)t->unwritten, t->unwritten_len);
 }
 
 #define U64_GETTER(field)                                                                                        \
-    static PyObject *get_##field(Tail *t, void *unused) { return PyLong_FromUnsignedLongLong(t->field); }
+    static PyObject *get_##field(Appender *t, void *unused) { return PyLong_FromUnsignedLongLong(t->field); }
 U64_GETTER(base)
 U64_GETTER(size)
 U64_GETTER(since_last_update)
 
-static PyObject *get_log_fd(Tail *t, void *unused) { return PyLong_FromLong(t->log_fd); }
-static PyObject *get_index_fd(Tail *t, void *unused) { return PyLong_FromLong(t->index_fd); }
-static PyObject *get_ts_complete(Tail *t, void *unused) { return PyBool_FromLong(t->ts_complete); }
+static PyObject *get_log_fd(Appender *t, void *unused) { return PyLong_FromLong(t->log_fd); }
+static PyObject *get_index_fd(Appender *t, void *unused) { return PyLong_FromLong(t->index_fd); }
+static PyObject *get_ts_complete(Appender *t, void *unused) { return PyBool_FromLong(t->ts_complete); }
 static PyObject *or_none(PyObject *obj) { return Py_NewRef(obj != NULL ? obj : Py_None); }
-static PyObject *get_index(Tail *t, void *unused) { return or_none(t->index); }
-static PyObject *get_path(Tail *t, void *unused) { return or_none(t->path); }
-static PyObject *get_index_path(Tail *t, void *unused) { return or_none(t->index_path); }
+static PyObject *get_index(Appender *t, void *unused) { return or_none(t->index); }
+static PyObject *get_path(Appender *t, void *unused) { return or_none(t->path); }
+static PyObject *get_index_path(Appender *t, void *unused) { return or_none(t->index_path); }
 
-static PyGetSetDef tail_getset[] = {
+static PyGetSetDef appender_getset[] = {
     {"path", (getter)get_path, NULL, "the segment file's path", NULL},
     {"index_path", (getter)get_index_path, NULL, "the index file's path", NULL},
     {"log_fd", (getter)get_log_fd, NULL, "the segment file, open for appends (-1: closed)", NULL},
@@ -352,31 +446,34 @@ static PyGetSetDef tail_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyMethodDef tail_methods[] = {
-    {"append", (PyCFunction)(void (*)(void))tail_append, METH_FASTCALL, append_doc},
-    {"write_entries", (PyCFunction)tail_write_entries, METH_NOARGS, "writes the index entries the file lacks"},
-    {"close", (PyCFunction)tail_close, METH_NOARGS, "writes the pending entries and closes both files"},
+static PyMethodDef appender_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL, append_doc},
+    {"takes", (PyCFunction)(void (*)(void))appender_takes, METH_FASTCALL, takes_doc},
+    {"append_in_place", (PyCFunction)(void (*)(void))appender_append_in_place, METH_FASTCALL, append_in_place_doc},
+    {"write_entries", (PyCFunction)appender_write_entries, METH_NOARGS, "writes the index entries the file lacks"},
+    {"close", (PyCFunction)appender_close, METH_NOARGS, "writes the pending entries and closes both files"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject TailType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.storage._tail.SegmentTail",
-    .tp_basicsize = sizeof(Tail),
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.storage._appender.SegmentAppender",
+    .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "SegmentTail(path, index_path, log_fd, index_fd, base, size, last, index, since_last_update): the "
-              "native tail of an active segment (tiered/storage/tail.py).",
-    .tp_new = tail_new,
-    .tp_init = (initproc)tail_init,
-    .tp_dealloc = (destructor)tail_dealloc,
-    .tp_methods = tail_methods,
-    .tp_getset = tail_getset,
+    .tp_doc = "SegmentAppender(path, index_path, log_fd, index_fd, base, size, last, index, since_last_update, "
+              "created_ts, roll_age_s): the native appender of an active segment (tiered/storage/appender.py).",
+    .tp_new = appender_new,
+    .tp_init = (initproc)appender_init,
+    .tp_dealloc = (destructor)appender_dealloc,
+    .tp_methods = appender_methods,
+    .tp_getset = appender_getset,
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "tiered.storage._tail", "The native tail of an active segment (see _tail.c).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "tiered.storage._appender", "The native appender of an active segment (see _appender.c).",
+    -1, NULL,
 };
 
-PyMODINIT_FUNC PyInit__tail(void)
+PyMODINIT_FUNC PyInit__appender(void)
 {
     if (PyType_Ready(&TailType) < 0)
         return NULL;
@@ -390,7 +487,7 @@ PyMODINIT_FUNC PyInit__tail(void)
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "SegmentTail", (PyObject *)&TailType) < 0) {
+    if (PyModule_AddObjectRef(m, "SegmentAppender", (PyObject *)&TailType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,5 +1,5 @@
-"""The native tail of an active segment (tiered/storage/_tail.c) against the reference (tiered/storage/tail.py's
-PySegmentTail): the same appends give the same segment files, index files, in-memory indexes, positions and
+"""The native appender of an active segment (tiered/storage/_appender.c) against the reference
+(tiered/storage/appender.py's PySegmentAppender): the same appends give the same segment files, index files, in-memory indexes, positions and
 attributes, byte for byte; the same bad arguments are refused alike and write nothing; real write failures (a file
 size limit, a full device) are handled alike. And the whole PartitionLog, rolls included, writes the same files
 through either (TIERED_PRODUCE_PATH)."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -19,41 +20,53 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.protocol.strategies import budget
+from tiered.metrics import Metrics
 from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, Message, encode_bundle
 from tiered.storage.index import NEVER_INDEXED, SparseIndex
 from tiered.storage.partition_log import PartitionLog
-from tiered.storage.tail import INDEX_WRITE_BATCH, PRODUCE_PATH_ENV, NativeSegmentTail, PySegmentTail, tail_class
+from tiered.storage.appender import (
+    INDEX_WRITE_BATCH,
+    PRODUCE_PATH_ENV,
+    NativeSegmentAppender,
+    PySegmentAppender,
+    appender_class,
+)
 from tiered.storage.topic_config import TopicConfig
 
-TAILS = pytest.mark.parametrize("tail_type", [PySegmentTail, NativeSegmentTail], ids=["python", "native"])
+APPENDERS = pytest.mark.parametrize("appender_type", [PySegmentAppender, NativeSegmentAppender],
+                                    ids=["python", "native"])
+CREATED, ROLL_AGE = 1_795_352_546, 3600
 ATTRIBUTES = ("log_fd", "index_fd", "base", "size", "last", "since_last_update", "ts_bounds", "ts_complete")
 
 
-def test_the_native_tail_is_built_and_the_default(monkeypatch):
-    assert NativeSegmentTail is not None, "tiered.storage._tail is not built: `pip install -e .` with gcc installed"
+def test_the_native_appender_is_built_and_the_default(monkeypatch):
+    assert NativeSegmentAppender is not None, "tiered.storage._appender is not built: `pip install -e .` with gcc"
     monkeypatch.delenv(PRODUCE_PATH_ENV, raising=False)
-    assert tail_class() is NativeSegmentTail
+    assert appender_class() is NativeSegmentAppender
+    assert "\ntiered_native_segment_appender 1\n" in Metrics().render()  # what an operator sees
     monkeypatch.setenv(PRODUCE_PATH_ENV, "python")
-    assert tail_class() is PySegmentTail
-    assert tail_class("native") is NativeSegmentTail
+    assert appender_class() is PySegmentAppender
+    assert "\ntiered_native_segment_appender 0\n" in Metrics().render()
+    assert appender_class("native") is NativeSegmentAppender
 
 
 @contextlib.contextmanager
-def opened(tail_type, directory: str, base: int = 1, size: int = 0, last: int | None = None,
+def opened(appender_type, directory: str, base: int = 1, size: int = 0, last: int | None = None,
            since: int = NEVER_INDEXED, log_path: str | None = None, index_path: str | None = None):
     log_path = log_path or os.path.join(directory, f"{base}_1.log")
     index_path = index_path or os.path.join(directory, f"{base}.index")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    tail = tail_type(log_path, index_path, log_fd, index_fd, base, size, last, SparseIndex(), since)
+    appender = appender_type(log_path, index_path, log_fd, index_fd, base, size, last, SparseIndex(), since, CREATED,
+                             ROLL_AGE)
     try:
-        yield tail
+        yield appender
     finally:
-        tail.close()
+        appender.close()
 
 
-def state(tail) -> tuple:
-    return tuple(getattr(tail, a) for a in ATTRIBUTES) + (list(tail.index), bytes(tail.unwritten))
+def state(appender) -> tuple:
+    return tuple(getattr(appender, a) for a in ATTRIBUTES) + (list(appender.index), bytes(appender.unwritten))
 
 
 def files(directory: str) -> dict[str, bytes]:
@@ -66,11 +79,14 @@ def files(directory: str) -> dict[str, bytes]:
     return out
 
 
-# An append: (record, seq step before it, messages, interval, ts bounds or None); or "flush".
+# An append: (record, seq step before it, messages, interval, ts bounds or None, None or the limits of an
+# append_in_place: (sparse, seconds since the segment's creation, segment bytes, index bytes)); or "flush".
 appends = st.lists(
     st.one_of(
         st.tuples(st.binary(min_size=1, max_size=300), st.integers(0, 3), st.integers(1, 5), st.integers(0, 600),
-                  st.one_of(st.none(), st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)))),
+                  st.one_of(st.none(), st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))),
+                  st.one_of(st.none(), st.tuples(st.booleans(), st.floats(0, 2 * ROLL_AGE), st.integers(0, 5000),
+                                                 st.integers(0, 80)))),
         st.just("flush"),
     ),
     max_size=60,
@@ -81,31 +97,41 @@ appends = st.lists(
 @given(ops=appends, base=st.integers(1, 2**40), since=st.sampled_from([NEVER_INDEXED, 0, 17]))
 def test_the_same_appends_write_the_same_bytes(ops, base, since):
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        with opened(PySegmentTail, a, base, since=since) as ref, opened(NativeSegmentTail, b, base, since=since) as nat:
+        with (opened(PySegmentAppender, a, base, since=since) as ref,
+              opened(NativeSegmentAppender, b, base, since=since) as nat):
             seq = base
             for op in ops:
                 if op == "flush":
                     ref.write_entries()
                     nat.write_entries()
                     continue
-                record, step, messages, interval, ts = op
+                record, step, messages, interval, ts, in_place = op
                 seq += step
                 low, high = (None, 0) if ts is None else (min(ts), max(ts))
-                assert ref.append(record, seq, seq + messages - 1, interval, low, high) == nat.append(
-                    memoryview(record).toreadonly(), seq, seq + messages - 1, interval, low, high)
+                last = seq + messages - 1
+                if in_place is None:
+                    assert ref.append(record, seq, last, interval, low, high) == nat.append(
+                        memoryview(record).toreadonly(), seq, last, interval, low, high)
+                else:
+                    sparse, age, segment_bytes, index_bytes = in_place
+                    limits = (sparse, CREATED + age, segment_bytes, index_bytes)
+                    assert ref.takes(seq, last, sparse, len(record), *limits[1:]) == nat.takes(
+                        seq, last, sparse, len(record), *limits[1:])
+                    assert ref.append_in_place(record, seq, last, *limits, interval, low, high) == \
+                        nat.append_in_place(memoryview(record).toreadonly(), seq, last, *limits, interval, low, high)
                 seq += messages
                 assert state(ref)[2:] == state(nat)[2:]  # the fds differ, every other attribute is the same
             assert files(a) == files(b)
         assert files(a) == files(b)  # after close: the last batch of entries too
 
 
-@TAILS
-def test_entries_reach_the_file_in_batches(tmp_path, tail_type):
-    with opened(tail_type, str(tmp_path)) as tail:
+@APPENDERS
+def test_entries_reach_the_file_in_batches(tmp_path, appender_type):
+    with opened(appender_type, str(tmp_path)) as appender:
         for seq in range(1, INDEX_WRITE_BATCH // 8 + 2):
-            tail.append(b"r" * 10, seq, seq, 0, 5, 5)  # interval 0: every record is indexed
-        assert len(tail.index) == INDEX_WRITE_BATCH // 8 + 1
-        assert os.path.getsize(tail.index_path) == INDEX_WRITE_BATCH and len(tail.unwritten) == 8
+            appender.append(b"r" * 10, seq, seq, 0, 5, 5)  # interval 0: every record is indexed
+        assert len(appender.index) == INDEX_WRITE_BATCH // 8 + 1
+        assert os.path.getsize(appender.index_path) == INDEX_WRITE_BATCH and len(appender.unwritten) == 8
     assert os.path.getsize(os.path.join(tmp_path, "1.index")) == INDEX_WRITE_BATCH + 8
 
 
@@ -128,50 +154,58 @@ BAD_APPENDS = [
 
 @pytest.mark.parametrize("args, error", BAD_APPENDS)
 def test_bad_appends_are_refused_and_write_nothing(tmp_path, args, error):
-    with opened(NativeSegmentTail, str(tmp_path)) as tail:
+    with opened(NativeSegmentAppender, str(tmp_path)) as appender:
         with pytest.raises(error):
-            tail.append(*args)
-        assert tail.size == 0 and tail.last is None and not list(tail.index)
+            appender.append(*args)
+        assert appender.size == 0 and appender.last is None and not list(appender.index)
     assert os.path.getsize(os.path.join(tmp_path, "1_1.log")) == 0
 
 
-@TAILS
+@APPENDERS
 @pytest.mark.parametrize("first", [0, 1 + 2**32])
-def test_a_seq_the_index_cannot_hold_is_refused_alike(tmp_path, tail_type, first):
-    with opened(tail_type, str(tmp_path)) as tail, pytest.raises(ValueError, match="cannot be indexed"):
-        tail.append(b"x", first, first, 10, 1, 1)
+def test_a_seq_the_index_cannot_hold_is_refused_alike(tmp_path, appender_type, first):
+    with opened(appender_type, str(tmp_path)) as appender, pytest.raises(ValueError, match="cannot be indexed"):
+        appender.append(b"x", first, first, 10, 1, 1)
     assert os.path.getsize(os.path.join(tmp_path, "1_1.log")) == 0
 
 
-@TAILS
-def test_a_record_past_u32_bytes_is_refused_before_the_write(tmp_path, tail_type):
-    with opened(tail_type, str(tmp_path), size=0xFFFF_FFF0, last=5) as tail:
+@APPENDERS
+def test_a_record_past_u32_bytes_is_refused_before_the_write(tmp_path, appender_type):
+    with opened(appender_type, str(tmp_path), size=0xFFFF_FFF0, last=5) as appender:
         with pytest.raises(ValueError, match="cannot be indexed"):
-            tail.append(b"y" * 16, 6, 6, 10, 1, 1)
-        assert tail.size == 0xFFFF_FFF0 and tail.last == 5
-        assert tail.append(b"y" * 15, 6, 6, 10, 1, 1) == 0xFFFF_FFF0
+            appender.append(b"y" * 16, 6, 6, 10, 1, 1)
+        assert appender.size == 0xFFFF_FFF0 and appender.last == 5
+        assert appender.append(b"y" * 15, 6, 6, 10, 1, 1) == 0xFFFF_FFF0
 
 
-def test_the_native_tail_survives_misuse(tmp_path):
-    blank = NativeSegmentTail.__new__(NativeSegmentTail)  # never initialised: no fd 0, no crash
+def test_the_native_appender_survives_misuse(tmp_path):
+    blank = NativeSegmentAppender.__new__(NativeSegmentAppender)  # never initialised: no fd 0, no crash
     assert blank.log_fd == -1 and blank.index is None and blank.path is None
     with pytest.raises(ValueError):
         blank.append(b"x", 1, 1, 10, 1, 1)
     blank.write_entries()
     blank.close()
     with pytest.raises(TypeError):
-        NativeSegmentTail("p", "i", 1, 2)
+        NativeSegmentAppender("p", "i", 1, 2)
     with pytest.raises(TypeError):
-        NativeSegmentTail(b"p", "i", -1, -1, 1, 0, None, SparseIndex(), 0)
+        NativeSegmentAppender(b"p", "i", -1, -1, 1, 0, None, SparseIndex(), 0, 0, 0)
     with pytest.raises(ValueError):
-        NativeSegmentTail("p", "i", -1, -1, -1, 0, None, SparseIndex(), 0)
-    with opened(NativeSegmentTail, str(tmp_path)) as tail:
+        NativeSegmentAppender("p", "i", -1, -1, -1, 0, None, SparseIndex(), 0, 0, 0)
+    with pytest.raises(TypeError):
+        NativeSegmentAppender("p", "i", -1, -1, 1, 0, None, 5, 0, 0, 0)  # an index without a length
+    with opened(NativeSegmentAppender, str(tmp_path)) as appender:
         with pytest.raises(TypeError):
-            tail.append(b"x", 1, 1)
-        tail.close()
+            appender.append(b"x", 1, 1)
+        with pytest.raises(TypeError):
+            appender.append_in_place(b"x", 1, 1, False, 0.0, 1, 1, 10, 1)
+        with pytest.raises(TypeError):
+            appender.takes(1, 1, False, 1, "now", 1, 1)
+        with pytest.raises(TypeError):
+            appender.append_in_place(5, 1, 1, False, 0.0, 1, 1, 10, 1, 1)
+        appender.close()
         with pytest.raises(ValueError, match="closed"):
-            tail.append(b"x", 1, 1, 10, 1, 1)
-        tail.close()  # again: nothing
+            appender.append(b"x", 1, 1, 10, 1, 1)
+        appender.close()  # again: nothing
 
 
 # --- real write failures -----------------------------------------------------------------------------------------
@@ -179,29 +213,30 @@ def test_the_native_tail_survives_misuse(tmp_path):
 LIMITED = r"""
 import json, os, resource, signal, sys
 from tiered.storage.index import NEVER_INDEXED, SparseIndex
-from tiered.storage.tail import NativeSegmentTail, PySegmentTail
-tail_type = NativeSegmentTail if sys.argv[2] == "native" else PySegmentTail
+from tiered.storage.appender import NativeSegmentAppender, PySegmentAppender
+appender_type = NativeSegmentAppender if sys.argv[2] == "native" else PySegmentAppender
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write returns what fitted, then EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 path, index_path = os.path.join(sys.argv[1], "1_1.log"), os.path.join(sys.argv[1], "1.index")
 log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-tail = tail_type(path, index_path, log_fd, index_fd, 1, 0, None, SparseIndex(), NEVER_INDEXED)
-tail.append(b"a" * 600, 1, 1, 10, 1, 1)
+appender = appender_type(path, index_path, log_fd, index_fd, 1, 0, None, SparseIndex(), NEVER_INDEXED, 0, 3600)
+appender.append(b"a" * 600, 1, 1, 10, 1, 1)
 try:
-    tail.append(b"b" * 600, 2, 2, 10, 1, 1)
+    appender.append(b"b" * 600, 2, 2, 10, 1, 1)
     error = None
 except OSError as exc:
     error = exc.errno
-print(json.dumps([error, tail.size, tail.last, os.path.getsize(path), tail.append(b"c" * 100, 2, 2, 10, 1, 1)]))
-tail.close()
+seen = [error, appender.size, appender.last, os.path.getsize(path)]
+print(json.dumps([*seen, appender.append(b"c" * 100, 2, 2, 10, 1, 1)]))
+appender.close()
 """
 
 
-@TAILS
-def test_a_failed_write_is_cut_back(tmp_path, tail_type):
+@APPENDERS
+def test_a_failed_write_is_cut_back(tmp_path, appender_type):
     """A record that crosses the file size limit is written in part, then refused: the file is cut back."""
-    name = "native" if tail_type is NativeSegmentTail else "python"
+    name = "native" if appender_type is NativeSegmentAppender else "python"
     out = subprocess.run([sys.executable, "-c", LIMITED, str(tmp_path), name], capture_output=True, text=True,
                          check=True)
     error, size, last, file_size, next_position = json.loads(out.stdout)
@@ -210,18 +245,18 @@ def test_a_failed_write_is_cut_back(tmp_path, tail_type):
         assert f.read() == b"a" * 600 + b"c" * 100
 
 
-@TAILS
-def test_a_full_device_fails_the_append_and_only_logs_an_index_failure(tmp_path, tail_type, caplog):
+@APPENDERS
+def test_a_full_device_fails_the_append_and_only_logs_an_index_failure(tmp_path, appender_type, caplog):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
-    with opened(tail_type, str(tmp_path), log_path="/dev/full") as tail, pytest.raises(OSError) as raised:
-        tail.append(b"x" * 10, 1, 1, 10, 1, 1)
+    with opened(appender_type, str(tmp_path), log_path="/dev/full") as appender, pytest.raises(OSError) as raised:
+        appender.append(b"x" * 10, 1, 1, 10, 1, 1)
     assert raised.value.errno == 28 and "could not cut /dev/full back to 0" in caplog.text
-    with opened(tail_type, str(tmp_path), index_path="/dev/full") as tail:
+    with opened(appender_type, str(tmp_path), index_path="/dev/full") as appender:
         for seq in range(1, INDEX_WRITE_BATCH // 8 + 1):
-            tail.append(b"r", seq, seq, 0, 1, 1)  # the last one fills a batch: its write fails, and is logged
-        assert tail.size == INDEX_WRITE_BATCH // 8 and len(tail.index) == INDEX_WRITE_BATCH // 8
-        assert not tail.unwritten
+            appender.append(b"r", seq, seq, 0, 1, 1)  # the last one fills a batch: its write fails, and is logged
+        assert appender.size == INDEX_WRITE_BATCH // 8 and len(appender.index) == INDEX_WRITE_BATCH // 8
+        assert not appender.unwritten
     assert "could not write 512 index entries to /dev/full" in caplog.text
 
 
@@ -249,10 +284,12 @@ def produce_path(name: str):
 
 def write_log(directory: str, path: str, ops, config: TopicConfig) -> list:
     results = []
+    clock = [float(CREATED)]
     with produce_path(path):
-        log = PartitionLog.open(directory, config, now_s=lambda: 1_795_352_546.0)
+        log = PartitionLog.open(directory, config, now_s=lambda: clock[0], rng=random.Random(7))
         try:
             for values, codec, jump, ts in ops:
+                clock[0] += 400.0  # past the segment's roll age (one hour) every few records
                 bundle = encode_bundle([Message(v, ts_ms=ts + i) for i, v in enumerate(values)], codec=codec)
                 base_seq = log.last_assigned + 1 + jump if jump else None  # a jump rolls, as TANK does
                 a = log.append(bundle, base_seq)
@@ -263,9 +300,11 @@ def write_log(directory: str, path: str, ops, config: TopicConfig) -> list:
 
 
 @budget(60)
-@given(ops=log_ops, segment_bytes=st.integers(200, 3000), interval=st.integers(0, 500))
-def test_the_log_writes_the_same_files_either_way(ops, segment_bytes, interval):
-    config = TopicConfig(log_segment_bytes=segment_bytes, log_index_interval_bytes=interval)
+@given(ops=log_ops, segment_bytes=st.integers(200, 3000), interval=st.integers(0, 500),
+       index_bytes=st.sampled_from([16, 64, 10 * 1024 * 1024]))
+def test_the_log_writes_the_same_files_either_way(ops, segment_bytes, interval, index_bytes):
+    config = TopicConfig(log_segment_bytes=segment_bytes, log_index_interval_bytes=interval,
+                         log_index_size_max_bytes=index_bytes, log_roll_jitter_secs=1)  # a roll age of one hour
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         assert write_log(a, "python", ops, config) == write_log(b, "native", ops, config)
         assert files(a) == files(b)

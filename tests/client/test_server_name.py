@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tiered.client.errors import CertificateRefused
+from tiered.client.routing import Router
+from tiered.protocol.codes import Endpoint
+from tiered.tls import client_context
 from tiered.client.server_name import check_server_name, is_address, server_name
 
 SERVICE = "tiered.streams.svc.cluster.local"
@@ -67,3 +70,11 @@ def test_a_refused_certificate_names_the_name_checked_and_the_address() -> None:
     assert str(expired) == ("TLS handshake failed: the certificate of the broker at localhost:11011 was refused, "
                             "verified as 'localhost' (certificate has expired)")
     assert isinstance(refused, ConnectionError) and refused.server_name == "127.0.0.1"
+
+
+def test_a_server_name_needs_tls_and_must_be_a_name() -> None:
+    with pytest.raises(ValueError, match="a TLS server name needs an ssl_context"):
+        Router([Endpoint("127.0.0.1", 11011)], connect_timeout_s=1, leader_wait_s=0, tls_server_name="localhost")
+    with pytest.raises(ValueError, match="bad TLS server name 'a b'"):
+        Router([Endpoint("127.0.0.1", 11011)], connect_timeout_s=1, leader_wait_s=0, ssl_context=client_context(),
+               tls_server_name="a b")

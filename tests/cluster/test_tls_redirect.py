@@ -2,7 +2,8 @@
 catalog and one bucket (issue 24, items 3 and 4): a redirect (0xfc) names the leader's TLS endpoint to a TLS client
 and its plaintext endpoint to a plaintext one; the project's client and CLI follow it through TLS; the CLI's admin
 commands go through the same listener and rules as any client; a graceful stop hands partitions over as without
-TLS."""
+TLS. With certificates that name the service (here `localhost`) and not the brokers' addresses, a redirect's broker
+is verified by the name the client was given, or by --tls-server-name (tiered.client.server_name)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tiered.client import Client, TankError
+from tiered.client import CertificateRefused, Client, TankError, Unreachable
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.codes import Endpoint
@@ -61,19 +62,20 @@ class TLSBroker(BrokerProcess):
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Certs:
     c = Certs(tmp_path_factory.mktemp("certs"))
-    c.issue("server")  # IP:127.0.0.1: every broker of the test
+    c.issue("server")  # IP:127.0.0.1 and DNS:localhost
+    c.issue("named", san="DNS:localhost")  # the service's name only, as a certificate from a Secret holds
     c.issue("admin")
     c.issue("reader")
     return c
 
 
-def start(cluster, certs: Certs, broker_id: int) -> TLSBroker:
+def start(cluster, certs: Certs, broker_id: int, server: str = "server") -> TLSBroker:
     acl = cluster.root / "acl.toml"
     acl.write_text(RULES)
     flags = ("--catalog", cluster.catalog_url, "--store", cluster.store_url, "--s3-path-style", "--broker-id",
              str(broker_id), "--cluster-lease-ms", str(LEASE_MS), "--block-max-age-ms", "50",
-             "--shutdown-timeout-s", "10", "--tls-cert", certs.path("server.pem"), "--tls-key",
-             certs.path("server.key"), "--tls-client-ca", certs.path("ca.pem"), "--acl", str(acl))
+             "--shutdown-timeout-s", "10", "--tls-cert", certs.path(f"{server}.pem"), "--tls-key",
+             certs.path(f"{server}.key"), "--tls-client-ca", certs.path("ca.pem"), "--acl", str(acl))
     bp = TLSBroker(cluster.root / f"disk{broker_id}", *flags, plain_port=free_port(),
                    env={"AWS_ENDPOINT_URL": cluster.s3_endpoint})
     cluster.brokers[broker_id] = bp  # stopped by the cluster fixture
@@ -171,4 +173,76 @@ async def test_the_cli_through_tls_a_redirect_and_the_rules(cluster, certs):
     assert refused.returncode == 1 and refused.stderr.decode().count("\n") == 1 and b"TLS" in refused.stderr
     assert "other" not in (await run("topic", "list", "-b", first, *cli_tls(certs, "admin"))).stdout.decode()
     assert "refused create on topic 'other' for principal 'reader'" in b0.output()
+    cluster.check("ev")
+
+
+async def test_a_redirect_is_verified_by_the_name_the_client_was_given(cluster, certs):
+    # Both brokers hold a certificate naming only DNS:localhost, and advertise 127.0.0.1:<port>.
+    b0, b1 = start(cluster, certs, 0, "named"), start(cluster, certs, 1, "named")
+    by_name = [f"localhost:{b0.port}"]
+    async with await Client.connect_any(by_name, ssl_context=tls(certs, "admin")) as admin:
+        await admin.create_topic("ev", 2, {"produce.ack": "durable"})
+    assert cluster.wait_for_leaders("ev", {0, 1}) == {0: 0, 1: 1}
+    leader = Endpoint("127.0.0.1", b1.port)
+
+    # The certificate does not name the address a redirect carries: verified by it (as clients did), it is refused.
+    with pytest.raises(Unreachable) as refused:
+        await Client.connect_any([str(leader)], ssl_context=tls(certs, "admin"))
+    assert f"the certificate of the broker at {leader} was refused, verified as '127.0.0.1'" in str(refused.value)
+
+    # Bootstrapped by localhost: partition 1 is redirected to 127.0.0.1:<b1>, which is verified as localhost.
+    async with await Client.connect_any(by_name, ssl_context=tls(certs, "admin")) as admin:
+        await admin.produce("ev", 1, [Message(b"one", None, 1)])
+        assert admin.router.leaders[("ev", 1)] == leader
+        assert (await admin.router.connection(leader)).server_name == "localhost"
+        assert [m.value for m in (await admin.consume("ev", 1, 1)).messages] == [b"one"]
+
+    # Bootstrapped by an address, with the service's name given: every broker is verified by it.
+    async with await Client.connect_any([f"127.0.0.1:{b0.port}"], ssl_context=tls(certs, "admin"),
+                                        tls_server_name="localhost") as admin:
+        await admin.produce("ev", 1, [Message(b"two", None, 2)])
+        assert admin.router.leaders[("ev", 1)] == leader
+        assert (await admin.router.connection(leader)).server_name == "localhost"
+        assert await read_all(admin, "ev", 1) == [b"one", b"two"]
+    cluster.check("ev")
+
+
+async def test_a_redirect_to_a_broker_whose_certificate_names_another_is_one_line_and_the_cli_takes_the_name(
+        cluster, certs):
+    # Broker 0's certificate names 127.0.0.1, broker 1's only localhost: a client given 127.0.0.1 reaches broker 0
+    # and is redirected to a broker that cannot prove that address.
+    b0, b1 = start(cluster, certs, 0), start(cluster, certs, 1, "named")
+    first, leader = f"127.0.0.1:{b0.port}", f"127.0.0.1:{b1.port}"
+    run = lambda *args, **kw: asyncio.to_thread(tiered, *args, **kw)  # noqa: E731 (the brokers are processes)
+    await run("topic", "create", "ev", "2", "-b", first, *cli_tls(certs, "admin"))
+    assert cluster.wait_for_leaders("ev", {0, 1}) == {0: 0, 1: 1}
+
+    # Refused at once (the same broker would show the same certificate), naming the name checked and the address.
+    said = (f"TLS handshake failed: the certificate of the broker at {leader} was refused, verified as '127.0.0.1' "
+            f"(IP address mismatch, certificate is not valid for '127.0.0.1'); a certificate names the service, not "
+            f"each broker's address: connect by a name it holds (-b) or give that name as --tls-server-name")
+    async with await Client.connect_any([first], ssl_context=tls(certs, "admin")) as admin:
+        with pytest.raises(CertificateRefused) as refused:
+            await admin.produce("ev", 1, [Message(b"lost")])
+        assert str(refused.value) == said
+    failed = await run("produce", "-t", "ev/1", "-b", first, *cli_tls(certs, "admin"), "lost", check=False)
+    assert said in one_line_error(failed, "produce")
+    failed = await run("consume", "-t", "ev/1", "-b", first, "-n", "1", *cli_tls(certs, "admin"), check=False)
+    assert one_line_error(failed, "consume") == f"tiered consume: {said}\n"
+    failed = await run("status", "-b", leader, *cli_tls(certs, "admin"), check=False)  # a bootstrap broker alike
+    assert one_line_error(failed, "status") == f"tiered status: {said}\n"
+
+    # The CLI given the name, as a flag or from the environment, or bootstrapped by it.
+    await run("produce", "-t", "ev/1", "-b", first, *cli_tls(certs, "admin"), "--tls-server-name", "localhost",
+              "hello")
+    await run("produce", "-t", "ev/1", "-b", first, *cli_tls(certs, "admin"), "world",
+              env={"TIERED_TLS_SERVER_NAME": "localhost"})
+    out = (await run("consume", "-t", "ev/1", "-b", first, "-n", "2", *cli_tls(certs, "reader"),
+                     env={"TIERED_TLS_SERVER_NAME": "localhost"})).stdout.decode()
+    assert out.split() == ["1", "hello", "2", "world"]  # seqs and values: the refused "lost" was never stored
+    out = (await run("consume", "-t", "ev/1", "-b", f"localhost:{b0.port}", "-n", "2", "--tls-server-name",
+                     "localhost", *cli_tls(certs, "reader"))).stdout.decode()
+    assert out.split() == ["1", "hello", "2", "world"]
+    bad = await run("status", "-b", first, *cli_tls(certs, "admin"), "--tls-server-name", "*.svc", check=False)
+    assert "bad TLS server name '*.svc'" in one_line_error(bad, "status", status=2)
     cluster.check("ev")

@@ -141,6 +141,8 @@ async def connect_to(named: Brokers, tls: ClientTLS | None = None) -> Client:
             return await Client.connect_any(named.endpoints)
         return await Client.connect_any(named.endpoints, ssl_context=tls.context, tls_server_name=tls.server_name)
     except Unreachable as exc:
+        if all(isinstance(f, CertificateRefused) for f in exc.failures.values()):  # reached, but not trusted
+            raise CommandError("; ".join(dict.fromkeys(map(str, exc.failures.values())))) from None
         if len(exc.failures) == 1:
             head, why = f"a broker at {named}", reason(next(iter(exc.failures.values())))
         else:

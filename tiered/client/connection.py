@@ -189,6 +189,13 @@ class Connection:
         transport = self._frames.transport
         return self._closed_exc is None and transport is not None and not transport.is_closing()
 
+    @property
+    def server_name(self) -> str | None:
+        """The name the broker's certificate was verified by, as the TLS session holds it; None without TLS."""
+        transport = self._frames.transport
+        sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+        return sslobj.server_hostname if sslobj is not None else None
+
     def request_id(self) -> int:
         return next(self._ids)
 
@@ -257,8 +264,6 @@ def reason(exc: BaseException) -> str:
         return "connection refused"
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer in time"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS handshake failed: the broker's certificate was refused ({exc.verify_message})"
     if isinstance(exc, ssl.SSLError):
         why = (exc.reason or str(exc)).lower().replace("_", " ")
         if "certificate required" in why or "handshake failure" in why:

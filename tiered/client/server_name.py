@@ -9,10 +9,12 @@ one for the service's name, signed by the CA the client trusts. So a broker is v
     2. else, for a broker the client was given by a DNS name (-b tiered.streams.svc:11011), that name;
     3. else (a broker known by an address: a redirect's, or a bootstrap address) the service's name: the first
        bootstrap host that is a DNS name;
-    4. else (the client was given addresses only) its own address, as before redirects were verified by name.
+    4. else (the client was given addresses only) its own address.
 
 This is as safe as verifying each broker by its address: a redirect, which could already send the client anywhere,
-can only send it to a host that proves, with the trusted CA's signature, the name the user gave.
+sends it only to a host that proves, with the trusted CA's signature, the name the user gave. The name verified
+must be the user's (a flag, a bootstrap host), never one a broker names: the client would then trust whatever the
+broker chose.
 """
 
 from __future__ import annotations

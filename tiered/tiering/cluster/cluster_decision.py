@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
-
-TopicPartition = tuple[str, int]
+from tiered.topic_partition import TopicPartition
 
 LEASE_SAFETY = 0.8  # acknowledge (and claim) only while the last renewal is younger than this share of the lease
 
@@ -94,7 +93,7 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
     epochs: dict[TopicPartition, int] = {}
     renew_first = False
     for a in view.assignments:
-        key = (a.topic, a.partition)
+        key = TopicPartition(a.topic, a.partition)
         epochs[key] = a.leader_epoch
         if key in leading:
             if a.leader_epoch > leading[key]:
@@ -167,7 +166,7 @@ def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> di
     held: dict[int, list[TopicPartition]] = {b: [] for b in brokers}
     for a in assignments:
         if a.leader_broker in held:
-            held[a.leader_broker].append((a.topic, a.partition))
+            held[a.leader_broker].append(TopicPartition(a.topic, a.partition))
     moves: dict[TopicPartition, int] = {}
     while True:
         most = max(brokers, key=lambda b: (len(held[b]), -b))

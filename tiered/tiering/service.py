@@ -256,7 +256,7 @@ class TieringService:
         if self.coordinator is None:
             return
         await self.coordinator.tick()
-        await self.coordinator.await_claims(name, {p: 0 for p in range(partitions)},
+        await self.coordinator.await_claims({TopicPartition(name, p): 0 for p in range(partitions)},
                                             self.clock.monotonic() + 5.0)
 
     # -- leadership (tiered.tiering.cluster.coordinator.Leadership) ------------------------------------------------------

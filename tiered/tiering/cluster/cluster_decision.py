@@ -83,6 +83,7 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
     """The claims, losses, handovers and follows of one look (module docstring)."""
     me = view.me
     serving = not view.evicted and lease_fresh(view.renewed_at, view.lease_ms, now)
+    leaders: dict[int | None, Leader | None] = {}  # leader_of per broker id, built once per broker, not per partition
     load = Counter(a.leader_broker for a in view.assignments if a.leader_broker in view.live)
     lost: list[Follow] = []
     follows: list[Follow] = []
@@ -110,7 +111,9 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
                 claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
                 renew_first = True
         else:
-            follows.append(Follow(key, leader_of(view, a.leader_broker), a.hwmark_seq, a.first_available_seq))
+            if a.leader_broker not in leaders:
+                leaders[a.leader_broker] = leader_of(view, a.leader_broker)
+            follows.append(Follow(key, leaders[a.leader_broker], a.hwmark_seq, a.first_available_seq))
     if serving:
         for key, broker in spread(orphans, view.live, load).items():
             if broker == me:

@@ -313,35 +313,36 @@ class Coordinator:
         for tp in moves:
             self._no_leader(tp)
         await self.leadership.give_up(sorted(moves), deadline)
-        by_topic: dict[str, dict[int, tuple[int, int]]] = {}
-        for (topic, partition), move in moves.items():
-            by_topic.setdefault(topic, {})[partition] = move
-        # Every topic assigned first, then the claims awaited together: a partition of the last topic waits for its
-        # own new leader, not for the topics before it.
-        waits = []
-        for topic, moving in sorted(by_topic.items()):
-            done = await self.catalog.write(
-                catalog_cluster.assign, topic, {p: target for p, (target, _) in moving.items()},
-                expected={p: (self.broker_id, epoch) for p, (_, epoch) in moving.items()})
-            self.metrics.inc(m.HANDOVERS, len(done))
-            log.info("handed %d partitions of %s over", len(done), topic)
-            waits.append(self.await_claims(topic, {p: moving[p][1] for p in done}, deadline))
-        await asyncio.gather(*waits)
+        # Every move in one transaction, then the claims awaited together: the new leaders see them all at their next
+        # look, and a partition of the last topic waits for its own new leader, not for the topics before it.
+        done = await self.catalog.write(
+            catalog_cluster.assign_moves, {key: target for key, (target, _) in moves.items()},
+            expected={key: (self.broker_id, epoch) for key, (_, epoch) in moves.items()})
+        self.metrics.inc(m.HANDOVERS, len(done))
+        log.info("handed %d partitions over", len(done))
+        await self.await_claims({TopicPartition(*key): moves[key][1] for key in done}, deadline)
 
-    async def await_claims(self, topic: str, epochs: Mapping[int, int], deadline: float) -> None:
+    async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float) -> None:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
         following each one to its new leader as soon as it has: a handover or a creation then redirects clients
-        straight to where they will be served."""
+        straight to where they will be served. Each poll reads the change counter (one small statement); only when
+        it moved are the partitions still waited for read, in one statement (a claim moves the counter), at most once
+        a tick: the new leaders' claims move it every batch, and the read costs what is still waited for."""
         waiting = dict(epochs)
+        seen: int | None = None
+        read_at = float("-inf")
         while waiting:
-            assignments = await self.catalog.read(catalog_cluster.assignments, topic)
-            leading = self.leadership.leading()  # once per look, not per partition: it is every partition led here
-            for a in assignments:
-                if a.partition in waiting and a.leader_epoch > waiting[a.partition]:
-                    del waiting[a.partition]
-                    if (a.topic, a.partition) not in leading:
-                        self._follow(Follow(TopicPartition(a.topic, a.partition), self._leader(a.leader_broker),
-                                            a.hwmark_seq, a.first_available_seq))
+            look = await self.catalog.read(catalog_cluster.look)
+            now = self.clock.monotonic()
+            if (look.changes is None or look.changes != seen) and now - read_at >= TICK_S:
+                seen, read_at = look.changes, now
+                moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
+                leading = self.leadership.leading()  # once per look, not per partition: every partition led here
+                for a in moved:
+                    key = TopicPartition(a.topic, a.partition)
+                    del waiting[key]
+                    if key not in leading:
+                        self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 from tiered import process_metrics
 from tiered.protocol.bundle import NATIVE_SCAN
+from tiered.storage.appender import NativeSegmentAppender, appender_class
 from tiered.protocol.consume_response import ConsumeTopicResult
 
 # Latency buckets in seconds, for produce acknowledgement latency per topic.
@@ -194,6 +195,9 @@ COMPACTION_RUNNING = Gauge("tiered_compaction_running", "1 while a key compactio
 COMPACTION_KEYS = Gauge("tiered_compaction_keys", "distinct keys kept by the latest compaction pass of each partition")
 COMPACTION_TOMBSTONES = Gauge("tiered_compaction_tombstones",
                               "tombstones kept by the latest compaction pass of each partition")
+NATIVE_SEGMENT_APPENDER = Gauge("tiered_native_segment_appender",
+                                "1 when records are appended to segments by the native appender, 0 when by the "
+                                "pure-Python reference (not built, or TIERED_PRODUCE_PATH=python)")
 NATIVE_BUNDLE_SCAN = Gauge("tiered_native_bundle_scan", "1 when produce requests are read by the native extension, "
                            "0 when by the pure-Python fallback")
 BUILD_INFO = Gauge("tiered_build_info", "always 1: the version, the Python and the native extensions in use, as labels")
@@ -227,6 +231,7 @@ class Metrics:
         # An install without a C compiler runs the pure-Python reading of produce requests: correct, several times
         # slower per request. Exported so that such a deployment is seen, not guessed from its CPU.
         self.gauge(NATIVE_BUNDLE_SCAN, lambda: 1.0 if NATIVE_SCAN else 0.0)
+        self.gauge(NATIVE_SEGMENT_APPENDER, lambda: 1.0 if appender_class() is NativeSegmentAppender else 0.0)
         self._process_families()
 
     def _process_families(self) -> None:

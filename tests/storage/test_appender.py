@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.protocol.strategies import budget
+from tiered.metrics import Metrics
 from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, Message, encode_bundle
 from tiered.storage.index import NEVER_INDEXED, SparseIndex
 from tiered.storage.partition_log import PartitionLog
@@ -42,8 +43,10 @@ def test_the_native_appender_is_built_and_the_default(monkeypatch):
     assert NativeSegmentAppender is not None, "tiered.storage._appender is not built: `pip install -e .` with gcc"
     monkeypatch.delenv(PRODUCE_PATH_ENV, raising=False)
     assert appender_class() is NativeSegmentAppender
+    assert "\ntiered_native_segment_appender 1\n" in Metrics().render()  # what an operator sees
     monkeypatch.setenv(PRODUCE_PATH_ENV, "python")
     assert appender_class() is PySegmentAppender
+    assert "\ntiered_native_segment_appender 0\n" in Metrics().render()
     assert appender_class("native") is NativeSegmentAppender
 
 

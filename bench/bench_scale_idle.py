@@ -15,6 +15,8 @@
 - handover: instead, SIGTERM of the broker leading the most (one step of a rolling restart: it hands every partition
   over before it exits); per sampled partition, produced to continuously, the longest gap between two durable acks
   from the SIGTERM until it is acknowledged again after the exit. Goal: at most 1 s.
+After a failover or a handover, `tiered catalog check`'s check of every partition (every seq from the first available
+to the high-water mark has exactly one location): its problems are printed and fail the run.
 `--tree DIR` runs the brokers from another checkout (e.g. `git archive main | tar -x -C DIR`) for a before/after.
 Real parts throughout; the store is a local directory so that the catalog and the brokers are what is measured.
 """
@@ -283,6 +285,16 @@ async def handover(service: Service, sample: int, seed: int) -> dict[str, float]
             "goal (longest gap)": 1.0}
 
 
+def catalog_problems(service: Service) -> tuple[int, list[str]]:
+    """`tiered catalog check` over every topic: the partitions checked and the problems found."""
+    from tiered.catalog import Catalog
+    from tiered.catalog.check import check_catalog
+
+    with Catalog.open(service.pg.url()) as cat:
+        report = check_catalog(cat)
+    return len(report.partitions), list(report.problems)
+
+
 def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
     print(f"\nidle cluster: {BROKERS} brokers, {topics} topics x {partitions} partitions = {topics * partitions} "
           f"partitions, no traffic")
@@ -318,6 +330,13 @@ async def run(args: argparse.Namespace) -> int:
         if args.mode == "handover":
             figures = await handover(service, args.sample, args.seed)
             print_figures(f"handover: SIGTERM of broker {figures['stopped broker']}", figures)
+        if args.mode in ("failover", "handover", "both"):
+            checked, problems = await asyncio.to_thread(catalog_problems, service)
+            print(f"\ncatalog check: {checked} partitions, {len(problems)} problems")
+            for problem in problems[:20]:
+                print(f"  {problem}")
+            if problems:
+                return 1
     finally:
         service.stop_all()
         pg.stop()

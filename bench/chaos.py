@@ -16,9 +16,17 @@ Then every partition is read from its first seq to its end and checked:
 Values the broker answered with an error may or may not be there (the outcome of such a produce is unknown); none
 may be there twice.
 
-`python -m bench.chaos [--rounds N | --quick | --smoke] [--seed S] [--local-store]` prints the table; tests/durability/test_chaos.py runs a
-few rounds. `--local-store` puts the objects in a local directory beside the volumes instead of moto's S3 (the same
-filesystem: sealed segments are stored as hard links to the volume's files, blocks written with O_DIRECT).
+`python -m bench.chaos [--rounds N | --quick | --smoke] [--seed S] [--local-store] [--topics T --partitions P]` prints
+the table; tests/durability/test_chaos.py runs a few rounds. `--local-store` puts the objects in a local directory
+beside the volumes instead of moto's S3 (the same filesystem: sealed segments are stored as hard links to the volume's
+files, blocks written with O_DIRECT).
+
+At scale (`--topics T --partitions P`, T x P partitions; the default is one topic of 3): past SPREAD_ABOVE partitions
+there is one producer per partition instead of two, and `--writers` connections (16) each send multi-partition
+produces (up to 64 of its partitions at a time, 1-2 values each, every partition's outcome its own), so that produce
+is spread over every partition without a connection per producer; every partition is read back the same way and the
+catalog checked for every topic after each round. The seed decides the rounds (actions, durations, which disk takes
+over); the values produced do not draw from it, so a seed's rounds are the same run after run.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ from bench.sizes import add_size_options, cannot_run, size_of
 TOPIC = "chaos"
 PARTITIONS = 3
 PRODUCERS_PER_PARTITION = 2
+SPREAD_ABOVE = 64  # more partitions than this: one producer per partition, on `writers` multi-partition connections
+WRITERS = 16
+PARTITIONS_PER_PRODUCE = 64
+READERS = 32  # partitions read back at once
 TOPIC_CONFIG = {"log.segment.bytes": "16k", "log.index.interval.bytes": "512", "retention.segments.count": "2",
                 "produce.ack": "durable"}
 ACTIONS = ("kill", "wipe", "takeover", "stop")
@@ -54,6 +66,7 @@ class ChaosReport:
     unconfirmed: int = 0  # produces answered with an error or cut off: their outcome is unknown
     losses: list[str] = field(default_factory=list)  # acknowledged values missing, moved, doubled or out of order
     catalog_problems: list[str] = field(default_factory=list)
+    partitions_checked: int = 0  # by the catalog check, summed over the rounds
     actions: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -65,7 +78,8 @@ class ChaosReport:
         actions = ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items()))
         rows = [("rounds", str(self.rounds)), ("actions", actions), ("acknowledged messages", str(self.acks)),
                 ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
-                ("catalog problems", str(len(self.catalog_problems))), ("seconds", f"{self.seconds:.0f}")]
+                ("catalog problems", str(len(self.catalog_problems))),
+                ("partitions checked (all rounds)", str(self.partitions_checked)), ("seconds", f"{self.seconds:.0f}")]
         lines = [format_table(("figure", "value"), rows)]
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
         lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
@@ -76,6 +90,7 @@ class ChaosReport:
 class Producer:
     partition: int
     name: str
+    topic: str = TOPIC
     next_number: int = 0
     acked: list[bytes] = field(default_factory=list)  # in the order they were sent
 
@@ -84,23 +99,36 @@ class Producer:
         return b"%s-%06d-" % (self.name.encode(), self.next_number) + b"x" * 40
 
 
+def topic_names(topics: int) -> list[str]:
+    return [TOPIC] + [f"{TOPIC}{t}" for t in range(1, topics)]
+
+
 class Chaos:
-    def __init__(self, root: Path, catalog_url: str, env: dict[str, str], store_url: str, seed: int, log=print):
+    def __init__(self, root: Path, catalog_url: str, env: dict[str, str], store_url: str, seed: int, log=print, *,
+                 topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS):
         self.root = root
         self.catalog_url = catalog_url
         self.env = env
         self.store_url = store_url
-        self.rng = random.Random(seed)
+        self.rng = random.Random(seed)  # the rounds: actions, durations, disks
+        self.values_rng = random.Random(seed + 1)  # how many values a produce carries, which partitions it spans
         self.log = log
         self.report = ChaosReport()
-        self.producers = [Producer(p, f"p{p}w{w}") for p in range(PARTITIONS) for w in range(PRODUCERS_PER_PARTITION)]
+        self.topics = topic_names(topics)
+        self.partitions = partitions
+        self.spread = topics * partitions > SPREAD_ABOVE
+        self.writers = writers
+        per_partition = 1 if self.spread else PRODUCERS_PER_PARTITION
+        self.producers = [Producer(p, f"{t}p{p}w{w}" if t != TOPIC else f"p{p}w{w}", t)
+                          for t in self.topics for p in range(partitions) for w in range(per_partition)]
         self.seen_at: dict[bytes, tuple[int, int]] = {}  # value -> (partition, seq) where first read
         self.disks: list[Path] = []
         self.broker: BrokerProcess | None = None
 
     def _start(self, disk: Path) -> BrokerProcess:
         self.broker = BrokerProcess(disk, "--catalog", self.catalog_url, "--store", self.store_url, "--s3-path-style",
-                                    "--broker-id", "0", "--block-max-age-ms", "50", env=self.env).start()
+                                    "--broker-id", "0", "--block-max-age-ms", "50", env=self.env
+                                    ).start(timeout_s=60.0 if not self.spread else 900.0)
         return self.broker
 
     def _new_disk(self) -> Path:
@@ -115,7 +143,8 @@ class Chaos:
         disk = self._new_disk()
         broker = self._start(disk)
         async with await Client.connect("127.0.0.1", broker.port) as client:
-            await client.create_topic(TOPIC, PARTITIONS, TOPIC_CONFIG)
+            for topic in self.topics:
+                await client.create_topic(topic, self.partitions, TOPIC_CONFIG)
         for number in range(1, rounds + 1):
             action = self.rng.choice(ACTIONS)
             self.report.actions[action] += 1
@@ -129,7 +158,12 @@ class Chaos:
     async def _round(self, number: int, action: str, disk: Path) -> Path:
         broker = self.broker
         stop_producing = asyncio.Event()
-        tasks = [asyncio.ensure_future(self._produce(broker.port, p, stop_producing)) for p in self.producers]
+        if self.spread:
+            slices = [self.producers[w::self.writers] for w in range(self.writers)]
+            tasks = [asyncio.ensure_future(self._produce_spread(broker.port, mine, stop_producing))
+                     for mine in slices if mine]
+        else:
+            tasks = [asyncio.ensure_future(self._produce(broker.port, p, stop_producing)) for p in self.producers]
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
         if action == "stop":
             broker.proc.send_signal(signal.SIGTERM)
@@ -157,7 +191,7 @@ class Chaos:
             return
         try:
             while not stop.is_set():
-                values = [producer.value() for _ in range(self.rng.randint(1, 4))]
+                values = [producer.value() for _ in range(self.values_rng.randint(1, 4))]
                 try:
                     await asyncio.wait_for(client.produce(TOPIC, producer.partition, values), 15)
                 except TankError:
@@ -174,22 +208,65 @@ class Chaos:
             except Exception:  # the broker was killed under it
                 pass
 
+    async def _produce_spread(self, port: int, producers: list[Producer], stop: asyncio.Event) -> None:
+        """One connection producing to many partitions: each request carries a bundle for up to
+        PARTITIONS_PER_PRODUCE of `producers` (each producer in one request at a time, so its acknowledged values
+        keep the order it sent them), and each partition's status decides its own values."""
+        from tiered.client import Client, TankError
+        from tiered.client.client import as_messages
+        from tiered.protocol.codes import ProduceStatus
+
+        try:
+            client = await Client.connect("127.0.0.1", port)
+        except OSError:
+            return
+        try:
+            while not stop.is_set():
+                chosen = self.values_rng.sample(producers, min(len(producers), PARTITIONS_PER_PRODUCE))
+                bundles = [(p, [p.value() for _ in range(self.values_rng.randint(1, 2))]) for p in chosen]
+                try:
+                    statuses = await asyncio.wait_for(client.produce_many(
+                        {(p.topic, p.partition): as_messages(values) for p, values in bundles}), 15)
+                except TankError:
+                    self.report.unconfirmed += sum(len(values) for _, values in bundles)
+                    continue
+                except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, EOFError):
+                    self.report.unconfirmed += sum(len(values) for _, values in bundles)
+                    return
+                for p, values in bundles:
+                    if statuses[(p.topic, p.partition)] == ProduceStatus.OK:
+                        p.acked.extend(values)
+                        self.report.acks += len(values)
+                    else:
+                        self.report.unconfirmed += len(values)
+        finally:
+            try:
+                await client.close()
+            except Exception:  # the broker was killed under it
+                pass
+
     async def verify(self, when: str) -> None:
         from tiered.catalog import Catalog
         from tiered.catalog.check import check_catalog
         from tiered.client import Client
 
         async with await Client.connect("127.0.0.1", self.broker.port) as client:
-            found: dict[int, dict[bytes, int]] = {}
-            for partition in range(PARTITIONS):
+            found: dict[tuple[str, int], dict[bytes, int]] = {}
+            readers = asyncio.Semaphore(READERS)
+
+            async def read(topic: str, partition: int) -> None:
                 values: dict[bytes, int] = {}
-                async for message in client.drain(TOPIC, partition, 0, fetch_bytes=256 << 10):
-                    if message.value in values:
-                        self.report.losses.append(f"{when}: {message.value[:16]!r} twice in partition {partition}")
-                    values[message.value] = message.seq
-                found[partition] = values
+                async with readers:
+                    async for message in client.drain(topic, partition, 0, fetch_bytes=256 << 10):
+                        if message.value in values:
+                            self.report.losses.append(
+                                f"{when}: {message.value[:16]!r} twice in partition {topic}/{partition}")
+                        values[message.value] = message.seq
+                found[(topic, partition)] = values
+
+            await asyncio.gather(*(read(t, p) for t in self.topics for p in range(self.partitions)))
         for producer in self.producers:
-            values = found[producer.partition]
+            values = found[(producer.topic, producer.partition)]
             previous = 0
             for value in producer.acked:
                 seq = values.get(value)
@@ -199,20 +276,22 @@ class Chaos:
                 if seq <= previous:
                     self.report.losses.append(f"{when}: {value[:16]!r} out of order (seq {seq} after {previous})")
                 previous = seq
-                where = (producer.partition, seq)
+                where = (producer.topic, producer.partition, seq)
                 if self.seen_at.setdefault(value, where) != where:
                     self.report.losses.append(f"{when}: {value[:16]!r} moved from {self.seen_at[value]} to {where}")
         catalog = Catalog.open(self.catalog_url)
         try:
-            report = await asyncio.to_thread(check_catalog, catalog, TOPIC)
+            for topic in self.topics:
+                report = await asyncio.to_thread(check_catalog, catalog, topic)
+                self.report.catalog_problems += [f"{when}: {problem}" for problem in report.problems]
+                self.report.partitions_checked += len(report.partitions)
         finally:
             catalog.close()
-        self.report.catalog_problems += [f"{when}: {problem}" for problem in report.problems]
 
 
 async def run_chaos(root: Path, catalog_url: str, env: dict[str, str], store_url: str, *, rounds: int, seed: int,
-                    log=print) -> ChaosReport:
-    chaos = Chaos(root, catalog_url, env, store_url, seed, log)
+                    log=print, topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS) -> ChaosReport:
+    chaos = Chaos(root, catalog_url, env, store_url, seed, log, topics=topics, partitions=partitions, writers=writers)
     try:
         return await chaos.run(rounds)
     finally:
@@ -226,7 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261123)
     add_size_options(parser, quick="5 rounds", smoke="1 round")
     parser.add_argument("--local-store", action="store_true", help="a local-directory store instead of moto's S3")
+    parser.add_argument("--topics", type=int, default=1, help="topics (the first named chaos, then chaos1, ...)")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS, help="partitions per topic")
+    parser.add_argument("--writers", type=int, default=WRITERS,
+                        help=f"producing connections when there are more than {SPREAD_ABOVE} partitions")
     args = parser.parse_args(argv)
+    for name in ("topics", "partitions", "writers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     rounds = size_of(args).pick(args.rounds, 5, 1)
     bindir = find_pg_bindir()
     if bindir is None:
@@ -240,12 +326,14 @@ def main(argv: list[str] | None = None) -> int:
         upgrade(pg.url())
         store_url = f"file://{root / 'objects'}" if args.local_store else f"s3://{moto.bucket}/chaos"
         report = asyncio.run(run_chaos(root, pg.url(), moto.env, store_url, rounds=rounds, seed=args.seed,
-                                       log=lambda text: print(text, file=sys.stderr, flush=True)))
+                                       log=lambda text: print(text, file=sys.stderr, flush=True), topics=args.topics,
+                                       partitions=args.partitions, writers=args.writers))
     finally:
         moto.stop()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print(f"chaos: seed {args.seed}" + (", local-directory store" if args.local_store else ""))
+    print(f"chaos: seed {args.seed}, {args.topics} x {args.partitions} partitions"
+          + (", local-directory store" if args.local_store else ""))
     print(report.table())
     return 0 if report.ok else 1
 

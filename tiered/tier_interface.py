@@ -24,6 +24,7 @@ from tiered.bounds import PartitionBounds
 from tiered.storage.partition_log import AppendResult, PartitionLog, StoredRecord
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
+from tiered.topic_partition import TopicPartition
 
 
 class AckOutcome(Enum):
@@ -145,19 +146,19 @@ class RemoteCompactionReport:
 
 
 class TierSink(Protocol):
-    def committed(self, topic: str, partition: int, first_seq: int, last_seq: int, size_bytes: int) -> None:
+    def committed(self, tp: TopicPartition, first_seq: int, last_seq: int, size_bytes: int) -> None:
         """Records [first_seq, last_seq] of the partition are in the bucket and the catalog."""
 
-    def fenced(self, topic: str, partition: int, reason: str) -> None:
+    def fenced(self, tp: TopicPartition, reason: str) -> None:
         """A newer leader claimed the partition: this broker stops serving it."""
 
-    def copied(self, topic: str, partition: int, base: int, last: int) -> None:
+    def copied(self, tp: TopicPartition, base: int, last: int) -> None:
         """A sealed segment [base, last] is readable in the bucket."""
 
-    def first_available_moved(self, topic: str, partition: int, seq: int) -> None:
+    def first_available_moved(self, tp: TopicPartition, seq: int) -> None:
         """Remote retention moved the partition's first available seq up to `seq`."""
 
-    def follow(self, topic: str, partition: int, leader: Leader | None, committed: int | None,
+    def follow(self, tp: TopicPartition, leader: Leader | None, committed: int | None,
                first_available: int | None = None) -> None:
         """The partition is led by another broker (None: by nobody yet, a takeover is under way). `committed` and
         `first_available` are the catalog's bounds (None: unchanged): history up to `committed` is served here, the
@@ -169,7 +170,7 @@ class TierSink(Protocol):
     async def topics_known(self, topics: Sequence[NewLocalTopic]) -> None:
         """Every topic of the catalog: the ones the disk lacks are created locally (another broker created them)."""
 
-    def local_partition(self, topic: str, partition: int) -> LocalPartition | None:
+    def local_partition(self, tp: TopicPartition) -> LocalPartition | None:
         """What the local disk holds of the partition now (for the plan of a claim), None if it is not open."""
 
     def evicted(self, reason: str) -> None:
@@ -202,7 +203,7 @@ class Tier(Protocol):
         """Called once a plan is carried out locally: lead the partition, uploading `tail` (the records past
         `plan.reupload_after`) before anything appended later."""
 
-    def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None: ...
+    def reconfigured(self, tp: TopicPartition, config: TopicConfig) -> None: ...
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]: ...
 
@@ -214,18 +215,18 @@ class Tier(Protocol):
     def admits_now(self) -> bool:
         """Whether admission() would answer True at once; the produce path awaits admission() only when not."""
 
-    def appended(self, topic: str, partition: int, appended: AppendResult,
+    def appended(self, tp: TopicPartition, appended: AppendResult,
                  durable: bool) -> asyncio.Future[AckOutcome] | None:
         """A record was appended locally; returns the future of its durable ack on a durable topic."""
 
-    def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None: ...
+    def sealed(self, tp: TopicPartition, segment: SealedSegment) -> None: ...
 
-    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool: ...
+    def may_delete_local(self, tp: TopicPartition, segment: SealedSegment) -> bool: ...
 
-    async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
+    async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None: ...
 
-    async def refresh_follower(self, topic: str, partition: int) -> bool:
+    async def refresh_follower(self, tp: TopicPartition) -> bool:
         """A read on a partition led elsewhere went past the bounds known here: the tier tells the sink the
         catalog's bounds now (through `follow`). True if it did, and the read should look again."""
 
@@ -235,10 +236,10 @@ class Tier(Protocol):
 
     async def check_ready(self) -> tuple[bool, str]: ...
 
-    def partition_status(self, topic: str, partition: int) -> dict[str, int]:
+    def partition_status(self, tp: TopicPartition) -> dict[str, int]:
         """Counters of the partition's tier for /v1/tier (name -> value)."""
 
-    async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
+    async def compact_remote(self, tp: TopicPartition, log: PartitionLog,
                              force: bool = False) -> RemoteCompactionReport | None:
         """Brings the tier's copy of a compacted partition led here to what `log`'s compaction keeps (`force`: a
         pass asked for by hand); None when the tier holds no copy of it to compact, or it is not led here."""
@@ -270,10 +271,10 @@ class LocalOnly:
     async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
         return None
 
-    def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
+    def reconfigured(self, tp: TopicPartition, config: TopicConfig) -> None:
         return None
 
-    async def refresh_follower(self, topic: str, partition: int) -> bool:
+    async def refresh_follower(self, tp: TopicPartition) -> bool:
         return False
 
     async def create_topic(self, name: str, partitions: int, config_text: str) -> list[PartitionPlan]:
@@ -288,17 +289,17 @@ class LocalOnly:
     def admits_now(self) -> bool:
         return True
 
-    def appended(self, topic: str, partition: int, appended: AppendResult,
+    def appended(self, tp: TopicPartition, appended: AppendResult,
                  durable: bool) -> asyncio.Future[AckOutcome] | None:
         return None
 
-    def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None:
+    def sealed(self, tp: TopicPartition, segment: SealedSegment) -> None:
         return None
 
-    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool:
+    def may_delete_local(self, tp: TopicPartition, segment: SealedSegment) -> bool:
         return True
 
-    async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
+    async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
         return None
 
@@ -311,9 +312,9 @@ class LocalOnly:
     async def check_ready(self) -> tuple[bool, str]:
         return True, ""
 
-    def partition_status(self, topic: str, partition: int) -> dict[str, int]:
+    def partition_status(self, tp: TopicPartition) -> dict[str, int]:
         return {}
 
-    async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
+    async def compact_remote(self, tp: TopicPartition, log: PartitionLog,
                              force: bool = False) -> RemoteCompactionReport | None:
         return None

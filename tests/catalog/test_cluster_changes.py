@@ -94,3 +94,29 @@ def test_members_carry_where_plaintext_clients_reach_them(cat):
             (1, "127.0.0.1:1", "127.0.0.1:2"), (2, "127.0.0.1:3", "")]
     register(cat, 1, "i1b", "127.0.0.1:1", "", 0)  # a restart without the plaintext listener forgets it
     assert [m.advertised_plain for m in members(cat)] == ["", ""]
+
+
+def test_claimed_since_names_only_the_partitions_whose_epoch_moved_on(cat):
+    from tiered.catalog.cluster import claimed_since
+
+    create_topic(cat, "t", 3)
+    create_topic(cat, "u", 1)
+    claim_partitions(cat, 2, "t", [1])
+    claim_partitions(cat, 3, "u", [0])
+    moved = claimed_since(cat, {("t", 0): 0, ("t", 1): 0, ("t", 2): 0, ("u", 0): 1, ("v", 0): 0})
+    assert [(a.topic, a.partition, a.leader_broker, a.leader_epoch) for a in moved] == [("t", 1, 2, 1)]
+    assert claimed_since(cat, {}) == []
+
+
+def test_assign_moves_across_topics_in_one_transaction_counted_once(cat):
+    from tiered.catalog.cluster import assign_moves
+
+    create_topic(cat, "t", 2)
+    create_topic(cat, "u", 2)
+    epochs = {("t", p): e for p, e in claim_partitions(cat, 1, "t", [0, 1]).items()}
+    epochs.update({("u", p): e for p, e in claim_partitions(cat, 1, "u", [0, 1]).items()})
+    before = changes(cat)
+    done = assign_moves(cat, {key: 2 for key in epochs},
+                        expected={**{key: (1, e) for key, e in epochs.items()}, ("u", 1): (3, epochs[("u", 1)])})
+    assert done == [("t", 0), ("t", 1), ("u", 0)]  # u/1 is not led by broker 3
+    assert changes(cat) - before == (1 if cat.backend == "postgresql" else 3)

@@ -45,6 +45,7 @@ from tiered.tiering.objects.store import StoreError
 from tiered.topic_partition import TopicPartition
 
 TOPIC = "events"
+TP = TopicPartition(TOPIC, 0)
 A, B = 1, 2  # broker ids
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=10)
@@ -134,7 +135,7 @@ async def read_everything(store, acat) -> bytes:
     hwmark = (await acat.read(catalog_partitions.get_partition_states, TOPIC))[0].hwmark_seq
     out, seq = b"", 1
     while seq <= hwmark:
-        chunk = await reader.fetch(TopicPartition(TOPIC, 0), seq, 1 << 20)
+        chunk = await reader.fetch(TP, seq, 1 << 20)
         assert isinstance(chunk, RemoteChunk), (seq, chunk)
         data = chunk.data if isinstance(chunk.data, bytes) else b"".join([bytes(p) async for p in chunk.data.pieces()])
         position, last = 0, seq - 1
@@ -186,8 +187,8 @@ async def test_a_copy_the_leader_will_redo_is_left_to_it_and_finishes(s3_store, 
     await start_copy(s3_store, cat, seg, epoch_now(cat), minutes(0), uploads=1)  # crashed mid-upload
     catalog_partitions.claim_partitions(cat, A, TOPIC, [0])  # the same broker, restarted, leads again
     leader = copier(s3_store, acat, epoch_now(cat))
-    leader.enqueue(TOPIC, 0, seg)
-    report = await clean(s3_store, acat, cat, minutes(30), will_copy=lambda base: leader.will_copy(TOPIC, 0, base))
+    leader.enqueue(TP, seg)
+    report = await clean(s3_store, acat, cat, minutes(30), will_copy=lambda base: leader.will_copy(TP, base))
     assert report.deleted == [] and states(cat) == {seg.base: S.COPY_STARTED}
     await leader.copy(CopyJob(TOPIC, 0, seg))
     assert states(cat) == {seg.base: S.COPY_FINISHED}
@@ -287,7 +288,7 @@ async def test_a_copy_retention_deleted_is_not_brought_back(s3_store, cat, acat,
     metrics = Metrics()
     again = copier(s3_store, acat, epoch_now(cat), metrics=metrics)
     await again.copy(CopyJob(TOPIC, 0, seg))
-    assert again.is_copied(TOPIC, 0, seg.base) and metrics.count(m.SEGMENT_COPY_FAILURES) == 0
+    assert again.is_copied(TP, seg.base) and metrics.count(m.SEGMENT_COPY_FAILURES) == 0
     assert states(cat)[seg.base] == S.DELETE_FINISHED
     assert not await exists(s3_store, row.object_key) and not await exists(s3_store, row.index_object_key)
     # A refusal for another reason still fails the copy: a row mid-deletion above the history's start.
@@ -355,10 +356,10 @@ async def test_random_fences_takeovers_copies_and_passes(s3_store, cat, acat, tm
 
 
 class Sink:
-    def copied(self, topic, partition, base, last):
+    def copied(self, tp, base, last):
         pass
 
-    def first_available_moved(self, topic, partition, seq):
+    def first_available_moved(self, tp, seq):
         pass
 
 
@@ -381,20 +382,20 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
     tier = RemoteTier(s3_store, acat, Sink(), metrics=metrics, state=led_state({(TOPIC, 0): epoch},
                                                                                committed_seq=1 << 62),
                       fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
-    tier.copier.enqueue(TOPIC, 0, first)
+    tier.copier.enqueue(TP, first)
     copying = asyncio.ensure_future(tier.copier.run())
     try:
         await eventually(lambda: metrics.count(m.SEGMENT_COPY_FAILURES) == 1 and clock.sleeping == 1,
                          what="the copy refused by the row mid-deletion, waiting to try again")
         assert states(cat)[first.base] == S.DELETE_STARTED
 
-        await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
+        await tier.remote_retention_pass([(TP, TopicConfig())])
         assert states(cat) == {first.base: S.DELETE_FINISHED, second.base: S.DELETE_FINISHED,
                                third.base: S.COPY_STARTED, fourth.base: S.COPY_STARTED}  # those two are too young
         assert metrics.count(m.ABANDONED_COPIES_DELETED) == 1  # the second; the first was an interrupted pass's
 
         clock.advance(1.0)
-        await eventually(lambda: tier.copier.is_copied(TOPIC, 0, first.base), what="the copy after the deletion")
+        await eventually(lambda: tier.copier.is_copied(TP, first.base), what="the copy after the deletion")
     finally:
         copying.cancel()
     assert states(cat)[first.base] == S.COPY_FINISHED
@@ -402,11 +403,11 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
     # A pass 60 s later does not look for abandoned copies, but finishes a deletion an interrupted pass left.
     catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, fourth.base, epoch, older_than=minutes(16), now=minutes(16))
     clock.advance(60)
-    await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
+    await tier.remote_retention_pass([(TP, TopicConfig())])
     assert (states(cat)[third.base], states(cat)[fourth.base]) == (S.COPY_STARTED, S.DELETE_FINISHED)
     # A grace period after the last look, the next pass looks again.
     clock.advance(GRACE.total_seconds())
-    await tier.remote_retention_pass([(TOPIC, 0, TopicConfig())])
+    await tier.remote_retention_pass([(TP, TopicConfig())])
     assert states(cat)[third.base] == S.DELETE_FINISHED and metrics.count(m.ABANDONED_COPIES_DELETED) == 2
     await assert_consistent(s3_store, acat, cat, part)
 
@@ -444,7 +445,7 @@ async def test_a_pass_with_remote_retention_looks_for_interrupted_deletions_once
         catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, seg.base, epoch, older_than=minutes(1),
                                                 now=minutes(1))
         counting.leftover_looks = 0
-        await tier.remote_retention_pass([(TOPIC, 0, config)])
+        await tier.remote_retention_pass([(TP, config)])
         assert counting.leftover_looks == 1, f"scan={scan}"
         assert states(cat)[seg.base] == S.DELETE_FINISHED
         assert not await exists(s3_store, meta.object_key) and not await exists(s3_store, meta.index_object_key)
@@ -485,14 +486,14 @@ async def test_a_pass_over_partitions_with_nothing_to_do_costs_two_statements(s3
     clock = ManualClock(start_ms=(minutes(0) + GRACE + timedelta(minutes=1)).timestamp() * 1000)
     tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), state=led_state(epochs, committed_seq=1 << 62),
                       fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
-    quiet = [("quiet", p, TopicConfig()) for p in range(64)]
+    quiet = [(TopicPartition("quiet", p), TopicConfig()) for p in range(64)]
     await tier.remote_retention_pass(quiet)
     assert sorted(counting.calls) == ["partitions_mid_deletion", "partitions_with_stale_copies"]
     counting.calls.clear()
-    await tier.remote_retention_pass([*quiet, (TOPIC, 0, TopicConfig())])  # within the grace period: no scan
+    await tier.remote_retention_pass([*quiet, (TP, TopicConfig())])  # within the grace period: no scan
     assert counting.calls == ["partitions_mid_deletion"]
     clock.advance(GRACE.total_seconds())
-    await tier.remote_retention_pass([*quiet, (TOPIC, 0, TopicConfig())])
+    await tier.remote_retention_pass([*quiet, (TP, TopicConfig())])
     assert states(cat)[part.segments[0].base] == S.DELETE_FINISHED
     assert not await exists(s3_store, meta.object_key)
     assert "list_segments" in counting.calls and len(counting.calls) < 64

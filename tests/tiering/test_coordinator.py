@@ -16,6 +16,7 @@ from tiered.metrics import Metrics
 from tiered.tier_interface import Leader
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import CLAIM_POLL_S, Coordinator, Endpoints
+from tiered.topic_partition import TopicPartition
 from tests.catalog.rows import run, stamped
 from tests.support.clock import ManualClock
 
@@ -31,8 +32,8 @@ class Sink:
         self.led: list = []
         self.topics: list[list[str]] = []
 
-    def follow(self, topic, partition, leader, committed, first_available=None):
-        self.follows.append((topic, partition, leader, committed))
+    def follow(self, tp, leader, committed, first_available=None):
+        self.follows.append((*tp, leader, committed))
 
     async def lead(self, plans):
         self.led.extend(plans)
@@ -63,8 +64,8 @@ class Leadership:
         for key in keys:
             self.led.pop(key, None)
 
-    def lost(self, topic, partition):
-        self.led.pop((topic, partition), None)
+    def lost(self, tp):
+        self.led.pop(tp, None)
 
 
 @pytest.fixture
@@ -171,9 +172,9 @@ async def test_a_follower_learns_its_bounds_when_a_read_needs_them(pg_url):
         sink.follows.clear()
         await coordinator.tick()
         assert sink.follows == []  # a commit moves no counter: nobody polls every partition's bounds
-        assert await coordinator.refresh_follower("t", 0)
+        assert await coordinator.refresh_follower(TopicPartition("t", 0))
         assert sink.follows == [("t", 0, Leader(OTHER, "127.0.0.2:11011"), 9)]
-        assert not await coordinator.refresh_follower("t", 0)  # at most once per tick per partition
+        assert not await coordinator.refresh_follower(TopicPartition("t", 0))  # at most once per tick per partition
     finally:
         access.close()
 

@@ -24,6 +24,7 @@ from tiered.tier_interface import AckOutcome
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.blocks.durable import DurablePath
 from tiered.tiering.objects.local_store import LocalObjectStore
+from tiered.topic_partition import TopicPartition
 
 from tests.support.clock import ManualClock
 
@@ -33,16 +34,16 @@ class RecordingSink:
         self.commits: list[tuple[str, int, int, int]] = []
         self.fences: list[tuple[str, int]] = []
 
-    def committed(self, topic, partition, first_seq, last_seq, size_bytes):
-        self.commits.append((topic, partition, first_seq, last_seq))
+    def committed(self, tp, first_seq, last_seq, size_bytes):
+        self.commits.append((*tp, first_seq, last_seq))
 
-    def fenced(self, topic, partition, reason):
-        self.fences.append((topic, partition))
+    def fenced(self, tp, reason):
+        self.fences.append(tuple(tp))
 
-    def copied(self, topic, partition, base, last):
+    def copied(self, tp, base, last):
         pass
 
-    def first_available_moved(self, topic, partition, seq):
+    def first_available_moved(self, tp, seq):
         pass
 
 
@@ -87,7 +88,7 @@ async def durable_path(tmp_path, **policy):
     durable = DurablePath(store, access, 1, sink, state=state, metrics=Metrics(), max_bytes=1 << 20, max_age_ms=250,
                           grace=catalog_blocks.DEFAULT_DELETE_GRACE, clock=clock, **policy)
     for p in epochs:
-        durable.lead("t", p)
+        durable.lead(TopicPartition("t", p))
     timer = asyncio.ensure_future(durable.block_timer())
     yield SimpleNamespace(durable=durable, state=state, clock=clock, sink=sink, store=store, cat=catalog,
                           pipeline=durable.pipeline, builder=durable.builder, metrics=durable.metrics)
@@ -121,7 +122,7 @@ async def settle(path, until, what: str, turns: int = 400):
 
 
 async def test_a_block_closes_when_its_oldest_record_is_due(path):
-    ack = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    ack = path.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     await settle(path, lambda: path.clock.sleeping == 1, "the timer waiting for the block's age")
     path.clock.advance(0.249)
     await path.clock.settle()
@@ -134,10 +135,10 @@ async def test_a_block_closes_when_its_oldest_record_is_due(path):
 
 
 async def test_commits_keep_block_order_whatever_order_uploads_finish_in(path):
-    first = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    first = path.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     path.clock.advance(0.25)
     await settle(path, lambda: len(path.store.gates) == 1, "first PUT started")
-    second = path.durable.appended("t", 0, appended(2, record()), durable=True)
+    second = path.durable.appended(TopicPartition("t", 0), appended(2, record()), durable=True)
     path.clock.advance(0.25)
     await settle(path, lambda: len(path.store.gates) == 2, "second PUT started")
     path.store.gates[1].set()  # the second upload finishes first ...
@@ -151,8 +152,8 @@ async def test_commits_keep_block_order_whatever_order_uploads_finish_in(path):
 
 
 async def test_a_refused_commit_fences_its_partition_and_commits_the_others(path):
-    mine = path.durable.appended("t", 0, appended(1, record()), durable=True)
-    other = path.durable.appended("t", 1, appended(1, record()), durable=True)
+    mine = path.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
+    other = path.durable.appended(TopicPartition("t", 1), appended(1, record()), durable=True)
     catalog_partitions.claim_partitions(path.cat, 9, "t", [0])  # another broker takes t/0 over
     path.clock.advance(0.25)
     await settle(path, lambda: len(path.store.gates) == 1, "PUT started")
@@ -180,7 +181,7 @@ async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkey
         return await original(object_key, data, **options)
 
     monkeypatch.setattr(path.store, "put", flaky)
-    ack = path.durable.appended("t", 0, appended(1, record()), durable=True)
+    ack = path.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     path.clock.advance(0.25)
     for _ in range(3):  # each retry waits its backoff on the test's clock
         await settle(path, lambda: path.clock.sleeping >= 1, "retry waiting")
@@ -192,7 +193,7 @@ async def test_a_store_outage_is_retried_on_the_clock_until_it_ends(path, monkey
 
 
 async def test_latency_first_an_idle_pipeline_closes_a_block_after_its_linger(lingering):
-    ack = lingering.durable.appended("t", 0, appended(1, record()), durable=True)
+    ack = lingering.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     await settle(lingering, lambda: lingering.clock.sleeping == 1, "the timer waiting for the linger")
     lingering.clock.advance(0.004)
     await lingering.clock.settle()
@@ -205,11 +206,11 @@ async def test_latency_first_an_idle_pipeline_closes_a_block_after_its_linger(li
 
 
 async def test_latency_first_records_gather_while_a_block_uploads_then_go_at_once(lingering):
-    first = lingering.durable.appended("t", 0, appended(1, record()), durable=True)
+    first = lingering.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     lingering.clock.advance(0.005)
     await settle(lingering, lambda: len(lingering.store.gates) == 1, "the first block uploading")
-    second = lingering.durable.appended("t", 0, appended(2, record()), durable=True)
-    third = lingering.durable.appended("t", 1, appended(1, record()), durable=True)
+    second = lingering.durable.appended(TopicPartition("t", 0), appended(2, record()), durable=True)
+    third = lingering.durable.appended(TopicPartition("t", 1), appended(1, record()), durable=True)
     lingering.clock.advance(0.1)  # long past the linger and the spacing: the upload in flight holds them
     await lingering.clock.settle()
     await asyncio.sleep(0.02)
@@ -224,12 +225,12 @@ async def test_latency_first_records_gather_while_a_block_uploads_then_go_at_onc
 
 
 async def test_latency_first_early_closes_are_spaced_by_the_put_cap(lingering):
-    first = lingering.durable.appended("t", 0, appended(1, record()), durable=True)
+    first = lingering.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     lingering.clock.advance(0.005)
     await settle(lingering, lambda: len(lingering.store.gates) == 1, "the first block uploading")
     lingering.store.gates[0].set()
     assert await asyncio.wait_for(first, 5) is AckOutcome.COMMITTED
-    lingering.durable.appended("t", 0, appended(2, record()), durable=True)
+    lingering.durable.appended(TopicPartition("t", 0), appended(2, record()), durable=True)
     lingering.clock.advance(0.010)  # lingered, but only 10 ms after the last early close: 50 ms apart at most
     await lingering.clock.settle()
     await asyncio.sleep(0.02)
@@ -244,7 +245,7 @@ async def test_latency_first_early_closes_are_spaced_by_the_put_cap(lingering):
 
 
 async def test_cost_first_never_closes_early_even_with_an_idle_pipeline(path):
-    path.durable.appended("t", 0, appended(1, record()), durable=True)
+    path.durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
     path.clock.advance(0.2)
     await path.clock.settle()
     await asyncio.sleep(0.02)

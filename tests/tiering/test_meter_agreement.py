@@ -27,6 +27,7 @@ from tiered.server.app import App, tiering_service
 from tiered.tiering.blocks.block_format import block_tail_bytes, read_block_footer
 from tiered.tiering.objects import keys
 from tiered.tiering.objects.meter import CATALOG_WIDE, UNATTRIBUTED
+from tiered.topic_partition import TopicPartition
 
 from tests.ops.helpers import scrape
 from tests.support.broker import REPO, local_settings
@@ -108,7 +109,7 @@ async def test_the_meter_counts_what_the_bucket_saw_per_topic_and_operation(make
             await produce(client, other, random.Random(25))
 
         def copied() -> bool:
-            status = [app.tier.partition_status(topic, 0) for topic in (FAST, SLOW)]
+            status = [app.tier.partition_status(TopicPartition(topic, 0)) for topic in (FAST, SLOW)]
             return all(s["pending_segments"] == 0 and s["highest_copied_seq"] for s in status)
 
         await eventually(copied, timeout_s=60, what="the sealed segments to be copied")

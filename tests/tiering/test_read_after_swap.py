@@ -46,7 +46,7 @@ async def test_a_seq_compacted_from_runs_into_a_segment_is_read_by_its_leader(s3
                       clock=SYSTEM_CLOCK)
     before = {m.seq: m for m in log_messages(p0)}
     seq = max(before)  # in the last run, read before the swap: its location is cached
-    chunk = await tier.read("t", 0, seq, 100_000)
+    chunk = await tier.read(TopicPartition("t", 0), seq, 100_000)
     assert isinstance(chunk, RemoteChunk), chunk
     before_swap = locations(cat, "t", 0, 1, seq, first_page=2)  # small pages: the listing pages in one snapshot
     assert before_swap.segments == [] and before_swap.runs == runs_for_range(cat, "t", 0, 1, 100_000)
@@ -60,7 +60,7 @@ async def test_a_seq_compacted_from_runs_into_a_segment_is_read_by_its_leader(s3
     assert after_swap.runs == [] and after_swap.segments == readable_segments(cat, "t", 0)
     assert after_swap.highest_copied_seq == after_swap.segments[-1].last_seq == seq
 
-    chunk = await tier.read("t", 0, seq, 100_000)
+    chunk = await tier.read(TopicPartition("t", 0), seq, 100_000)
     assert isinstance(chunk, RemoteChunk), chunk
     got = [m for m in decode_segment(await chunk_bytes(chunk), chunk.first_bundle_seq) if m.seq >= seq]
     assert rows(got[:1]) == rows([before[seq]])

@@ -61,7 +61,7 @@ async def test_a_run_swapped_for_a_segment_right_after_the_lookup_is_read(broker
             got = await query(fn, *args)
             if fn is locate and not swapped:
                 assert isinstance(got, InRun)  # the run answers, as the read was planned
-                report = await app.tier.compact_remote("compacted", 0, log)
+                report = await app.tier.compact_remote(TopicPartition("compacted", 0), log)
                 swapped.append(report)
             return got
 

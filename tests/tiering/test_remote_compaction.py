@@ -40,6 +40,7 @@ from tiered.tier_interface import RemoteChunk
 from tiered.metrics import Metrics
 from tiered.tiering.segments.segment_copier import segment_timestamp_bounds
 from tiered.tiering.objects.store import ObjectNotFound
+from tiered.topic_partition import TopicPartition
 
 BROKER = 1
 RETENTION_S = 100
@@ -351,7 +352,7 @@ async def read_through(reader: RemoteReader, topic: str, first: int, last: int) 
     """Every message a consumer reading the bucket from `first` to `last` gets, chunk by chunk."""
     out, seq = [], first
     while seq <= last:
-        chunk = await reader.fetch(topic, 0, seq, 4096)
+        chunk = await reader.fetch(TopicPartition(topic, 0), seq, 4096)
         assert isinstance(chunk, RemoteChunk), chunk
         got = [m for m in decode_segment(await chunk_bytes(chunk), chunk.first_bundle_seq) if m.seq >= seq]
         if got:
@@ -428,7 +429,7 @@ async def test_the_copier_leaves_a_segment_whose_seqs_the_bucket_holds(s3_store,
     cut = SealedSegment(inner.directory, inner.base + 1, inner.last, inner.freeze_ts, inner.size,
                         filename=inner.filename, index=inner.index)
     await copier.copy(CopyJob("t", 0, cut))
-    assert readable_segments(cat, "t", 0) == before and copier.is_copied("t", 0, cut.base)
+    assert readable_segments(cat, "t", 0) == before and copier.is_copied(TopicPartition("t", 0), cut.base)
     assert check_partition(cat, "t", 0).problems == []
     plog.close()
 

@@ -39,7 +39,7 @@ async def test_a_block_commits_on_the_manual_clock_and_a_refused_one_fences(tmp_
             await service.resume(plan(p, epoch), TopicConfig(), [])
         assert service.leading() == {("t", 0): epochs[0], ("t", 1): epochs[1]}
 
-        ack = service.appended("t", 0, appended(1, record()), durable=True)
+        ack = service.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
         await settle(None, lambda: service.durable.due_in_s() is not None, "the block open")
         clock.advance(service.settings.block_max_age_ms / 1000)
         await clock.settle()
@@ -49,7 +49,7 @@ async def test_a_block_commits_on_the_manual_clock_and_a_refused_one_fences(tmp_
         assert catalog_partitions.get_partition_states(catalog, "t")[0].hwmark_seq == 1
 
         catalog_partitions.claim_partitions(catalog, 9, "t", [1])  # another broker takes t/1 over
-        refused = service.appended("t", 1, appended(1, record()), durable=True)
+        refused = service.appended(TopicPartition("t", 1), appended(1, record()), durable=True)
         await settle(None, lambda: service.durable.due_in_s() is not None, "the block open")
         clock.advance(service.settings.block_max_age_ms / 1000)
         await clock.settle()
@@ -57,6 +57,6 @@ async def test_a_block_commits_on_the_manual_clock_and_a_refused_one_fences(tmp_
         assert sink.fences == [("t", 1)]
         assert service.state.of(TopicPartition("t", 1)).role is Role.FENCED
         assert service.leading() == {("t", 0): epochs[0]}
-        assert service.partition_status("t", 0)["committed_seq"] == 1
+        assert service.partition_status(TopicPartition("t", 0))["committed_seq"] == 1
     finally:
         await service.stop(clock.monotonic() + 5)

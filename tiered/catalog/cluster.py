@@ -19,6 +19,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -45,8 +46,9 @@ class Member:
     advertised_plain: str = ""  # host:port at which plaintext clients reach it ("": none known, use `advertised`)
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(NamedTuple):
+    """A tuple, so that a look at 100,000 partitions builds its rows in C (`_make`), not through an __init__ each."""
+
     topic: str
     partition: int
     leader_broker: int | None
@@ -177,6 +179,26 @@ def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:
     return Assignment(*row) if row is not None else None
 
 
+# claimed_since's rows: each partition waited for, with the epoch it had.
+WAITING = RowSource("w", (("topic", "text"), ("partition", "integer"), ("leader_epoch", "bigint")))
+_CLAIMED_SINCE = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.hwmark_seq, p.first_available_seq,
+       p.handover_to
+FROM {w} JOIN partitions AS p ON p.topic = w.topic AND p."partition" = w."partition"
+WHERE p.leader_epoch > w.leader_epoch
+"""
+
+
+def claimed_since(cat: Catalog, epochs: Mapping[tuple[str, int], int]) -> list[Assignment]:
+    """The assignments of the partitions of `epochs` whose epoch has moved past the one given (claimed since), in one
+    statement whatever their number: what a handover or a topic creation waits for, without reading the rest."""
+    if not epochs:
+        return []
+    rows = [(topic, partition, epoch) for (topic, partition), epoch in sorted(epochs.items())]
+    with cat.read() as conn:
+        return [Assignment(*r) for r in conn.execute(statement(conn.dialect.name, _CLAIMED_SINCE, WAITING),
+                                                     WAITING.params(rows))]
+
+
 def leaderships(cat: Catalog) -> dict[int, int]:
     """How many partitions each broker is assigned: one count per broker, whatever the number of partitions (what
     a placement needs, without reading every assignment)."""
@@ -194,43 +216,52 @@ def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:
     if topic is not None:
         query = query.where(PartitionModel.topic == topic)
     with cat.read() as conn:
-        return [Assignment(*r) for r in conn.execute(query.order_by(PartitionModel.topic, PartitionModel.partition))]
+        return list(map(Assignment._make, conn.execute(query.order_by(PartitionModel.topic, PartitionModel.partition))))
 
 
-# assign's rows: each partition's new leader and, when `checked` is 1, the leader and epoch it must still have.
-ASSIGNED = RowSource("a", (("partition", "integer"), ("leader_broker", "integer"), ("checked", "integer"),
-                           ("was_leader", "integer"), ("was_epoch", "bigint")))
+# assign_moves' rows: each partition's new leader and, when `checked` is 1, the leader and epoch it must still have.
+ASSIGNED = RowSource("a", (("topic", "text"), ("partition", "integer"), ("leader_broker", "integer"),
+                           ("checked", "integer"), ("was_leader", "integer"), ("was_epoch", "bigint")))
 _ASSIGN = """UPDATE partitions AS p SET leader_broker = a.leader_broker
-FROM {a} WHERE p.topic = :topic AND p."partition" = a."partition"
+FROM {a} WHERE p.topic = a.topic AND p."partition" = a."partition"
   AND (a.checked = 0 OR (p.leader_epoch = a.was_epoch
                          AND (p.leader_broker = a.was_leader OR (a.was_leader IS NULL AND p.leader_broker IS NULL))))
 RETURNING {returned}
 """
 # SQLite's RETURNING sees only the updated table, by its name, not its alias.
-_RETURNED = {"postgresql": 'p."partition"', "sqlite": '"partition"'}
+_RETURNED = {"postgresql": 'p.topic, p."partition"', "sqlite": 'topic, "partition"'}
+
+
+def assign_moves(cat: Catalog, leaders: Mapping[tuple[str, int], int | None], *,
+                 expected: Mapping[tuple[str, int], tuple[int | None, int]] | None = None) -> list[tuple[str, int]]:
+    """Writes the partitions' assigned leaders (the epoch is left to the claim that follows), across topics, in one
+    transaction of three statements whatever their number: the rows locked in order (as every transaction that
+    locks several partitions), one update, one count of the change (tiered.catalog.changes). So the new leaders see
+    every move at their next look, not topic after topic. With `expected` {key: (leader, epoch)}, a partition moves
+    only while it is still as expected (a handover moves only what its leader still holds). Returns the partitions
+    assigned, in order."""
+    if not leaders:
+        return []
+    expected = expected or {}
+    rows = [(*key, leader, 1 if key in expected else 0, *(expected[key] if key in expected else (None, 0)))
+            for key, leader in sorted(leaders.items())]
+    with cat.write() as conn:
+        lock_partitions(conn, leaders, missing_ok=True)
+        skip_row_counts(conn)
+        backend = conn.dialect.name
+        update = statement(backend, _ASSIGN.replace("{returned}", _RETURNED[backend]), ASSIGNED)
+        done = sorted((topic, partition) for topic, partition in conn.execute(update, ASSIGNED.params(rows)))
+        if done:
+            count_change(conn)
+    return done
 
 
 def assign(cat: Catalog, topic: str, leaders: Mapping[int, int | None], *,
            expected: Mapping[int, tuple[int | None, int]] | None = None) -> list[int]:
-    """Writes the partitions' assigned leaders (the epoch is left to the claim that follows). With `expected`
-    {partition: (leader, epoch)}, only where the partition is still as expected (a handover moves only what its
-    leader still holds). Returns the partitions assigned, in order. One transaction of three statements whatever
-    their number: the rows locked in order (as every transaction that locks several partitions), one update, and
-    one count of the change (tiered.catalog.changes)."""
-    if not leaders:
-        return []
-    expected = expected or {}
-    rows = [(p, leader, 1 if p in expected else 0, *(expected[p] if p in expected else (None, 0)))
-            for p, leader in sorted(leaders.items())]
-    with cat.write() as conn:
-        lock_partitions(conn, [(topic, p) for p in leaders], missing_ok=True)
-        skip_row_counts(conn)
-        backend = conn.dialect.name
-        done = sorted(r[0] for r in conn.execute(statement(backend, _ASSIGN.replace("{returned}", _RETURNED[backend]), ASSIGNED),
-                                                 {"topic": topic, **ASSIGNED.params(rows)}))
-        if done:
-            count_change(conn)
-    return done
+    """assign_moves for the partitions of one topic, by number."""
+    done = assign_moves(cat, {(topic, p): leader for p, leader in leaders.items()},
+                        expected={(topic, p): e for p, e in (expected or {}).items()})
+    return [p for _, p in done]
 
 
 def request_handover(cat: Catalog, topic: str, partition: int, to_broker: int) -> bool:

@@ -141,7 +141,7 @@ class AdminHandler:
             return ReloadConfStatus.PARSE
         part.config = config  # a topic switched to durable acks shows only committed records from now on
         part.log.reconfigure(config)
-        self.broker.tier.reconfigured(req.topic, req.partition, config)
+        self.broker.tier.reconfigured(part.tp, config)
         log.info("reloaded config of %s/%d", req.topic, req.partition)
         return ReloadConfStatus.OK
 

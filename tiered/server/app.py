@@ -74,7 +74,7 @@ class App:
                 "hwmark": bounds.hwmark,
                 "role": part.role.value,
                 "leader": part.leader.endpoint if part.leader is not None else "",
-                **self.tier.partition_status(part.topic, part.partition),
+                **self.tier.partition_status(part.tp),
                 "compaction": compaction.view() if (compaction := self.broker.compactor.status(part)) else None,
             })  # fmt: skip
         return out

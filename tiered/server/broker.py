@@ -225,7 +225,7 @@ class Broker:
             await self.tier.resume(plan, part.config, tail)
             part.role = Role.LEADER
             for segment in part.log.segments:
-                self.tier.sealed(part.topic, part.partition, segment)
+                self.tier.sealed(part.tp, segment)
 
     @property
     def port(self) -> int:
@@ -287,16 +287,16 @@ class Broker:
     def appended(self, part: Partition, appended: AppendResult) -> asyncio.Future | None:
         """After each local append: hands the record to the tier; returns its durable-ack future, if it has one.
         Records of a topic that is not durable are visible at once (TANK's standalone behaviour)."""
-        ack = self.tier.appended(part.topic, part.partition, appended, part.durable)
+        ack = self.tier.appended(part.tp, appended, part.durable)
         if not part.durable:
-            self.waiters.visible(part.topic, part.partition, appended.first_seq, len(appended.record))
+            self.waiters.visible(part.tp, appended.first_seq, len(appended.record))
         return ack
 
     def apply_topic_config(self, name: str, config_text: str) -> None:
         """The catalog's configuration of a topic changed (`tiered topic config`): every partition follows it, and the
         tier for those it leads. Raises ConfigError when it cannot be used here (nothing changes)."""
         for part in self.registry.reconfigure_topic(name, config_text):
-            self.tier.reconfigured(name, part.partition, part.config)
+            self.tier.reconfigured(part.tp, part.config)
         log.info("topic %s: configuration applied from the catalog (%s)", name,
                  ", ".join(line.strip() for line in config_text.splitlines() if line.strip()) or "no keys")
 

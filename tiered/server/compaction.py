@@ -35,6 +35,7 @@ from tiered.metrics import Metrics
 from tiered.server.registry import Partition, Registry, Role
 from tiered.storage.compaction import CompactionReport, compact_partition, compaction_due
 from tiered.tier_interface import RemoteCompactionReport, Tier
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.server")
 
@@ -99,14 +100,14 @@ class Compactor:
         self.registry = registry
         self.metrics = metrics
         self.tier = tier
-        self._remote_synced: set[tuple[str, int]] = set()  # led partitions whose tier copy had a pass since start
+        self._remote_synced: set[TopicPartition] = set()  # led partitions whose tier copy had a pass since start
         self.clock = clock
         self.now_s = now_s
         self.interval_s = COMPACTION_INTERVAL_S
         self.deadline_s = PASS_DEADLINE_S
-        self.partitions: dict[tuple[str, int], PartitionCompaction] = {}
+        self.partitions: dict[TopicPartition, PartitionCompaction] = {}
         self._wake = asyncio.Event()
-        self._asked: list[tuple[str, int]] = []  # asked for by hand, oldest first
+        self._asked: list[TopicPartition] = []  # asked for by hand, oldest first
         self._running: asyncio.Future[CompactionReport] | None = None
         self._stopping = False
         metrics.gauge(m.COMPACTION_RUNNING, lambda: 1 if self._running is not None else 0)
@@ -125,7 +126,7 @@ class Compactor:
         """None for a partition whose topic is not compacted."""
         if part.config.log_cleanup_policy != "cleanup":
             return None
-        return self.partitions.setdefault((part.topic, part.partition), PartitionCompaction())
+        return self.partitions.setdefault(part.tp, PartitionCompaction())
 
     def ask(self, topic: str, partitions: list[int] | None = None) -> dict[str, Any]:
         """A compaction asked for by hand: every partition of `topic` (or those named) led here gets a ticket.
@@ -148,8 +149,8 @@ class Compactor:
                 answer["not_led"].append({"partition": p, "leader": leader})
                 continue
             state.requested += 1
-            if (topic, p) not in self._asked:
-                self._asked.append((topic, p))
+            if part.tp not in self._asked:
+                self._asked.append(part.tp)
                 if state.state == "idle":
                     state.state = "queued"
             answer["partitions"].append({"partition": p, "ticket": state.requested})
@@ -193,7 +194,7 @@ class Compactor:
                       and p.config.log_cleanup_policy == "cleanup"]
         # Reading the checkpoints touches the disk: off the event loop.
         due = await asyncio.to_thread(lambda: [p for p in candidates if _due_safely(p)
-                                               or (p.lower_tier and (p.topic, p.partition) not in self._remote_synced)])
+                                               or (p.lower_tier and p.tp not in self._remote_synced)])
         return asked + [(p, False) for p in due]
 
     async def compact(self, part: Partition, *, force: bool = False) -> CompactionReport | None:
@@ -241,8 +242,8 @@ class Compactor:
         finally:
             self._running = None
         self._record(part, state, report, started_at)
-        key = (part.topic, part.partition)
-        if part.lower_tier and not report.needs_reopen and (report.passes or force or key not in self._remote_synced):
+        synced = part.tp in self._remote_synced
+        if part.lower_tier and not report.needs_reopen and (report.passes or force or not synced):
             await self._compact_remote(part, state, deadline, force)
         self._answer(state, asked, Progress.of(report, started_at))
         return report
@@ -251,16 +252,16 @@ class Compactor:
                               force: bool) -> None:
         """The tier's copy follows the local pass, within what is left of the pass's deadline."""
         try:
-            remote = await asyncio.wait_for(self.tier.compact_remote(part.topic, part.partition, part.log, force),
+            remote = await asyncio.wait_for(self.tier.compact_remote(part.tp, part.log, force),
                                             max(1.0, deadline - self.clock.monotonic()))
         except Exception as exc:  # the bucket or the catalog: counted, shown, and tried again with the next pass
             self.metrics.inc(m.REMOTE_COMPACTION_FAILURES)
             state.remote_failures += 1
             state.remote_last = f"failed: {type(exc).__name__}: {exc}"
-            log.warning("remote compaction of %s/%d failed: %s; tried again with the next pass", part.topic,
-                        part.partition, state.remote_last)
+            log.warning("remote compaction of %s failed: %s; tried again with the next pass", part.tp,
+                        state.remote_last)
             return
-        self._remote_synced.add((part.topic, part.partition))
+        self._remote_synced.add(part.tp)
         if remote is not None:
             self._record_remote(state, remote)
 

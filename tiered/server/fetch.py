@@ -82,7 +82,7 @@ class FetchResolver:
         if part.role is not Role.LEADER and _past_known(seq, where, bounds):
             # A follower learns the catalog's bounds when a read needs them (no broker polls every partition's):
             # what was committed since may be served here; the tail still goes to the leader.
-            if part.role is Role.FOLLOWER and await self.tier.refresh_follower(part.topic, part.partition):
+            if part.role is Role.FOLLOWER and await self.tier.refresh_follower(part.tp):
                 bounds = part.bounds()
                 where = locate(seq, bounds)
             if not _led_here(part) and _past_known(seq, where, bounds):  # the role may have changed while awaiting
@@ -100,7 +100,7 @@ class FetchResolver:
         return where
 
     async def _remote(self, part: Partition, seq: int, fetch_size: int, bounds: PartitionBounds) -> Resolved:
-        got = await self.tier.read(part.topic, part.partition, seq, fetch_size, bounds)
+        got = await self.tier.read(part.tp, seq, fetch_size, bounds)
         if isinstance(got, RemoteChunk):
             chunk = BytesChunk(got.data) if isinstance(got.data, bytes) else StreamChunk(got.data)
             return Found(chunk, got.first_bundle_seq, got.first_bundle_sparse, bounds.hwmark)

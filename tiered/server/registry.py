@@ -25,6 +25,7 @@ from tiered.storage import topics as topic_dirs
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
 from tiered.tier_interface import Leader, LocalPartition, LocalTopic, Tier
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.server")
 
@@ -49,6 +50,11 @@ class Partition:
     # A FOLLOWER serves its local records only up to here: past it the disk may hold records this broker appended
     # but never committed (it lost the partition), which the catalog's history does not have.
     trusted_local: int = 0
+    # Its name as one value, built once here: what the server passes to the tier (tiered.tier_interface).
+    tp: TopicPartition = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.tp = TopicPartition(self.topic, self.partition)
 
     @property
     def durable(self) -> bool:
@@ -157,14 +163,14 @@ class Registry:
 
     def _open_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier) -> Partition:
         plog = PartitionLog.open(str(self.data_dir / topic / str(partition)), config, now_s=self.now_s,
-                                 **self._tier_callbacks(topic, partition, tier))
+                                 **self._tier_callbacks(TopicPartition(topic, partition), tier))
         return self._partition(topic, partition, plog, config, tier)
 
     @staticmethod
-    def _tier_callbacks(topic: str, partition: int, tier: Tier) -> dict[str, Any]:
+    def _tier_callbacks(tp: TopicPartition, tier: Tier) -> dict[str, Any]:
         """PartitionLog's on_seal and may_delete keywords for a partition of `tier`."""
-        return {"on_seal": lambda segment: tier.sealed(topic, partition, segment),
-                "may_delete": lambda segment: tier.may_delete_local(topic, partition, segment)}
+        return {"on_seal": lambda segment: tier.sealed(tp, segment),
+                "may_delete": lambda segment: tier.may_delete_local(tp, segment)}
 
     @staticmethod
     def _partition(topic: str, partition: int, plog: PartitionLog, config: TopicConfig, tier: Tier) -> Partition:
@@ -183,7 +189,7 @@ class Registry:
         base = os.path.join(self.data_dir, name)
         topic.partitions = [self._partition(name, p, PartitionLog.open_new(
             os.path.join(base, str(p)), config, rng=rng, now_s=self.now_s,
-            **self._tier_callbacks(name, p, tier)), config, tier) for p in range(partitions)]
+            **self._tier_callbacks(TopicPartition(name, p), tier)), config, tier) for p in range(partitions)]
         self.topics[name] = topic
         return topic
 

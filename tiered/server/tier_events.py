@@ -24,6 +24,7 @@ from tiered.server.registry import Registry, Role
 from tiered.server.waiters import Waiters
 from tiered.storage.topic_config import ConfigError
 from tiered.tier_interface import Leader, LocalPartition, NewLocalTopic, PartitionPlan
+from tiered.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
     from tiered.server.broker import Broker
@@ -48,8 +49,8 @@ class TierEvents:
             raise RuntimeError("TierEvents.bind() was not called")
         return self._broker
 
-    def committed(self, topic: str, partition: int, first_seq: int, last_seq: int, size_bytes: int) -> None:
-        part = self.registry.get(topic, partition)
+    def committed(self, tp: TopicPartition, first_seq: int, last_seq: int, size_bytes: int) -> None:
+        part = self.registry.get(*tp)
         if part is None:
             return
         if last_seq > part.committed:
@@ -57,24 +58,24 @@ class TierEvents:
         if not part.catalog_first:
             part.catalog_first = first_seq
         if part.durable:
-            self.waiters.visible(topic, partition, first_seq, size_bytes)
+            self.waiters.visible(tp, first_seq, size_bytes)
 
-    def fenced(self, topic: str, partition: int, reason: str) -> None:
-        self.follow(topic, partition, None, None)
+    def fenced(self, tp: TopicPartition, reason: str) -> None:
+        self.follow(tp, None, None)
 
-    def copied(self, topic: str, partition: int, base: int, last: int) -> None:
-        part = self.registry.get(topic, partition)
+    def copied(self, tp: TopicPartition, base: int, last: int) -> None:
+        part = self.registry.get(*tp)
         if part is not None and not part.catalog_first:
             part.catalog_first = base
 
-    def first_available_moved(self, topic: str, partition: int, seq: int) -> None:
-        part = self.registry.get(topic, partition)
+    def first_available_moved(self, tp: TopicPartition, seq: int) -> None:
+        part = self.registry.get(*tp)
         if part is not None and seq > part.catalog_first:
             part.catalog_first = seq
 
-    def follow(self, topic: str, partition: int, leader: Leader | None, committed: int | None,
+    def follow(self, tp: TopicPartition, leader: Leader | None, committed: int | None,
                first_available: int | None = None) -> None:
-        part = self.registry.get(topic, partition)
+        part = self.registry.get(*tp)
         if part is None:
             return
         moved = part.role is not Role.FOLLOWER or part.leader != leader
@@ -89,7 +90,7 @@ class TierEvents:
         if first_available:
             part.catalog_first = first_available
         if moved:
-            self.waiters.wake_partition(topic, partition)  # long-polls answer now: redirected, or at EOF
+            self.waiters.wake_partition(tp)  # long-polls answer now: redirected, or at EOF
 
     async def lead(self, plans: Sequence[PartitionPlan]) -> None:
         await self.broker.apply_plans(plans)
@@ -125,10 +126,10 @@ class TierEvents:
         else:
             self._refused_configs.pop(name, None)
 
-    def local_partition(self, topic: str, partition: int) -> LocalPartition | None:
-        part = self.registry.get(topic, partition)
+    def local_partition(self, tp: TopicPartition) -> LocalPartition | None:
+        part = self.registry.get(*tp)
         if part is None:
             return None
         state = self.broker.local_state
-        applied = state.applied_epoch(topic, partition) if state is not None else None
-        return LocalPartition(topic, partition, part.log.first_available, part.log.last_held, applied)
+        applied = state.applied_epoch(tp.topic, tp.partition) if state is not None else None
+        return LocalPartition(tp.topic, tp.partition, part.log.first_available, part.log.last_held, applied)

@@ -12,6 +12,8 @@ import asyncio
 import math
 from dataclasses import dataclass, field
 
+from tiered.topic_partition import TopicPartition
+
 MAX_WAIT_CAP_MS = 3_600_000
 MIN_WAIT_MS = 320
 TIMER_GRANULARITY_MS = 128
@@ -64,20 +66,20 @@ class Waiters:
                 if not bucket:
                     del self._by_partition[tp]
 
-    def visible(self, topic: str, partition: int, first_seq: int, size_bytes: int) -> None:
+    def visible(self, tp: TopicPartition, first_seq: int, size_bytes: int) -> None:
         """Bytes from `first_seq` on became visible on a partition: wake the waiters that now have enough."""
-        bucket = self._by_partition.get((topic, partition))
+        bucket = self._by_partition.get(tp)
         if not bucket:
             return
         for waiter in list(bucket):
-            waiter.first_seen.setdefault((topic, partition), first_seq)
+            waiter.first_seen.setdefault(tp, first_seq)
             waiter.captured_bytes += size_bytes
             if waiter.captured_bytes >= waiter.min_bytes:
                 waiter.fire("data")
 
-    def wake_partition(self, topic: str, partition: int, reason: str = "moved") -> None:
+    def wake_partition(self, tp: TopicPartition, reason: str = "moved") -> None:
         """The partition is no longer served here: its waiters answer now (as a timeout)."""
-        for waiter in list(self._by_partition.get((topic, partition), ())):
+        for waiter in list(self._by_partition.get(tp, ())):
             waiter.fire(reason)
 
     def wake_all(self, reason: str = "shutdown") -> None:

@@ -62,36 +62,35 @@ class RemoteTier:
         self.reader = RemoteReader(store, catalog, metrics, budget=ReadBudget(read_budget_bytes),
                                    pace=hot_path.turn if hot_path is not None else None, clock=clock)
         self._reconcile_cursor: str | None = None
-        self._cleanup_cursors: dict[tuple[str, int], int] = {}  # per partition: the next page of abandoned copies
+        self._cleanup_cursors: dict[TopicPartition, int] = {}  # per partition: the next page of abandoned copies
         self._cleanup_due = 0.0  # monotonic time of the next page scan for abandoned copies
-        self._retention_again: set[tuple[str, int]] = set()  # partitions a retention limit stopped: visit again
+        self._retention_again: set[TopicPartition] = set()  # partitions a retention limit stopped: visit again
 
     # -- segments ---------------------------------------------------------------------------------------------------
 
-    def sealed(self, topic: str, partition: int, segment: SealedSegment, copy: bool) -> None:
+    def sealed(self, tp: TopicPartition, segment: SealedSegment, copy: bool) -> None:
         if copy:
-            self.copier.enqueue(topic, partition, segment)
+            self.copier.enqueue(tp, segment)
 
-    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment, copy: bool,
-                         committed: int) -> bool:
+    def may_delete_local(self, tp: TopicPartition, segment: SealedSegment, copy: bool, committed: int) -> bool:
         """A sealed segment leaves the local disk only once it is in the bucket (COPY_FINISHED); with
         `remote.copy=false`, once its records are committed in blocks."""
         if copy:
-            return self.copier.is_copied(topic, partition, segment.base)
+            return self.copier.is_copied(tp, segment.base)
         return segment.last <= committed
 
     def _copied(self, job: CopyJob) -> None:
-        self.sink.copied(job.topic, job.partition, job.segment.base, job.segment.last)
+        self.sink.copied(job.tp, job.segment.base, job.segment.last)
 
-    async def read(self, topic: str, partition: int, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
-        return await self.reader.fetch(TopicPartition(topic, partition), seq, fetch_size)
+    async def read(self, tp: TopicPartition, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
+        return await self.reader.fetch(tp, seq, fetch_size)
 
     # -- periodic passes --------------------------------------------------------------------------------------------
 
     def _now(self) -> datetime:
         return utc_now(self.clock)
 
-    async def remote_retention_pass(self, partitions: list[tuple[str, int, TopicConfig]]) -> int:
+    async def remote_retention_pass(self, partitions: list[tuple[TopicPartition, TopicConfig]]) -> int:
         """One pass of remote retention, and of the cleanup of abandoned copies, over the partitions this broker
         leads; returns segments deleted by retention."""
         deleted = 0
@@ -109,67 +108,65 @@ class RemoteTier:
         stale_copies = (await self.catalog.read(catalog_segments.partitions_with_stale_copies,
                                                 older_than=self._now() - self.grace)
                         if scan and partitions else set())
-        led: dict[tuple[str, int], TopicConfig] = {}
-        unfinished: set[tuple[str, int]] = set()  # interrupted deletions retention finishes
-        for topic, partition, config in partitions:
+        led: dict[TopicPartition, TopicConfig] = {}
+        unfinished: set[TopicPartition] = set()  # interrupted deletions retention finishes
+        for tp, config in partitions:
             retention = bool(config.remote_retention_secs or config.remote_retention_bytes)
-            leftovers = (topic, partition) in mid_deletion
+            leftovers = tp in mid_deletion
             # Interrupted deletions are finished once per pass: by the cleanup scan, else by retention, else here.
-            cleaned = await self._clean_abandoned_copies(topic, partition, (topic, partition) in stale_copies,
-                                                         finish=leftovers and not retention)
+            cleaned = await self._clean_abandoned_copies(tp, tp in stale_copies, finish=leftovers and not retention)
             if retention:
-                led[(topic, partition)] = config
+                led[tp] = config
                 if leftovers and not cleaned:
-                    unfinished.add((topic, partition))
+                    unfinished.add(tp)
         # Retention visits only the partitions with something to do: those one statement per page names (something
         # past a limit), those with an interrupted deletion, those a limit stopped last time, and, once a grace
         # period, those with block runs left below their first available seq (a pass interrupted before its prune).
         # A partition with nothing past its limits costs nothing: the pass costs what expires.
         again, self._retention_again = self._retention_again, set()
-        visited: set[tuple[str, int]] = set()
+        visited: set[TopicPartition] = set()
 
-        async def enforce(key: tuple[str, int]) -> int:
-            config = led.get(key)
-            if config is None or key in visited:
+        async def enforce(tp: TopicPartition) -> int:
+            config = led.get(tp)
+            if config is None or tp in visited:
                 return 0
-            visited.add(key)
-            topic, partition = key
-            report = await enforce_remote_retention(self.store, self.catalog, topic, partition, config, self._now(),
-                                                    grace=self.grace, finish_leftovers=key in unfinished)
+            visited.add(tp)
+            report = await enforce_remote_retention(self.store, self.catalog, tp.topic, tp.partition, config,
+                                                    self._now(), grace=self.grace, finish_leftovers=tp in unfinished)
             if report.first_available_seq:
-                self.sink.first_available_moved(topic, partition, report.first_available_seq)
+                self.sink.first_available_moved(tp, report.first_available_seq)
             if report.more:
-                self._retention_again.add(key)
+                self._retention_again.add(tp)
             return len(report.deleted)
 
-        for key in sorted((mid_deletion & led.keys()) | again):
-            deleted += await enforce(key)
-        limits = retention_limits((topic, config) for (topic, _), config in led.items())
+        for tp in sorted({TopicPartition(*key) for key in mid_deletion if key in led} | again):
+            deleted += await enforce(tp)
+        limits = retention_limits((tp.topic, config) for tp, config in led.items())
         async for page in partitions_due(self.catalog, limits, self._now(), runs_below=scan):
-            for key in page:
-                deleted += await enforce(key)
+            for topic, partition in page:
+                deleted += await enforce(TopicPartition(topic, partition))
         if deleted:
             self.metrics.inc(m.REMOTE_SEGMENTS_DELETED, deleted)
         return deleted
 
-    async def _clean_abandoned_copies(self, topic: str, partition: int, scan: bool, *, finish: bool) -> bool:
+    async def _clean_abandoned_copies(self, tp: TopicPartition, scan: bool, *, finish: bool) -> bool:
         """Cleans abandoned copies when `scan`, finishing interrupted deletions on the way; otherwise only finishes
         those, if `finish`. Returns whether interrupted deletions were looked for."""
-        epoch = self.state.epoch_of(TopicPartition(topic, partition))
+        epoch = self.state.epoch_of(tp)
         if epoch is None:
             return False
         if not scan:
             if finish:
-                await finish_interrupted_deletions(self.store, self.catalog, topic, partition, self._now())
+                await finish_interrupted_deletions(self.store, self.catalog, tp.topic, tp.partition, self._now())
             return finish
         try:
             report = await clean_abandoned_copies(
-                self.store, self.catalog, topic, partition, epoch, self._now(), grace=self.grace,
-                will_copy=lambda base: self.copier.will_copy(topic, partition, base),
-                after_base_seq=self._cleanup_cursors.get((topic, partition), 0))
+                self.store, self.catalog, tp.topic, tp.partition, epoch, self._now(), grace=self.grace,
+                will_copy=lambda base: self.copier.will_copy(tp, base),
+                after_base_seq=self._cleanup_cursors.get(tp, 0))
         except StaleEpoch:
             return False  # led elsewhere now: its leader cleans up; the copier or the durable path fences it here
-        self._cleanup_cursors[(topic, partition)] = report.next_after_base_seq
+        self._cleanup_cursors[tp] = report.next_after_base_seq
         if report.deleted:
             self.metrics.inc(m.ABANDONED_COPIES_DELETED, len(report.deleted))
         return True

@@ -149,8 +149,8 @@ class TieringService:
     def durable_trouble(self) -> str | None:
         return self.durable.trouble() if hasattr(self, "durable") else None
 
-    async def refresh_follower(self, topic: str, partition: int) -> bool:
-        return self.coordinator is not None and await self.coordinator.refresh_follower(topic, partition)
+    async def refresh_follower(self, tp: TopicPartition) -> bool:
+        return self.coordinator is not None and await self.coordinator.refresh_follower(tp)
 
     async def hand_over(self, deadline: float) -> None:
         """Stops looking at the assignments and renewing, hands every partition led here to the other live
@@ -256,12 +256,12 @@ class TieringService:
         if self.coordinator is None:
             return
         await self.coordinator.tick()
-        await self.coordinator.await_claims(name, {p: 0 for p in range(partitions)},
+        await self.coordinator.await_claims({TopicPartition(name, p): 0 for p in range(partitions)},
                                             self.clock.monotonic() + 5.0)
 
     # -- leadership (tiered.tiering.cluster.coordinator.Leadership) ------------------------------------------------------
 
-    def leading(self) -> dict[tuple[str, int], int]:
+    def leading(self) -> dict[TopicPartition, int]:
         return {tp: state.epoch for tp, state in self.state.led()}
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
@@ -269,7 +269,7 @@ class TieringService:
         holds (tiered.tiering.cluster.startup). A partition not open here is not claimed: its topic is created locally only
         at the tick after the catalog names it, and a claim before that would leave it led and not served until
         the tick after (clients told "unknown topic" by its leader meanwhile)."""
-        local = {p: self.sink.local_partition(topic, p) for p in expected}
+        local = {p: self.sink.local_partition(TopicPartition(topic, p)) for p in expected}
         opened = {p: lp for p, lp in local.items() if lp is not None}
         if len(opened) < len(local):
             log.info("%s: partitions %s are not open here yet; not claimed", topic, sorted(set(local) - set(opened)))
@@ -281,33 +281,34 @@ class TieringService:
                                           since, expected_epochs=expected)
         plans = []
         for p, claim in sorted(claims.items()):
+            tp = TopicPartition(topic, p)
             if claim.before.hwmark_seq:  # never committed (a new topic's): nothing of it can be in the bucket
-                await self.remote.copier.load_copied(topic, p)
+                await self.remote.copier.load_copied(tp)
             plans.append(plan_partition(local[p], claim, broker_id=self.broker_id, disk_id=self.disk_id,
-                                        highest_copied_seq=self.state.highest_copied_seq(TopicPartition(topic, p))))
+                                        highest_copied_seq=self.state.highest_copied_seq(tp)))
         return plans
 
-    async def give_up(self, keys: Sequence[tuple[str, int]], deadline: float) -> None:
+    async def give_up(self, keys: Sequence[TopicPartition], deadline: float) -> None:
         """A clean handover: the open block and every block in flight are committed (until `deadline`), then the
         partitions are no longer led here. Records still uncommitted then are refused by the new leader's epoch."""
         await self.durable.flush(deadline)
-        for topic, partition in keys:
-            self.lost(topic, partition)
+        for tp in keys:
+            self.lost(tp)
 
-    def lost(self, topic: str, partition: int) -> None:
-        self.state.lose(TopicPartition(topic, partition))
-        self.durable.release(topic, partition)
+    def lost(self, tp: TopicPartition) -> None:
+        self.state.lose(tp)
+        self.durable.release(tp)
 
     async def resume(self, plan: PartitionPlan, config: TopicConfig, tail: Iterable[StoredRecord]) -> None:
-        self.state.lead(TopicPartition(plan.topic, plan.partition), plan.epoch, config, plan.committed)
-        self.durable.lead(plan.topic, plan.partition)
-        count = await self.durable.upload_tail(plan.topic, plan.partition, tail, self.ack_timeout_s)
+        tp = TopicPartition(plan.topic, plan.partition)
+        self.state.lead(tp, plan.epoch, config, plan.committed)
+        self.durable.lead(tp)
+        count = await self.durable.upload_tail(tp, tail, self.ack_timeout_s)
         if count:
-            log.info("%s/%d: uploading %d records past the catalog's high-water mark before serving them",
-                     plan.topic, plan.partition, count)
+            log.info("%s: uploading %d records past the catalog's high-water mark before serving them", tp, count)
 
-    def reconfigured(self, topic: str, partition: int, config: TopicConfig) -> None:
-        self.state.reconfigured(TopicPartition(topic, partition), config)
+    def reconfigured(self, tp: TopicPartition, config: TopicConfig) -> None:
+        self.state.reconfigured(tp, config)
 
     def _commits_advanced(self) -> None:
         self.remote.copier.commits_advanced()
@@ -320,47 +321,44 @@ class TieringService:
     def admits_now(self) -> bool:
         return self.durable.pipeline.has_room()
 
-    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
-        return self.durable.appended(topic, partition, appended, durable)
+    def appended(self, tp: TopicPartition, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+        return self.durable.appended(tp, appended, durable)
 
     # -- segments and reads -----------------------------------------------------------------------------------------
 
-    def sealed(self, topic: str, partition: int, segment: SealedSegment) -> None:
-        config = self.state.config_of(TopicPartition(topic, partition))
+    def sealed(self, tp: TopicPartition, segment: SealedSegment) -> None:
+        config = self.state.config_of(tp)
         if config is not None:
-            self.remote.sealed(topic, partition, segment, config.remote_copy)
+            self.remote.sealed(tp, segment, config.remote_copy)
 
-    def may_delete_local(self, topic: str, partition: int, segment: SealedSegment) -> bool:
-        tp = TopicPartition(topic, partition)
+    def may_delete_local(self, tp: TopicPartition, segment: SealedSegment) -> bool:
         config = self.state.config_of(tp)
         if config is None:
             # Led elsewhere (or fenced): the local records are a cache of what the bucket holds (or were never
             # committed).
             return True
-        return self.remote.may_delete_local(topic, partition, segment, config.remote_copy,
-                                            self.state.committed_seq(tp))
+        return self.remote.may_delete_local(tp, segment, config.remote_copy, self.state.committed_seq(tp))
 
-    async def read(self, topic: str, partition: int, seq: int, fetch_size: int,
+    async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
                    bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
-        return await self.remote.read(topic, partition, seq, fetch_size)
+        return await self.remote.read(tp, seq, fetch_size)
 
-    async def compact_remote(self, topic: str, partition: int, log: PartitionLog,
+    async def compact_remote(self, tp: TopicPartition, log: PartitionLog,
                              force: bool = False) -> RemoteCompactionReport | None:
         """The bucket's copy of a compacted partition led here, compacted (tiered.tiering.compaction.remote_compaction)."""
-        tp = TopicPartition(topic, partition)
         epoch, config = self.state.epoch_of(tp), self.state.config_of(tp)
         if epoch is None or config is None:
             return None
-        report = await self.remote_compactor.compact(topic, partition, log, epoch, force=force)
+        report = await self.remote_compactor.compact(tp.topic, tp.partition, log, epoch, force=force)
         if report.groups:  # consumers read the compacted locations from now on, not the cached old ones
             self.state.locations_changed(tp)
             self.remote.reader.forget_locations(tp)
         if report.groups and config.remote_copy:  # the compacted local segments now in the bucket may leave
-            await self.remote.copier.load_copied(topic, partition)  # the disk's veto list
+            await self.remote.copier.load_copied(tp)  # the disk's veto list
         return report
 
     async def remote_retention_pass(self) -> int:
-        led = [(tp.topic, tp.partition, state.config) for tp, state in self.state.led()]
+        led = [(tp, state.config) for tp, state in self.state.led()]
         return await self.remote.remote_retention_pass(led)
 
     async def reconcile_pass(self) -> int:
@@ -368,9 +366,9 @@ class TieringService:
 
     # -- observability ----------------------------------------------------------------------------------------------
 
-    def partition_status(self, topic: str, partition: int) -> dict:
-        segments, pending_bytes = self.remote.copier.pending_for(topic, partition)
-        state = self.state.of(TopicPartition(topic, partition))
+    def partition_status(self, tp: TopicPartition) -> dict:
+        segments, pending_bytes = self.remote.copier.pending_for(tp)
+        state = self.state.of(tp)
         return {
             "highest_copied_seq": state.highest_copied_seq,
             "committed_seq": state.committed_seq,

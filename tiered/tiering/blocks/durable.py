@@ -60,12 +60,12 @@ class DurablePath:
 
     # -- leadership ------------------------------------------------------------------------------------------------
 
-    def lead(self, topic: str, partition: int) -> None:
+    def lead(self, tp: TopicPartition) -> None:
         """Uploads the partition's records from now on (led here: TierState.lead first), under its epoch,
         continuing its committed seq."""
-        self.builder.lead(topic, partition)
+        self.builder.lead(*tp)
 
-    async def upload_tail(self, topic: str, partition: int, tail: Iterable[StoredRecord], timeout_s: float) -> int:
+    async def upload_tail(self, tp: TopicPartition, tail: Iterable[StoredRecord], timeout_s: float) -> int:
         """Uploads local records past the catalog's high-water mark (a restart), in order, before later appends:
         block by block, waiting for room in the pipeline as produces do. Returns how many records it took."""
         count = 0
@@ -73,28 +73,28 @@ class DurablePath:
             if self.builder.pending_bytes >= self.builder.max_bytes:
                 self._close_block()
                 while not await self.admission(timeout_s):
-                    log.warning("%s/%d: uploads are stalled; the restart's re-upload waits", topic, partition)
-            self.builder.add(topic, partition, stored.first_seq, stored.last_seq, stored.record,
+                    log.warning("%s: uploads are stalled; the restart's re-upload waits", tp)
+            self.builder.add(tp.topic, tp.partition, stored.first_seq, stored.last_seq, stored.record,
                              stored.segment_base, self.clock.now_ms())
             count += 1
         if count:
             self._kick.set()
         return count
 
-    def release(self, topic: str, partition: int) -> None:
+    def release(self, tp: TopicPartition) -> None:
         """No longer led here (handed over, or claimed by another broker): records not yet in a block are dropped
         and their acks refused; blocks in flight commit, or are refused by the new leader's epoch."""
-        self.builder.release(topic, partition)
+        self.builder.release(*tp)
 
     # -- the produce path ------------------------------------------------------------------------------------------
 
     async def admission(self, timeout_s: float) -> bool:
         return await self.pipeline.admission(timeout_s)
 
-    def appended(self, topic: str, partition: int, appended: AppendResult, durable: bool) -> asyncio.Future | None:
+    def appended(self, tp: TopicPartition, appended: AppendResult, durable: bool) -> asyncio.Future | None:
         ack = asyncio.get_running_loop().create_future() if durable else None
         was_empty = self.builder.empty
-        self.builder.add(topic, partition, appended.first_seq, appended.last_seq, appended.record,
+        self.builder.add(tp.topic, tp.partition, appended.first_seq, appended.last_seq, appended.record,
                          appended.segment_base, self.clock.now_ms(), ack, appended.header)
         if self.builder.pending_bytes >= self.builder.max_bytes:
             self._close_block()  # at once: the timer task may only run after many more appends
@@ -152,21 +152,22 @@ class DurablePath:
 
     def _committed(self, runs: list[PendingRun]) -> None:
         for run in runs:
-            self.state.committed(TopicPartition(run.topic, run.partition), run.last_seq)
-            self.sink.committed(run.topic, run.partition, run.first_seq, run.last_seq, run.size_bytes)
+            tp = TopicPartition(run.topic, run.partition)
+            self.state.committed(tp, run.last_seq)
+            self.sink.committed(tp, run.first_seq, run.last_seq, run.size_bytes)
         if self._extra_on_committed is not None:
             self._extra_on_committed()
 
     def fence(self, key: TopicPartition, epoch: int | None, reason: str) -> None:
         """A write of the partition under `epoch` (None: its current one) was refused for a newer epoch: it is
         fenced (TierState.fence), its pending records dropped and the server told, once."""
-        key = TopicPartition(*key)
-        if not self.state.fence(key, epoch):
+        tp = TopicPartition(*key)  # the block pipeline's keys are (topic, partition) tuples
+        if not self.state.fence(tp, epoch):
             return  # already reported (by the copier or an earlier block), or led again under a newer epoch
-        self.builder.release(*key)
+        self.builder.release(*tp)
         self.metrics.inc(m.FENCED_PARTITIONS)
-        log.error("%s/%d: %s; this broker stops serving the partition", key[0], key[1], reason)
-        self.sink.fenced(key[0], key[1], reason)
+        log.error("%s: %s; this broker stops serving the partition", tp, reason)
+        self.sink.fenced(tp, reason)
 
     # -- shutdown ------------------------------------------------------------------------------------------------
 

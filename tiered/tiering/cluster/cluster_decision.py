@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
-
-TopicPartition = tuple[str, int]
+from tiered.topic_partition import TopicPartition
 
 LEASE_SAFETY = 0.8  # acknowledge (and claim) only while the last renewal is younger than this share of the lease
 
@@ -84,6 +83,7 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
     """The claims, losses, handovers and follows of one look (module docstring)."""
     me = view.me
     serving = not view.evicted and lease_fresh(view.renewed_at, view.lease_ms, now)
+    leaders: dict[int | None, Leader | None] = {}  # leader_of per broker id, built once per broker, not per partition
     load = Counter(a.leader_broker for a in view.assignments if a.leader_broker in view.live)
     lost: list[Follow] = []
     follows: list[Follow] = []
@@ -93,7 +93,7 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
     epochs: dict[TopicPartition, int] = {}
     renew_first = False
     for a in view.assignments:
-        key = (a.topic, a.partition)
+        key = TopicPartition(a.topic, a.partition)
         epochs[key] = a.leader_epoch
         if key in leading:
             if a.leader_epoch > leading[key]:
@@ -111,7 +111,9 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
                 claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
                 renew_first = True
         else:
-            follows.append(Follow(key, leader_of(view, a.leader_broker), a.hwmark_seq, a.first_available_seq))
+            if a.leader_broker not in leaders:
+                leaders[a.leader_broker] = leader_of(view, a.leader_broker)
+            follows.append(Follow(key, leaders[a.leader_broker], a.hwmark_seq, a.first_available_seq))
     if serving:
         for key, broker in spread(orphans, view.live, load).items():
             if broker == me:
@@ -164,7 +166,7 @@ def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> di
     held: dict[int, list[TopicPartition]] = {b: [] for b in brokers}
     for a in assignments:
         if a.leader_broker in held:
-            held[a.leader_broker].append((a.topic, a.partition))
+            held[a.leader_broker].append(TopicPartition(a.topic, a.partition))
     moves: dict[TopicPartition, int] = {}
     while True:
         most = max(brokers, key=lambda b: (len(held[b]), -b))

@@ -36,6 +36,7 @@ from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
     CLAIM_BATCH, ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
 )
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.cluster")
 
@@ -47,16 +48,16 @@ CLAIM_WAIT_S = 5.0  # and for how long at most
 class Leadership(Protocol):
     """What the coordinator asks of the tier it serves."""
 
-    def leading(self) -> dict[tuple[str, int], int]:
+    def leading(self) -> dict[TopicPartition, int]:
         """The partitions led here, with their epochs."""
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
         """Claims the partitions whose epoch is still the one given; plans the ones won."""
 
-    async def give_up(self, keys: Sequence[tuple[str, int]], deadline: float) -> None:
+    async def give_up(self, keys: Sequence[TopicPartition], deadline: float) -> None:
         """Stops leading: the open block and the blocks in flight are committed (until `deadline`), then forgotten."""
 
-    def lost(self, topic: str, partition: int) -> None:
+    def lost(self, tp: TopicPartition) -> None:
         """Another broker claimed the partition: forget it without committing anything more."""
 
 
@@ -94,8 +95,8 @@ class Coordinator:
         self._seen: tuple | None = None
         # What the server was last told of each partition followed (one owner: every follow goes through
         # `_follow`): a full look re-tells only what changed. A partition led here is not in it.
-        self._followed: dict[tuple[str, int], Follow] = {}
-        self._bounds_asked: dict[tuple[str, int], float] = {}  # monotonic time a read last asked for a follower's
+        self._followed: dict[TopicPartition, Follow] = {}
+        self._bounds_asked: dict[TopicPartition, float] = {}  # monotonic time a read last asked for a follower's
         # One tick at a time (the loop's, a topic creation's): a tick reads the epochs, then compares them with what
         # is led here; a claim by another tick in between would look like a partition lost.
         self._ticking = asyncio.Lock()
@@ -134,9 +135,9 @@ class Coordinator:
         if not kept:
             self._evicted = True
             log.error("broker id %d was taken over by another process: this one stops leading", self.broker_id)
-            for topic, partition in list(self.leadership.leading()):
-                self.leadership.lost(topic, partition)
-                self._no_leader(topic, partition)
+            for tp in list(self.leadership.leading()):
+                self.leadership.lost(tp)
+                self._no_leader(tp)
             # It could only answer "no leader" from now on (the new leader has its id): it stops, and its clients
             # find the new process through the other brokers' redirects.
             self.sink.evicted(f"broker id {self.broker_id} was taken over by another process")
@@ -228,35 +229,34 @@ class Coordinator:
         """Tells the server, unless it was told exactly this last time."""
         if self._followed.get(f.key) != f:
             self._followed[f.key] = f
-            self.sink.follow(*f.key, f.leader, f.committed, f.first_available)
+            self.sink.follow(f.key, f.leader, f.committed, f.first_available)
 
-    def _no_leader(self, topic: str, partition: int) -> None:
-        self._followed.pop((topic, partition), None)
-        self.sink.follow(topic, partition, None, None)
+    def _no_leader(self, tp: TopicPartition) -> None:
+        self._followed.pop(tp, None)
+        self.sink.follow(tp, None, None)
 
-    async def refresh_follower(self, topic: str, partition: int) -> bool:
+    async def refresh_follower(self, tp: TopicPartition) -> bool:
         """A read on a follower went past the bounds it knows: the partition's row is read now (at most once per
         tick per partition), and the server told its leader and committed bounds. True if it was told (the read
         looks again). This is how a follower's high-water mark stays current without every broker polling every
         partition's bounds: the change counter does not move on commits."""
-        key = (topic, partition)
         now = self.clock.monotonic()
-        if now - self._bounds_asked.get(key, float("-inf")) < TICK_S:
+        if now - self._bounds_asked.get(tp, float("-inf")) < TICK_S:
             return False
-        self._bounds_asked[key] = now
-        a = await self.catalog.read(catalog_cluster.assignment, topic, partition)
-        if a is None or key in self.leadership.leading():
+        self._bounds_asked[tp] = now
+        a = await self.catalog.read(catalog_cluster.assignment, tp.topic, tp.partition)
+        if a is None or tp in self.leadership.leading():
             return False
         leader = self._leader(a.leader_broker) if a.leader_broker in self.live else None
-        self._follow(Follow(key, leader, a.hwmark_seq, a.first_available_seq))
+        self._follow(Follow(tp, leader, a.hwmark_seq, a.first_available_seq))
         return True
 
     async def _apply(self, decision: Decision, started: float) -> None:
         """Carries one decision out; `started`: when the look it was decided from began."""
         for f in decision.lost:
-            log.warning("%s/%d was claimed by broker %s: no longer led here", *f.key,
+            log.warning("%s was claimed by broker %s: no longer led here", f.key,
                         f.leader.broker_id if f.leader else "(not live)")
-            self.leadership.lost(*f.key)
+            self.leadership.lost(f.key)
             self._follow(f)
         for f in decision.follows:
             self._follow(f)
@@ -306,42 +306,43 @@ class Coordinator:
         self.metrics.inc(m.TAKEOVERS, len(plans))
         await self.sink.lead(plans)
 
-    async def _hand_over(self, moves: dict[tuple[str, int], tuple[int, int]], deadline: float) -> None:
+    async def _hand_over(self, moves: dict[TopicPartition, tuple[int, int]], deadline: float) -> None:
         """Clean handovers: produces to these partitions are answered "no leader" (retry) from now on; what is held
         is committed; each partition is assigned to its new leader, who claims it at its next tick; once it has,
         clients are redirected there."""
-        for topic, partition in moves:
-            self._no_leader(topic, partition)
+        for tp in moves:
+            self._no_leader(tp)
         await self.leadership.give_up(sorted(moves), deadline)
-        by_topic: dict[str, dict[int, tuple[int, int]]] = {}
-        for (topic, partition), move in moves.items():
-            by_topic.setdefault(topic, {})[partition] = move
-        # Every topic assigned first, then the claims awaited together: a partition of the last topic waits for its
-        # own new leader, not for the topics before it.
-        waits = []
-        for topic, moving in sorted(by_topic.items()):
-            done = await self.catalog.write(
-                catalog_cluster.assign, topic, {p: target for p, (target, _) in moving.items()},
-                expected={p: (self.broker_id, epoch) for p, (_, epoch) in moving.items()})
-            self.metrics.inc(m.HANDOVERS, len(done))
-            log.info("handed %d partitions of %s over", len(done), topic)
-            waits.append(self.await_claims(topic, {p: moving[p][1] for p in done}, deadline))
-        await asyncio.gather(*waits)
+        # Every move in one transaction, then the claims awaited together: the new leaders see them all at their next
+        # look, and a partition of the last topic waits for its own new leader, not for the topics before it.
+        done = await self.catalog.write(
+            catalog_cluster.assign_moves, {key: target for key, (target, _) in moves.items()},
+            expected={key: (self.broker_id, epoch) for key, (_, epoch) in moves.items()})
+        self.metrics.inc(m.HANDOVERS, len(done))
+        log.info("handed %d partitions over", len(done))
+        await self.await_claims({TopicPartition(*key): moves[key][1] for key in done}, deadline)
 
-    async def await_claims(self, topic: str, epochs: Mapping[int, int], deadline: float) -> None:
+    async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float) -> None:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
         following each one to its new leader as soon as it has: a handover or a creation then redirects clients
-        straight to where they will be served."""
+        straight to where they will be served. Each poll reads the change counter (one small statement); only when
+        it moved are the partitions still waited for read, in one statement (a claim moves the counter), at most once
+        a tick: the new leaders' claims move it every batch, and the read costs what is still waited for."""
         waiting = dict(epochs)
+        seen: int | None = None
+        read_at = float("-inf")
         while waiting:
-            assignments = await self.catalog.read(catalog_cluster.assignments, topic)
-            leading = self.leadership.leading()  # once per look, not per partition: it is every partition led here
-            for a in assignments:
-                if a.partition in waiting and a.leader_epoch > waiting[a.partition]:
-                    del waiting[a.partition]
-                    if (a.topic, a.partition) not in leading:
-                        self._follow(Follow((a.topic, a.partition), self._leader(a.leader_broker), a.hwmark_seq,
-                                            a.first_available_seq))
+            look = await self.catalog.read(catalog_cluster.look)
+            now = self.clock.monotonic()
+            if (look.changes is None or look.changes != seen) and now - read_at >= TICK_S:
+                seen, read_at = look.changes, now
+                moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
+                leading = self.leadership.leading()  # once per look, not per partition: every partition led here
+                for a in moved:
+                    key = TopicPartition(a.topic, a.partition)
+                    del waiting[key]
+                    if key not in leading:
+                        self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)
@@ -350,7 +351,7 @@ class Coordinator:
         """Which live broker leads each partition of a new topic: the fewest leaderships first."""
         await self._refresh_members()
         load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in self.live}
-        placed = spread([("", p) for p in range(partitions)], self.live, load)
+        placed = spread([TopicPartition("", p) for p in range(partitions)], self.live, load)
         return {p: broker for (_, p), broker in placed.items()}
 
     def status(self) -> dict:

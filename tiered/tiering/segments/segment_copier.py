@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
@@ -53,6 +53,10 @@ class CopyJob:
     topic: str
     partition: int
     segment: SealedSegment
+    tp: TopicPartition = field(init=False, repr=False, compare=False)  # (topic, partition) as one value
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tp", TopicPartition(self.topic, self.partition))
 
 
 def segment_timestamp_bounds(path: str, base: int, size: int) -> tuple[int, int]:
@@ -92,19 +96,19 @@ class SegmentCopier:
         self._wake = asyncio.Event()
         self.pending_bytes = 0
 
-    def is_copied(self, topic: str, partition: int, base: int) -> bool:
-        return (topic, partition, base) in self.copied
+    def is_copied(self, tp: TopicPartition, base: int) -> bool:
+        return (*tp, base) in self.copied
 
-    def will_copy(self, topic: str, partition: int, base: int) -> bool:
+    def will_copy(self, tp: TopicPartition, base: int) -> bool:
         """Whether a segment of that base is queued here: its copy takes over any COPY_STARTED row of the base."""
-        return (topic, partition, base) in self._queued
+        return (*tp, base) in self._queued
 
-    def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
-        key = (topic, partition, segment.base)
+    def enqueue(self, tp: TopicPartition, segment: SealedSegment) -> None:
+        key = (*tp, segment.base)
         if key in self.copied or key in self._queued:
             return
         self._queued.add(key)
-        self._queue.append(CopyJob(topic, partition, segment))
+        self._queue.append(CopyJob(tp.topic, tp.partition, segment))
         self.pending_bytes += segment.size
         self._wake.set()
 
@@ -112,19 +116,19 @@ class SegmentCopier:
     def pending(self) -> int:
         return len(self._queue)
 
-    def pending_for(self, topic: str, partition: int) -> tuple[int, int]:
+    def pending_for(self, tp: TopicPartition) -> tuple[int, int]:
         """(segments, bytes) waiting to be copied for one partition."""
-        jobs = [j for j in self._queue if (j.topic, j.partition) == (topic, partition)]
+        jobs = [j for j in self._queue if j.tp == tp]
         return len(jobs), sum(j.segment.size for j in jobs)
 
-    async def load_copied(self, topic: str, partition: int) -> None:
+    async def load_copied(self, tp: TopicPartition) -> None:
         """Learns which segments of a partition are already in the bucket (at start-up)."""
         after = 0
         while True:
-            rows = await self.catalog.read(catalog_segments.list_segments, topic, partition,
+            rows = await self.catalog.read(catalog_segments.list_segments, tp.topic, tp.partition,
                                            states=(SegmentState.COPY_FINISHED,), after_base_seq=after, limit=1000)
             for row in rows:
-                self._mark_copied(topic, partition, row.base_seq, row.last_seq)
+                self._mark_copied(tp, row.base_seq, row.last_seq)
             if len(rows) < 1000:
                 return
             after = rows[-1].base_seq
@@ -144,19 +148,19 @@ class SegmentCopier:
             try:
                 await self.copy(job)
             except StaleEpoch as exc:
-                self.fence(TopicPartition(job.topic, job.partition), None, str(exc))
-                self._drop_partition(job.topic, job.partition)
+                self.fence(job.tp, None, str(exc))
+                self._drop_partition(job.tp)
                 continue
             except NotLeader:
-                self._drop_partition(job.topic, job.partition)
+                self._drop_partition(job.tp)
                 continue
             except (OSError, ProtocolError, IllegalTransition) as exc:
                 # This segment, not the copier: say so, keep it for later, and copy the others meanwhile. A refused
                 # transition is a row of the same base mid-deletion (an abandoned copy being cleaned up: once
                 # DELETE_FINISHED the copy may take it over); one remote retention deleted is dropped in copy().
                 self.metrics.inc(m.SEGMENT_COPY_FAILURES)
-                log.error("copy of %s/%d segment %s failed: %s; it is tried again later", job.topic, job.partition,
-                          job.segment.filename, exc)
+                log.error("copy of %s segment %s failed: %s; it is tried again later", job.tp, job.segment.filename,
+                          exc)
                 self._queue.remove(job)
                 self._queue.append(job)
                 await self.clock.sleep(1.0)
@@ -165,19 +169,18 @@ class SegmentCopier:
 
     def _next_ready(self) -> CopyJob | None:
         """The oldest job whose records are all committed (a partition's segments in order)."""
-        blocked: set[tuple[str, int]] = set()
+        blocked: set[TopicPartition] = set()
         for job in self._queue:
-            key = (job.topic, job.partition)
-            if key in blocked:
+            if job.tp in blocked:
                 continue
-            if job.segment.deleted or job.segment.last <= self.state.committed_seq(TopicPartition(*key)):
+            if job.segment.deleted or job.segment.last <= self.state.committed_seq(job.tp):
                 return job
-            blocked.add(key)
+            blocked.add(job.tp)
         return None
 
-    def _mark_copied(self, topic: str, partition: int, base: int, last: int) -> None:
-        self.copied.add((topic, partition, base))
-        self.state.copied(TopicPartition(topic, partition), last)
+    def _mark_copied(self, tp: TopicPartition, base: int, last: int) -> None:
+        self.copied.add((*tp, base))
+        self.state.copied(tp, last)
 
     def commits_advanced(self) -> None:
         self._wake.set()
@@ -187,13 +190,13 @@ class SegmentCopier:
         self._queued.discard((job.topic, job.partition, job.segment.base))
         self.pending_bytes -= job.segment.size
 
-    def _drop_partition(self, topic: str, partition: int) -> None:
-        for job in [j for j in self._queue if (j.topic, j.partition) == (topic, partition)]:
+    def _drop_partition(self, tp: TopicPartition) -> None:
+        for job in [j for j in self._queue if j.tp == tp]:
             self._finish(job)
 
     async def copy(self, job: CopyJob) -> None:
         seg = job.segment
-        epoch = self.state.epoch_of(TopicPartition(job.topic, job.partition))
+        epoch = self.state.epoch_of(job.tp)
         if epoch is None:
             raise NotLeader(job.topic, job.partition)
         held = await self.catalog.read(catalog_segments.find_remote_segment, job.topic, job.partition, seg.base)
@@ -201,8 +204,8 @@ class SegmentCopier:
             # Its seqs are in the bucket already: a segment that compaction wrote from copied ones (the remote
             # pass replaces those), never a newly rolled one. Copying it would give its seqs two locations.
             self.copied.add((job.topic, job.partition, seg.base))
-            log.info("%s/%d segment %s is not copied: remote segment %d-%d holds its seqs", job.topic,
-                     job.partition, seg.filename, held.base_seq, held.last_seq)
+            log.info("%s segment %s is not copied: remote segment %d-%d holds its seqs", job.tp, seg.filename,
+                     held.base_seq, held.last_seq)
             return
         freeze_ts = seg.freeze_ts
         object_key = keys.segment_key(job.topic, job.partition, seg.base, seg.last, freeze_ts)
@@ -215,7 +218,7 @@ class SegmentCopier:
             job.topic, job.partition, seg.base, seg.last, object_key, index_key, seg.size,
             os.path.getsize(seg.index_path), low, high, datetime.fromtimestamp(freeze_ts, timezone.utc), epoch,
         )  # fmt: skip
-        what = f"copy of {job.topic}/{job.partition} segment {seg.base}-{seg.last}"
+        what = f"copy of {job.tp} segment {seg.base}-{seg.last}"
         try:
             await self.retry(what, lambda: self.catalog.write(catalog_segments.segment_copy_started, meta,
                                                                        now=utc_now(self.clock)),
@@ -226,8 +229,7 @@ class SegmentCopier:
             # Remote retention deleted this base's copy and moved the history's start past it (remote retention
             # shorter than local): its seqs are no longer history, so there is nothing to copy, now or later.
             self.copied.add((job.topic, job.partition, seg.base))
-            log.info("%s/%d segment %s is not copied: remote retention expired its seqs", job.topic, job.partition,
-                     seg.filename)
+            log.info("%s segment %s is not copied: remote retention expired its seqs", job.tp, seg.filename)
             return
         # A sealed segment file is never written in place (a cut or an append first replaces it with a private copy,
         # storage/segment.make_private) and its COPY_STARTED row names the key: the local store may link it. Its
@@ -242,11 +244,11 @@ class SegmentCopier:
             catalog_segments.segment_copy_finished, job.topic, job.partition, seg.base, epoch, grace=self.grace,
             now=utc_now(self.clock)),
             m.CATALOG_ERRORS)
-        self._mark_copied(job.topic, job.partition, seg.base, seg.last)
+        self._mark_copied(job.tp, seg.base, seg.last)
         self.metrics.inc(m.SEGMENTS_COPIED)
         self.metrics.inc(m.SEGMENT_BYTES_COPIED, seg.size + meta.index_size_bytes)
-        log.info("copied %s/%d segment %d-%d (%d bytes); pruned %d block runs, %d blocks now unreferenced",
-                 job.topic, job.partition, seg.base, seg.last, seg.size, finished.pruned.runs_deleted,
+        log.info("copied %s segment %d-%d (%d bytes); pruned %d block runs, %d blocks now unreferenced",
+                 job.tp, seg.base, seg.last, seg.size, finished.pruned.runs_deleted,
                  finished.pruned.blocks_marked)
         self.on_copied(job)
 

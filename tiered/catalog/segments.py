@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Sequence
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, literal_column, or_, select, union, update
+from sqlalchemy import Connection, and_, bindparam, insert, literal_column, or_, select, union, update
 
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
@@ -427,9 +427,14 @@ def segments_for_remote_retention(
 
 def highest_copied_seq(cat: Catalog, topic: str, partition: int) -> int:
     """The highest seq held by a readable remote segment; 0 if none. Block runs at or below it may be pruned."""
+    # The newest entry of ix_segments_lookup, spelled as its order: with max() a planner may instead walk another
+    # readable-segment index of the topic (ix_segments_expiry) and filter by partition.
     with cat.read() as conn:
-        return conn.execute(
-            select(func.coalesce(func.max(SegmentModel.last_seq), 0))
+        last = conn.execute(
+            select(SegmentModel.last_seq)
             .where(SegmentModel.topic == topic, SegmentModel.partition == partition)
             .where(_READABLE)
-        ).scalar_one()
+            .order_by(SegmentModel.last_seq.desc())
+            .limit(inline_limit(1))
+        ).scalar()
+    return last or 0

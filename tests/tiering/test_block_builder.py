@@ -35,7 +35,7 @@ def record(values, ts=1000, codec=0, seqs=None):
 def leading(*partitions, epoch=3, committed=0, **kwargs) -> BlockBuilder:
     builder = BlockBuilder(led_state({tp: epoch for tp in partitions}, committed_seq=committed), **kwargs)
     for topic, partition in partitions:
-        builder.lead(topic, partition)
+        builder.lead(TopicPartition(topic, partition))
     return builder
 
 
@@ -46,26 +46,26 @@ def test_nothing_pending_closes_nothing():
 
 def test_a_block_closes_by_age_of_its_oldest_record():
     builder = leading(("t", 0), max_bytes=1 << 20, max_age_ms=250)
-    builder.add("t", 0, 1, 1, record([b"a"]), 1, now_ms=1000)
-    builder.add("t", 0, 2, 2, record([b"b"]), 1, now_ms=1200)
+    builder.add(TopicPartition("t", 0), 1, 1, record([b"a"]), 1, now_ms=1000)
+    builder.add(TopicPartition("t", 0), 2, 2, record([b"b"]), 1, now_ms=1200)
     assert builder.due_ms() == 1250
     assert not builder.should_close(1249) and builder.should_close(1250)
 
 
 def test_a_block_closes_by_size():
     builder = leading(("t", 0), max_bytes=100, max_age_ms=10_000)
-    builder.add("t", 0, 1, 1, record([b"x" * 60]), 1, now_ms=0)
+    builder.add(TopicPartition("t", 0), 1, 1, record([b"x" * 60]), 1, now_ms=0)
     assert not builder.should_close(1)
-    builder.add("t", 0, 2, 2, record([b"y" * 60]), 1, now_ms=1)
+    builder.add(TopicPartition("t", 0), 2, 2, record([b"y" * 60]), 1, now_ms=1)
     assert builder.should_close(1)
 
 
 def test_stamps_beyond_the_signed_64_bit_range_are_recorded_at_its_top():
     builder = leading(("t", 0), ("u", 0))
     top = (1 << 63) - 1
-    builder.add("t", 0, 1, 2, record([b"a", b"b"], ts=(1 << 64) - 2), 1, now_ms=0)
-    builder.add("u", 0, 1, 1, record([b"c"], ts=5), 1, now_ms=0)
-    builder.add("u", 0, 2, 2, record([b"d"], ts=1 << 63), 1, now_ms=0)
+    builder.add(TopicPartition("t", 0), 1, 2, record([b"a", b"b"], ts=(1 << 64) - 2), 1, now_ms=0)
+    builder.add(TopicPartition("u", 0), 1, 1, record([b"c"], ts=5), 1, now_ms=0)
+    builder.add(TopicPartition("u", 0), 2, 2, record([b"d"], ts=1 << 63), 1, now_ms=0)
     t, u = builder.close().runs
     assert (t.min_ts_ms, t.max_ts_ms) == (top, top) and (u.min_ts_ms, u.max_ts_ms) == (5, top)
     encode_block([(t.meta(), b"".join(t.records))])  # the footer takes them
@@ -74,7 +74,7 @@ def test_stamps_beyond_the_signed_64_bit_range_are_recorded_at_its_top():
 def test_stamps_beyond_the_range_in_the_append_path_s_facts_are_recorded_at_its_top_too():
     builder = leading(("t", 0))
     r = record([b"a", b"b"], ts=(1 << 64) - 2)
-    builder.add("t", 0, 1, 2, r, 1, now_ms=0, facts=validate_bundle(bundle_of(r)))
+    builder.add(TopicPartition("t", 0), 1, 2, r, 1, now_ms=0, facts=validate_bundle(bundle_of(r)))
     [t] = builder.close().runs
     assert (t.min_ts_ms, t.max_ts_ms) == ((1 << 63) - 1, (1 << 63) - 1)
 
@@ -88,7 +88,8 @@ def test_the_builder_s_runs_encode_as_their_metadata_does():
         r = record([b"x" * i] * (1 + i % 3), ts=100 + i)
         first = seqs.get((topic, partition), 0) + 1
         seqs[(topic, partition)] = first + i % 3
-        builder.add(topic, partition, first, first + i % 3, r, 1, now_ms=0, facts=validate_bundle(bundle_of(r)))
+        builder.add(TopicPartition(topic, partition), first, first + i % 3, r, 1, now_ms=0,
+                    facts=validate_bundle(bundle_of(r)))
     runs = builder.close().runs
     direct = encode_block_pieces([(run, run.records) for run in runs], [run.index for run in runs])
     copied = encode_block_pieces([(run.meta(), run.records) for run in runs], [run.index for run in runs])
@@ -109,9 +110,9 @@ def test_runs_are_grouped_by_partition_byte_for_byte_with_stats():
     r1, r2, r3 = record([b"a", b"b"], ts=10), record([b"c"], ts=5), record([b"d", b"e", b"f"], ts=20, codec=1)
     loop = asyncio.new_event_loop()
     ack = loop.create_future()
-    builder.add("t", 1, 1, 2, r1, 1, now_ms=0, ack=ack)
-    builder.add("u", 0, 7, 7, r2, 7, now_ms=1)
-    builder.add("t", 1, 3, 5, r3, 1, now_ms=2)
+    builder.add(TopicPartition("t", 1), 1, 2, r1, 1, now_ms=0, ack=ack)
+    builder.add(TopicPartition("u", 0), 7, 7, r2, 7, now_ms=1)
+    builder.add(TopicPartition("t", 1), 3, 5, r3, 1, now_ms=2)
     block = builder.close()
     loop.close()
     assert builder.empty and builder.pending_bytes == 0
@@ -128,35 +129,35 @@ def test_runs_are_grouped_by_partition_byte_for_byte_with_stats():
 def test_a_partition_s_runs_split_where_its_segment_rolled_and_chain():
     """Every run lies inside one local segment, so a remote segment later answers for exactly its runs."""
     builder = leading(("t", 0), committed=40)
-    builder.add("t", 0, 41, 42, record([b"a", b"b"]), 1, now_ms=0)
-    builder.add("t", 0, 43, 43, record([b"c"]), 43, now_ms=0)  # the segment rolled: base 43
-    builder.add("t", 0, 50, 50, record([b"d"]), 43, now_ms=0)  # a jump inside the segment
+    builder.add(TopicPartition("t", 0), 41, 42, record([b"a", b"b"]), 1, now_ms=0)
+    builder.add(TopicPartition("t", 0), 43, 43, record([b"c"]), 43, now_ms=0)  # the segment rolled: base 43
+    builder.add(TopicPartition("t", 0), 50, 50, record([b"d"]), 43, now_ms=0)  # a jump inside the segment
     first = builder.close()
     assert [(r.segment_base, r.from_seq, r.first_seq, r.last_seq) for r in first.runs] == [
         (1, 41, 41, 42), (43, 43, 43, 50)]
-    builder.add("t", 0, 51, 51, record([b"e"]), 43, now_ms=0)
+    builder.add(TopicPartition("t", 0), 51, 51, record([b"e"]), 43, now_ms=0)
     assert [(r.from_seq, r.first_seq) for r in builder.close().runs] == [(51, 51)]  # the chain goes on
 
 
 def test_records_of_a_partition_must_arrive_in_seq_order_and_be_led():
     builder = leading(("t", 0))
-    builder.add("t", 0, 5, 6, record([b"a", b"b"]), 5, now_ms=0)
+    builder.add(TopicPartition("t", 0), 5, 6, record([b"a", b"b"]), 5, now_ms=0)
     with pytest.raises(NotLeading):
-        builder.add("t", 0, 6, 6, record([b"c"]), 5, now_ms=0)
+        builder.add(TopicPartition("t", 0), 6, 6, record([b"c"]), 5, now_ms=0)
     with pytest.raises(NotLeading):
-        builder.add("u", 0, 1, 1, record([b"c"]), 1, now_ms=0)
+        builder.add(TopicPartition("u", 0), 1, 1, record([b"c"]), 1, now_ms=0)
 
 
 def test_release_drops_the_partition_and_refuses_its_acks():
     builder = leading(("t", 0), ("t", 1))
     loop = asyncio.new_event_loop()
     mine, other = loop.create_future(), loop.create_future()
-    builder.add("t", 0, 1, 1, record([b"a"]), 1, now_ms=0, ack=mine)
-    builder.add("t", 1, 1, 1, record([b"b"]), 1, now_ms=0, ack=other)
-    builder.release("t", 0)
+    builder.add(TopicPartition("t", 0), 1, 1, record([b"a"]), 1, now_ms=0, ack=mine)
+    builder.add(TopicPartition("t", 1), 1, 1, record([b"b"]), 1, now_ms=0, ack=other)
+    builder.release(TopicPartition("t", 0))
     assert mine.result() is AckOutcome.REFUSED and not other.done()
     with pytest.raises(NotLeading):  # released: its records are no longer taken, even while the state leads it
-        builder.add("t", 0, 2, 2, record([b"c"]), 1, now_ms=0)
+        builder.add(TopicPartition("t", 0), 2, 2, record([b"c"]), 1, now_ms=0)
     assert [(r.topic, r.partition) for r in builder.close().runs] == [("t", 1)]
     loop.close()
 
@@ -236,7 +237,7 @@ def test_runs_keep_the_bundle_index_the_footer_would_read_from_their_bundles():
         else:
             data = encode_record(encode_bundle([Message(rng.randbytes(rng.randint(10, 2000)), None, 1)] * count))
             first, last = seq, seq + count - 1
-        builder.add("t", 0, first, last, data, 1, now_ms=0)
+        builder.add(TopicPartition("t", 0), first, last, data, 1, now_ms=0)
         seq = last + 1 + (7 if i % 60 == 59 else 0)
     [run] = builder.close().runs
     records = b"".join(run.records)
@@ -266,7 +267,8 @@ def test_records_as_read_only_views_give_the_block_of_their_bytes():
         seq = 1
         for piece in pieces:
             messages = record_stats(piece)[0]
-            builder.add("t", 0, seq, seq + messages - 1, piece, 1, now_ms=0, facts=validate_bundle(bundle_of(piece)))
+            builder.add(TopicPartition("t", 0), seq, seq + messages - 1, piece, 1, now_ms=0,
+                        facts=validate_bundle(bundle_of(piece)))
             seq += messages
         [run] = builder.close().runs
         parts, rows = encode_block_pieces([(run.meta(), run.records)], [run.index])

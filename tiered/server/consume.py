@@ -31,6 +31,7 @@ from tiered.server.registry import Partition
 from tiered.server.leaders import LedElsewhere, redirect_endpoint
 from tiered.server.waiters import Waiter, wakeup_deadline_ms
 from tiered.tier_interface import Unreadable
+from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.server")
 
@@ -50,8 +51,8 @@ class ConsumeHandler:
         min_bytes = min(req.min_bytes, MAX_MIN_BYTES)
         topics = []
         chunks: list[Chunk] = []
-        tails: dict[tuple[str, int], int] = {}
-        fetch_sizes: dict[tuple[str, int], int] = {}
+        tails: dict[TopicPartition, int] = {}
+        fetch_sizes: dict[TopicPartition, int] = {}
         immediate = req.max_wait_ms == 0 or broker.stopping  # no new long-polls while shutting down
         # What the request names, looked up once; the partitions are then read at once (remote ones GET in
         # parallel), the response budget shared out beforehand in request order by fetch size.
@@ -92,8 +93,8 @@ class ConsumeHandler:
                 else:
                     results.append(ConsumePartitionResult(p.partition, ConsumeStatus.OK, got.first_available, got.hwmark, 0))
                     tail = p.seq if p.seq not in (0, UINT64_MAX) else got.hwmark + 1
-                    tails[(topic.name, p.partition)] = tail
-                    fetch_sizes[(topic.name, p.partition)] = min(p.fetch_size, MAX_FETCH_BYTES)
+                    tails[part.tp] = tail
+                    fetch_sizes[part.tp] = min(p.fetch_size, MAX_FETCH_BYTES)
             topics.append(ConsumeTopicResult(topic.name, tuple(results), len(topic.partitions)))
         if immediate or not tails:
             broker.metrics.consumed(topics)
@@ -101,11 +102,11 @@ class ConsumeHandler:
             return
         waiter = Waiter(dict(tails), min_bytes, asyncio.get_running_loop().create_future())
         broker.waiters.add(waiter)
-        for (name, partition), tail in tails.items():
-            part = broker.registry.get(name, partition)
+        for tp, tail in tails.items():
+            part = broker.registry.get(*tp)
             # Something became visible while this request was resolved: it answers now, from the tails.
             if part is not None and part.hwmark >= tail:
-                waiter.first_seen.setdefault((name, partition), tail)
+                waiter.first_seen.setdefault(tp, tail)
                 waiter.fire("data")
         conn.spawn(self._wait(conn, req, waiter, fetch_sizes))
 
@@ -148,7 +149,7 @@ class ConsumeHandler:
         for topic in req.topics:
             results = []
             for p in topic.partitions:
-                tp = (topic.name, p.partition)
+                tp = TopicPartition(topic.name, p.partition)
                 if tp not in tails:
                     continue
                 part = broker.registry.get(*tp)

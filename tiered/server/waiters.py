@@ -35,13 +35,13 @@ def wakeup_deadline_ms(now_ms: float, max_wait_ms: int) -> int:
 
 @dataclass(eq=False)
 class Waiter:
-    """One deferred consume. `seqs` maps (topic, partition) to the seq the response starts from."""
+    """One deferred consume. `seqs` maps each partition to the seq the response starts from."""
 
-    seqs: dict[tuple[str, int], int]
+    seqs: dict[TopicPartition, int]
     min_bytes: int
     future: asyncio.Future
     captured_bytes: int = 0
-    first_seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    first_seen: dict[TopicPartition, int] = field(default_factory=dict)
 
     def fire(self, reason: str) -> None:
         if not self.future.done():
@@ -52,7 +52,7 @@ class Waiters:
     """Waiters indexed by partition, so that a visible append touches only its own waiters."""
 
     def __init__(self) -> None:
-        self._by_partition: dict[tuple[str, int], set[Waiter]] = {}
+        self._by_partition: dict[TopicPartition, set[Waiter]] = {}
 
     def add(self, waiter: Waiter) -> None:
         for tp in waiter.seqs:

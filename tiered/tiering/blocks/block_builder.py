@@ -63,7 +63,7 @@ class ClosedBlock:
     size_bytes: int
 
     def partitions(self) -> list[TopicPartition]:
-        return list(dict.fromkeys((r.topic, r.partition) for r in self.runs))
+        return list(dict.fromkeys(TopicPartition(r.topic, r.partition) for r in self.runs))
 
 
 # Timestamp bounds are recorded in signed 64-bit integers (the catalog's columns, and the block footers the catalog is
@@ -117,22 +117,21 @@ class BlockBuilder:
     def empty(self) -> bool:
         return not self._runs
 
-    def lead(self, topic: str, partition: int) -> None:
+    def lead(self, tp: TopicPartition) -> None:
         """From now on records of the partition (led here: TierState.lead first) are taken, continuing its committed
         seq. Pending records of an earlier lead are dropped (they can no longer be committed)."""
-        self.release(topic, partition)
-        tp = TopicPartition(topic, partition)
+        self.release(tp)
         self._next_from[tp] = self.state.committed_seq(tp) + 1
 
-    def release(self, topic: str, partition: int) -> None:
+    def release(self, tp: TopicPartition) -> None:
         """Stops leading the partition (fenced): its pending records are dropped, their acks REFUSED."""
-        self._next_from.pop((topic, partition), None)
-        runs = self._runs.pop((topic, partition), None)
+        self._next_from.pop(tp, None)
+        runs = self._runs.pop(tp, None)
         if runs:
             self._size -= sum(r.size_bytes for r in runs)
             kept = []
             for key, ack in self._acks:
-                if key == (topic, partition):
+                if key == tp:
                     if not ack.done():
                         ack.set_result(AckOutcome.REFUSED)
                 else:
@@ -141,17 +140,16 @@ class BlockBuilder:
             if not self._runs:
                 self._opened_ms = None
 
-    def add(self, topic: str, partition: int, first_seq: int, last_seq: int, record: Piece, segment_base: int,
+    def add(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
             now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
         """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
         `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""
-        key = TopicPartition(topic, partition)
         next_from = self._next_from.get(key)
         epoch = self.state.epoch_of(key)
         if next_from is None or epoch is None:
-            raise NotLeading(f"{topic}/{partition} is not led by this builder")
+            raise NotLeading(f"{key} is not led by this builder")
         if first_seq < next_from:
-            raise NotLeading(f"{topic}/{partition}: record {first_seq} does not follow {next_from - 1}")
+            raise NotLeading(f"{key}: record {first_seq} does not follow {next_from - 1}")
         if facts is None or facts.max_ts_ms > MAX_RECORDED_TS_MS:
             messages, low, high = record_stats(record, facts)
         else:  # the append path's facts, already in range: what record_stats would return (once per append)
@@ -163,7 +161,7 @@ class BlockBuilder:
         else:
             run = runs[-1]
         if run is None or run.segment_base != segment_base:
-            run = PendingRun(topic, partition, epoch, segment_base, next_from, first_seq, last_seq,
+            run = PendingRun(key.topic, key.partition, epoch, segment_base, next_from, first_seq, last_seq,
                              min_ts_ms=low, max_ts_ms=high)
             runs.append(run)
         size = len(record)

@@ -187,7 +187,7 @@ class BlockPipeline:
                     m.COMMIT_ERRORS,
                 )
             except (StaleEpoch, Discontinuity) as exc:
-                key = (exc.topic, exc.partition)
+                key = TopicPartition(exc.topic, exc.partition)
                 if isinstance(exc, Discontinuity):
                     self.metrics.inc(m.DISCONTINUOUS_COMMITS)
                 self.fenced.add((exc.topic, exc.partition, epochs[key]))

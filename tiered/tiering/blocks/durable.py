@@ -63,7 +63,7 @@ class DurablePath:
     def lead(self, tp: TopicPartition) -> None:
         """Uploads the partition's records from now on (led here: TierState.lead first), under its epoch,
         continuing its committed seq."""
-        self.builder.lead(*tp)
+        self.builder.lead(tp)
 
     async def upload_tail(self, tp: TopicPartition, tail: Iterable[StoredRecord], timeout_s: float) -> int:
         """Uploads local records past the catalog's high-water mark (a restart), in order, before later appends:
@@ -74,7 +74,7 @@ class DurablePath:
                 self._close_block()
                 while not await self.admission(timeout_s):
                     log.warning("%s: uploads are stalled; the restart's re-upload waits", tp)
-            self.builder.add(tp.topic, tp.partition, stored.first_seq, stored.last_seq, stored.record,
+            self.builder.add(tp, stored.first_seq, stored.last_seq, stored.record,
                              stored.segment_base, self.clock.now_ms())
             count += 1
         if count:
@@ -84,7 +84,7 @@ class DurablePath:
     def release(self, tp: TopicPartition) -> None:
         """No longer led here (handed over, or claimed by another broker): records not yet in a block are dropped
         and their acks refused; blocks in flight commit, or are refused by the new leader's epoch."""
-        self.builder.release(*tp)
+        self.builder.release(tp)
 
     # -- the produce path ------------------------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ class DurablePath:
     def appended(self, tp: TopicPartition, appended: AppendResult, durable: bool) -> asyncio.Future | None:
         ack = asyncio.get_running_loop().create_future() if durable else None
         was_empty = self.builder.empty
-        self.builder.add(tp.topic, tp.partition, appended.first_seq, appended.last_seq, appended.record,
+        self.builder.add(tp, appended.first_seq, appended.last_seq, appended.record,
                          appended.segment_base, self.clock.now_ms(), ack, appended.header)
         if self.builder.pending_bytes >= self.builder.max_bytes:
             self._close_block()  # at once: the timer task may only run after many more appends
@@ -158,13 +158,12 @@ class DurablePath:
         if self._extra_on_committed is not None:
             self._extra_on_committed()
 
-    def fence(self, key: TopicPartition, epoch: int | None, reason: str) -> None:
+    def fence(self, tp: TopicPartition, epoch: int | None, reason: str) -> None:
         """A write of the partition under `epoch` (None: its current one) was refused for a newer epoch: it is
         fenced (TierState.fence), its pending records dropped and the server told, once."""
-        tp = TopicPartition(*key)  # the block pipeline's keys are (topic, partition) tuples
         if not self.state.fence(tp, epoch):
             return  # already reported (by the copier or an earlier block), or led again under a newer epoch
-        self.builder.release(*tp)
+        self.builder.release(tp)
         self.metrics.inc(m.FENCED_PARTITIONS)
         log.error("%s: %s; this broker stops serving the partition", tp, reason)
         self.sink.fenced(tp, reason)

@@ -224,7 +224,7 @@ class SegmentCopier:
                                                                        now=utc_now(self.clock)),
                              m.CATALOG_ERRORS)
         except IllegalTransition:
-            if not await self._expired(job.topic, job.partition, seg.last):
+            if not await self._expired(job.tp, seg.last):
                 raise
             # Remote retention deleted this base's copy and moved the history's start past it (remote retention
             # shorter than local): its seqs are no longer history, so there is nothing to copy, now or later.
@@ -252,9 +252,9 @@ class SegmentCopier:
                  finished.pruned.blocks_marked)
         self.on_copied(job)
 
-    async def _expired(self, topic: str, partition: int, last_seq: int) -> bool:
+    async def _expired(self, tp: TopicPartition, last_seq: int) -> bool:
         """Whether the partition's history now starts after `last_seq` (remote retention moved it there)."""
-        state = await self.catalog.read(catalog_partitions.get_partition_state, topic, partition)
+        state = await self.catalog.read(catalog_partitions.get_partition_state, tp.topic, tp.partition)
         return state is not None and last_seq < state.first_available_seq
 
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Sequence
 
-from sqlalchemy import Connection, and_, bindparam, insert, literal_column, or_, select, union, update
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, literal_column, or_, select, union, update
 
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
@@ -378,7 +378,9 @@ def partitions_due_for_retention(
     return sorted(due)[:limit]
 
 
-def _past(model, after: tuple[str, int] | None) -> tuple:
+def _past(
+    model: type[SegmentModel] | type[PartitionModel], after: tuple[str, int] | None
+) -> tuple[ColumnElement[bool], ...]:
     if after is None:
         return ()
     topic, partition = after

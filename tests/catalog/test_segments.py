@@ -407,3 +407,41 @@ def test_many_partitions_are_named_page_by_page(cat):
     # where the oldest readable one is old (or the bytes are over).
     assert len(due(cat, [RetentionLimits(("many",), timedelta(days=2), None)], T0, limit=1000)) == 300
     assert retention(cat, "many", 1, now=T0, max_age=timedelta(days=2), max_bytes=None) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_selection_names_every_partition_retention_expires_something_of(cat, seed):
+    """Seeded: 3 topics of random limits, 12 partitions each holding 0-4 readable segments of random sizes and freeze
+    times (out of seq order at times), some deleted: every partition segments_for_remote_retention expires something
+    of is named, and a partition named where it expires nothing holds a readable segment past the age cutoff behind
+    a younger oldest one."""
+    import random
+
+    rng = random.Random(seed)
+    now = T0 + timedelta(days=30)
+    limits, named_by = [], {}
+    for t in range(3):
+        name = f"r{t}"
+        create_topic(cat, name, 12)
+        epochs = claim_partitions(cat, 1, name, range(12))
+        max_age = rng.choice([None, timedelta(days=rng.randint(1, 20))])
+        max_bytes = rng.choice([None, rng.randint(1, 6) * 1000]) if max_age is not None else rng.randint(1, 6) * 1000
+        limits.append(RetentionLimits((name,), max_age, max_bytes))
+        named_by[name] = (max_age, max_bytes)
+        for p in range(12):
+            for i in range(rng.randint(0, 4)):
+                base = 100 * i + 1
+                copy_to(cat, name, p, epochs[p], base, base + 99, size=rng.randint(100, 2000),
+                        freeze_ts=now - timedelta(days=rng.randint(0, 30), hours=rng.randint(0, 23)))
+                if i == 0 and rng.random() < 0.2:
+                    segment_delete_started(cat, name, p, base)
+    named = set(due(cat, limits, now, limit=1000))
+    assert 0 < len(named) < 36  # the seeds give both
+    for name, (max_age, max_bytes) in named_by.items():
+        for p in range(12):
+            expires = retention(cat, name, p, now=now, max_age=max_age, max_bytes=max_bytes, limit=1) != []
+            readable = list_segments(cat, name, p, states=(S.COPY_FINISHED,))
+            if expires:
+                assert (name, p) in named, (name, p)
+            elif (name, p) in named:
+                assert max_age is not None and any(s.freeze_ts + max_age < now for s in readable[1:]), (name, p)

@@ -207,6 +207,9 @@ def test_runs_below_the_start_are_probed_per_partition_by_index(cat, filled):
     assert named == [("a", 0)]
     assert full_scans(cat.backend, plan) == [], plan
     assert "ix_block_runs_lookup" in plan, plan
+    [(_, plan)] = explain(cat, lambda: named.extend(
+        blocks.partitions_with_runs_below_start(cat, ["a", "b"], after=("a", 0))))  # the next page: none
+    assert named == [("a", 0)] and full_scans(cat.backend, plan) == [], plan
 
 
 def test_a_full_scan_is_seen(cat, filled):

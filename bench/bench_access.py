@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,21 +31,15 @@ from tiered.server import access
 from tiered.server.app import App
 from tiered.tls import client_context
 
+from bench.bench_tls import make_certs as make_tls_certs
+
 IN_FLIGHT = 64
 RULES = 50
 
 
 def make_certs(folder: Path) -> None:
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=bench-ca", "-days", "1")
-    (folder / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-out", f"{name}.pem",
-            "-days", "1", "-extfile", "ext")
+    """The CA, the server's and the client's certificates (bench_tls), and a rules file of RULES rules."""
+    make_tls_certs(folder, ("server", "client"))
     rules = "".join(f'[[rule]]\nprincipals = ["service-{i}"]\noperations = ["produce", "consume"]\n'
                     f'topics = ["team-{i}-*", "shared-{i}"]\n\n' for i in range(RULES - 1))
     rules += '[[rule]]\nprincipals = ["client"]\noperations = ["*"]\ntopics = ["bench-*"]\n'

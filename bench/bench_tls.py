@@ -33,16 +33,18 @@ MESSAGE = b"x" * 1024
 BUNDLE = 100
 
 
-def make_certs(folder: Path) -> None:
+def make_certs(folder: Path, names: tuple[str, ...] = ("server",)) -> None:
+    """A CA (ca.pem) and, for each name, a certificate for 127.0.0.1 with that CN signed by it (NAME.pem, NAME.key)."""
     def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True, timeout=60)
 
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
     run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=bench-ca", "-days", "1")
     (folder / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=bench")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-out", "server.pem", "-days", "1",
-        "-extfile", "ext")
+    for name in names:
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-out", f"{name}.pem",
+            "-days", "1", "-extfile", "ext")
 
 
 async def measure(folder: Path, tls: bool, bundles: int) -> tuple[float, float]:

@@ -198,7 +198,7 @@ def test_migrations_ship_as_a_package():
     folder = migrations_dir()
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
-    assert head() == "0010"
+    assert head() == "0011"
 
 
 def test_alembic_commands_work_given_only_a_url(tmp_path):

@@ -178,6 +178,40 @@ def test_the_periodic_passes_read_only_their_partial_index(cat, filled, call, in
     assert all(index in scan for scan in scans), plan  # a full scan, if any, of the partial index only
 
 
+DUE_LIMITS = [segments.RetentionLimits(("a", "b"), timedelta(days=1), None),
+              segments.RetentionLimits(("a",), None, 100), segments.RetentionLimits(("b",), timedelta(hours=1), 10)]
+
+
+@pytest.mark.parametrize("after", [None, ("a", 0)], ids=["first_page", "next_page"])
+def test_the_retention_selection_reads_only_what_is_past_its_limits(cat, filled, after):
+    """partitions_due_for_retention: one statement over every led topic, each part a range scan of an index that
+    holds what is past a limit (readable segments by topic and freeze time, partitions by topic and remote bytes),
+    never a read of every partition's oldest segments. The pages' cursor keeps them range scans."""
+    named = []
+    [(_, plan)] = explain(cat, lambda: named.extend(
+        segments.partitions_due_for_retention(cat, DUE_LIMITS, now=T0, after=after)))
+    assert named == ([("a", 0)] if after is None else [])  # 5 segments of 10 bytes and their indexes: over 100
+    assert full_scans(cat.backend, plan) == [], plan
+    # On these few rows a planner may walk the readable segments of the topics by ix_segments_lookup instead (both
+    # partial, readable segments only); at scale it is ix_segments_expiry (the tests below).
+    assert "ix_partitions_remote_bytes" in plan, plan
+    assert "ix_segments_expiry" in plan or "ix_segments_lookup" in plan, plan
+
+
+def test_runs_below_the_start_are_probed_per_partition_by_index(cat, filled):
+    """partitions_with_runs_below_start (once a grace period): the topics' partition rows by primary key, each a
+    probe of ix_block_runs_lookup."""
+    partitions.set_first_available(cat, "a", 0, 65)  # segments hold 1-50; the runs of 51-60 end below it
+    named = []
+    [(_, plan)] = explain(cat, lambda: named.extend(blocks.partitions_with_runs_below_start(cat, ["a", "b"])))
+    assert named == [("a", 0)]
+    assert full_scans(cat.backend, plan) == [], plan
+    assert "ix_block_runs_lookup" in plan, plan
+    [(_, plan)] = explain(cat, lambda: named.extend(
+        blocks.partitions_with_runs_below_start(cat, ["a", "b"], after=("a", 0))))  # the next page: none
+    assert named == [("a", 0)] and full_scans(cat.backend, plan) == [], plan
+
+
 def test_a_full_scan_is_seen(cat, filled):
     """The check above can fail: a lookup by an unindexed column is reported."""
     from sqlalchemy import select
@@ -362,3 +396,31 @@ def test_a_wide_commit_probes_each_partition_by_key_among_100k(many_partitions):
     plan = "\n".join(r[0] for r in rows)
     assert full_scans("postgresql", plan) == [], plan
     assert plan.count("Index Scan using pk_partitions on partitions") == 2 and "LockRows" in plan, plan
+
+
+def _plan_of(cat, call) -> str:
+    [(statement, parameters)] = captured(cat, lambda: call(cat))
+    with cat.engine.connect() as conn:
+        rows = conn.exec_driver_sql("EXPLAIN " + statement, parameters).all()
+        conn.rollback()
+    return "\n".join(r[0] for r in rows)
+
+
+def test_the_retention_selection_stays_range_scans_among_100k_partitions(many_partitions):
+    """With 100,000 analyzed partitions (sequential scans allowed), the partitions over a byte limit are a range of
+    ix_partitions_remote_bytes: nothing reads every partition. (This catalog has no segments, and a planner rightly
+    reads an empty table whole: the age part is checked on a long history below.)"""
+    limits = [segments.RetentionLimits(("bulk",), None, 1 << 30)]
+    plan = _plan_of(many_partitions, lambda c: segments.partitions_due_for_retention(c, limits, now=T0))
+    assert full_scans("postgresql", plan) == [], plan
+    assert "ix_partitions_remote_bytes" in plan, plan
+    plan = _plan_of(many_partitions, lambda c: segments.partitions_due_for_retention(
+        c, limits, now=T0, after=("bulk", 50_000)))
+    assert full_scans("postgresql", plan) == [], plan
+
+
+def test_the_retention_selection_stays_a_range_scan_on_large_history(large):
+    """With 50,000 analyzed readable segments, none past the cutoff: a range of ix_segments_expiry, not a scan."""
+    limits = [segments.RetentionLimits(("bulk",), timedelta(days=7), None)]
+    plan = _plan_of(large, lambda c: segments.partitions_due_for_retention(c, limits, now=T0))  # all frozen later
+    assert full_scans("postgresql", plan) == [] and "ix_segments_expiry" in plan, plan

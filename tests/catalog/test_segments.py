@@ -14,6 +14,8 @@ from tiered.catalog.segments import (
     get_segment,
     highest_copied_seq,
     list_segments,
+    RetentionLimits,
+    partitions_due_for_retention,
     partitions_mid_deletion,
     partitions_with_stale_copies,
     segment_copy_abandoned,
@@ -314,3 +316,132 @@ def test_segment_times_are_utc(cat, epoch):
     assert row.updated_at == stored.updated_at == T0 + timedelta(hours=1)
     with pytest.raises(Exception, match="naive datetime"):
         segment_copy_started(cat, segment("t", 0, 101, 200, epoch, freeze_ts=T0.replace(tzinfo=None)))
+
+
+def copy_to(cat, topic, partition, epoch, base, last, size=1000, freeze_ts=T0):
+    segment_copy_started(cat, segment(topic, partition, base, last, epoch, size, freeze_ts), now=T0)
+    segment_copy_finished(cat, topic, partition, base, epoch, now=T0)
+
+
+def due(cat, limits, now, **kwargs):
+    return partitions_due_for_retention(cat, limits, now=now, **kwargs)
+
+
+def test_partitions_due_by_age_just_under_and_just_over(cat, epoch):
+    copy(cat, epoch, 1, 100, freeze_ts=T0)
+    copy(cat, epoch, 101, 200, freeze_ts=T0 + minutes(10))
+    limits = [RetentionLimits(("t",), minutes(50), None)]
+    assert due(cat, limits, T0 + minutes(50)) == []  # 0 + 50 is not < 50: kept, as segments_for_remote_retention
+    assert retention(cat, "t", 0, now=T0 + minutes(50), max_age=minutes(50), max_bytes=None) == []
+    just_over = T0 + minutes(50) + timedelta(microseconds=1)
+    assert due(cat, limits, just_over) == [("t", 0)]
+    assert [s.base_seq for s in retention(cat, "t", 0, now=just_over, max_age=minutes(50), max_bytes=None)] == [1]
+
+
+def test_partitions_due_by_bytes_just_under_and_just_over(cat, epoch):
+    copy(cat, epoch, 1, 100, size=1000)
+    copy(cat, epoch, 101, 200, size=1000)  # 2200 bytes with the indexes
+    assert due(cat, [RetentionLimits(("t",), None, 2200)], T0) == []
+    assert retention(cat, "t", 0, now=T0, max_age=None, max_bytes=2200) == []
+    assert due(cat, [RetentionLimits(("t",), None, 2199)], T0) == [("t", 0)]
+    assert len(retention(cat, "t", 0, now=T0, max_age=None, max_bytes=2199)) == 1
+
+
+def test_a_partition_with_nothing_readable_is_never_due(cat, epoch):
+    copy(cat, epoch, 1, 100, freeze_ts=T0)
+    segment_delete_started(cat, "t", 0, 1)  # no longer readable, out of remote_bytes
+    limits = [RetentionLimits(("t",), minutes(1), 0)]  # the smallest limits: anything readable would be due
+    assert due(cat, limits, T0 + minutes(60)) == []
+    segment_delete_finished(cat, "t", 0, 1)
+    assert due(cat, limits, T0 + minutes(60)) == []
+    assert due(cat, [], T0 + minutes(60)) == []
+
+
+def test_partitions_due_across_topics_of_different_limits(cat):
+    """Each topic is held to its own limits; a topic left out (no retention configured) is never named, however old
+    or large its segments; a topic in two groups is due by either."""
+    old = T0 - timedelta(days=30)
+    for name in ("age", "size", "both", "none"):
+        create_topic(cat, name, 3)
+        epochs = claim_partitions(cat, 1, name, [0, 1, 2])
+        copy_to(cat, name, 0, epochs[0], 1, 100, freeze_ts=old)  # old and 1100 bytes
+        copy_to(cat, name, 1, epochs[1], 1, 100, size=5000)  # young and 5100 bytes
+        copy_to(cat, name, 2, epochs[2], 1, 100)  # young and 1100 bytes: never due
+    limits = [
+        RetentionLimits(("age",), timedelta(days=7), None),
+        RetentionLimits(("size",), None, 2000),
+        RetentionLimits(("both",), timedelta(days=7), 2000),
+    ]
+    assert due(cat, limits, T0) == [("age", 0), ("both", 0), ("both", 1), ("size", 1)]
+    # Topics of equal limits share a subselect; a longer age lets the old segment of `age` be.
+    limits = [RetentionLimits(("age", "both"), timedelta(days=60), None), RetentionLimits(("both", "size"), None, 6000)]
+    assert due(cat, limits, T0) == []
+    for name in ("age", "size", "both", "none"):
+        for p in range(3):  # the selection names exactly the partitions whose pass expires something
+            group = {"age": (timedelta(days=7), None), "size": (None, 2000), "both": (timedelta(days=7), 2000),
+                     "none": (None, None)}[name]
+            expires = retention(cat, name, p, now=T0, max_age=group[0], max_bytes=group[1]) != []
+            assert expires == ((name, p) in due(cat, [RetentionLimits((name,), *group)], T0)), (name, p)
+
+
+def test_many_partitions_are_named_page_by_page(cat):
+    """300 partitions, every 7th holding an old segment and every 11th too many bytes (some both): the pages, 16 at a
+    time from the last one named, give each due partition once, in order."""
+    create_topic(cat, "many", 300)
+    epochs = claim_partitions(cat, 1, "many", range(300))
+    for p in range(300):
+        copy_to(cat, "many", p, epochs[p], 1, 100, size=5000 if p % 11 == 0 else 100,
+                freeze_ts=T0 - timedelta(days=30) if p % 7 == 0 else T0)
+        copy_to(cat, "many", p, epochs[p], 101, 200, size=100, freeze_ts=T0 - timedelta(days=3))  # later seqs, frozen earlier
+    expected = [("many", p) for p in range(300) if p % 7 == 0 or p % 11 == 0]
+    limits = [RetentionLimits(("many",), timedelta(days=7), 2000)]
+    named, after = [], None
+    while True:
+        page = due(cat, limits, T0, after=after, limit=16)
+        named.extend(page)
+        if len(page) < 16:
+            break
+        after = page[-1]
+    assert named == expected
+    # The second segment, frozen earlier than the first, names every partition by age; the pass then expires only
+    # where the oldest readable one is old (or the bytes are over).
+    assert len(due(cat, [RetentionLimits(("many",), timedelta(days=2), None)], T0, limit=1000)) == 300
+    assert retention(cat, "many", 1, now=T0, max_age=timedelta(days=2), max_bytes=None) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_selection_names_every_partition_retention_expires_something_of(cat, seed):
+    """Seeded: 3 topics of random limits, 12 partitions each holding 0-4 readable segments of random sizes and freeze
+    times (out of seq order at times), some deleted: every partition segments_for_remote_retention expires something
+    of is named, and a partition named where it expires nothing holds a readable segment past the age cutoff behind
+    a younger oldest one."""
+    import random
+
+    rng = random.Random(seed)
+    now = T0 + timedelta(days=30)
+    limits, named_by = [], {}
+    for t in range(3):
+        name = f"r{t}"
+        create_topic(cat, name, 12)
+        epochs = claim_partitions(cat, 1, name, range(12))
+        max_age = rng.choice([None, timedelta(days=rng.randint(1, 20))])
+        max_bytes = rng.choice([None, rng.randint(1, 6) * 1000]) if max_age is not None else rng.randint(1, 6) * 1000
+        limits.append(RetentionLimits((name,), max_age, max_bytes))
+        named_by[name] = (max_age, max_bytes)
+        for p in range(12):
+            for i in range(rng.randint(0, 4)):
+                base = 100 * i + 1
+                copy_to(cat, name, p, epochs[p], base, base + 99, size=rng.randint(100, 2000),
+                        freeze_ts=now - timedelta(days=rng.randint(0, 30), hours=rng.randint(0, 23)))
+                if i == 0 and rng.random() < 0.2:
+                    segment_delete_started(cat, name, p, base)
+    named = set(due(cat, limits, now, limit=1000))
+    assert 0 < len(named) < 36  # the seeds give both
+    for name, (max_age, max_bytes) in named_by.items():
+        for p in range(12):
+            expires = retention(cat, name, p, now=now, max_age=max_age, max_bytes=max_bytes, limit=1) != []
+            readable = list_segments(cat, name, p, states=(S.COPY_FINISHED,))
+            if expires:
+                assert (name, p) in named, (name, p)
+            elif (name, p) in named:
+                assert max_age is not None and any(s.freeze_ts + max_age < now for s in readable[1:]), (name, p)

@@ -169,3 +169,152 @@ async def test_a_crash_after_delete_started_is_finished_by_the_next_pass(s3_stor
     assert not await _exists(s3_store, metas[1].index_object_key)
     assert await _exists(s3_store, metas[11].object_key)
     assert report.first_available_seq == 11 and report.runs_pruned == 1
+
+
+# -- the pass over every led partition (RemoteTier) ---------------------------------------------------------------
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.moved: dict = {}
+
+    def copied(self, tp, base, last):
+        pass
+
+    def first_available_moved(self, tp, seq):
+        self.moved[tp] = seq
+
+
+class _CountingCatalog:
+    """The real async catalog, naming every read and write the pass sends."""
+
+    def __init__(self, acat) -> None:
+        self.acat = acat
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self.acat, name)
+
+    async def read(self, fn, *args, **kwargs):
+        self.calls.append(fn.__name__)
+        return await self.acat.read(fn, *args, **kwargs)
+
+    async def write(self, fn, *args, **kwargs):
+        self.calls.append(fn.__name__)
+        return await self.acat.write(fn, *args, **kwargs)
+
+
+QUIET = 40
+
+
+async def _led(s3_store, cat, acat, now: datetime):
+    """`logs` (the history above, 90 minutes of retention) and `quiet`: 40 partitions of one segment frozen at `now`
+    each, a day of retention and 2,000 bytes at most (each holds 1,100): led here, by a RemoteTier on a clock at
+    `now`."""
+    from tests.support.clock import ManualClock
+    from tests.tiering.tier_state import led_state
+    from tiered.metrics import Metrics
+    from tiered.tiering.remote_tier import RemoteTier
+    from tiered.topic_partition import TopicPartition
+
+    metas = await _history(s3_store, cat)
+    catalog_topics.create_topic(cat, "quiet", QUIET, now=T0)
+    epochs = {("quiet", p): e for p, e in catalog_partitions.claim_partitions(cat, BROKER, "quiet", range(QUIET)).items()}
+    epochs[(TOPIC, 0)] = catalog_partitions.get_partition_states(cat, TOPIC)[0].leader_epoch
+    for p in range(QUIET):
+        block_id = catalog_blocks.insert_pending_block(cat, f"blocks/quiet/{p}.blk", BROKER, 100, now=now)
+        run = RunRow("quiet", p, 1, 1, 10, 10, 1, 2, epochs[("quiet", p)], 0, 100)
+        catalog_blocks.commit_block(cat, block_id, BROKER, [run], {("quiet", p): epochs[("quiet", p)]}, now=now)
+        meta = SegmentMeta("quiet", p, 1, 10, f"quiet/{p}.ilog", f"quiet/{p}.index", ILOG_BYTES, INDEX_BYTES, 1, 2,
+                           now, epochs[("quiet", p)])
+        catalog_segments.segment_copy_started(cat, meta, now=now)
+        catalog_segments.segment_copy_finished(cat, "quiet", p, 1, epochs[("quiet", p)], now=now)
+    counting = _CountingCatalog(acat)
+    sink = _Sink()
+    clock = ManualClock(start_ms=now.timestamp() * 1000)
+    tier = RemoteTier(s3_store, counting, sink, metrics=Metrics(), state=led_state(epochs, committed_seq=1 << 62),
+                      fence=lambda tp, epoch, reason: None, grace=timedelta(minutes=10), clock=clock)
+    led = [(TopicPartition(TOPIC, 0), TopicConfig(remote_retention_secs=90 * 60))]
+    led += [(TopicPartition("quiet", p), TopicConfig(remote_retention_secs=86400, remote_retention_bytes=2000))
+            for p in range(QUIET)]
+    return metas, tier, counting, sink, clock, led
+
+
+def _check_all(cat, before: set[str] | None = None) -> set[str]:
+    """`tiered catalog check`: the quiet topic is clean; `logs` keeps the double locations of its history's runs
+    (from before copies pruned them, see _history) and a pass adds no problem to them. Returns logs' problems."""
+    from tiered.catalog.check import check_catalog
+
+    assert check_catalog(cat, "quiet").problems == []
+    problems = set(check_catalog(cat, TOPIC).problems)
+    if before is not None:
+        assert problems <= before, problems - before
+    return problems
+
+
+async def test_a_pass_over_led_partitions_visits_only_those_past_a_limit(s3_store, cat, acat):
+    """Of 41 led partitions with a retention, only the one holding an expired segment is read further: a pass with
+    nothing to expire is two statements (interrupted deletions, what is past a limit), however many are led. What
+    the visited partition's pass does is what enforce_remote_retention does alone."""
+    now = T0 + timedelta(hours=2, minutes=1)
+    metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
+    before = _check_all(cat)
+
+    assert await tier.remote_retention_pass(led) == 1
+    assert counting.calls.count("segments_for_remote_retention") == 1  # logs/0 only
+    assert _states(cat) == {1: SegmentState.DELETE_FINISHED, 11: SegmentState.COPY_FINISHED,
+                            21: SegmentState.COPY_FINISHED}
+    assert _state(cat).first_available_seq == 11 and list(sink.moved.values()) == [11]
+    assert not await _exists(s3_store, metas[1].object_key) and await _exists(s3_store, metas[11].object_key)
+    assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 11  # the run below went with it
+    assert await s3_store.get(keys.partition_start_key(TOPIC, 0)) == b"11"
+    _check_all(cat, before)
+
+    counting.calls.clear()
+    clock.advance(60)
+    assert await tier.remote_retention_pass(led) == 0
+    assert counting.calls == ["partitions_mid_deletion", "partitions_due_for_retention"]
+
+    # An hour later the second segment of logs is past 90 minutes; a quiet partition grows past 2,000 bytes.
+    clock.advance(3600)
+    meta = SegmentMeta("quiet", 7, 11, 20, "quiet/7b.ilog", "quiet/7b.index", ILOG_BYTES, INDEX_BYTES, 1, 2,
+                       now, catalog_partitions.get_partition_states(cat, "quiet")[7].leader_epoch)
+    block_id = catalog_blocks.insert_pending_block(cat, "blocks/quiet/7b.blk", BROKER, 100, now=now)
+    catalog_blocks.commit_block(cat, block_id, BROKER, [RunRow("quiet", 7, 11, 11, 20, 10, 1, 2, meta.leader_epoch, 0,
+                                                               100)], {("quiet", 7): meta.leader_epoch}, now=now)
+    catalog_segments.segment_copy_started(cat, meta, now=now)
+    catalog_segments.segment_copy_finished(cat, "quiet", 7, 11, meta.leader_epoch, now=now)
+    counting.calls.clear()
+    assert await tier.remote_retention_pass(led) == 2
+    assert counting.calls.count("segments_for_remote_retention") == 2
+    assert _states(cat)[11] == SegmentState.DELETE_FINISHED
+    assert [s.base_seq for s in catalog_segments.list_segments(cat, "quiet", 7, states=(SegmentState.COPY_FINISHED,))] == [11]
+    _check_all(cat, before)
+
+
+async def test_runs_left_below_the_start_by_an_interrupted_pass_are_pruned_by_the_scan(s3_store, cat, acat):
+    """A pass that moved the first available seq and deleted the segment, then stopped before its prune, leaves
+    runs below the start and nothing past a limit: the pass that scans (its first, then once a grace period) finds
+    them and prunes them; the passes in between cost their two statements."""
+    from tiered.tiering.segments.remote_retention import delete_objects
+
+    now = T0 + timedelta(hours=2, minutes=1)
+    metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
+    led = [(tp, TopicConfig(remote_retention_secs=86400)) for tp, _ in led]  # nothing past a limit
+    before = _check_all(cat)
+    await tier.remote_retention_pass(led)  # the first pass scans: nothing below any start yet
+    assert "prune_runs_below" not in counting.calls and _state(cat).first_available_seq == 1
+    catalog_partitions.set_first_available(cat, TOPIC, 0, 21)
+    for base in (1, 11):
+        catalog_segments.segment_delete_started(cat, TOPIC, 0, base, now=now)
+        await delete_objects(s3_store, catalog_segments.get_segment(cat, TOPIC, 0, base))
+        catalog_segments.segment_delete_finished(cat, TOPIC, 0, base, now=now)
+    counting.calls.clear()
+    clock.advance(60)
+    await tier.remote_retention_pass(led)
+    assert counting.calls == ["partitions_mid_deletion", "partitions_due_for_retention"]
+    clock.advance(600)
+    await tier.remote_retention_pass(led)
+    assert "partitions_with_runs_below_start" in counting.calls and "prune_runs_below" in counting.calls
+    assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 21
+    _check_all(cat, before)

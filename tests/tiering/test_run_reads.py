@@ -43,6 +43,7 @@ from tiered.tiering.reads.run_reads import run_window, trim_chunk
 
 from tests.spark.history import PartitionHistory, S3Objects
 from tests.tiering.test_remote_compaction import chunk_bytes
+from tiered.topic_partition import TopicPartition
 
 TOPIC = "t"
 MiB = 1 << 20
@@ -87,7 +88,7 @@ def local_answer(history: PartitionHistory, seq: int, fetch_size: int) -> tuple[
 
 
 async def remote_answer(reader: RemoteReader, seq: int, fetch_size: int) -> tuple[bytes, int, bool]:
-    chunk = await reader.fetch(TOPIC, 0, seq, fetch_size)
+    chunk = await reader.fetch(TopicPartition(TOPIC, 0), seq, fetch_size)
     assert isinstance(chunk, RemoteChunk), chunk
     return await chunk_bytes(chunk), chunk.first_bundle_seq, chunk.first_bundle_sparse
 

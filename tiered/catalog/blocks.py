@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
 from tiered.catalog.errors import Discontinuity, StaleEpoch, UnknownBlock, UnknownPartition
-from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
+from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import lock_partitions
 from tiered.catalog.states import BLOCK_TRANSITIONS, BlockState
 
@@ -438,6 +438,32 @@ def prune_runs_below(
     )
     with cat.write() as conn:
         return _delete_runs(conn, victims, grace, now)
+
+
+def partitions_with_runs_below_start(
+    cat: Catalog, topics: Sequence[str], *, after: tuple[str, int] | None = None, limit: int = 500
+) -> list[tuple[str, int]]:
+    """Up to `limit` partitions of `topics`, past `after` in (topic, partition) order, holding a block run that ends
+    below their first available seq (a retention pass stopped between moving it and pruning, or by its run limit):
+    prune_runs_below has something to do there. One statement, but a probe of ix_block_runs_lookup for every
+    partition of `topics` with a first available seq above 1: remote retention runs it once a grace period, not at
+    every pass."""
+    if not topics:
+        return []
+    query = (
+        select(PartitionModel.topic, PartitionModel.partition)
+        .where(PartitionModel.topic.in_(sorted(set(topics))), PartitionModel.first_available_seq > 1)
+        .where(exists().where(BlockRunModel.topic == PartitionModel.topic,
+                              BlockRunModel.partition == PartitionModel.partition,
+                              BlockRunModel.last_seq < PartitionModel.first_available_seq))
+        .order_by(PartitionModel.topic, PartitionModel.partition)
+        .limit(inline_limit(limit))
+    )
+    if after is not None:
+        topic, partition = after
+        query = query.where(tuple_(PartitionModel.topic, PartitionModel.partition) > tuple_(topic, partition))
+    with cat.read() as conn:
+        return [(topic, partition) for topic, partition in conn.execute(query)]
 
 
 def _delete_runs(conn: Connection, victims, grace: timedelta, now: datetime | None) -> PruneResult:

@@ -98,7 +98,13 @@ class PartitionModel(Base):
     __tablename__ = "partitions"
     # Every commit rewrites the row of each partition it raises (on PostgreSQL a new row version): half of each page
     # is left free so that the new version lands on the row's own page (a HOT update, no primary key entry written).
-    __table_args__ = {"postgresql_with": {"fillfactor": 50}}
+    # ix_partitions_remote_bytes (0011): remote retention asks, for all partitions of a topic at once, which hold more
+    # than remote.retention.bytes: a range scan of the partitions over the limit. Only copies and deletions change
+    # remote_bytes, so a commit's update (hwmark_seq) stays HOT.
+    __table_args__ = (
+        Index("ix_partitions_remote_bytes", "topic", "remote_bytes"),
+        {"postgresql_with": {"fillfactor": 50}},
+    )
 
     topic: Mapped[str] = mapped_column(Text, ForeignKey("topics.name", ondelete="CASCADE"), primary_key=True)
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -270,6 +276,15 @@ class SegmentModel(Base):
             "base_seq",
             postgresql_where=COPY_STARTED_PREDICATE,
             sqlite_where=COPY_STARTED_PREDICATE,
+        ),
+        # Remote retention asks, for all partitions of a topic at once, which hold a readable segment frozen before
+        # the topic's cutoff (0011): a range scan of the segments past their age, not of every partition's oldest.
+        Index(
+            "ix_segments_expiry",
+            "topic",
+            "freeze_ts",
+            postgresql_where=COPY_FINISHED_PREDICATE,
+            sqlite_where=COPY_FINISHED_PREDICATE,
         ),
     )
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta
 from functools import cache
+from typing import Sequence
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, literal_column, select, update
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, literal_column, or_, select, union, update
 
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
@@ -317,6 +318,75 @@ def partitions_with_stale_copies(cat: Catalog, *, older_than: datetime) -> set[t
         return {(topic, partition) for topic, partition in rows}
 
 
+@dataclass(frozen=True, slots=True)
+class RetentionLimits:
+    """The remote retention of some topics, for partitions_due_for_retention: None disables a limit."""
+
+    topics: tuple[str, ...]
+    max_age: timedelta | None
+    max_bytes: int | None
+
+
+# Subselects per statement: a broker leading topics of many different retentions sends a few statements, each
+# bounded.
+_DUE_SELECTS = 32
+
+
+def partitions_due_for_retention(
+    cat: Catalog, limits: Sequence[RetentionLimits], *, now: datetime, after: tuple[str, int] | None = None,
+    limit: int = 500,
+) -> list[tuple[str, int]]:
+    """Up to `limit` partitions of the topics in `limits`, past `after` in (topic, partition) order, that remote
+    retention may expire something of: a readable segment frozen before `now - max_age`
+    (ix_segments_expiry), or more remote bytes than `max_bytes` (ix_partitions_remote_bytes). Page by passing the
+    last one as `after`.
+
+    The partitions whose oldest readable segment is too old, or whose remote bytes are over the limit, are exactly
+    those segments_for_remote_retention expires something of; a readable segment frozen before the cutoff behind a
+    younger oldest one (a freeze time out of seq order) names its partition too, where segments_for_remote_retention
+    then expires nothing. Range scans of what is past its limit, in one statement per 32 distinct limits: the cost of
+    a pass with nothing to expire does not grow with the partitions or their history.
+    """
+    selects = []
+    by_age: dict[timedelta, set[str]] = {}
+    by_bytes: dict[int, set[str]] = {}
+    for group in limits:
+        if group.max_age is not None:
+            by_age.setdefault(group.max_age, set()).update(group.topics)
+        if group.max_bytes is not None:
+            by_bytes.setdefault(group.max_bytes, set()).update(group.topics)
+    for max_age, names in by_age.items():
+        selects.append(
+            select(SegmentModel.topic, SegmentModel.partition)
+            .where(_READABLE, SegmentModel.topic.in_(sorted(names)), SegmentModel.freeze_ts < now - max_age)
+            .where(*_past(SegmentModel, after))
+            .distinct()
+        )
+    for max_bytes, names in by_bytes.items():
+        selects.append(
+            select(PartitionModel.topic, PartitionModel.partition)
+            .where(PartitionModel.topic.in_(sorted(names)), PartitionModel.remote_bytes > max_bytes)
+            .where(*_past(PartitionModel, after))
+        )
+    due: set[tuple[str, int]] = set()
+    with cat.read() as conn:
+        for i in range(0, len(selects), _DUE_SELECTS):
+            chunk = selects[i:i + _DUE_SELECTS]
+            query = chunk[0] if len(chunk) == 1 else union(*chunk)
+            query = query.order_by("topic", "partition").limit(inline_limit(limit))
+            due.update((topic, partition) for topic, partition in conn.execute(query))
+    return sorted(due)[:limit]
+
+
+def _past(
+    model: type[SegmentModel] | type[PartitionModel], after: tuple[str, int] | None
+) -> tuple[ColumnElement[bool], ...]:
+    if after is None:
+        return ()
+    topic, partition = after
+    return (or_(model.topic > topic, and_(model.topic == topic, model.partition > partition)),)
+
+
 def segments_for_remote_retention(
     cat: Catalog,
     topic: str,
@@ -359,9 +429,14 @@ def segments_for_remote_retention(
 
 def highest_copied_seq(cat: Catalog, topic: str, partition: int) -> int:
     """The highest seq held by a readable remote segment; 0 if none. Block runs at or below it may be pruned."""
+    # The newest entry of ix_segments_lookup, spelled as its order: with max() a planner may instead walk another
+    # readable-segment index of the topic (ix_segments_expiry) and filter by partition.
     with cat.read() as conn:
-        return conn.execute(
-            select(func.coalesce(func.max(SegmentModel.last_seq), 0))
+        last = conn.execute(
+            select(SegmentModel.last_seq)
             .where(SegmentModel.topic == topic, SegmentModel.partition == partition)
             .where(_READABLE)
-        ).scalar_one()
+            .order_by(SegmentModel.last_seq.desc())
+            .limit(inline_limit(1))
+        ).scalar()
+    return last or 0

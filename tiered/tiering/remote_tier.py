@@ -27,7 +27,12 @@ from tiered.tiering.partition_state import TierState
 from tiered.tiering.recovery.reconciler import abandon_stale_pending, reconcile, sweep_deleted_blocks
 from tiered.tiering.reads.range_reads import ReadBudget
 from tiered.tiering.reads.remote_fetch import DEFAULT_READ_BUDGET_BYTES, RemoteReader
-from tiered.tiering.segments.remote_retention import enforce_remote_retention, finish_interrupted_deletions
+from tiered.tiering.segments.remote_retention import (
+    enforce_remote_retention,
+    finish_interrupted_deletions,
+    partitions_due,
+    retention_limits,
+)
 from tiered.tiering.segments.segment_copier import CopyJob, SegmentCopier
 from tiered.tiering.objects.store import ObjectStore
 from tiered.topic_partition import TopicPartition
@@ -59,6 +64,7 @@ class RemoteTier:
         self._reconcile_cursor: str | None = None
         self._cleanup_cursors: dict[TopicPartition, int] = {}  # per partition: the next page of abandoned copies
         self._cleanup_due = 0.0  # monotonic time of the next page scan for abandoned copies
+        self._retention_again: set[TopicPartition] = set()  # partitions a retention limit stopped: visit again
 
     # -- segments ---------------------------------------------------------------------------------------------------
 
@@ -102,19 +108,43 @@ class RemoteTier:
         stale_copies = (await self.catalog.read(catalog_segments.partitions_with_stale_copies,
                                                 older_than=self._now() - self.grace)
                         if scan and partitions else set())
+        led: dict[TopicPartition, TopicConfig] = {}
+        unfinished: set[TopicPartition] = set()  # interrupted deletions retention finishes
         for tp, config in partitions:
             retention = bool(config.remote_retention_secs or config.remote_retention_bytes)
             leftovers = tp in mid_deletion
             # Interrupted deletions are finished once per pass: by the cleanup scan, else by retention, else here.
             cleaned = await self._clean_abandoned_copies(tp, tp in stale_copies, finish=leftovers and not retention)
-            if not retention:
-                continue
+            if retention:
+                led[tp] = config
+                if leftovers and not cleaned:
+                    unfinished.add(tp)
+        # Retention visits only the partitions with something to do: those one statement per page names (something
+        # past a limit), those with an interrupted deletion, those a limit stopped last time, and, once a grace
+        # period, those with block runs left below their first available seq (a pass interrupted before its prune).
+        # A partition with nothing past its limits costs nothing: the pass costs what expires.
+        again, self._retention_again = self._retention_again, set()
+        visited: set[TopicPartition] = set()
+
+        async def enforce(tp: TopicPartition) -> int:
+            config = led.get(tp)
+            if config is None or tp in visited:
+                return 0
+            visited.add(tp)
             report = await enforce_remote_retention(self.store, self.catalog, tp.topic, tp.partition, config,
-                                                    self._now(), grace=self.grace,
-                                                    finish_leftovers=leftovers and not cleaned)
+                                                    self._now(), grace=self.grace, finish_leftovers=tp in unfinished)
             if report.first_available_seq:
                 self.sink.first_available_moved(tp, report.first_available_seq)
-            deleted += len(report.deleted)
+            if report.more:
+                self._retention_again.add(tp)
+            return len(report.deleted)
+
+        for tp in sorted({TopicPartition(*key) for key in mid_deletion if key in led} | again):
+            deleted += await enforce(tp)
+        limits = retention_limits((tp.topic, config) for tp, config in led.items())
+        async for page in partitions_due(self.catalog, limits, self._now(), runs_below=scan):
+            for topic, partition in page:
+                deleted += await enforce(TopicPartition(topic, partition))
         if deleted:
             self.metrics.inc(m.REMOTE_SEGMENTS_DELETED, deleted)
         return deleted

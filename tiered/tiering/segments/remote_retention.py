@@ -25,10 +25,21 @@ One pass, in this order, each step safe to repeat after a crash:
 A crash between steps leaves a state the next pass completes: first available already moved (it never moves
 back), segments still COPY_FINISHED (expired again), or DELETE_STARTED (step 1). Every step is bounded by `limit`.
 Catalog calls go through the async catalog (worker threads, deadlines).
+
+Which partitions a pass visits (tiered.tiering.remote_tier.RemoteTier.remote_retention_pass): not every led partition
+with a retention, but those `partitions_due` names, page by page: one statement
+(tiered.catalog.segments.partitions_due_for_retention) finds, across the led topics, the partitions holding a
+readable segment frozen before their topic's cutoff or more remote bytes than their topic's limit, over two indexes
+that hold what is past the limit (0011), so a pass with nothing to expire costs a statement, not four per partition.
+The pass adds the partitions with an interrupted deletion, those a limit stopped last time (`more`), and, once a
+grace period, those holding block runs below their first available seq (a pass interrupted before step 4). The
+partitions named are exactly those whose pass expires or prunes something (and a few with a freeze time out of seq
+order, where it expires nothing); what a visited partition's pass does is unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -37,7 +48,7 @@ from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import segments as catalog_segments
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
-from tiered.catalog.segments import SegmentRow
+from tiered.catalog.segments import RetentionLimits, SegmentRow
 from tiered.storage.topic_config import TopicConfig
 from tiered.tiering.objects import keys
 from tiered.tiering.catalog_access import AsyncCatalog
@@ -119,6 +130,51 @@ async def enforce_remote_retention(
         report.blocks_marked = pruned.blocks_marked
         report.more = report.more or pruned.runs_deleted == run_limit
     return report
+
+
+def retention_limits(configs: Iterable[tuple[str, TopicConfig]]) -> list[RetentionLimits]:
+    """The remote retention of each topic with one configured, topics of equal limits grouped, for
+    partitions_due_for_retention."""
+    groups: dict[tuple[int, int], set[str]] = {}
+    for topic, config in configs:
+        if config.remote_retention_secs or config.remote_retention_bytes:
+            groups.setdefault((config.remote_retention_secs, config.remote_retention_bytes), set()).add(topic)
+    return [RetentionLimits(tuple(sorted(topics)), timedelta(seconds=secs) if secs else None, size or None)
+            for (secs, size), topics in sorted(groups.items())]
+
+
+async def partitions_due(
+    catalog: AsyncCatalog, limits: list[RetentionLimits], now: datetime, *, runs_below: bool = False,
+    page: int = 500,
+) -> AsyncIterator[list[tuple[str, int]]]:
+    """The partitions of the topics in `limits` that a retention pass has something to do in, page by page (at
+    most `page` each, the next read once the caller is done with one): those with something past a limit
+    (tiered.catalog.segments.partitions_due_for_retention, one statement per page, which costs what expires), then,
+    with `runs_below`, those holding block runs below their first available seq
+    (tiered.catalog.blocks.partitions_with_runs_below_start, a probe per partition: for a pass once in a while).
+    A partition may come in both."""
+    if not limits:
+        return
+    after: tuple[str, int] | None = None
+    while True:
+        due = await catalog.read(catalog_segments.partitions_due_for_retention, limits, now=now, after=after,
+                                 limit=page)
+        if due:
+            yield due
+            after = due[-1]
+        if len(due) < page:
+            break
+    if not runs_below:
+        return
+    topics = sorted({topic for group in limits for topic in group.topics})
+    after = None
+    while True:
+        below = await catalog.read(catalog_blocks.partitions_with_runs_below_start, topics, after=after, limit=page)
+        if below:
+            yield below
+            after = below[-1]
+        if len(below) < page:
+            break
 
 
 async def finish_interrupted_deletions(

@@ -61,6 +61,7 @@ from pathlib import Path
 
 from bench.remote_processes import ClientProcess, Moto, Postgres, own_cpu_s
 from bench.sizes import Size, add_size_options, size_of
+from tiered.topic_partition import TopicPartition
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
@@ -144,7 +145,7 @@ async def produce_and_tier(app, client: ClientProcess, topic: str, config: dict,
     copier = app.tier.remote.copier
     deadline = time.monotonic() + 600
     # The copier's own record of finished copies is what local retention asks (may_delete), so wait on it.
-    while not all(copier.is_copied(topic, 0, segment.base) for segment in part.log.segments):
+    while not all(copier.is_copied(TopicPartition(topic, 0), segment.base) for segment in part.log.segments):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{topic}: sealed segments not copied within 600 s")
         await asyncio.sleep(0.2)

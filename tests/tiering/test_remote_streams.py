@@ -26,6 +26,7 @@ from tiered.tiering.objects.meter import Attribution
 
 from tests.support.polling import eventually
 from tests.tiering.test_remote_reads import _copied, tiered_broker  # noqa: F401 (the fixture)
+from tiered.topic_partition import TopicPartition
 
 TOPIC_CONFIG = {"log.segment.bytes": "4k", "log.index.interval.bytes": "300"}
 MiB = 1 << 20
@@ -63,7 +64,7 @@ async def _from_the_bucket_only(app, tiered_broker) -> tuple[object, dict[int, i
 def _copied_p(app, partition: int) -> list:
     copier = app.tier.remote.copier
     part = app.broker.registry.get("hist", partition)
-    return [s for s in part.log.segments if copier.is_copied("hist", partition, s.base)]
+    return [s for s in part.log.segments if copier.is_copied(TopicPartition("hist", partition), s.base)]
 
 
 def _consume_frame(request_id: int, wanted: list[tuple[int, int, int]]) -> bytes:

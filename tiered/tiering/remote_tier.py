@@ -39,7 +39,6 @@ from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
-REMOTE_RETENTION_INTERVAL_S = 60.0
 RECONCILE_INTERVAL_S = 120.0
 
 

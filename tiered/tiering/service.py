@@ -49,7 +49,7 @@ from tiered.tiering.blocks.durable import DurablePath
 from tiered.tiering.objects.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
-from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
+from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, RemoteTier
 from tiered.tiering.cluster.startup import plan_partition
 from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
 from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
@@ -127,7 +127,7 @@ class TieringService:
         sup = self.supervisor
         sup.start("block timer", self.durable.block_timer)
         sup.start("segment copier", self.remote.copier.run)
-        sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
+        sup.every("remote retention", self.settings.remote_retention_interval_ms / 1000, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
         sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
 

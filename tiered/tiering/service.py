@@ -34,6 +34,7 @@ from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tasks import OUTAGES, Supervisor
 from tiered.tier_interface import (
+    Expired,
     LocalTopic,
     NewLocalTopic,
     OpenPlan,
@@ -340,7 +341,7 @@ class TieringService:
         return self.remote.may_delete_local(tp, segment, config.remote_copy, self.state.committed_seq(tp))
 
     async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
-                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | Expired | None:
         return await self.remote.read(tp, seq, fetch_size)
 
     async def compact_remote(self, tp: TopicPartition, log: PartitionLog,

@@ -22,8 +22,12 @@ so segments expire in the bucket while the rounds attack the broker. Each partit
 available seq as the broker reports it (DiscoverPartitions; a boundary answer met while reading moves it on), and:
     - the first available seq only moves forward, round after round;
     - every acknowledged value at or above it is there, as above;
-    - an acknowledged value missing is expired only when it is shown to be below it: it was read before at a seq
-      below it, or a value its producer sent after it was (seqs grow in a producer's order); else it is lost;
+    - an acknowledged value missing is expired when it is shown to be below it: it was read before at a seq
+      below it, or a value its producer sent after it was (seqs grow in a producer's order);
+    - one that expired before any read saw it (its seq is not known: a produce's answer carries none) is counted
+      apart, as expired unread, only when it is among the first values of its producer missing (none it sent
+      before is there) and the seqs read run without a gap from the first available seq to the end (so no seq at
+      or above it could have held it); else it is lost;
     - no seq is ever answered with other bytes than those read at it before (below the first available seq too: the
       seq just below it is asked for, and must be refused or answered with the same bytes);
     - an expired value never comes back.
@@ -85,6 +89,7 @@ class ChaosReport:
     partitions_checked: int = 0  # by the catalog check, summed over the rounds
     retention: bool = False  # --remote-retention-secs: the rows below are shown
     expired: int = 0  # acknowledged values shown below their partition's first available seq
+    expired_unread: int = 0  # acknowledged values that expired before a read saw them (see the module docstring)
     first_available: int = 0  # the first available seqs at the end, summed over the partitions
     actions: Counter = field(default_factory=Counter)
     seconds: float = 0.0
@@ -101,6 +106,7 @@ class ChaosReport:
                 ("partitions checked (all rounds)", str(self.partitions_checked)), ("seconds", f"{self.seconds:.0f}")]
         if self.retention:
             rows[3:3] = [("acknowledged messages expired by remote retention", str(self.expired)),
+                         ("  of which expired before a read saw them", str(self.expired_unread)),
                          ("first available seqs at the end (sum)", str(self.first_available))]
         lines = [format_table(("figure", "value"), rows)]
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
@@ -153,6 +159,7 @@ class Chaos:
         self.value_at: dict[tuple[str, int, int], bytes] = {}  # (topic, partition, seq) -> the bytes read there
         self.first: dict[tuple[str, int], int] = {}  # the first available seq last reported, per partition
         self.expired: set[bytes] = set()  # acknowledged values shown below the first available seq
+        self.expired_unread: set[bytes] = set()  # of those, the ones no read saw (module docstring)
         self.disks: list[Path] = []
         self.broker: BrokerProcess | None = None
 
@@ -328,6 +335,9 @@ class Chaos:
                 found[key] = values
 
             await asyncio.gather(*(read(t, p) for t in self.topics for p in range(self.partitions)))
+        # Whether the seqs read run without a gap from the first available seq (a missing value had no seq there).
+        whole = {key: sorted(values.values()) == list(range(first[key], first[key] + len(values)))
+                 for key, values in found.items() if key in first and (not values or min(values.values()) == first[key])}
         for key, seq in first.items():
             if seq < self.first.get(key, 0):
                 self.report.losses.append(f"{when}: the first available seq of {key[0]}/{key[1]} moved back from "
@@ -355,9 +365,16 @@ class Chaos:
                 if seq is None:
                     if below[i]:
                         self.expired.add(value)
+                    elif not previous and whole.get(key) and value not in self.seen_at:
+                        self.expired.add(value)
+                        self.expired_unread.add(value)
                     else:
-                        self.report.losses.append(f"{when}: {value[:16]!r} acknowledged, missing"
-                                                  + (f" (first available seq {start})" if start else ""))
+                        read_from = min(values.values(), default=None)
+                        self.report.losses.append(
+                            f"{when}: {value[:16]!r} acknowledged, missing" + (
+                                f" (first available seq {start}, read from {read_from} to "
+                                f"{max(values.values(), default=None)}, {len(values)} values, gap-free "
+                                f"{whole.get(key)})" if start else ""))
                     continue
                 if value in self.expired:
                     self.report.losses.append(f"{when}: {value[:16]!r} expired, back at seq {seq}")
@@ -368,6 +385,7 @@ class Chaos:
                 if self.seen_at.setdefault(value, where) != where:
                     self.report.losses.append(f"{when}: {value[:16]!r} moved from {self.seen_at[value]} to {where}")
         self.report.expired = len(self.expired)
+        self.report.expired_unread = len(self.expired_unread)
         self.report.first_available = sum(self.first.values())
         catalog = Catalog.open(self.catalog_url)
         try:

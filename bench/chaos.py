@@ -25,9 +25,9 @@ available seq as the broker reports it (DiscoverPartitions; a boundary answer me
     - an acknowledged value missing is expired when it is shown to be below it: it was read before at a seq
       below it, or a value its producer sent after it was (seqs grow in a producer's order);
     - one that expired before any read saw it (its seq is not known: a produce's answer carries none) is counted
-      apart, as expired unread, only when it is among the first values of its producer missing (none it sent
-      before is there) and the seqs read run without a gap from the first available seq to the end (so no seq at
-      or above it could have held it); else it is lost;
+      apart, as expired unread, only when none its producer sent before it is there at or above the first
+      available seq and the seqs read at or above it run without a gap to the end (so no seq there could have held
+      it); else it is lost;
     - no seq is ever answered with other bytes than those read at it before (below the first available seq too: the
       seq just below it is asked for, and must be refused or answered with the same bytes);
     - an expired value never comes back.
@@ -336,8 +336,12 @@ class Chaos:
 
             await asyncio.gather(*(read(t, p) for t in self.topics for p in range(self.partitions)))
         # Whether the seqs read run without a gap from the first available seq (a missing value had no seq there).
-        whole = {key: sorted(values.values()) == list(range(first[key], first[key] + len(values)))
-                 for key, values in found.items() if key in first and (not values or min(values.values()) == first[key])}
+        # (Only the seqs at or above it: a read the start moved past while it went on read some below it.)
+        whole = {}
+        for key, values in found.items():
+            if key in first:
+                above = sorted(seq for seq in values.values() if seq >= first[key])
+                whole[key] = above == list(range(first[key], first[key] + len(above)))
         for key, seq in first.items():
             if seq < self.first.get(key, 0):
                 self.report.losses.append(f"{when}: the first available seq of {key[0]}/{key[1]} moved back from "
@@ -365,7 +369,7 @@ class Chaos:
                 if seq is None:
                     if below[i]:
                         self.expired.add(value)
-                    elif not previous and whole.get(key) and value not in self.seen_at:
+                    elif previous < start and whole.get(key) and value not in self.seen_at:
                         self.expired.add(value)
                         self.expired_unread.add(value)
                     else:

@@ -16,7 +16,25 @@ Then every partition is read from its first seq to its end and checked:
 Values the broker answered with an error may or may not be there (the outcome of such a produce is unknown); none
 may be there twice.
 
-`python -m bench.chaos [--rounds N | --quick | --smoke] [--seed S] [--local-store] [--topics T --partitions P]` prints
+With `--remote-retention-secs N` the topics are created with remote copy on, 2 KiB segments and
+`remote.retention.secs=N`, and the broker runs remote retention every second (`--remote-retention-interval-ms 1000`),
+so segments expire in the bucket while the rounds attack the broker. Each partition is then read from its first
+available seq as the broker reports it (DiscoverPartitions; a boundary answer met while reading moves it on), and:
+    - the first available seq only moves forward, round after round;
+    - every acknowledged value at or above it is there, as above;
+    - an acknowledged value missing is expired when it is shown to be below it: it was read before at a seq
+      below it, or a value its producer sent after it was (seqs grow in a producer's order);
+    - one that expired before any read saw it (its seq is not known: a produce's answer carries none) is counted
+      apart, as expired unread, only when none its producer sent before it is there at or above the first
+      available seq and the seqs read at or above it run without a gap to the end (so no seq there could have held
+      it); else it is lost;
+    - no seq is ever answered with other bytes than those read at it before (below the first available seq too: the
+      seq just below it is asked for, and must be refused or answered with the same bytes);
+    - an expired value never comes back.
+The table counts the acknowledged values that expired.
+
+`python -m bench.chaos [--rounds N | --quick | --smoke] [--seed S] [--local-store] [--topics T --partitions P]
+[--remote-retention-secs N]` prints
 the table; tests/durability/test_chaos.py runs a few rounds. `--local-store` puts the objects in a local directory
 beside the volumes instead of moto's S3 (the same filesystem: sealed segments are stored as hard links to the volume's
 files, blocks written with O_DIRECT).
@@ -57,6 +75,8 @@ READERS = 32  # partitions read back at once
 TOPIC_CONFIG = {"log.segment.bytes": "16k", "log.index.interval.bytes": "512", "retention.segments.count": "2",
                 "produce.ack": "durable"}
 ACTIONS = ("kill", "wipe", "takeover", "stop")
+RETENTION_INTERVAL_MS = 1000  # the broker's remote retention pass, with --remote-retention-secs
+RETENTION_SEGMENT_BYTES = "2k"  # with --remote-retention-secs: many segments, so that some expire in a short run
 
 
 @dataclass
@@ -67,6 +87,10 @@ class ChaosReport:
     losses: list[str] = field(default_factory=list)  # acknowledged values missing, moved, doubled or out of order
     catalog_problems: list[str] = field(default_factory=list)
     partitions_checked: int = 0  # by the catalog check, summed over the rounds
+    retention: bool = False  # --remote-retention-secs: the rows below are shown
+    expired: int = 0  # acknowledged values shown below their partition's first available seq
+    expired_unread: int = 0  # acknowledged values that expired before a read saw them (see the module docstring)
+    first_available: int = 0  # the first available seqs at the end, summed over the partitions
     actions: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -80,6 +104,10 @@ class ChaosReport:
                 ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
                 ("catalog problems", str(len(self.catalog_problems))),
                 ("partitions checked (all rounds)", str(self.partitions_checked)), ("seconds", f"{self.seconds:.0f}")]
+        if self.retention:
+            rows[3:3] = [("acknowledged messages expired by remote retention", str(self.expired)),
+                         ("  of which expired before a read saw them", str(self.expired_unread)),
+                         ("first available seqs at the end (sum)", str(self.first_available))]
         lines = [format_table(("figure", "value"), rows)]
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
         lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
@@ -105,7 +133,7 @@ def topic_names(topics: int) -> list[str]:
 
 class Chaos:
     def __init__(self, root: Path, catalog_url: str, env: dict[str, str], store_url: str, seed: int, log=print, *,
-                 topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS):
+                 topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS, remote_retention_secs: int = 0):
         self.root = root
         self.catalog_url = catalog_url
         self.env = env
@@ -121,13 +149,24 @@ class Chaos:
         per_partition = 1 if self.spread else PRODUCERS_PER_PARTITION
         self.producers = [Producer(p, f"{t}p{p}w{w}" if t != TOPIC else f"p{p}w{w}", t)
                           for t in self.topics for p in range(partitions) for w in range(per_partition)]
-        self.seen_at: dict[bytes, tuple[int, int]] = {}  # value -> (partition, seq) where first read
+        self.seen_at: dict[bytes, tuple[str, int, int]] = {}  # value -> (topic, partition, seq) where first read
+        self.retention_secs = remote_retention_secs
+        self.report.retention = bool(remote_retention_secs)
+        self.topic_config = dict(TOPIC_CONFIG)
+        if remote_retention_secs:
+            self.topic_config.update({"remote.copy": "true", "remote.retention.secs": str(remote_retention_secs),
+                                      "log.segment.bytes": RETENTION_SEGMENT_BYTES})
+        self.value_at: dict[tuple[str, int, int], bytes] = {}  # (topic, partition, seq) -> the bytes read there
+        self.first: dict[tuple[str, int], int] = {}  # the first available seq last reported, per partition
+        self.expired: set[bytes] = set()  # acknowledged values shown below the first available seq
+        self.expired_unread: set[bytes] = set()  # of those, the ones no read saw (module docstring)
         self.disks: list[Path] = []
         self.broker: BrokerProcess | None = None
 
     def _start(self, disk: Path) -> BrokerProcess:
+        retention = ("--remote-retention-interval-ms", str(RETENTION_INTERVAL_MS)) if self.retention_secs else ()
         self.broker = BrokerProcess(disk, "--catalog", self.catalog_url, "--store", self.store_url, "--s3-path-style",
-                                    "--broker-id", "0", "--block-max-age-ms", "50", env=self.env
+                                    "--broker-id", "0", "--block-max-age-ms", "50", *retention, env=self.env
                                     ).start(timeout_s=60.0 if not self.spread else 900.0)
         return self.broker
 
@@ -144,7 +183,7 @@ class Chaos:
         broker = self._start(disk)
         async with await Client.connect("127.0.0.1", broker.port) as client:
             for topic in self.topics:
-                await client.create_topic(topic, self.partitions, TOPIC_CONFIG)
+                await client.create_topic(topic, self.partitions, self.topic_config)
         for number in range(1, rounds + 1):
             action = self.rng.choice(ACTIONS)
             self.report.actions[action] += 1
@@ -193,7 +232,7 @@ class Chaos:
             while not stop.is_set():
                 values = [producer.value() for _ in range(self.values_rng.randint(1, 4))]
                 try:
-                    await asyncio.wait_for(client.produce(TOPIC, producer.partition, values), 15)
+                    await asyncio.wait_for(client.produce(producer.topic, producer.partition, values), 15)
                 except TankError:
                     self.report.unconfirmed += len(values)
                     continue
@@ -248,37 +287,110 @@ class Chaos:
     async def verify(self, when: str) -> None:
         from tiered.catalog import Catalog
         from tiered.catalog.check import check_catalog
-        from tiered.client import Client
+        from tiered.client import BoundaryError, Client
 
         async with await Client.connect("127.0.0.1", self.broker.port) as client:
             found: dict[tuple[str, int], dict[bytes, int]] = {}
+            first: dict[tuple[str, int], int] = {}  # per partition: the highest first available seq met reading it
+            if self.retention_secs:
+                for topic in self.topics:
+                    ranges = await client.discover_partitions(topic)
+                    for partition, bounds in enumerate(ranges):
+                        first[(topic, partition)] = bounds.first_available
             readers = asyncio.Semaphore(READERS)
+
+            def seen(topic: str, partition: int, seq: int, value: bytes) -> None:
+                before = self.value_at.setdefault((topic, partition, seq), value)
+                if before != value:
+                    self.report.losses.append(f"{when}: seq {seq} of {topic}/{partition} answered {value[:16]!r}, "
+                                              f"was {before[:16]!r}")
 
             async def read(topic: str, partition: int) -> None:
                 values: dict[bytes, int] = {}
+                key = (topic, partition)
                 async with readers:
-                    async for message in client.drain(topic, partition, 0, fetch_bytes=256 << 10):
-                        if message.value in values:
-                            self.report.losses.append(
-                                f"{when}: {message.value[:16]!r} twice in partition {topic}/{partition}")
-                        values[message.value] = message.seq
-                found[(topic, partition)] = values
+                    start = first.get(key, 0)
+                    if start:  # the seq just below the first available: refused, or the bytes it held
+                        try:
+                            got = await client.consume(topic, partition, start - 1, fetch_bytes=64 << 10)
+                            for message in got.messages:
+                                if message.seq < start:
+                                    seen(topic, partition, message.seq, message.value)
+                        except BoundaryError:
+                            pass
+                    while True:
+                        try:
+                            async for message in client.drain(topic, partition, start, fetch_bytes=256 << 10):
+                                if message.value in values:
+                                    self.report.losses.append(
+                                        f"{when}: {message.value[:16]!r} twice in partition {topic}/{partition}")
+                                values[message.value] = message.seq
+                                seen(topic, partition, message.seq, message.value)
+                                start = message.seq + 1
+                            break
+                        except BoundaryError as exc:
+                            if not self.retention_secs or exc.first_available <= start:
+                                raise
+                            start = first[key] = exc.first_available  # retention moved it while reading: go on
+                found[key] = values
 
             await asyncio.gather(*(read(t, p) for t in self.topics for p in range(self.partitions)))
+        # Whether the seqs read run without a gap from the first available seq (a missing value had no seq there).
+        # (Only the seqs at or above it: a read the start moved past while it went on read some below it.)
+        whole = {}
+        for key, values in found.items():
+            if key in first:
+                above = sorted(seq for seq in values.values() if seq >= first[key])
+                whole[key] = above == list(range(first[key], first[key] + len(above)))
+        for key, seq in first.items():
+            if seq < self.first.get(key, 0):
+                self.report.losses.append(f"{when}: the first available seq of {key[0]}/{key[1]} moved back from "
+                                          f"{self.first[key]} to {seq}")
+            else:
+                self.first[key] = seq
         for producer in self.producers:
-            values = found[(producer.topic, producer.partition)]
+            key = (producer.topic, producer.partition)
+            values = found[key]
+            start = first.get(key, 0)
+            # Backwards: a value missing is expired if it is shown below the first available seq, or if a value sent
+            # after it by the same producer is (its seq is then lower still).
+            below = [False] * len(producer.acked)
+            later_below = False
+            for i in range(len(producer.acked) - 1, -1, -1):
+                value = producer.acked[i]
+                where = self.seen_at.get(value)
+                if value not in values and (later_below or where is not None and where[2] < start):
+                    below[i] = later_below = True
+                elif where is not None and where[2] < start:
+                    later_below = True
             previous = 0
-            for value in producer.acked:
+            for i, value in enumerate(producer.acked):
                 seq = values.get(value)
                 if seq is None:
-                    self.report.losses.append(f"{when}: {value[:16]!r} acknowledged, missing")
+                    if below[i]:
+                        self.expired.add(value)
+                    elif previous < start and whole.get(key) and value not in self.seen_at:
+                        self.expired.add(value)
+                        self.expired_unread.add(value)
+                    else:
+                        read_from = min(values.values(), default=None)
+                        self.report.losses.append(
+                            f"{when}: {value[:16]!r} acknowledged, missing" + (
+                                f" (first available seq {start}, read from {read_from} to "
+                                f"{max(values.values(), default=None)}, {len(values)} values, gap-free "
+                                f"{whole.get(key)})" if start else ""))
                     continue
+                if value in self.expired:
+                    self.report.losses.append(f"{when}: {value[:16]!r} expired, back at seq {seq}")
                 if seq <= previous:
                     self.report.losses.append(f"{when}: {value[:16]!r} out of order (seq {seq} after {previous})")
                 previous = seq
                 where = (producer.topic, producer.partition, seq)
                 if self.seen_at.setdefault(value, where) != where:
                     self.report.losses.append(f"{when}: {value[:16]!r} moved from {self.seen_at[value]} to {where}")
+        self.report.expired = len(self.expired)
+        self.report.expired_unread = len(self.expired_unread)
+        self.report.first_available = sum(self.first.values())
         catalog = Catalog.open(self.catalog_url)
         try:
             for topic in self.topics:
@@ -290,8 +402,10 @@ class Chaos:
 
 
 async def run_chaos(root: Path, catalog_url: str, env: dict[str, str], store_url: str, *, rounds: int, seed: int,
-                    log=print, topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS) -> ChaosReport:
-    chaos = Chaos(root, catalog_url, env, store_url, seed, log, topics=topics, partitions=partitions, writers=writers)
+                    log=print, topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS,
+                    remote_retention_secs: int = 0) -> ChaosReport:
+    chaos = Chaos(root, catalog_url, env, store_url, seed, log, topics=topics, partitions=partitions, writers=writers,
+                  remote_retention_secs=remote_retention_secs)
     try:
         return await chaos.run(rounds)
     finally:
@@ -309,7 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=PARTITIONS, help="partitions per topic")
     parser.add_argument("--writers", type=int, default=WRITERS,
                         help=f"producing connections when there are more than {SPREAD_ABOVE} partitions")
+    parser.add_argument("--remote-retention-secs", type=int, default=0,
+                        help="create the topics with remote.retention.secs=N (and run remote retention every "
+                             f"{RETENTION_INTERVAL_MS} ms), so that segments expire during the rounds (default: off)")
     args = parser.parse_args(argv)
+    if args.remote_retention_secs < 0:
+        parser.error("--remote-retention-secs must not be negative")
     for name in ("topics", "partitions", "writers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -327,13 +446,15 @@ def main(argv: list[str] | None = None) -> int:
         store_url = f"file://{root / 'objects'}" if args.local_store else f"s3://{moto.bucket}/chaos"
         report = asyncio.run(run_chaos(root, pg.url(), moto.env, store_url, rounds=rounds, seed=args.seed,
                                        log=lambda text: print(text, file=sys.stderr, flush=True), topics=args.topics,
-                                       partitions=args.partitions, writers=args.writers))
+                                       partitions=args.partitions, writers=args.writers,
+                                       remote_retention_secs=args.remote_retention_secs))
     finally:
         moto.stop()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
     print(f"chaos: seed {args.seed}, {args.topics} x {args.partitions} partitions"
-          + (", local-directory store" if args.local_store else ""))
+          + (", local-directory store" if args.local_store else "")
+          + (f", remote.retention.secs={args.remote_retention_secs}" if args.remote_retention_secs else ""))
     print(report.table())
     return 0 if report.ok else 1
 

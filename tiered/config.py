@@ -58,6 +58,8 @@ class Settings:
     # How long a durable produce waits for its block's commit before it is answered "not confirmed" (0x03) when the
     # request names no ack timeout of its own; the block keeps retrying, so the records may still be committed.
     produce_ack_timeout_ms: int = 10_000
+    # How often a broker runs remote retention (and the cleanup of abandoned copies) over the partitions it leads.
+    remote_retention_interval_ms: int = 60_000
     shutdown_timeout_s: float = 25.0
     # Several brokers as one service (docs/cluster.md): the TANK endpoint the others and the clients reach this
     # broker at (empty: the listen address), and the membership lease, renewed every third of it.
@@ -271,6 +273,7 @@ _CONVERTERS = {
     "remote_read_budget_bytes": _at_least(parse_size, 1 << 20, "1 MiB"),
     "remote_read_yield_ms": _at_least(int, 0, "0 ms"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
+    "remote_retention_interval_ms": _at_least(int, 100, "100 ms"),
     "shutdown_timeout_s": _finite_seconds,
     "advertise": lambda v: _advertised(str(v)),
     "cluster_lease_ms": _at_least(int, 1000, "1000 ms"),
@@ -331,6 +334,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="remote reads pause at most this long at a time while a block uploads or commits (default 200; 0: never)")
     a("--produce-ack-timeout-ms", dest="produce_ack_timeout_ms",
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
+    a("--remote-retention-interval-ms", dest="remote_retention_interval_ms",
+      help=f"run remote retention over the partitions led here this often (default {defaults.remote_retention_interval_ms})")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s",
       help=f"graceful shutdown budget in seconds (default {defaults.shutdown_timeout_s:g})")
     a("--advertise", dest="advertise",

@@ -128,6 +128,15 @@ class Unreadable:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """Remote retention took the seq while it was being read: the catalog's first available seq moved past it (and
+    the objects holding it went) after the partition's bounds here were read, before the broker was told.
+    Answered as TANK's boundary fault with `first_available`, as a read below the first available seq is."""
+
+    first_available: int
+
+
 @dataclass
 class RemoteCompactionReport:
     """What one pass of remote compaction did (tiered.tiering.compaction.remote_compaction)."""
@@ -224,7 +233,7 @@ class Tier(Protocol):
     def may_delete_local(self, tp: TopicPartition, segment: SealedSegment) -> bool: ...
 
     async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
-                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None: ...
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | Expired | None: ...
 
     async def refresh_follower(self, tp: TopicPartition) -> bool:
         """A read on a partition led elsewhere went past the bounds known here: the tier tells the sink the
@@ -300,7 +309,7 @@ class LocalOnly:
         return True
 
     async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
-                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | Expired | None:
         return None
 
     async def flush(self, deadline: float) -> None:

@@ -217,3 +217,46 @@ async def test_a_seq_in_a_gap_before_a_remote_segment_starts_at_that_segment(tie
         assert got.messages[0].seq == 1000 and got.messages[0].value == jumped[0].value
         everything = [m.value async for m in c.drain("hist", 0, 0)]
     assert everything[:len(first) + 60] == first + [m.value for m in jumped]
+
+
+async def test_a_seq_retention_takes_while_the_broker_reads_it_is_a_boundary_not_a_system_error(tiered_broker):
+    """Found by bench/chaos.py --remote-retention-secs: retention moves the catalog's first available seq, deletes
+    the segment's objects, and only then tells the broker; a read in between, from bounds that still hold the seq
+    (its segment row cached by an earlier read, or named by the catalog just before), finds the object gone. That is
+    the seq expiring, answered as TANK's boundary fault with the new first available seq, not 0xfb."""
+    from datetime import timedelta
+
+    from tiered.client import BoundaryError
+    from tiered.storage.topic_config import TopicConfig
+    from tiered.tiering.segments.remote_retention import enforce_remote_retention
+
+    app = await tiered_broker()
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        await c.create_topic("hist", 1, TOPIC_CONFIG)
+        values = await _produce(c, 300)
+        part = app.broker.registry.get("hist", 0)
+        sealed = len(part.log.segments)
+        await eventually(lambda: len(_copied(tiered_broker.catalog_url)) >= sealed, what="segments copied")
+        app.broker.enforce_retention()
+        assert part.first_available == 1
+        got = await c.consume("hist", 0, 1)  # from the bucket: the reader caches the first segment's row
+        assert got.messages[0].value == values[0]
+        # A retention pass of 8 KiB, up to its deletions: the broker is not told (the pass tells it at its end).
+        tiering = app.tier
+        report = await enforce_remote_retention(tiering.store, tiering.catalog, "hist", 0,
+                                                TopicConfig(remote_retention_bytes=8 << 10), tiering.remote._now(),
+                                                grace=timedelta(minutes=10))
+        first = report.first_available_seq
+        assert report.deleted and first > 1 and part.first_available == 1
+        held = part.bounds().local_first  # the local disk still holds seqs from here on: they read back as they were
+        assert 90 < held < first
+        seqs = (held - 1, 1)  # its segment's row not cached (the catalog is asked), then the cached one
+        for seq in seqs:
+            with pytest.raises(BoundaryError) as caught:
+                await c.consume("hist", 0, seq)
+            assert caught.value.first_available == first
+        assert [m.value for m in await _drain(c, first)] == values[first - 1:]
+
+
+async def _drain(client: Client, seq: int) -> list[Message]:
+    return [m async for m in client.drain("hist", 0, seq)]

@@ -318,3 +318,46 @@ async def test_runs_left_below_the_start_by_an_interrupted_pass_are_pruned_by_th
     assert "partitions_with_runs_below_start" in counting.calls and "prune_runs_below" in counting.calls
     assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 21
     _check_all(cat, before)
+
+
+async def test_a_partition_a_limit_stopped_is_visited_again_until_done(s3_store, cat, acat, monkeypatch):
+    """A pass that stops at its limit of block runs pruned (`more`) leaves runs below the start and nothing past a
+    limit: neither the statement naming what is past a limit nor the scan (once a grace period) names the partition,
+    so only the pass's own list of partitions to visit again brings it back, pass after pass, until a visit reaches no
+    limit; then the partition costs nothing again."""
+    import functools
+
+    from tiered.tiering import remote_tier
+
+    # One run pruned per visit (1000 in a broker): the two runs below the start take two visits.
+    monkeypatch.setattr(remote_tier, "enforce_remote_retention",
+                        functools.partial(enforce_remote_retention, run_limit=1))
+    now = T0 + timedelta(hours=3, minutes=1)  # segments 1 and 11 are past 90 minutes, 21 is not
+    metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
+    before = _check_all(cat)
+
+    assert await tier.remote_retention_pass(led) == 2
+    assert _state(cat).first_available_seq == 21 and sink.moved[led[0][0]] == 21
+    assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 11  # one of the two runs below 21 pruned
+
+    counting.calls.clear()
+    clock.advance(60)  # before the next scan (a grace period): only the list to visit again names logs/0
+    assert await tier.remote_retention_pass(led) == 0
+    assert "partitions_with_runs_below_start" not in counting.calls
+    assert counting.calls.count("segments_for_remote_retention") == 1 and "prune_runs_below" in counting.calls
+    assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 21
+
+    # That visit pruned as many runs as its limit, so it is visited once more; it finds nothing left below the start.
+    counting.calls.clear()
+    clock.advance(60)
+    assert await tier.remote_retention_pass(led) == 0
+    assert counting.calls.count("segments_for_remote_retention") == 1 and "prune_runs_below" not in counting.calls
+
+    counting.calls.clear()
+    clock.advance(60)
+    assert await tier.remote_retention_pass(led) == 0
+    assert counting.calls == ["partitions_mid_deletion", "partitions_due_for_retention"]
+    assert _states(cat) == {1: SegmentState.DELETE_FINISHED, 11: SegmentState.DELETE_FINISHED,
+                            21: SegmentState.COPY_FINISHED}
+    assert not await _exists(s3_store, metas[11].object_key) and await _exists(s3_store, metas[21].object_key)
+    _check_all(cat, before)

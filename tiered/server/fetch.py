@@ -17,7 +17,7 @@ from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, local_m
 from tiered.server.leaders import LedElsewhere
 from tiered.server.registry import Partition, Role
 from tiered.storage.segment import SegmentReader
-from tiered.tier_interface import ChunkStream, RemoteChunk, Tier, Unreadable
+from tiered.tier_interface import ChunkStream, Expired, RemoteChunk, Tier, Unreadable
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ class FetchResolver:
             return Found(chunk, got.first_bundle_seq, got.first_bundle_sparse, bounds.hwmark)
         if isinstance(got, Unreadable):
             return got
+        if isinstance(got, Expired):  # retention took it since `bounds` were read: below the start, as TANK says
+            return Boundary(max(bounds.first_available, got.first_available), bounds.hwmark)
         return Boundary(bounds.first_available, bounds.hwmark)
 
 

@@ -19,7 +19,7 @@ from tiered.clock import Clock, utc_now
 from tiered.metrics import Metrics
 from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
-from tiered.tier_interface import RemoteChunk, TierSink, Unreadable
+from tiered.tier_interface import Expired, RemoteChunk, TierSink, Unreadable
 from tiered.tiering.segments.abandoned_copies import clean_abandoned_copies
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.blocks.hot_path import HotPathGate
@@ -39,7 +39,6 @@ from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
 
-REMOTE_RETENTION_INTERVAL_S = 60.0
 RECONCILE_INTERVAL_S = 120.0
 
 
@@ -82,7 +81,7 @@ class RemoteTier:
     def _copied(self, job: CopyJob) -> None:
         self.sink.copied(job.tp, job.segment.base, job.segment.last)
 
-    async def read(self, tp: TopicPartition, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
+    async def read(self, tp: TopicPartition, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | Expired:
         return await self.reader.fetch(tp, seq, fetch_size)
 
     # -- periodic passes --------------------------------------------------------------------------------------------

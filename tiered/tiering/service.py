@@ -34,6 +34,7 @@ from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tasks import OUTAGES, Supervisor
 from tiered.tier_interface import (
+    Expired,
     LocalTopic,
     NewLocalTopic,
     OpenPlan,
@@ -49,7 +50,7 @@ from tiered.tiering.blocks.durable import DurablePath
 from tiered.tiering.objects.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
-from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, REMOTE_RETENTION_INTERVAL_S, RemoteTier
+from tiered.tiering.remote_tier import RECONCILE_INTERVAL_S, RemoteTier
 from tiered.tiering.cluster.startup import plan_partition
 from tiered.tiering.objects.store import ObjectStore, StoreError, open_store, store_options
 from tiered.tiering.objects.topic_objects import put_missing_topic_objects, put_topic_config
@@ -127,7 +128,7 @@ class TieringService:
         sup = self.supervisor
         sup.start("block timer", self.durable.block_timer)
         sup.start("segment copier", self.remote.copier.run)
-        sup.every("remote retention", REMOTE_RETENTION_INTERVAL_S, self.remote_retention_pass)
+        sup.every("remote retention", self.settings.remote_retention_interval_ms / 1000, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
         sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
 
@@ -340,7 +341,7 @@ class TieringService:
         return self.remote.may_delete_local(tp, segment, config.remote_copy, self.state.committed_seq(tp))
 
     async def read(self, tp: TopicPartition, seq: int, fetch_size: int,
-                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | None:
+                   bounds: PartitionBounds) -> RemoteChunk | Unreadable | Expired | None:
         return await self.remote.read(tp, seq, fetch_size)
 
     async def compact_remote(self, tp: TopicPartition, log: PartitionLog,

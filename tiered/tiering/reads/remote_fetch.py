@@ -41,7 +41,7 @@ from tiered.clock import Clock
 from tiered.metrics import Metrics
 from tiered.protocol.errors import ProtocolError
 from tiered.storage.index import SparseIndex
-from tiered.tier_interface import RemoteChunk, Unreadable
+from tiered.tier_interface import Expired, RemoteChunk, Unreadable
 from tiered.tiering.reads.caches import RangeCache, SizedLru
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.reads.range_reads import Pace, RangeRead, ReadBudget
@@ -157,9 +157,19 @@ class RemoteReader(RunReads):
         """Bytes held by GET buffers and the caches, all within the read budget."""
         return self.budget.used + self.indexes.size_bytes + self.footers.size_bytes + self.run_bytes.size_bytes
 
-    async def fetch(self, tp: TopicPartition, seq: int, fetch_size: int) -> RemoteChunk | Unreadable:
+    async def fetch(self, tp: TopicPartition, seq: int, fetch_size: int) -> RemoteChunk | Unreadable | Expired:
         got = await self._answer(tp, seq, fetch_size)
+        if isinstance(got, Unreadable):
+            # Remote retention may have taken the seq while it was read (the first available seq moves before the
+            # objects go, in the catalog first): the catalog, asked again, tells it from a missing object.
+            again = await self._query(locate, tp.topic, tp.partition, seq)
+            if isinstance(again, Nowhere) and again.seq < again.first_available_seq:
+                self.forget_locations(tp)
+                return Expired(again.first_available_seq)
+            return got
         if isinstance(got, Nowhere):
+            if got.seq < got.first_available_seq:  # retention moved the start past it since the bounds were read
+                return Expired(got.first_available_seq)
             if got.is_hole:  # the one transaction saw no location below the committed seq: the check agrees
                 self.metrics.inc(m.UNLOCATED_READS)
                 log.error("%s: no remote segment or block run answers for seq %d, below the high-water mark %d: "

@@ -17,6 +17,7 @@ from tiered.storage.topic_config import TopicConfig
 from tiered.tiering.objects import keys
 from tiered.tiering.segments.remote_retention import enforce_remote_retention
 from tiered.tiering.objects.store import ObjectNotFound, StoreError
+from tests.tiering.test_abandoned_copies import StatementCountingCatalog
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 BROKER = 1
@@ -185,25 +186,6 @@ class _Sink:
         self.moved[tp] = seq
 
 
-class _CountingCatalog:
-    """The real async catalog, naming every read and write the pass sends."""
-
-    def __init__(self, acat) -> None:
-        self.acat = acat
-        self.calls: list[str] = []
-
-    def __getattr__(self, name):
-        return getattr(self.acat, name)
-
-    async def read(self, fn, *args, **kwargs):
-        self.calls.append(fn.__name__)
-        return await self.acat.read(fn, *args, **kwargs)
-
-    async def write(self, fn, *args, **kwargs):
-        self.calls.append(fn.__name__)
-        return await self.acat.write(fn, *args, **kwargs)
-
-
 QUIET = 40
 
 
@@ -229,7 +211,7 @@ async def _led(s3_store, cat, acat, now: datetime):
                            now, epochs[("quiet", p)])
         catalog_segments.segment_copy_started(cat, meta, now=now)
         catalog_segments.segment_copy_finished(cat, "quiet", p, 1, epochs[("quiet", p)], now=now)
-    counting = _CountingCatalog(acat)
+    counting = StatementCountingCatalog(acat)
     sink = _Sink()
     clock = ManualClock(start_ms=now.timestamp() * 1000)
     tier = RemoteTier(s3_store, counting, sink, metrics=Metrics(), state=led_state(epochs, committed_seq=1 << 62),

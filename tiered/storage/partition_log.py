@@ -20,6 +20,7 @@ Not thread-safe beyond its own lock: every public method takes it; `iter_records
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -63,6 +64,11 @@ class AppendResult(NamedTuple):
     # (ProducePartition.record), which keeps the payload alive. Consumers only read it, as a bytes-like object.
     record: bytes | memoryview
     header: BundleFacts  # the bundle's header and timestamp bounds, so later stages need not read it again
+
+
+# AppendResult(...) runs the NamedTuple's generated __new__, a Python function (~2,300 instructions per append,
+# measured with callgrind); this builds the same instance from C, from one tuple of its fields in order.
+_append_result: Callable[[tuple], AppendResult] = functools.partial(tuple.__new__, AppendResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +256,7 @@ class PartitionLog:
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
-            return AppendResult(first, last, active.base, position, position + len(written), written, facts)
+            return _append_result((first, last, active.base, position, position + len(written), written, facts))
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

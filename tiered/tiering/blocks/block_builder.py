@@ -141,9 +141,10 @@ class BlockBuilder:
                 self._opened_ms = None
 
     def add(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
-            now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
-        """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
-        `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""
+            now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> bool:
+        """Adds one record; True when it opened the pending block (the builder was empty). Records of a partition
+        must arrive in seq order (the partition log's append order). `facts`: what validate_bundle found for its
+        bundle (AppendResult.header), when the caller has them."""
         next_from = self._next_from.get(key)
         epoch = self.state.epoch_of(key)
         if next_from is None or epoch is None:
@@ -182,6 +183,8 @@ class BlockBuilder:
             self._acks.append((key, ack))
         if self._opened_ms is None:
             self._opened_ms = now_ms
+            return True
+        return False
 
     def due_ms(self) -> float | None:
         """When the pending block must close by age, or None when nothing is pending."""

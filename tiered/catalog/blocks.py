@@ -280,8 +280,7 @@ def commit_block(
                     # runs): the block is not this broker's pending block. Raising rolls the raise back.
                     _committed_before(conn, block_id, broker_id, by_partition)  # raises for most blocks
                     raise IllegalTransition("block", f"{block_id}", BlockState.COMMITTED, BlockState.COMMITTED)
-                conn.execute(statement(backend, _INSERT_RUNS, RUNS),
-                             {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
+                _insert_runs(cat, conn, block_id, runs)
             return {key: mine[-1].last_seq for key, mine in by_partition.items()}
         except _Refused:
             pass
@@ -301,6 +300,42 @@ def commit_block(
                 raise StaleEpoch(topic, partition, epochs[topic, partition], leader_epoch, leader_broker)
             raise Discontinuity(topic, partition, hwmark, from_seq)
     raise CatalogUnavailable(f"the commit of block {block_id} was refused, then found allowed, {_REFUSAL_TRIES} times")
+
+
+def _insert_runs(cat: Catalog, conn: Connection, block_id: int, runs: Sequence[RunRow]) -> None:
+    """Inserts the block's runs: one statement whatever their number. On PostgreSQL a COPY (text format, built here
+    with one `%` per run): the server inserts its rows in batches per heap page and parses no JSON, which took about
+    2 ms off a commit of 1,600 runs (docs/benchmarks.md); the INSERT ... SELECT of the bound rows elsewhere."""
+    if conn.dialect.name != "postgresql":
+        conn.execute(statement(conn.dialect.name, _INSERT_RUNS, RUNS),
+                     {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
+        return
+    import psycopg  # the PostgreSQL driver, present whenever a PostgreSQL catalog is open
+
+    line = f"{int(block_id)}\t%s" + "\t%d" * (len(_RUN_FIELDS) - 1) + "\n"
+    names: dict[str, str] = {}
+    rows = []
+    for run in runs:
+        values = _run_values(run)
+        topic = run.topic
+        if topic not in names:
+            names[topic] = _copy_text(topic)
+        rows.append(line % ((names[topic],) + values[1:]))
+    cat.counted()  # sent on the driver's cursor: the statement counter does not see it
+    try:
+        with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY_RUNS) as copy:
+            copy.write("".join(rows))
+    except psycopg.OperationalError as error:  # sent on the driver connection: not translated by SQLAlchemy
+        conn.invalidate()
+        raise CatalogUnavailable(str(error).strip() or type(error).__name__) from error
+
+
+_COPY_RUNS = f"COPY block_runs (block_id, {', '.join(_QUOTED_RUN_FIELDS)}) FROM STDIN"
+
+
+def _copy_text(value: str) -> str:
+    """`value` as a field of COPY's text format: its backslashes, tabs and line ends escaped."""
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _committed_before(conn: Connection, block_id: int, broker_id: int, by_partition) -> dict[tuple[str, int], int] | None:

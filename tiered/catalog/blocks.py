@@ -221,23 +221,30 @@ def insert_pending_block(
         return existing.block_id
 
 
-def _check_runs(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], list[RunRow]]:
-    """The runs grouped by partition (in block order), after the checks that need no database."""
+def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], list]:
+    """What the commit checks and sets per partition of the block, after the checks that need no database: one
+    `HEADS` row each (topic, partition, the epoch the broker holds it at, its first run's epoch, from_seq and
+    first_seq, its last run's last_seq), keyed by (topic, partition). One pass over the runs (a block may hold
+    thousands), without building a list of runs per partition."""
     if not runs:
         raise ValueError("a block holds at least one run")
-    by_partition: dict[tuple[str, int], list[RunRow]] = {}
+    heads: dict[tuple[str, int], list] = {}
     for run in runs:
-        if not 1 <= run.from_seq <= run.first_seq <= run.last_seq:
-            raise ValueError(f"bad seq range {run.from_seq}/{run.first_seq}..{run.last_seq} in run of "
-                             f"{run.topic}/{run.partition}")
-        key = (run.topic, run.partition)
-        if key not in epochs:
-            raise ValueError(f"no leader epoch given for {run.topic}/{run.partition}")
-        mine = by_partition.setdefault(key, [])
-        if mine and run.from_seq != mine[-1].last_seq + 1:
-            raise ValueError(f"runs of {run.topic}/{run.partition} in one block do not follow each other")
-        mine.append(run)
-    return by_partition
+        topic, partition, from_seq, first_seq, last_seq = run.topic, run.partition, run.from_seq, run.first_seq, run.last_seq
+        if not 1 <= from_seq <= first_seq <= last_seq:
+            raise ValueError(f"bad seq range {from_seq}/{first_seq}..{last_seq} in run of {topic}/{partition}")
+        key = (topic, partition)
+        head = heads.get(key)
+        if head is None:
+            epoch = epochs.get(key)
+            if epoch is None:
+                raise ValueError(f"no leader epoch given for {topic}/{partition}")
+            heads[key] = [topic, partition, epoch, run.leader_epoch, from_seq, first_seq, last_seq]
+        elif from_seq != head[6] + 1:
+            raise ValueError(f"runs of {topic}/{partition} in one block do not follow each other")
+        else:
+            head[6] = last_seq
+    return heads
 
 
 def commit_block(
@@ -262,10 +269,8 @@ def commit_block(
     rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after CatalogUnavailable) returns the hwmarks as they are. A block
     that is not pending (abandoned) raises IllegalTransition; another broker's block raises ValueError.
     """
-    by_partition = _check_runs(runs, epochs)
-    heads = [(topic, partition, epochs[topic, partition], mine[0].leader_epoch, mine[0].from_seq, mine[0].first_seq,
-              mine[-1].last_seq)
-             for (topic, partition), mine in sorted(by_partition.items())]
+    by_partition = _heads(runs, epochs)
+    heads = sorted(by_partition.values())  # by (topic, partition): the lock order
     committed_at = utcnow(now)
     for _ in range(_REFUSAL_TRIES):
         try:
@@ -281,7 +286,7 @@ def commit_block(
                     _committed_before(conn, block_id, broker_id, by_partition)  # raises for most blocks
                     raise IllegalTransition("block", f"{block_id}", BlockState.COMMITTED, BlockState.COMMITTED)
                 _insert_runs(cat, conn, block_id, runs)
-            return {key: mine[-1].last_seq for key, mine in by_partition.items()}
+            return {key: head[6] for key, head in by_partition.items()}
         except _Refused:
             pass
         with cat.write() as conn:

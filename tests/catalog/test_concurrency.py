@@ -122,7 +122,8 @@ def wait_until_blocked(url: str) -> None:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         for _ in range(200):
             waiting = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE%partitions%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%UPDATE%partitions%'"
             ).fetchone()[0]
             if waiting:
                 return

@@ -277,7 +277,7 @@ def throughput(total_bytes: int, root: Path, decoders: list[str], repeats: int,
     catalog_url = f"sqlite:///{root / 'catalog.db'}"
     store_url = f"s3://{moto.bucket}/t"
     broker = BrokerProcess(root / "data", "--catalog", catalog_url, "--store", store_url, "--s3-path-style",
-                           env=moto.env).start()
+                           "--local-retention-interval-ms", "500", env=moto.env).start()
     try:
         log(f"producing {total_bytes >> 20} MiB")
         asyncio.run(produce_history(broker.port, total_bytes))

@@ -60,6 +60,9 @@ class Settings:
     produce_ack_timeout_ms: int = 10_000
     # How often a broker runs remote retention (and the cleanup of abandoned copies) over the partitions it leads.
     remote_retention_interval_ms: int = 60_000
+    # How often local retention runs over every partition besides each roll (TANK: 30 s): a copied segment past the
+    # local limits leaves the disk at the next pass.
+    local_retention_interval_ms: int = 30_000
     shutdown_timeout_s: float = 25.0
     # Several brokers as one service (docs/cluster.md): the TANK endpoint the others and the clients reach this
     # broker at (empty: the listen address), and the membership lease, renewed every third of it.
@@ -274,6 +277,7 @@ _CONVERTERS = {
     "remote_read_yield_ms": _at_least(int, 0, "0 ms"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
     "remote_retention_interval_ms": _at_least(int, 100, "100 ms"),
+    "local_retention_interval_ms": _at_least(int, 100, "100 ms"),
     "shutdown_timeout_s": _finite_seconds,
     "advertise": lambda v: _advertised(str(v)),
     "cluster_lease_ms": _at_least(int, 1000, "1000 ms"),
@@ -336,6 +340,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="how long a durable produce waits for its commit before answering 'not confirmed' (default 10000)")
     a("--remote-retention-interval-ms", dest="remote_retention_interval_ms",
       help=f"run remote retention over the partitions led here this often (default {defaults.remote_retention_interval_ms})")
+    a("--local-retention-interval-ms", dest="local_retention_interval_ms",
+      help=f"run local retention over every partition this often, besides each roll "
+           f"(default {defaults.local_retention_interval_ms})")
     a("--shutdown-timeout-s", dest="shutdown_timeout_s",
       help=f"graceful shutdown budget in seconds (default {defaults.shutdown_timeout_s:g})")
     a("--advertise", dest="advertise",

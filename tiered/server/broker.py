@@ -46,8 +46,6 @@ from tiered.tier_interface import PartitionPlan, Tier
 
 log = logging.getLogger("tiered.server")
 
-RETENTION_INTERVAL_S = 30.0
-
 
 @dataclass
 class Handlers:
@@ -94,7 +92,7 @@ class Broker:
         self.access = Access(settings.acl, metrics, clock)
         self.started_at = time.time()
         self.idle_timeout_s = IDLE_TIMEOUT_S
-        self.retention_interval_s = RETENTION_INTERVAL_S
+        self.retention_interval_s = settings.local_retention_interval_ms / 1000
         self.stopping = False
         self.ready = False
         self.http_port: int | None = None  # the HTTP endpoint's port, when it serves (set by the App)

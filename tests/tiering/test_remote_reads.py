@@ -36,7 +36,9 @@ async def tiered_broker(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
 
     async def make(**overrides) -> App:
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/t",
-                                  s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50, **overrides)
+                                  s3_path_style=True, shutdown_timeout_s=3.0,
+                                  **{"block_max_age_ms": 50, "block_linger_ms": 0, "block_max_puts_per_s": 1000.0,
+                                     **overrides})
         app = App(settings, tier=tiering_service())
         await app.start()
         apps.append(app)

@@ -122,7 +122,7 @@ def wait_until_blocked(url: str) -> None:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         for _ in range(200):
             waiting = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE%partitions%'"
             ).fetchone()[0]
             if waiting:
                 return
@@ -148,6 +148,30 @@ def test_a_lock_wait_times_out_as_catalog_unavailable(catalog_url, epochs):
         holder.close()
     assert get_block(impatient, block_id).state == "pending"
     assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}
+    impatient.close()
+
+
+def test_a_lock_wait_in_the_runs_copy_times_out_as_catalog_unavailable(pg_url):
+    """PostgreSQL receives the runs as a COPY on the driver's cursor, outside SQLAlchemy's error translation: a lock
+    wait there times out as CatalogUnavailable too, nothing of the commit is kept, and the same Catalog commits the
+    block once the lock is gone (the connection it lost is not handed out again)."""
+    impatient = Catalog.open(pg_url, lock_timeout_ms=200)
+    create_topic(impatient, "t", 1)
+    epochs = claim_partitions(impatient, 1, "t", [0])
+    epochs = {("t", 0): epochs[0]}
+    block_id = insert_pending_block(impatient, "blk/1", 1, 100, now=T0)
+    holder = psycopg.connect(libpq_url(pg_url))
+    holder.execute("LOCK TABLE block_runs IN EXCLUSIVE MODE")  # as a long reindex would
+    try:
+        with pytest.raises(CatalogUnavailable, match="lock timeout"):
+            commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert get_block(impatient, block_id).state == "pending"
+    assert [s.hwmark_seq for s in get_partition_states(impatient, "t")][0] == 0
+    assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}
+    assert find_run(impatient, "t", 0, 3).object_key == "blk/1"
     impatient.close()
 
 

@@ -54,6 +54,8 @@ BIG_FRAME_BYTES = 64 * 1024  # a frame this large is received into a buffer of i
 MAX_QUEUED_BYTES = 4 << 20  # whole frames waiting for the request task; past this, reading pauses
 WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for the client to read
 TLS_COPY_BYTES = 256 * 1024  # over TLS a file chunk is read and written in pieces of this size
+# The produce ids, read per request: an Enum member read costs a call through Python 3.11's EnumType.__getattr__.
+_PRODUCE, _PRODUCE_WITH_SEQNUM = MsgType.PRODUCE, MsgType.PRODUCE_WITH_SEQNUM
 
 
 class CloseConnection(Exception):
@@ -421,9 +423,9 @@ class Connection(asyncio.BufferedProtocol):
         """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
         task to await, or None for a ping; returned rather than awaited, so a request costs no coroutine of its own."""
         h = self.broker.handlers
-        if msg_id == MsgType.PRODUCE:
+        if msg_id == _PRODUCE:
             return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
-        if msg_id == MsgType.PRODUCE_WITH_SEQNUM:
+        if msg_id == _PRODUCE_WITH_SEQNUM:
             return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
         if msg_id == MsgType.CONSUME:
             return h.consume.handle(self, rq.read_consume_request(payload))

@@ -47,7 +47,11 @@ from tiered.tier_interface import AckOutcome
 
 log = logging.getLogger("tiered.server")
 
+# Python 3.11's EnumType defines __getattr__, so every `Enum.MEMBER` read is a call through it (~850 instructions,
+# measured with callgrind): the produce path reads members bound once here.
 OK = ProduceStatus.OK
+LEADER = Role.LEADER
+PRODUCE = MsgType.PRODUCE
 MAX_ACK_TIMEOUT_MS = 300_000  # a request may ask for a longer wait than the broker's default, up to this
 OUTCOME_STATUS = {
     AckOutcome.COMMITTED: ProduceStatus.OK,
@@ -80,7 +84,10 @@ class ProduceHandler:
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)
             return
-        registry = broker.registry
+        registry_topics = broker.registry.topics
+        tier_appended = broker.tier.appended
+        visible = broker.waiters.visible
+        produced = broker.metrics.produced
         read_only = broker.settings.read_only
         access = broker.access if broker.access.active else None
         base_seqs = req.with_seqnum
@@ -94,19 +101,22 @@ class ProduceHandler:
                 answers.append((name, ProduceStatus.READ_ONLY, None))  # TANK's nearest "not taken here"
                 i += len(topic.partitions)
                 continue
-            if read_only or name not in registry.topics:
+            local = None if read_only else registry_topics.get(name)
+            if local is None:
                 answers.append((name, ProduceStatus.READ_ONLY if read_only else ProduceStatus.UNKNOWN_TOPIC, None))
                 i += len(topic.partitions)
                 continue
+            parts = local.partitions
             codes = bytearray()
             for p in topic.partitions:
                 bundle_facts = facts[i]
                 i += 1
-                part = registry.get(name, p.partition)
+                index = p.partition
+                part = parts[index] if 0 <= index < len(parts) else None
                 if part is None:
                     codes.append(ProduceStatus.UNKNOWN_PARTITION)
                     continue
-                if part.role is not Role.LEADER:
+                if part.role is not LEADER:
                     broker.metrics.inc(m.REDIRECTS)
                     if part.leader is None:
                         codes.append(ProduceStatus.NO_LEADER)
@@ -125,8 +135,14 @@ class ProduceHandler:
                     log.error("produce %s/%d: append failed: %s", name, p.partition, exc)
                     codes.append(ProduceStatus.SYSTEM)
                     continue
-                broker.metrics.produced(name, len(appended.record), bundle_facts.messages)
-                ack = broker.appended(part, appended)
+                record_len = len(appended.record)
+                produced(name, record_len, bundle_facts.messages)
+                # The tier takes the record (its block, and on a durable topic the ack's future). A topic that is not
+                # durable shows it at once, as standalone TANK does (visibility follows durability).
+                durable = part.durable
+                ack = tier_appended(part.tp, appended, durable)
+                if not durable:
+                    visible(part.tp, appended.first_seq, record_len)
                 if ack is not None:
                     pending.append((len(answers), len(codes), ack))
                 codes.append(OK)
@@ -136,8 +152,8 @@ class ProduceHandler:
             conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
             return
         payload = self._answer(req, answers, started, redirects)
-        if not conn.try_send(MsgType.PRODUCE, payload):
-            await conn.send(MsgType.PRODUCE, payload)
+        if not conn.try_send(PRODUCE, payload):
+            await conn.send(PRODUCE, payload)
 
     def _answer(self, req: ProduceRequest, answers: list[TopicAnswer], started: float,
                 redirects: dict | None = None) -> bytes:

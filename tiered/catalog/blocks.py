@@ -143,9 +143,9 @@ _MARK_COMMITTED = (
     .values(state=BlockState.COMMITTED, committed_at=bindparam("b_at"))
 )
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
-# commit_block's rows as bound values (tiered.catalog.arrays): one INSERT for every run of the block, and one
-# statement that locks, checks and raises every partition it touches, whatever their number (a block may hold runs
-# of thousands of partitions).
+# commit_block's rows as bound values (tiered.catalog.arrays): one statement that checks and raises every partition
+# the block touches, and (on SQLite; PostgreSQL takes a COPY) one INSERT for every run, whatever their number (a
+# block may hold runs of thousands of partitions).
 _RUN_TYPES = {"topic": "text", "partition": "integer", "messages": "integer"}
 RUNS = RowSource("r", tuple((f, _RUN_TYPES.get(f, "bigint")) for f in _RUN_FIELDS))
 # One row per partition of the block, sorted by (topic, partition): the epoch the broker holds it at, the epoch its

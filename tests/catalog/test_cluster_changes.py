@@ -120,3 +120,25 @@ def test_assign_moves_across_topics_in_one_transaction_counted_once(cat):
                         expected={**{key: (1, e) for key, e in epochs.items()}, ("u", 1): (3, epochs[("u", 1)])})
     assert done == [("t", 0), ("t", 1), ("u", 0)]  # u/1 is not led by broker 3
     assert changes(cat) - before == (1 if cat.backend == "postgresql" else 3)
+
+
+def test_full_look_reads_the_topics_and_the_assignments_in_one_snapshot(cat, monkeypatch):
+    """A topic created between its two statements is in neither: every assignment's topic is among the topics (the
+    coordinator tells the server the topics before it decides about their partitions)."""
+    from tiered.catalog import cluster
+
+    create_topic(cat, "t", 2)
+    read_topics = cluster.topic_rows
+
+    def then_another_broker_creates_u(conn):
+        rows = read_topics(conn)
+        create_topic(cat, "u", 1)  # its own connection and transaction, committed before the assignments are read
+        return rows
+
+    monkeypatch.setattr(cluster, "topic_rows", then_another_broker_creates_u)
+    topics, assignments = cluster.full_look(cat)
+    assert [t.name for t in topics] == ["t"]
+    assert [(a.topic, a.partition) for a in assignments] == [("t", 0), ("t", 1)]
+    monkeypatch.setattr(cluster, "topic_rows", read_topics)
+    topics, assignments = cluster.full_look(cat)
+    assert [t.name for t in topics] == ["t", "u"] and [a.topic for a in assignments] == ["t", "t", "u"]

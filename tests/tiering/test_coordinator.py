@@ -206,3 +206,55 @@ async def test_claim_batches_are_pipelined_the_next_claimed_while_one_is_led(cat
     assert events == [("claim", (0, 1)), ("claim", (2, 3)), ("lead", (0, 1)), ("claim", (4,)), ("lead", (2, 3)),
                       ("lead", (4,))]
     assert sorted(coordinator.leadership.leading()) == [("t", p) for p in range(5)]
+
+
+async def test_a_topic_created_during_a_look_has_its_leaders_told_once_it_exists_here(pg_url):
+    """Another broker creates a topic while this one looks at the catalog, after its topics were read and before its
+    assignments were: the server cannot be told who leads a partition it does not have yet, and must be told once it
+    has it. (The flake of test_a_paused_leader_acknowledges_nothing_after_its_lease: the broker that created the topic
+    had remembered its other partition's leader as told, and answered "no leader" for it for good.)"""
+
+    class LocalSink(Sink):
+        """As the server: a follow of a partition it does not have is dropped; a topic exists once it was known."""
+
+        def __init__(self):
+            super().__init__()
+            self.local: set[str] = set()
+            self.leaders: dict[tuple[str, int], Leader | None] = {}
+            self.during_topics_known = None
+
+        def follow(self, tp, leader, committed, first_available=None):
+            super().follow(tp, leader, committed, first_available)
+            if tp[0] in self.local:
+                self.leaders[tuple(tp)] = leader
+
+        async def topics_known(self, topics):
+            await super().topics_known(topics)
+            self.local.update(t.name for t in topics)
+            if self.during_topics_known is not None:
+                self.during_topics_known()
+
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        sink = LocalSink()
+        coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=ManualClock())
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        create_topic(cat, "t", 1, leaders={0: OTHER})
+        await coordinator.tick()
+
+        def another_broker_creates_u():
+            sink.during_topics_known = None
+            create_topic(cat, "u", 1, leaders={0: OTHER})
+            claim_partitions(cat, OTHER, "u", [0])
+
+        sink.during_topics_known = another_broker_creates_u
+        claim_partitions(cat, OTHER, "t", [0])  # the counter moves: the next tick looks at everything
+        for _ in range(3):
+            await coordinator.tick()
+        assert "u" in sink.local
+        assert sink.leaders[("u", 0)] == Leader(OTHER, "127.0.0.2:11011")
+    finally:
+        access.close()

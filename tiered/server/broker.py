@@ -209,7 +209,7 @@ class Broker:
                 log.error("%s/%d cannot be opened and is not served: %s", plan.topic, plan.partition, exc)
                 continue
             part.committed = plan.committed
-            part.catalog_first = plan.first_available
+            part.catalog_first_moved(plan.first_available)
             part.leader = None
             if plan.truncate_after is not None or plan.reupload_after is not None or part.log.last_held < plan.committed:
                 log.info("%s/%d (epoch %d): %s", plan.topic, plan.partition, plan.epoch, plan.reason)

@@ -28,7 +28,6 @@ from typing import Protocol
 
 from tiered import metrics as m
 from tiered.catalog import cluster as catalog_cluster
-from tiered.catalog import topics as catalog_topics
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
@@ -204,9 +203,12 @@ class Coordinator:
             self._checked(started)
             return
         self._seen = None  # until this look is carried out (a failure in between looks again next time)
-        topics = await self.catalog.read(catalog_topics.list_topics)
+        # The topics and the assignments from one snapshot, and every topic made known (created on the disk) before
+        # anything is decided: each partition a decision names is one the server has. Read apart, a topic created
+        # between the two reads had assignments but no local partitions yet; a follow of one was dropped by the
+        # server yet remembered in `_followed` as told, so it was never told again and answered "no leader" for good.
+        topics, assignments = await self.catalog.read(catalog_cluster.full_look)
         await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
-        assignments = await self.catalog.read(catalog_cluster.assignments)
         leading = self.leadership.leading()
         # Pure, and linear in the partitions: on a worker thread, so that a large catalog's look does not hold up
         # the event loop (produces and their acks) while it is decided.

@@ -143,9 +143,9 @@ _MARK_COMMITTED = (
     .values(state=BlockState.COMMITTED, committed_at=bindparam("b_at"))
 )
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
-# commit_block's rows as bound values (tiered.catalog.arrays): one INSERT for every run of the block, and one
-# statement that locks, checks and raises every partition it touches, whatever their number (a block may hold runs
-# of thousands of partitions).
+# commit_block's rows as bound values (tiered.catalog.arrays): one statement that checks and raises every partition
+# the block touches, and (on SQLite; PostgreSQL takes a COPY) one INSERT for every run, whatever their number (a
+# block may hold runs of thousands of partitions).
 _RUN_TYPES = {"topic": "text", "partition": "integer", "messages": "integer"}
 RUNS = RowSource("r", tuple((f, _RUN_TYPES.get(f, "bigint")) for f in _RUN_FIELDS))
 # One row per partition of the block, sorted by (topic, partition): the epoch the broker holds it at, the epoch its
@@ -230,7 +230,8 @@ def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dic
         raise ValueError("a block holds at least one run")
     heads: dict[tuple[str, int], list] = {}
     for run in runs:
-        topic, partition, from_seq, first_seq, last_seq = run.topic, run.partition, run.from_seq, run.first_seq, run.last_seq
+        topic, partition = run.topic, run.partition
+        from_seq, first_seq, last_seq = run.from_seq, run.first_seq, run.last_seq
         if not 1 <= from_seq <= first_seq <= last_seq:
             raise ValueError(f"bad seq range {from_seq}/{first_seq}..{last_seq} in run of {topic}/{partition}")
         key = (topic, partition)
@@ -266,8 +267,9 @@ def commit_block(
     last_seq, and sets first_available_seq from the first run when it was still 0.
 
     Three statements on both backends (check and raise; mark; insert), whatever the number of runs; a refusal
-    rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after CatalogUnavailable) returns the hwmarks as they are. A block
-    that is not pending (abandoned) raises IllegalTransition; another broker's block raises ValueError.
+    rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after
+    CatalogUnavailable) returns the hwmarks as they are. A block that is not pending (abandoned) raises
+    IllegalTransition; another broker's block raises ValueError.
     """
     by_partition = _heads(runs, epochs)
     heads = sorted(by_partition.values())  # by (topic, partition): the lock order
@@ -276,7 +278,8 @@ def commit_block(
         try:
             with cat.write() as conn:
                 backend = conn.dialect.name
-                raised = conn.execute(statement(backend, _RAISE, HEADS), {"broker_id": broker_id, **HEADS.params(heads)})
+                raised = conn.execute(statement(backend, _RAISE, HEADS),
+                                      {"broker_id": broker_id, **HEADS.params(heads)})
                 if raised.rowcount != len(heads):
                     raise _Refused
                 moved = conn.execute(_MARK_COMMITTED, {"b_id": block_id, "b_broker": broker_id, "b_at": committed_at})

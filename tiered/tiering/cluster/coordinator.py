@@ -7,7 +7,9 @@ Two loops, under the tier's supervisor:
   are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge a message the new
   leader does not have. A renewal refused because another process took the broker id over ends its leadership for
   good.
-- the tick (every TICK_S): reads the members and the partitions' assignments, and
+- the tick (every TICK_S; FOLLOW_S after a look that found changes): reads the members and the change counter, and
+  when the counter moved, only the partitions changed since the last look (their change versions: a look costs what
+  changed, not what exists; every assignment is read at start and every FULL_LOOK_S), and
     claims (compare-and-set on the epoch) the partitions assigned to it, and its even share of the orphans, those
     whose leader is gone (the live brokers with the fewest leaderships first, computed alike by every broker);
     hands over the partitions `tiered cluster rebalance` asked it to give away (stop taking produces, commit what is
@@ -20,9 +22,10 @@ A broker that returns does not take partitions back: only orphans and explicit a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,13 +37,17 @@ from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
-    CLAIM_BATCH, ClusterView, Decision, Follow, claim_batches, decide, leader_of, lease_fresh, spread,
+    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, leader_of,
+    lease_fresh, membership, spread,
 )
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.cluster")
 
-TICK_S = 0.25  # a handover's new leader claims at its next tick: this is most of a clean move's stall
+TICK_S = 0.25  # how often an idle broker looks at the catalog (one small statement)
+FOLLOW_S = 0.05  # how soon it looks again after a look that found changes: a handover's or a failover's moves come
+# in bursts, and a new leader that sees them at once claims at once
+FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
 
@@ -89,10 +96,16 @@ class Coordinator:
         self.live: set[int] = set()
         self.addresses: dict[int, str] = {}
         self.plain_addresses: dict[int, str] = {}  # broker id -> where plaintext clients reach it ("": none known)
-        # What the last full look was decided from: the change counter and the membership (live brokers, their
-        # addresses, whether this one could claim). While neither moved, nothing a decision depends on did, and a
-        # tick reads one small statement (tiered.catalog.cluster.look) instead of every partition.
-        self._seen: tuple | None = None
+        # What the last look was decided from: the change counter, the membership (live brokers, their addresses)
+        # and whether this one could claim. While none moved, nothing a decision depends on did, and a tick reads
+        # one small statement (tiered.catalog.cluster.look); when the counter moved, it reads the partitions changed
+        # since `_version` only (tiered.catalog.cluster.changed_since) into `_assignments`.
+        self._version: int | None = None  # None: the next look reads every assignment
+        self._members: dict[int, tuple[bool, str, str]] = {}
+        self._serving = False
+        self._again = False  # the last decision claimed or handed over: decide again at the next tick
+        self._assignments = Assignments()  # every partition's assignment as last read (one owner: the tick)
+        self._full_look_at = float("-inf")  # monotonic time of the next full look (the safety net)
         # What the server was last told of each partition followed (one owner: every follow goes through
         # `_follow`): a full look re-tells only what changed. A partition led here is not in it.
         self._followed: dict[TopicPartition, Follow] = {}
@@ -165,8 +178,8 @@ class Coordinator:
 
     async def tick_loop(self) -> None:
         while True:
-            await self.tick()
-            await self.clock.sleep(TICK_S)
+            moved = await self.tick()
+            await self.clock.sleep(FOLLOW_S if moved else TICK_S)
 
     async def _refresh_members(self) -> None:
         self._take_members(await self.catalog.read(catalog_cluster.members))
@@ -181,43 +194,67 @@ class Coordinator:
     def _leader(self, broker_id: int | None) -> Leader | None:
         return leader_of(self.view(()), broker_id)
 
-    async def tick(self) -> None:
-        """One look at the members and the assignments: claim, hand over, follow (module docstring)."""
+    async def tick(self) -> bool:
+        """One look at the members and what changed: claim, hand over, follow (module docstring). True if anything
+        had changed."""
         async with self._ticking:
-            await self._tick()
+            return await self._tick()
 
     def view(self, assignments) -> ClusterView:
         return ClusterView(self.broker_id, frozenset(self.live), dict(self.addresses), assignments, self.lease_ms,
                            self._renewed_at, self._evicted, dict(self.plain_addresses))
 
-    async def _tick(self) -> None:
+    async def _tick(self) -> bool:
+        """One look; True if it found anything changed (the next look then comes sooner: changes come in bursts)."""
         started = self.clock.monotonic()
         look = await self.catalog.read(catalog_cluster.look)
         self._take_members(look.members)
-        seen = (look.changes, frozenset(self.live), tuple(sorted(self.addresses.items())),
-                tuple(sorted(self.plain_addresses.items())),
-                not self._evicted and self._lease_fresh(self.clock.monotonic()))
-        if look.changes is not None and seen == self._seen:
-            # No partition, epoch, assignment, handover, topic or member moved since the last full look (the
-            # counter is bumped in the transaction of each change): its decision stands. That is also what a
-            # lapsed lease needs to see to acknowledge again: no epoch moved while it was lapsed.
+        view = self.view(())
+        members = membership(view)
+        serving = not self._evicted and self._lease_fresh(self.clock.monotonic())
+        version = self._version
+        full = (version is None or look.changes is None or look.changes < version
+                or started >= self._full_look_at)
+        if not full and look.changes == version and members == self._members and serving == self._serving \
+                and not self._again:
+            # No partition, epoch, assignment, handover, topic or member moved since the last look (every such
+            # change takes a version above the counter seen): its decision stands. That is also what a lapsed lease
+            # needs to see to acknowledge again: no epoch moved while it was lapsed.
             self._checked(started)
-            return
-        self._seen = None  # until this look is carried out (a failure in between looks again next time)
-        topics = await self.catalog.read(catalog_topics.list_topics)
-        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
-        assignments = await self.catalog.read(catalog_cluster.assignments)
+            return False
+        self._version = None  # until this look is carried out (a failure in between looks at everything next time)
+        changed: set[TopicPartition] = set()
+        if full or look.changes != version:
+            topics = await self.catalog.read(catalog_topics.list_topics)
+            await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
+            changed |= self._assignments.drop_topics(t.name for t in topics)
+        if full:
+            # At start, after the counter went back (an emptied catalog), and every FULL_LOOK_S as a safety net: a
+            # change no version names (a writer outside tiered.catalog, a restore) is found within that time.
+            rows = await self.catalog.read(catalog_cluster.assignments)
+            changed |= await asyncio.to_thread(self._assignments.replace, rows)
+            keys: Iterable[TopicPartition] = list(self._assignments.rows)
+            self._full_look_at = started + FULL_LOOK_S
+        else:
+            # The counter was read first (look), so every change of a version up to it is among these rows.
+            rows = await self.catalog.read(catalog_cluster.changed_since, version)
+            changed |= self._assignments.apply(rows)
+            keys = affected(self._assignments, changed, self._members, members)
         leading = self.leadership.leading()
-        # Pure, and linear in the partitions: on a worker thread, so that a large catalog's look does not hold up
-        # the event loop (produces and their acks) while it is decided.
-        decision = await asyncio.to_thread(decide, self.view(assignments), leading, self.clock.monotonic())
-        for key in leading:
-            self._followed.pop(key, None)
+        if full:
+            for key in leading:
+                self._followed.pop(key, None)
+        decide_ = functools.partial(decide_changes, self.view(()), self._assignments, keys, leading,
+                                    self.clock.monotonic())
+        # Pure, and linear in what changed: on a worker thread when that is much (a full look, a failover), so that
+        # the event loop (produces and their acks) is not held up while it is decided.
+        decision = await asyncio.to_thread(decide_) if full or len(changed) > 2_000 else decide_()
         await self._apply(decision, started)
-        # A claim or a handover changes the catalog, and so the counter: the next tick looks again anyway. One that
-        # changed nothing (a topic this broker cannot serve) is tried again at the next tick, as before.
-        if not decision.claims and not decision.handovers and not decision.renew_first:
-            self._seen = seen
+        self._version, self._members, self._serving = look.changes, members, serving
+        # A claim or a handover changes the catalog, and so the counter: the next look reads it. One that changed
+        # nothing (a topic this broker cannot serve) is decided again at the next tick.
+        self._again = bool(decision.claims or decision.handovers or decision.renew_first)
+        return bool(changed) or self._again
 
     def _checked(self, started: float) -> None:
         """The epochs were read (or known unchanged) after the look that began at `started`."""
@@ -304,6 +341,8 @@ class Coordinator:
         log.info("leading %d partitions of %s%s", len(plans), topic,
                  f" ({lost} claimed by another broker first)" if lost else "")
         self.metrics.inc(m.TAKEOVERS, len(plans))
+        for partition in expected:  # led here now: what the server was told of it as a follower no longer holds
+            self._followed.pop(TopicPartition(topic, partition), None)
         await self.sink.lead(plans)
 
     async def _hand_over(self, moves: dict[TopicPartition, tuple[int, int]], deadline: float) -> None:
@@ -325,24 +364,28 @@ class Coordinator:
     async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float) -> None:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
         following each one to its new leader as soon as it has: a handover or a creation then redirects clients
-        straight to where they will be served. Each poll reads the change counter (one small statement); only when
-        it moved are the partitions still waited for read, in one statement (a claim moves the counter), at most once
-        a tick: the new leaders' claims move it every batch, and the read costs what is still waited for."""
+        straight to where they will be served. Each poll reads the change counter (one small statement); when it
+        moved, the partitions changed since the counter last read (tiered.catalog.cluster.changed_since): what the
+        new leaders claimed meanwhile, so a poll costs what changed, not what is still waited for. The first read
+        (or one after the counter went back) reads the partitions waited for."""
         waiting = dict(epochs)
         seen: int | None = None
-        read_at = float("-inf")
         while waiting:
             look = await self.catalog.read(catalog_cluster.look)
-            now = self.clock.monotonic()
-            if (look.changes is None or look.changes != seen) and now - read_at >= TICK_S:
-                seen, read_at = look.changes, now
+            if look.changes is None or seen is None or look.changes < seen:
                 moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
-                leading = self.leadership.leading()  # once per look, not per partition: every partition led here
-                for a in moved:
-                    key = TopicPartition(a.topic, a.partition)
-                    del waiting[key]
-                    if key not in leading:
-                        self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
+            elif look.changes != seen:
+                moved = [a for a in await self.catalog.read(catalog_cluster.changed_since, seen)
+                         if a.leader_epoch > waiting.get(TopicPartition(a.topic, a.partition), a.leader_epoch)]
+            else:
+                moved = []
+            seen = look.changes
+            leading = self.leadership.leading()  # once per poll, not per partition: every partition led here
+            for a in moved:
+                key = TopicPartition(a.topic, a.partition)
+                del waiting[key]
+                if key not in leading:
+                    self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)

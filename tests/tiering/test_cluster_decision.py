@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
 from tiered.tiering.cluster.cluster_decision import (
-    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, membership, plan_rebalance,
+    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, membership,
+    plan_rebalance,
     spread,
 )
 from tiered.topic_partition import TopicPartition
@@ -266,3 +267,16 @@ def test_assignments_keep_their_indexes_as_rows_change():
     assert state.drop_topics({"t"}) == {("u", 0)} and None not in state.by_broker
     assert state.replace([a(1, B, 1)]) == {("t", 0), ("t", 2)}
     assert list(state.rows) == [("t", 1)] and state.by_broker == {B: {("t", 1)}} and dict(state.topics) == {"t": 1}
+
+
+def test_handover_chunks_keep_partition_order_and_every_new_leader_busy():
+    keys = [TopicPartition(t, p) for t in ("u", "t") for p in range(3)]
+    targets = spread(keys, {B, C}, {})
+    moves = {key: (targets[key], 4) for key in keys}
+    chunks = handover_chunks(moves, 4)
+    assert [list(c) for c in chunks] == [sorted(keys)[:4], sorted(keys)[4:]]
+    assert {b for b, _ in chunks[0].values()} == {B, C}  # a chunk alternates the new leaders
+    assert {k: v for c in chunks for k, v in c.items()} == moves
+    assert handover_chunks({}, 4) == []
+    with pytest.raises(ValueError):
+        handover_chunks(moves, 0)

@@ -249,6 +249,17 @@ def claim_batches(claims: Mapping[str, Mapping[int, int]],
     return out
 
 
+def handover_chunks(moves: Mapping[TopicPartition, tuple[int, int]],
+                    size: int) -> list[dict[TopicPartition, tuple[int, int]]]:
+    """A stopping broker's moves {partition: (to broker, epoch)} as chunks of at most `size` partitions, in partition
+    order (a `spread` alternates the brokers along that order, so each chunk keeps every new leader busy). Raises
+    ValueError for a size below 1."""
+    if size < 1:
+        raise ValueError("a handover chunk holds at least one partition")
+    keys = sorted(moves)
+    return [{key: moves[key] for key in keys[start:start + size]} for start in range(0, len(keys), size)]
+
+
 def spread(partitions: Sequence[TopicPartition], live: Iterable[int],
            load: Mapping[int, int]) -> dict[TopicPartition, int]:
     """Which live broker takes each partition: fewest leaderships first (then the lowest id), one at a time, so a

@@ -37,8 +37,8 @@ from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
-    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, leader_of,
-    lease_fresh, membership, spread,
+    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, handover_chunks,
+    leader_of, lease_fresh, membership, spread,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -50,6 +50,7 @@ FOLLOW_S = 0.05  # how soon it looks again after a look that found changes: a ha
 FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
+HANDOVER_CHUNK = 2048  # partitions a stopping broker hands over at a time (tiered.tiering.cluster.cluster_decision)
 
 
 class Leadership(Protocol):
@@ -171,7 +172,16 @@ class Coordinator:
         if others and leading:
             load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in others}
             targets = spread(sorted(leading), others, load)
-            await self._hand_over({key: (targets[key], leading[key]) for key in leading}, deadline)
+            chunks = handover_chunks({key: (targets[key], leading[key]) for key in leading}, HANDOVER_CHUNK)
+            # Chunk after chunk, each once the one before is claimed: a partition waits for its own chunk's give-up,
+            # assignment and claims, not for those of every partition led here (34,000 at 100,000 partitions took
+            # seconds to claim). A chunk whose claims do not all come in time ends the pacing: the rest go at once.
+            for i, chunk in enumerate(chunks):
+                last = i == len(chunks) - 1
+                if not await self._hand_over(chunk, deadline if last else
+                                             min(deadline, self.clock.monotonic() + CLAIM_WAIT_S)) and not last:
+                    await self._hand_over({k: v for rest in chunks[i + 1:] for k, v in rest.items()}, deadline)
+                    break
         await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
 
     # -- the tick ---------------------------------------------------------------------------------------------
@@ -345,10 +355,10 @@ class Coordinator:
             self._followed.pop(TopicPartition(topic, partition), None)
         await self.sink.lead(plans)
 
-    async def _hand_over(self, moves: dict[TopicPartition, tuple[int, int]], deadline: float) -> None:
+    async def _hand_over(self, moves: dict[TopicPartition, tuple[int, int]], deadline: float) -> bool:
         """Clean handovers: produces to these partitions are answered "no leader" (retry) from now on; what is held
-        is committed; each partition is assigned to its new leader, who claims it at its next tick; once it has,
-        clients are redirected there."""
+        is committed; each partition is assigned to its new leader, who claims it as soon as its look sees it; once
+        it has, clients are redirected there. True if every partition assigned was claimed by `deadline`."""
         for tp in moves:
             self._no_leader(tp)
         await self.leadership.give_up(sorted(moves), deadline)
@@ -359,15 +369,15 @@ class Coordinator:
             expected={key: (self.broker_id, epoch) for key, (_, epoch) in moves.items()})
         self.metrics.inc(m.HANDOVERS, len(done))
         log.info("handed %d partitions over", len(done))
-        await self.await_claims({TopicPartition(*key): moves[key][1] for key in done}, deadline)
+        return await self.await_claims({TopicPartition(*key): moves[key][1] for key in done}, deadline)
 
-    async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float) -> None:
+    async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float) -> bool:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
         following each one to its new leader as soon as it has: a handover or a creation then redirects clients
         straight to where they will be served. Each poll reads the change counter (one small statement); when it
         moved, the partitions changed since the counter last read (tiered.catalog.cluster.changed_since): what the
         new leaders claimed meanwhile, so a poll costs what changed, not what is still waited for. The first read
-        (or one after the counter went back) reads the partitions waited for."""
+        (or one after the counter went back) reads the partitions waited for. True if every one was claimed."""
         waiting = dict(epochs)
         seen: int | None = None
         while waiting:
@@ -389,6 +399,7 @@ class Coordinator:
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)
+        return not waiting
 
     async def place_new_topic(self, partitions: int) -> dict[int, int]:
         """Which live broker leads each partition of a new topic: the fewest leaderships first."""

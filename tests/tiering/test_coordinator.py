@@ -279,3 +279,35 @@ async def test_a_change_no_version_names_is_found_by_the_periodic_full_look(pg_u
         assert ("t", 0) in coordinator.leadership.leading()  # an orphan, claimed once the full look found it
     finally:
         access.close()
+
+
+async def test_between_claim_batches_the_other_brokers_claims_are_followed(pg_url):
+    """A long decision's claims (a failover's orphans) look at the changes between batches: a partition another
+    broker claimed meanwhile is followed to it within the same tick, so clients asking here are redirected there."""
+    from tiered.catalog.partitions import claim_leadership
+
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    clock = ManualClock()
+
+    class Slow(Leadership):
+        async def claim(self, topic, expected):
+            if not self.led:  # the first batch: meanwhile the other broker claims partition 5
+                claim_partitions(cat, OTHER, topic, [5])
+            clock.advance(0.1)
+            won = claim_leadership(cat, ME, "", topic, {p: None for p in expected}, expected_epochs=expected)
+            self.led.update({(topic, p): c.epoch for p, c in won.items()})
+            return [(topic, p) for p in sorted(won)]
+
+    try:
+        sink = Sink()
+        coordinator = Coordinator(access, sink, Slow(cat), broker_id=ME, lease_ms=LEASE_MS, metrics=Metrics(),
+                                  clock=clock, claim_batch=2)
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        create_topic(cat, "t", 6, leaders={p: ME for p in range(6)})
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        await coordinator.tick()
+        assert sorted(coordinator.leadership.leading()) == [("t", p) for p in range(5)]
+        assert sink.follows[-1] == ("t", 5, Leader(OTHER, "127.0.0.2:11011"), 0)
+    finally:
+        access.close()

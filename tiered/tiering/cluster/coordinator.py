@@ -25,7 +25,7 @@ import asyncio
 import functools
 import logging
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,6 +105,7 @@ class Coordinator:
         self._members: dict[int, tuple[bool, str, str]] = {}
         self._serving = False
         self._again = False  # the last decision claimed or handed over: decide again at the next tick
+        self._looked: int | None = None  # the counter up to which `_assignments` holds every change (in a tick)
         self._assignments = Assignments()  # every partition's assignment as last read (one owner: the tick)
         self._full_look_at = float("-inf")  # monotonic time of the next full look (the safety net)
         # What the server was last told of each partition followed (one owner: every follow goes through
@@ -233,6 +234,7 @@ class Coordinator:
             self._checked(started)
             return False
         self._version = None  # until this look is carried out (a failure in between looks at everything next time)
+        self._looked = look.changes  # what the assignments kept hold up to (raised by a look between claim batches)
         changed: set[TopicPartition] = set()
         if full or look.changes != version:
             topics = await self.catalog.read(catalog_topics.list_topics)
@@ -243,7 +245,7 @@ class Coordinator:
             # change no version names (a writer outside tiered.catalog, a restore) is found within that time.
             rows = await self.catalog.read(catalog_cluster.assignments)
             changed |= await asyncio.to_thread(self._assignments.replace, rows)
-            keys: Iterable[TopicPartition] = list(self._assignments.rows)
+            keys: Collection[TopicPartition] = list(self._assignments.rows)
             self._full_look_at = started + FULL_LOOK_S
         else:
             # The counter was read first (look), so every change of a version up to it is among these rows.
@@ -258,7 +260,7 @@ class Coordinator:
                                     self.clock.monotonic())
         # Pure, and linear in what changed: on a worker thread when that is much (a full look, a failover), so that
         # the event loop (produces and their acks) is not held up while it is decided.
-        decision = await asyncio.to_thread(decide_) if full or len(changed) > 2_000 else decide_()
+        decision = await asyncio.to_thread(decide_) if full or len(keys) > 2_000 else decide_()
         await self._apply(decision, started)
         self._version, self._members, self._serving = look.changes, members, serving
         # A claim or a handover changes the catalog, and so the counter: the next look reads it. One that changed
@@ -331,11 +333,15 @@ class Coordinator:
         claiming: asyncio.Task | None = None
         pending: tuple[str, Mapping[int, int], list[PartitionPlan]] | None = None
         try:
+            looked = self.clock.monotonic()
             for topic, expected in batches:
                 claiming = asyncio.ensure_future(self.leadership.claim(topic, dict(expected)))
                 await asyncio.sleep(0)  # the claim reads the disk's epochs and goes to the write thread first
                 if pending is not None:
                     await self._lead(*pending)
+                if self.clock.monotonic() - looked >= 2 * FOLLOW_S:
+                    looked = self.clock.monotonic()
+                    await self._follow_changes()
                 pending = (topic, expected, await claiming)
                 claiming = None
             if pending is not None:
@@ -343,6 +349,26 @@ class Coordinator:
         finally:
             if claiming is not None:
                 await asyncio.gather(claiming, return_exceptions=True)
+
+    async def _follow_changes(self) -> None:
+        """Between a long decision's claim batches (a failover's 17,000 orphans): the partitions changed since the
+        tick's look (the other brokers' claims, mostly) are read and followed, and those lost are dropped, so that
+        clients asking here are redirected to where the others already lead instead of waiting for the next tick.
+        Claims and handovers are left to the next tick."""
+        look = await self.catalog.read(catalog_cluster.look)
+        since = self._looked
+        if look.changes is None or since is None or look.changes <= since:
+            return
+        rows = await self.catalog.read(catalog_cluster.changed_since, since)
+        self._looked = look.changes
+        changed = self._assignments.apply(rows)
+        decision = decide_changes(self.view(()), self._assignments, changed, self.leadership.leading(),
+                                  self.clock.monotonic())
+        for f in decision.lost:
+            self.leadership.lost(f.key)
+            self._follow(f)
+        for f in decision.follows:
+            self._follow(f)
 
     async def _lead(self, topic: str, expected: Mapping[int, int], plans: list[PartitionPlan]) -> None:
         if not plans:

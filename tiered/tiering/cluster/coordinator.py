@@ -173,16 +173,17 @@ class Coordinator:
         if others and leading:
             load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in others}
             targets = spread(sorted(leading), others, load)
-            chunks = handover_chunks({key: (targets[key], leading[key]) for key in leading}, HANDOVER_CHUNK)
-            # Chunk after chunk, each once the one before is claimed: a partition waits for its own chunk's give-up,
-            # assignment and claims, not for those of every partition led here (34,000 at 100,000 partitions took
-            # seconds to claim). A chunk whose claims do not all come in time ends the pacing: the rest go at once.
-            for i, chunk in enumerate(chunks):
-                last = i == len(chunks) - 1
-                if not await self._hand_over(chunk, deadline if last else
-                                             min(deadline, self.clock.monotonic() + CLAIM_WAIT_S)) and not last:
-                    await self._hand_over({k: v for rest in chunks[i + 1:] for k, v in rest.items()}, deadline)
-                    break
+            # Chunk after chunk, each given up and assigned as soon as the one before is, with one look at the claims
+            # landed in between: a partition stops taking produce only when its own chunk is given up, and the new
+            # leaders claim the first chunks while the later ones are still served here (all at once, 34,000
+            # partitions at 100,000 were each unavailable for the claims of all of them). Pacing each chunk on the
+            # claims of the one before measured worse at that size: every chunk then waited for a new leader's look.
+            waiting: dict[TopicPartition, int] = {}
+            seen: int | None = None
+            for chunk in handover_chunks({key: (targets[key], leading[key]) for key in leading}, HANDOVER_CHUNK):
+                waiting.update(await self._hand_over(chunk, deadline))
+                seen = await self._poll_claims(waiting, seen)
+            await self.await_claims(waiting, deadline, seen)
         await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
 
     # -- the tick ---------------------------------------------------------------------------------------------
@@ -321,7 +322,8 @@ class Coordinator:
         self._checked(started)
         await self._claim_all(claim_batches(decision.claims, self.claim_batch))
         if decision.handovers:
-            await self._hand_over(dict(decision.handovers), self.clock.monotonic() + CLAIM_WAIT_S)
+            deadline = self.clock.monotonic() + CLAIM_WAIT_S
+            await self.await_claims(await self._hand_over(dict(decision.handovers), deadline), deadline)
 
     async def _claim_all(self, batches: Sequence[tuple[str, Mapping[int, int]]]) -> None:
         """One bounded batch per claim transaction, each taking produce as soon as it is claimed; a renewal that falls
@@ -381,51 +383,57 @@ class Coordinator:
             self._followed.pop(TopicPartition(topic, partition), None)
         await self.sink.lead(plans)
 
-    async def _hand_over(self, moves: dict[TopicPartition, tuple[int, int]], deadline: float) -> bool:
+    async def _hand_over(self, moves: dict[TopicPartition, tuple[int, int]],
+                         deadline: float) -> dict[TopicPartition, int]:
         """Clean handovers: produces to these partitions are answered "no leader" (retry) from now on; what is held
-        is committed; each partition is assigned to its new leader, who claims it as soon as its look sees it; once
-        it has, clients are redirected there. True if every partition assigned was claimed by `deadline`."""
+        is committed; each partition is assigned to its new leader, who claims it as soon as its look sees it. Returns
+        the partitions assigned, with the epoch their claims must move past (`await_claims`)."""
         for tp in moves:
             self._no_leader(tp)
         await self.leadership.give_up(sorted(moves), deadline)
-        # Every move in one transaction, then the claims awaited together: the new leaders see them all at their next
-        # look, and a partition of the last topic waits for its own new leader, not for the topics before it.
+        # Every move in one transaction: the new leaders see them all at their next look, and a partition of the last
+        # topic waits for its own new leader, not for the topics before it.
         done = await self.catalog.write(
             catalog_cluster.assign_moves, {key: target for key, (target, _) in moves.items()},
             expected={key: (self.broker_id, epoch) for key, (_, epoch) in moves.items()})
         self.metrics.inc(m.HANDOVERS, len(done))
         log.info("handed %d partitions over", len(done))
-        return await self.await_claims({TopicPartition(*key): moves[key][1] for key in done}, deadline)
+        return {TopicPartition(*key): moves[key][1] for key in done}
 
-    async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float) -> bool:
+    async def await_claims(self, epochs: Mapping[TopicPartition, int], deadline: float,
+                           seen: int | None = None) -> bool:
         """Waits (polling, until `deadline` at most) until each partition's epoch has moved past the one given,
         following each one to its new leader as soon as it has: a handover or a creation then redirects clients
-        straight to where they will be served. Each poll reads the change counter (one small statement); when it
-        moved, the partitions changed since the counter last read (tiered.catalog.cluster.changed_since): what the
-        new leaders claimed meanwhile, so a poll costs what changed, not what is still waited for. The first read
-        (or one after the counter went back) reads the partitions waited for. True if every one was claimed."""
+        straight to where they will be served. True if every one was claimed in time (`_poll_claims`)."""
         waiting = dict(epochs)
-        seen: int | None = None
         while waiting:
-            look = await self.catalog.read(catalog_cluster.look)
-            if look.changes is None or seen is None or look.changes < seen:
-                moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
-            elif look.changes != seen:
-                moved = [a for a in await self.catalog.read(catalog_cluster.changed_since, seen)
-                         if a.leader_epoch > waiting.get(TopicPartition(a.topic, a.partition), a.leader_epoch)]
-            else:
-                moved = []
-            seen = look.changes
-            leading = self.leadership.leading()  # once per poll, not per partition: every partition led here
-            for a in moved:
-                key = TopicPartition(a.topic, a.partition)
-                del waiting[key]
-                if key not in leading:
-                    self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
+            seen = await self._poll_claims(waiting, seen)
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)
         return not waiting
+
+    async def _poll_claims(self, waiting: dict[TopicPartition, int], seen: int | None) -> int | None:
+        """One look at the claims waited for: reads the change counter (one small statement); when it moved since
+        `seen`, the partitions changed since then (tiered.catalog.cluster.changed_since: what the new leaders
+        claimed meanwhile, so a poll costs what changed, not what is still waited for); the first poll (or one after
+        the counter went back) reads the partitions waited for. Those claimed leave `waiting` and are followed to
+        their new leader. Returns the counter read."""
+        look = await self.catalog.read(catalog_cluster.look)
+        if look.changes is None or seen is None or look.changes < seen:
+            moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
+        elif look.changes != seen:
+            moved = [a for a in await self.catalog.read(catalog_cluster.changed_since, seen)
+                     if a.leader_epoch > waiting.get(TopicPartition(a.topic, a.partition), a.leader_epoch)]
+        else:
+            moved = []
+        leading = self.leadership.leading() if moved else {}  # once per poll: every partition led here
+        for a in moved:
+            key = TopicPartition(a.topic, a.partition)
+            del waiting[key]
+            if key not in leading:
+                self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
+        return look.changes
 
     async def place_new_topic(self, partitions: int) -> dict[int, int]:
         """Which live broker leads each partition of a new topic: the fewest leaderships first."""

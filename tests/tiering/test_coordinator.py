@@ -294,7 +294,7 @@ async def test_between_claim_batches_the_other_brokers_claims_are_followed(pg_ur
         async def claim(self, topic, expected):
             if not self.led:  # the first batch: meanwhile the other broker claims partition 5
                 claim_partitions(cat, OTHER, topic, [5])
-            clock.advance(0.1)
+            clock.advance(0.5)
             won = claim_leadership(cat, ME, "", topic, {p: None for p in expected}, expected_epochs=expected)
             self.led.update({(topic, p): c.epoch for p, c in won.items()})
             return [(topic, p) for p in sorted(won)]

@@ -47,6 +47,7 @@ log = logging.getLogger("tiered.cluster")
 TICK_S = 0.25  # how often an idle broker looks at the catalog (one small statement)
 FOLLOW_S = 0.05  # how soon it looks again after a look that found changes: a handover's or a failover's moves come
 # in bursts, and a new leader that sees them at once claims at once
+BETWEEN_S = 0.5  # between claim batches, at most this often a look at what changed (each costs the claims a little)
 FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
@@ -341,7 +342,7 @@ class Coordinator:
                 await asyncio.sleep(0)  # the claim reads the disk's epochs and goes to the write thread first
                 if pending is not None:
                     await self._lead(*pending)
-                if self.clock.monotonic() - looked >= 2 * FOLLOW_S:
+                if self.clock.monotonic() - looked >= BETWEEN_S:
                     looked = self.clock.monotonic()
                     await self._follow_changes()
                 pending = (topic, expected, await claiming)

@@ -280,3 +280,13 @@ def test_handover_chunks_keep_partition_order_and_every_new_leader_busy():
     assert handover_chunks({}, 4) == []
     with pytest.raises(ValueError):
         handover_chunks(moves, 0)
+
+
+def test_a_decision_without_claims_tells_the_same_losses_and_follows():
+    state = Assignments([a(0, None, 0), a(1, B, 3), a(2, ME, 2), a(3, ME, 0)])
+    v = view(state.rows.values())
+    leading = {TopicPartition("t", 1): 2, TopicPartition("t", 2): 2}
+    full = decide_changes(v, state, state.rows.keys(), leading, NOW)
+    follows_only = decide_changes(v, state, state.rows.keys(), leading, NOW, claims_too=False)
+    assert full.claims and not follows_only.claims and not follows_only.renew_first
+    assert (follows_only.lost, follows_only.follows) == (full.lost, full.follows)

@@ -176,13 +176,14 @@ def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float)
 
 
 def decide_changes(view: ClusterView, state: Assignments, keys: Iterable[TopicPartition],
-                   leading: Mapping[TopicPartition, int], now: float) -> Decision:
+                   leading: Mapping[TopicPartition, int], now: float, *, claims_too: bool = True) -> Decision:
     """One look's decision, costing what changed: losses and follows of the partitions `keys` names (those whose
     row changed since the last look, and those of the brokers whose membership changed: nothing else's answer can
     have moved); claims and handovers from `state` as a whole (partitions assigned here and not led, this broker's
     share of the orphans, the handovers asked of it), whose sizes are what is in flight, not what exists, so that a
     claim refused or not yet made is asked again at every look. `view.assignments` is not read. Equal, over any
-    sequence of changes, to `decide` over every row (tests/tiering/test_cluster_decision.py)."""
+    sequence of changes, to `decide` over every row (tests/tiering/test_cluster_decision.py). Without `claims_too`,
+    only the losses and follows (a look between claim batches: the spread of a failover's orphans is not redone)."""
     me = view.me
     live = view.live
     serving = not view.evicted and lease_fresh(view.renewed_at, view.lease_ms, now)
@@ -215,7 +216,7 @@ def decide_changes(view: ClusterView, state: Assignments, keys: Iterable[TopicPa
             handovers[key] = (a.handover_to, a.leader_epoch)  # type: ignore[assignment]
     claims: dict[str, dict[int, int]] = {}
     renew_first = False
-    if serving:
+    if serving and claims_too:
         for key in state.by_broker.get(me, ()):
             if key not in leading:
                 claims.setdefault(key.topic, {})[key.partition] = rows[key].leader_epoch

@@ -366,7 +366,7 @@ class Coordinator:
         self._looked = look.changes
         changed = self._assignments.apply(rows)
         decision = decide_changes(self.view(()), self._assignments, changed, self.leadership.leading(),
-                                  self.clock.monotonic())
+                                  self.clock.monotonic(), claims_too=False)
         for f in decision.lost:
             self.leadership.lost(f.key)
             self._follow(f)

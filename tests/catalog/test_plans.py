@@ -239,8 +239,8 @@ def bulk_load(conn, partitions: int, runs: int, segments: int, runs_per_block: i
         "INSERT INTO topics (name, partitions, config_text, created_at) VALUES ('bulk', %(p)s, '', now())",
         {"p": partitions})
     conn.exec_driver_sql(
-        "INSERT INTO partitions (topic, partition, leader_epoch, first_available_seq, hwmark_seq, remote_bytes)"
-        " SELECT 'bulk', g, 1, 1, (%(r)s / %(p)s) * 100, 0 FROM generate_series(0, %(p)s - 1) g",
+        "INSERT INTO partitions (topic, partition, leader_epoch, first_available_seq, hwmark_seq, remote_bytes,"
+        " change_version) SELECT 'bulk', g, 1, 1, (%(r)s / %(p)s) * 100, 0, g + 1 FROM generate_series(0, %(p)s - 1) g",
         {"p": partitions, "r": runs})
     conn.exec_driver_sql(
         "INSERT INTO blocks (block_id, object_key, state, broker_id, size_bytes, created_at, committed_at)"
@@ -427,6 +427,17 @@ def _plan_of(cat, call) -> str:
         rows = conn.exec_driver_sql("EXPLAIN " + statement, parameters).all()
         conn.rollback()
     return "\n".join(r[0] for r in rows)
+
+
+def test_a_look_reads_only_the_partitions_changed_among_100k(many_partitions):
+    """changed_since, with 100,000 analyzed partitions each of another change version (sequential scans allowed): the
+    rows changed since a recent version are a range of ix_partitions_change_version, not a read of every partition."""
+    from tiered.catalog import cluster
+
+    plan = _plan_of(many_partitions, lambda c: cluster.changed_since(c, 99_900))
+    assert full_scans("postgresql", plan) == [], plan
+    assert "ix_partitions_change_version" in plan, plan
+    assert len(cluster.changed_since(many_partitions, 99_900)) == 100
 
 
 def test_the_retention_selection_stays_range_scans_among_100k_partitions(many_partitions):

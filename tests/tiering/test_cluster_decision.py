@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
-from tiered.tiering.cluster.cluster_decision import ClusterView, Follow, claim_batches, decide, plan_rebalance, spread
+from tiered.tiering.cluster.cluster_decision import (
+    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, membership,
+    plan_rebalance,
+    spread,
+)
+from tiered.topic_partition import TopicPartition
 
 ME, B, C = 1, 2, 3
 ADDRESSES = {ME: "10.0.0.1:11011", B: "10.0.0.2:11011", C: "10.0.0.3:11011"}
@@ -162,3 +169,124 @@ def test_claim_batches(name):
 def test_claim_batches_refuse_an_empty_batch():
     with pytest.raises(ValueError, match="at least one partition"):
         claim_batches({"t": {0: 1}}, 0)
+
+
+# -- the incremental decision: equal to the full one over any sequence of changes ---------------------------------
+
+KEYS = [TopicPartition(t, p) for t in ("x", "y") for p in range(4)]
+BROKERS = (ME, B, C)
+
+rows_st = st.builds(
+    lambda key, leader, epoch, hw, handover: Assignment(key.topic, key.partition, leader, epoch, hw, 1, handover),
+    st.sampled_from(KEYS), st.sampled_from((None, ME, B, C)), st.integers(0, 4), st.integers(0, 3),
+    st.sampled_from((None, None, ME, B, C)))
+members_st = st.tuples(st.frozensets(st.sampled_from(BROKERS)),
+                       st.dictionaries(st.sampled_from(BROKERS), st.sampled_from(("10.0.0.9:1", "10.0.0.8:2"))))
+step_st = st.one_of(
+    st.tuples(st.just("rows"), st.lists(rows_st, max_size=4)),
+    st.tuples(st.just("members"), members_st),
+    st.tuples(st.just("claim"), st.sampled_from(KEYS)),
+    st.tuples(st.just("drop"), st.sampled_from(("x", "y"))),
+    st.tuples(st.just("renewed"), st.sampled_from((FRESH, STALE))),
+)
+
+
+def member_view(rows, live, moved, renewed_at) -> ClusterView:
+    addresses = {**ADDRESSES, **moved}
+    return ClusterView(ME, frozenset(live), addresses, tuple(rows), LEASE_MS, renewed_at, False,
+                       {b: "plain:" + addresses[b] for b in moved})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(rows_st, min_size=1, max_size=10), members_st, st.lists(step_st, max_size=12),
+       st.dictionaries(st.sampled_from(KEYS), st.integers(0, 4), max_size=4))
+def test_the_decision_over_what_changed_equals_the_decision_over_everything(initial, members, steps, led):
+    """Whatever rows change, brokers come and go, partitions are claimed or topics dropped: deciding only about the
+    partitions whose answer can have moved (`affected`) gives the claims, losses and handovers the full decision
+    gives, and leaves the server told exactly what the full decision tells it."""
+    state = Assignments(initial)
+    live, moved = members
+    renewed_at = FRESH
+    view = member_view(state.rows.values(), live, moved, renewed_at)
+    leading = {key: epoch for key, epoch in led.items() if key in state.rows}
+    told_full: dict = {}
+    told_incr: dict = {}
+
+    def carry_out(decision, told):
+        for f in (*decision.lost, *decision.follows):
+            told[f.key] = f
+
+    first = decide(view, leading, NOW)
+    carry_out(first, told_full)
+    carry_out(first, told_incr)
+    for f in first.lost:
+        del leading[f.key]
+    for kind, arg in steps:
+        before = membership(view)
+        changed: set = set()
+        if kind == "rows":
+            changed = state.apply(arg)
+        elif kind == "members":
+            live, moved = arg
+        elif kind == "claim" and arg in state.rows and arg not in leading:
+            a = state.rows[arg]
+            changed = state.apply([a._replace(leader_broker=ME, leader_epoch=a.leader_epoch + 1, handover_to=None)])
+            leading[arg] = a.leader_epoch + 1
+            told_full.pop(arg, None)
+            told_incr.pop(arg, None)
+        elif kind == "drop":
+            changed = state.drop_topics({"x", "y"} - {arg})
+            for key in changed:
+                leading.pop(key, None)
+                told_full.pop(key, None)
+                told_incr.pop(key, None)
+        elif kind == "renewed":
+            renewed_at = arg
+        view = member_view(state.rows.values(), live, moved, renewed_at)
+        keys = affected(state, changed, before, membership(view))
+        full = decide(view, leading, NOW)
+        incr = decide_changes(view, state, keys, leading, NOW)
+        assert incr.claims == full.claims
+        assert incr.handovers == full.handovers
+        assert incr.renew_first == full.renew_first
+        assert set(incr.lost) == set(full.lost)
+        carry_out(full, told_full)
+        carry_out(incr, told_incr)
+        assert told_incr == told_full
+        for f in full.lost:
+            del leading[f.key]
+
+
+def test_assignments_keep_their_indexes_as_rows_change():
+    state = Assignments([a(0, ME, 1, handover=B), a(1, B, 1), a(0, None, 0, topic="u")])
+    assert state.load({ME, B, C}) == {ME: 1, B: 1, C: 0}
+    assert state.handovers == {("t", 0)}
+    assert state.apply([a(0, ME, 1, handover=B)]) == set()  # read again unchanged: nothing changed
+    assert state.apply([a(0, C, 2), a(2, C, 0)]) == {("t", 0), ("t", 2)}
+    assert state.load({ME, B, C}) == {ME: 0, B: 1, C: 2} and state.handovers == set()
+    assert state.drop_topics({"t"}) == {("u", 0)} and None not in state.by_broker
+    assert state.replace([a(1, B, 1)]) == {("t", 0), ("t", 2)}
+    assert list(state.rows) == [("t", 1)] and state.by_broker == {B: {("t", 1)}} and dict(state.topics) == {"t": 1}
+
+
+def test_handover_chunks_keep_partition_order_and_every_new_leader_busy():
+    keys = [TopicPartition(t, p) for t in ("u", "t") for p in range(3)]
+    targets = spread(keys, {B, C}, {})
+    moves = {key: (targets[key], 4) for key in keys}
+    chunks = handover_chunks(moves, 4)
+    assert [list(c) for c in chunks] == [sorted(keys)[:4], sorted(keys)[4:]]
+    assert {b for b, _ in chunks[0].values()} == {B, C}  # a chunk alternates the new leaders
+    assert {k: v for c in chunks for k, v in c.items()} == moves
+    assert handover_chunks({}, 4) == []
+    with pytest.raises(ValueError):
+        handover_chunks(moves, 0)
+
+
+def test_a_decision_without_claims_tells_the_same_losses_and_follows():
+    state = Assignments([a(0, None, 0), a(1, B, 3), a(2, ME, 2), a(3, ME, 0)])
+    v = view(state.rows.values())
+    leading = {TopicPartition("t", 1): 2, TopicPartition("t", 2): 2}
+    full = decide_changes(v, state, state.rows.keys(), leading, NOW)
+    follows_only = decide_changes(v, state, state.rows.keys(), leading, NOW, claims_too=False)
+    assert full.claims and not follows_only.claims and not follows_only.renew_first
+    assert (follows_only.lost, follows_only.follows) == (full.lost, full.follows)

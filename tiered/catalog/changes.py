@@ -1,31 +1,36 @@
-"""The change counter the coordinators look at (migrations 0006 and 0010): a statement that moves many partitions
-counts once.
+"""The change counter the coordinators look at, and the change version of each partition (migrations 0006, 0010,
+0012): a broker's look reads the counter, then only the partitions changed since the value it saw last.
 
-Migration 0006's row trigger bumps `cluster_changes` for every partition row whose leader, epoch, handover or (set)
-first available seq changes; migration 0010 lets it skip the rows of a transaction that said it counts its changes
-itself (`skip_row_counts`, a transaction-local setting), which then bumps the counter once (`count_change`). A claim
-or a handover's assignment of thousands of partitions thus updates the counter row once, not once per partition
-(which was half of a claim's time in PostgreSQL, and made the claims of several brokers queue on that row). The bump
-is in the changing transaction, so a counter a broker has seen never hides the change. SQLite keeps its row
-triggers (one broker, no contention, no transaction-local settings): both calls do nothing there.
+`cluster_changes.version` moves with every change a cluster decision depends on (topics, partitions inserted, a
+partition's leader, epoch, handover, first available seq once set), and each changed partition row carries, in
+`change_version`, the counter's value its transaction took. A commit that only raises `hwmark_seq` moves neither.
+
+Why a reader never misses a change: a version is taken by updating the counter row (`take_version`), whose lock
+is held until the transaction ends. So the transaction that took v has committed (and is visible) before any other
+can take v + 1: versions are in commit order, unlike a sequence's values. A reader that read the counter at V (in
+one statement, then read the rows changed since its previous V' in a later one) has therefore seen every row of a
+version in (V', V]; rows of a later version it may see too, and reads again next time (a row is applied as it is
+now, so twice is harmless). Lock order: partition rows first, then the counter row (every writer of many rows takes
+its version after locking them; the row triggers of migration 0012 after the row's own update).
+
+A writer of many rows (a claim, a handover's assignment, a creation) takes one version per transaction and writes
+it on every row it changes, so the counter row is updated once, not once per partition (per row it was half of a
+claim's time in PostgreSQL, and made the claims of several brokers queue on that row); a statement that leaves
+`change_version` as it was is versioned by the row trigger instead.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Connection
 
-_BUMP = ("INSERT INTO cluster_changes (id, version) VALUES (1, 1) "
-         "ON CONFLICT (id) DO UPDATE SET version = cluster_changes.version + 1")
-_SKIP_ROWS = "SELECT set_config('tiered.changes_counted', 'on', true)"
+# An upsert: a catalog whose tables were emptied (TRUNCATE) counts again from its next change (a reader that sees the
+# counter go back looks at everything again: tiered.tiering.cluster.coordinator).
+_TAKE = ("INSERT INTO cluster_changes (id, version) VALUES (1, 1) "
+         "ON CONFLICT (id) DO UPDATE SET version = cluster_changes.version + 1 RETURNING version")
 
 
-def skip_row_counts(conn: Connection) -> None:
-    """Before the statements that move partitions: the row trigger leaves them to `count_change`."""
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(_SKIP_ROWS)
-
-
-def count_change(conn: Connection) -> None:
-    """After them, if anything moved: one bump for all of them."""
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(_BUMP)
+def take_version(conn: Connection) -> int:
+    """The next change version, for the rows this transaction changes: the counter moved once, its row locked until
+    the transaction ends (take it after locking the partition rows, and as late as the statements allow: other
+    writers of versions wait for it)."""
+    return int(conn.exec_driver_sql(_TAKE).scalar_one())

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tiered.catalog.arrays import RowSource, statement
-from tiered.catalog.changes import count_change, skip_row_counts
+from tiered.catalog.changes import take_version
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import CatalogError
 from tiered.catalog.models import BrokerModel, ClusterChangeModel, PartitionModel
@@ -180,6 +180,22 @@ def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:
     return Assignment(*row) if row is not None else None
 
 
+def changed_since(cat: Catalog, version: int) -> list[Assignment]:
+    """The assignments of the partitions changed since the counter stood at `version`: a range scan of
+    `ix_partitions_change_version`, so a look costs what changed, not how many partitions exist. Read the counter
+    first (`look`), then this: every change of a version up to the counter read is here (versions are in commit
+    order, tiered.catalog.changes); later ones may be too."""
+    with cat.read() as conn:
+        return _changed(conn, version)
+
+
+def _changed(conn: Connection, version: int) -> list[Assignment]:
+    query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
+                   PartitionModel.leader_epoch, PartitionModel.hwmark_seq, PartitionModel.first_available_seq,
+                   PartitionModel.handover_to).where(PartitionModel.change_version > version)
+    return list(map(Assignment._make, conn.execute(query)))
+
+
 # claimed_since's rows: each partition waited for, with the epoch it had.
 WAITING = RowSource("w", (("topic", "text"), ("partition", "integer"), ("leader_epoch", "bigint")))
 _CLAIMED_SINCE = """SELECT p.topic, p."partition", p.leader_broker, p.leader_epoch, p.hwmark_seq, p.first_available_seq,
@@ -225,8 +241,9 @@ def _assignments(conn: Connection, topic: str | None = None) -> list[Assignment]
 
 
 class FullLook(NamedTuple):
-    """What a tick reads when the change counter or the members moved: every topic and every partition's assignment,
-    from one snapshot, so that every assignment's topic is among the topics."""
+    """What a tick reads when the change counter or the members moved: every topic and the partitions' assignments
+    (every partition's, or those changed since a version), from one snapshot, so that every assignment's topic is
+    among the topics."""
 
     topics: list[TopicRow]
     assignments: list[Assignment]
@@ -240,10 +257,17 @@ def full_look(cat: Catalog) -> FullLook:
         return FullLook(topic_rows(conn), _assignments(conn))
 
 
+def changed_look(cat: Catalog, version: int) -> FullLook:
+    """Every topic and the assignments changed since `version` (changed_since) in one snapshot, for the reason
+    full_look gives: a topic created between two separate reads would have changed rows but no topic yet."""
+    with cat.snapshot() as conn:
+        return FullLook(topic_rows(conn), _changed(conn, version))
+
+
 # assign_moves' rows: each partition's new leader and, when `checked` is 1, the leader and epoch it must still have.
 ASSIGNED = RowSource("a", (("topic", "text"), ("partition", "integer"), ("leader_broker", "integer"),
                            ("checked", "integer"), ("was_leader", "integer"), ("was_epoch", "bigint")))
-_ASSIGN = """UPDATE partitions AS p SET leader_broker = a.leader_broker
+_ASSIGN = """UPDATE partitions AS p SET leader_broker = a.leader_broker, change_version = :version
 FROM {a} WHERE p.topic = a.topic AND p."partition" = a."partition"
   AND (a.checked = 0 OR (p.leader_epoch = a.was_epoch
                          AND (p.leader_broker = a.was_leader OR (a.was_leader IS NULL AND p.leader_broker IS NULL))))
@@ -268,12 +292,10 @@ def assign_moves(cat: Catalog, leaders: Mapping[tuple[str, int], int | None], *,
             for key, leader in sorted(leaders.items())]
     with cat.write() as conn:
         lock_partitions(conn, leaders, missing_ok=True)
-        skip_row_counts(conn)
         backend = conn.dialect.name
         update = statement(backend, _ASSIGN.replace("{returned}", _RETURNED[backend]), ASSIGNED)
-        done = sorted((topic, partition) for topic, partition in conn.execute(update, ASSIGNED.params(rows)))
-        if done:
-            count_change(conn)
+        done = sorted((topic, partition) for topic, partition in
+                      conn.execute(update, {"version": take_version(conn), **ASSIGNED.params(rows)}))
     return done
 
 

@@ -101,8 +101,11 @@ class PartitionModel(Base):
     # ix_partitions_remote_bytes (0011): remote retention asks, for all partitions of a topic at once, which hold more
     # than remote.retention.bytes: a range scan of the partitions over the limit. Only copies and deletions change
     # remote_bytes, so a commit's update (hwmark_seq) stays HOT.
+    # ix_partitions_change_version (0012): a broker's look reads the partitions changed since the version it last saw,
+    # a range scan of what changed. Commits leave change_version alone, so their update stays HOT too.
     __table_args__ = (
         Index("ix_partitions_remote_bytes", "topic", "remote_bytes"),
+        Index("ix_partitions_change_version", "change_version"),
         {"postgresql_with": {"fillfactor": 50}},
     )
 
@@ -118,6 +121,9 @@ class PartitionModel(Base):
     remote_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
     # Asked of the leader by `tiered cluster rebalance`: hand the partition over to this broker, cleanly.
     handover_to: Mapped[int | None] = mapped_column(Integer)
+    # The change counter's value taken by the transaction that last changed what a coordinator decides from (the
+    # row's creation, leader, epoch, handover, first available seq once set): tiered.catalog.changes.
+    change_version: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class PartitionEpochModel(Base):

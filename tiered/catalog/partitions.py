@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy import Connection, bindparam, select, update
 
 from tiered.catalog.arrays import RowSource, statement
-from tiered.catalog.changes import count_change, skip_row_counts
+from tiered.catalog.changes import take_version
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import UnknownPartition
 from tiered.catalog.models import PartitionEpochModel, PartitionModel, UtcDateTime
@@ -67,7 +67,8 @@ FROM {k} JOIN partitions AS p ON p.topic = k.topic AND p."partition" = k."partit
 
 # claim_leadership's rows: each partition claimed, with its new epoch and the seq that epoch starts at.
 CLAIMED = RowSource("c", (("partition", "integer"), ("leader_epoch", "bigint"), ("start_seq", "bigint")))
-_CLAIM = """UPDATE partitions AS p SET leader_broker = :broker_id, leader_epoch = c.leader_epoch, handover_to = NULL
+_CLAIM = """UPDATE partitions AS p SET leader_broker = :broker_id, leader_epoch = c.leader_epoch, handover_to = NULL,
+  change_version = :version
 FROM {c} WHERE p.topic = :topic AND p."partition" = c."partition"
 """
 _RECORD_CLAIMS = """INSERT INTO partition_epochs (topic, "partition", leader_epoch, broker_id, disk_id, start_seq, claimed_at)
@@ -137,17 +138,18 @@ def claim_leadership(
         states = lock_partitions(conn, ((topic, p) for p in since))
         numbers = sorted(p for p in since if expected_epochs is None or p not in expected_epochs
                          or states[(topic, p)].leader_epoch == expected_epochs[p])
+        backend = conn.dialect.name
+        rows = [(p, states[(topic, p)].leader_epoch + 1, states[(topic, p)].hwmark_seq + 1) for p in numbers]
         if numbers:
-            skip_row_counts(conn)
-            backend = conn.dialect.name
-            rows = [(p, states[(topic, p)].leader_epoch + 1, states[(topic, p)].hwmark_seq + 1) for p in numbers]
-            conn.execute(statement(backend, _CLAIM, CLAIMED),
-                         {"topic": topic, "broker_id": broker_id, **CLAIMED.params(rows)})
             conn.execute(statement(backend, _RECORD_CLAIMS, CLAIMED).bindparams(bindparam("claimed_at", type_=UtcDateTime())),
                          {"topic": topic, "broker_id": broker_id, "disk_id": disk_id, "claimed_at": claimed_at,
                           **CLAIMED.params(rows)})
-            count_change(conn)
         history = _history(conn, topic, {p: e for p, e in since.items() if e is not None and p in numbers})
+        if numbers:
+            # Last: the version holds the counter row until the commit (tiered.catalog.changes).
+            conn.execute(statement(backend, _CLAIM, CLAIMED),
+                         {"topic": topic, "broker_id": broker_id, "version": take_version(conn),
+                          **CLAIMED.params(rows)})
         for p in numbers:
             before = states[(topic, p)]
             claims[p] = Claim(before, before.leader_epoch + 1, tuple(history.get(p, ())))

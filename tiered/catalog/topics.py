@@ -9,6 +9,7 @@ from datetime import datetime
 from sqlalchemy import Connection, exc, insert, select, update
 
 from tiered.catalog.arrays import RowSource, statement
+from tiered.catalog.changes import take_version
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import TopicExists, UnknownTopic
 from tiered.catalog.models import TopicModel
@@ -28,8 +29,8 @@ _COLUMNS = (TopicModel.name, TopicModel.partitions, TopicModel.config_text, Topi
 # A new topic's partitions rows, in one statement however many (tiered.catalog.arrays): 4,096 rows as 4,096 sets
 # of parameters cost a tenth of a second on PostgreSQL.
 NEW_PARTITIONS = RowSource("n", (("partition", "integer"), ("leader_broker", "integer")))
-_INSERT_PARTITIONS = """INSERT INTO partitions (topic, "partition", leader_broker)
-SELECT :topic, n."partition", n.leader_broker FROM {n}
+_INSERT_PARTITIONS = """INSERT INTO partitions (topic, "partition", leader_broker, change_version)
+SELECT :topic, n."partition", n.leader_broker, :version FROM {n}
 """
 
 
@@ -52,8 +53,9 @@ def create_topic(
                 )
             )
             assigned = leaders or {}
+            # One change version for every row (tiered.catalog.changes): the brokers' looks read them as changed.
             conn.execute(statement(conn.dialect.name, _INSERT_PARTITIONS, NEW_PARTITIONS),
-                         {"topic": name, **NEW_PARTITIONS.params([(p, assigned.get(p)) for p in range(partitions)])})
+                         {"topic": name, "version": take_version(conn), **NEW_PARTITIONS.params([(p, assigned.get(p)) for p in range(partitions)])})
     except exc.IntegrityError as error:
         # The only unique key a new topic can collide on is its name.
         raise TopicExists(name) from error

@@ -6,6 +6,11 @@ whom it follows, and whether its lease must be renewed before it claims. The coo
 coordinator) only reads, calls `decide`, and applies the answer; every case of the cluster's behaviour is a row of
 a table in tests/tiering/test_cluster_decision.py.
 
+A look costs what changed, not what exists: the coordinator keeps the rows it read in `Assignments` (with the
+partitions per assigned leader and those with a handover asked), applies to it only the rows changed since its
+last look, and asks `decide_changes` about the partitions whose answer can have moved; `decide` is
+`decide_changes` over every row, and the two agree over any sequence of changes (a property test).
+
 The rules (docs/cluster.md):
 - a partition led here whose epoch moved on was claimed by another broker: lost, and followed;
 - a partition led here that `tiered cluster rebalance` asked to move to another live broker: handed over;
@@ -79,45 +84,150 @@ def leader_of(view: ClusterView, broker_id: int | None) -> Leader | None:
     return Leader(broker_id, view.addresses[broker_id], view.plain_addresses.get(broker_id, ""))
 
 
+class Assignments:
+    """The cluster's assignments as this broker last read them, kept current by the rows each look reads (those
+    changed since the last one, tiered.catalog.cluster.changed_since): every row by partition, the partitions by
+    assigned leader (so the per-broker counts of the spread and the orphans need no scan of every row), and the
+    partitions with a handover asked. Plain data with no I/O; its one owner is the coordinator, and only `apply`,
+    `replace` and `drop_topics` change it, each answering which partitions changed."""
+
+    __slots__ = ("rows", "by_broker", "handovers", "topics")
+
+    def __init__(self, rows: Iterable[Assignment] = ()):
+        self.rows: dict[TopicPartition, Assignment] = {}
+        self.by_broker: dict[int | None, set[TopicPartition]] = {}
+        self.handovers: set[TopicPartition] = set()
+        self.topics: Counter[str] = Counter()  # rows held per topic
+        self.apply(rows)
+
+    def apply(self, rows: Iterable[Assignment]) -> set[TopicPartition]:
+        """Takes the rows read (new or changed: a row read again unchanged changes nothing)."""
+        changed: set[TopicPartition] = set()
+        for a in rows:
+            key = TopicPartition(a.topic, a.partition)
+            old = self.rows.get(key)
+            if old == a:
+                continue
+            changed.add(key)
+            if old is not None:
+                self._unindex(key, old)
+            else:
+                self.topics[key.topic] += 1
+            self.rows[key] = a
+            self.by_broker.setdefault(a.leader_broker, set()).add(key)
+            if a.handover_to is not None:
+                self.handovers.add(key)
+        return changed
+
+    def replace(self, rows: Iterable[Assignment]) -> set[TopicPartition]:
+        """A full look: every row read; a partition not among them is gone."""
+        rows = list(rows)
+        present = {TopicPartition(a.topic, a.partition) for a in rows}
+        return self._remove([key for key in self.rows if key not in present]) | self.apply(rows)
+
+    def drop_topics(self, topics: Iterable[str]) -> set[TopicPartition]:
+        """Forgets the partitions of the topics not in `topics` (the catalog's topics now: a deleted topic's rows
+        are gone, and no change version names them)."""
+        gone = set(self.topics) - set(topics)
+        return self._remove([key for key in self.rows if key.topic in gone]) if gone else set()
+
+    def _remove(self, keys: Sequence[TopicPartition]) -> set[TopicPartition]:
+        for key in keys:
+            self._unindex(key, self.rows.pop(key))
+            self.topics[key.topic] -= 1
+            if not self.topics[key.topic]:
+                del self.topics[key.topic]
+        return set(keys)
+
+    def _unindex(self, key: TopicPartition, old: Assignment) -> None:
+        held = self.by_broker[old.leader_broker]
+        held.discard(key)
+        if not held:
+            del self.by_broker[old.leader_broker]
+        self.handovers.discard(key)
+
+    def load(self, live: Iterable[int]) -> dict[int, int]:
+        """How many partitions each live broker is assigned."""
+        return {b: len(self.by_broker.get(b, ())) for b in live}
+
+
+def membership(view: ClusterView) -> dict[int, tuple[bool, str, str]]:
+    """What a follow of a broker's partitions depends on, per broker: whether it is live, and its endpoints."""
+    return {b: (b in view.live, view.addresses.get(b, ""), view.plain_addresses.get(b, ""))
+            for b in set(view.addresses) | set(view.live)}
+
+
+def affected(state: Assignments, changed: Iterable[TopicPartition], before: Mapping[int, tuple[bool, str, str]],
+             after: Mapping[int, tuple[bool, str, str]]) -> set[TopicPartition]:
+    """The partitions a look must decide about: those whose row changed, and those assigned to a broker whose
+    membership changed (it died, came back, moved its endpoint): their follows and whether they are orphans moved."""
+    keys = set(changed)
+    for broker in set(before) | set(after):
+        if before.get(broker) != after.get(broker):
+            keys.update(state.by_broker.get(broker, ()))
+    return keys
+
+
 def decide(view: ClusterView, leading: Mapping[TopicPartition, int], now: float) -> Decision:
-    """The claims, losses, handovers and follows of one look (module docstring)."""
+    """The claims, losses, handovers and follows of one look over every assignment in the view (module docstring):
+    what `decide_changes` answers about every partition."""
+    state = Assignments(view.assignments)
+    return decide_changes(view, state, state.rows.keys(), leading, now)
+
+
+def decide_changes(view: ClusterView, state: Assignments, keys: Iterable[TopicPartition],
+                   leading: Mapping[TopicPartition, int], now: float, *, claims_too: bool = True) -> Decision:
+    """One look's decision, costing what changed: losses and follows of the partitions `keys` names (those whose
+    row changed since the last look, and those of the brokers whose membership changed: nothing else's answer can
+    have moved); claims and handovers from `state` as a whole (partitions assigned here and not led, this broker's
+    share of the orphans, the handovers asked of it), whose sizes are what is in flight, not what exists, so that a
+    claim refused or not yet made is asked again at every look. `view.assignments` is not read. Equal, over any
+    sequence of changes, to `decide` over every row (tests/tiering/test_cluster_decision.py). Without `claims_too`,
+    only the losses and follows (a look between claim batches: the spread of a failover's orphans is not redone)."""
     me = view.me
+    live = view.live
     serving = not view.evicted and lease_fresh(view.renewed_at, view.lease_ms, now)
     leaders: dict[int | None, Leader | None] = {}  # leader_of per broker id, built once per broker, not per partition
-    load = Counter(a.leader_broker for a in view.assignments if a.leader_broker in view.live)
     lost: list[Follow] = []
     follows: list[Follow] = []
-    claims: dict[str, dict[int, int]] = {}
-    handovers: dict[TopicPartition, tuple[int, int]] = {}
-    orphans: list[TopicPartition] = []
-    epochs: dict[TopicPartition, int] = {}
-    renew_first = False
-    for a in view.assignments:
-        key = TopicPartition(a.topic, a.partition)
-        epochs[key] = a.leader_epoch
+    rows = state.rows
+    for key in keys:
+        a = rows.get(key)
+        if a is None:
+            continue  # gone with its topic
         if key in leading:
             if a.leader_epoch > leading[key]:
                 lost.append(Follow(key, leader_of(view, a.leader_broker), a.hwmark_seq, a.first_available_seq))
-            elif a.handover_to is not None and a.handover_to != me and a.handover_to in view.live:
-                handovers[key] = (a.handover_to, a.leader_epoch)
             continue
-        if a.leader_broker == me or a.leader_broker is None or a.leader_broker not in view.live:
+        broker = a.leader_broker
+        if broker == me or broker is None or broker not in live:
             # Assigned here but not claimed yet, or orphaned: nobody leads it this moment (0xfd, not a redirect
             # that could bounce between two brokers that each think the other leads).
             follows.append(Follow(key, None, a.hwmark_seq, a.first_available_seq))
-            if a.leader_broker != me:
-                orphans.append(key)
-            elif serving:
-                claims.setdefault(a.topic, {})[a.partition] = a.leader_epoch
-                renew_first = True
         else:
-            if a.leader_broker not in leaders:
-                leaders[a.leader_broker] = leader_of(view, a.leader_broker)
-            follows.append(Follow(key, leaders[a.leader_broker], a.hwmark_seq, a.first_available_seq))
-    if serving:
-        for key, broker in spread(orphans, view.live, load).items():
-            if broker == me:
-                claims.setdefault(key[0], {})[key[1]] = epochs[key]
+            if broker not in leaders:
+                leaders[broker] = leader_of(view, broker)
+            follows.append(Follow(key, leaders[broker], a.hwmark_seq, a.first_available_seq))
+    handovers: dict[TopicPartition, tuple[int, int]] = {}
+    for key in state.handovers:
+        a = rows[key]
+        if (key in leading and a.leader_epoch <= leading[key] and a.handover_to != me
+                and a.handover_to in live):
+            handovers[key] = (a.handover_to, a.leader_epoch)  # type: ignore[assignment]
+    claims: dict[str, dict[int, int]] = {}
+    renew_first = False
+    if serving and claims_too:
+        for key in state.by_broker.get(me, ()):
+            if key not in leading:
+                claims.setdefault(key.topic, {})[key.partition] = rows[key].leader_epoch
+                renew_first = True
+        orphans = [key for broker, held in state.by_broker.items() if broker != me and (broker is None or
+                                                                                      broker not in live)
+                   for key in held if key not in leading]
+        if orphans:
+            for key, broker in spread(orphans, live, state.load(live)).items():
+                if broker == me:
+                    claims.setdefault(key.topic, {})[key.partition] = rows[key].leader_epoch
     return Decision(tuple(lost), tuple(follows), claims, handovers, renew_first)
 
 
@@ -138,6 +248,17 @@ def claim_batches(claims: Mapping[str, Mapping[int, int]],
         for start in range(0, len(partitions), limit):
             out.append((topic, dict(partitions[start:start + limit])))
     return out
+
+
+def handover_chunks(moves: Mapping[TopicPartition, tuple[int, int]],
+                    size: int) -> list[dict[TopicPartition, tuple[int, int]]]:
+    """A stopping broker's moves {partition: (to broker, epoch)} as chunks of at most `size` partitions, in partition
+    order (a `spread` alternates the brokers along that order, so each chunk keeps every new leader busy). Raises
+    ValueError for a size below 1."""
+    if size < 1:
+        raise ValueError("a handover chunk holds at least one partition")
+    keys = sorted(moves)
+    return [{key: moves[key] for key in keys[start:start + size]} for start in range(0, len(keys), size)]
 
 
 def spread(partitions: Sequence[TopicPartition], live: Iterable[int],

@@ -183,7 +183,10 @@ def encode_produce_codes(request_id: int, topics: Sequence[tuple[str, int | None
         name, status, codes = topics[0]
         # All OK (strip: the cheapest test of that, ~4x faster than the translate), or only plain codes.
         if status is None and (not codes.strip(_OK_BYTE) or not codes.translate(None, _PLAIN_PARTITION_STATUSES)):
-            return pack(REQUEST_ID, "request id", request_id) + codes
+            try:
+                return REQUEST_ID.pack(request_id) + codes  # the struct itself: no frame of `pack` per answer
+            except struct.error:
+                pass  # a request id out of range: refused below, as `pack` refuses it
     out = bytearray(pack(REQUEST_ID, "request id", request_id))
     run_name = run_status = None
     for i, (name, status, codes) in enumerate(topics):

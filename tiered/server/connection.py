@@ -421,7 +421,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def dispatch(self, msg_id: int, payload) -> Coroutine[Any, Any, None] | None:
         """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
-        task to await, or None for a ping; returned rather than awaited, so a request costs no coroutine of its own."""
+        task to await, or None when there is nothing to await (a ping; a produce answered at once,
+        ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own."""
         h = self.broker.handlers
         if msg_id == _PRODUCE:
             return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))

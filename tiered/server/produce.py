@@ -4,9 +4,10 @@ Every bundle of the request is validated completely (read_checked_produce: heade
 count, no trailing bytes) before the request reaches this handler, so a malformed request changes nothing: its
 ProtocolError closes that connection only (connection.py), and no bad bundle ever reaches a log, a block or a
 consumer. Appends happen in request order. The answer is kept as plain status bytes per request topic and encoded
-with encode_produce_codes: a produce request costs no result objects. A plain request costs no coroutine beyond its
-handler's either: admission is awaited only when the pipeline is full (Tier.admits_now), and the answer is queued
-directly when the connection takes it without waiting (Connection.try_send).
+with encode_produce_codes: a produce request costs no result objects. A plain request costs no coroutine at all:
+`handle` is a plain function that answers it, and returns a coroutine for the request task to await only when it must
+wait (admission when the pipeline is full, Tier.admits_now; a send when the connection does not take the answer
+without waiting, Connection.try_send; the durable acks wait in a task of their own).
 
 What a partition's answer means (docs/operations.md, "What a produce answer means"):
 - 0x00: stored. On a durable topic: in the bucket and the catalog (its block is committed).
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from tiered import metrics as m
 from tiered.acl import Op
@@ -66,24 +69,40 @@ class ProduceHandler:
     def __init__(self, broker):
         self.broker = broker
 
-    async def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts]) -> None:
-        """`facts`: each bundle's, in request order (read_checked_produce validated them all)."""
+    def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts]) -> Coroutine[Any, Any, None] | None:
+        """`facts`: each bundle's, in request order (read_checked_produce validated them all). None when the request
+        was answered here and now, as almost every one is: no coroutine is made for it. Otherwise the coroutine the
+        connection's request task awaits (Connection.dispatch): an answer that must wait (shutting down, the lease
+        not renewed, the upload pipeline full, the connection not taking writes)."""
         broker = self.broker
         started = broker.clock.monotonic()
         if broker.stopping:
             # Shutting down: the open block is being committed and this broker leads nothing any more. "No leader"
             # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
-            await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-            return
+            return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
         if not broker.tier.may_acknowledge():
             # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
             # appended; TANK's client retries, and finds the partition's leader.
-            await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-            return
-        if not broker.tier.admits_now() and not await broker.tier.admission():
+            return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+        if not broker.tier.admits_now():
+            return self._produce_when_admitted(conn, req, facts, started)
+        return self._produce(conn, req, facts, started)
+
+    async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
+                                     started: float) -> None:
+        if not await self.broker.tier.admission():
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)
             return
+        waiting = self._produce(conn, req, facts, started)
+        if waiting is not None:
+            await waiting
+
+    def _produce(self, conn, req: ProduceRequest, facts: list[BundleFacts],
+                 started: float) -> Coroutine[Any, Any, None] | None:
+        """Appends every partition's bundle in request order and answers: None when the answer is queued (or a task
+        of its own waits for durable acks), else the send to await."""
+        broker = self.broker
         registry_topics = broker.registry.topics
         tier_appended = broker.tier.appended
         visible = broker.waiters.visible
@@ -150,10 +169,11 @@ class ProduceHandler:
         if pending:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
             conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
-            return
+            return None
         payload = self._answer(req, answers, started, redirects)
-        if not conn.try_send(PRODUCE, payload):
-            await conn.send(PRODUCE, payload)
+        if conn.try_send(PRODUCE, payload):
+            return None
+        return conn.send(PRODUCE, payload)
 
     def _answer(self, req: ProduceRequest, answers: list[TopicAnswer], started: float,
                 redirects: dict | None = None) -> bytes:

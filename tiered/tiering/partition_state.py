@@ -61,7 +61,7 @@ class TierState:
 
     def epoch_of(self, tp: TopicPartition) -> int | None:
         """The epoch of a partition led here; None when it is not (followed, lost or fenced)."""
-        state = self.of(tp)
+        state = self._partitions.get(tp, _NOT_LED)  # self.of(tp), inline: read once per produced record
         return state.epoch if state.role is _LED else None
 
     def config_of(self, tp: TopicPartition) -> TopicConfig | None:

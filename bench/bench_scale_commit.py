@@ -334,6 +334,8 @@ async def wait_led(service: Service, topics: list[str], partitions: int, timeout
 
 async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResult]:
     seconds = size.pick(12.0, 4.0, 1.0)
+    # At --smoke (figures mean nothing) the warm-up is shorter and the loads follow one another without a pause.
+    warm_s, pause_s = size.pick(3.0, 3.0, 1.0), size.pick(1.0, 1.0, 0.0)
     service = Service(tree)
     try:
         client = await _client(service.broker.port)
@@ -347,14 +349,14 @@ async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResul
         # Warm-up, not counted: the first append to a partition creates its segment files (an open and a sync
         # each, 1,600 of them for the wide load), which is creation's cost, not a block's.
         for load in ("wide", "narrow"):
-            log(f"  warm-up, {load} load, 3 s ...")
+            log(f"  warm-up, {load} load, {warm_s:g} s ...")
             frames, partitions = load_frames(load == "wide")
             conn = await open_conn(lambda: MultiProduceConn(frames, partitions, REQUESTS_PER_S), service.broker.port)
             try:
-                await conn.run(time.monotonic() + 3.0)
+                await conn.run(time.monotonic() + warm_s)
             finally:
                 conn.transport.close()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pause_s)
         for load in ("wide", "narrow", "wide", "narrow"):
             log(f"  durable acks, {load} load, {seconds:.0f} s ...")
             frames, partitions = load_frames(load == "wide")
@@ -371,7 +373,7 @@ async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResul
             result.latencies_s += conn.latencies_s[REQUESTS_PER_S:]  # the first second warms up
             result.errors += conn.errors
             result.first_error = result.first_error or conn.first_error
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pause_s)
         return list(results.values())
     finally:
         service.stop()

@@ -56,6 +56,22 @@ def epochs(cat):
     return {("t", p): e for p, e in claim_partitions(cat, 1, "t", range(PARTITIONS)).items()}
 
 
+def commit_in_thread(cat, block_id, runs, epochs, **kwargs) -> tuple[threading.Thread, list[object]]:
+    """commit_block by broker 1 on a thread of its own, started: its outcome (the result or the error) is appended
+    to the list once it returns."""
+    outcome: list[object] = []
+
+    def commit():
+        try:
+            outcome.append(commit_block(cat, block_id, 1, runs, epochs, **kwargs))
+        except Exception as error:  # asserted by the caller
+            outcome.append(error)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    return committer, outcome
+
+
 def test_commits_sharing_partitions_do_not_deadlock(cat, epochs):
     """Two committers whose blocks hold the same partitions, listed in opposite orders: the sorted row locks make
     them queue, never deadlock (PostgreSQL would abort one with a deadlock error after deadlock_timeout)."""
@@ -190,16 +206,7 @@ def test_a_refusal_whose_reason_is_gone_by_the_time_it_is_asked_commits_on_the_n
     runs = [run("t", 0, 6, 8), run("t", 1, 5, 9, 100)]  # partition 0 lacks seq 5 until the other session adds it
     other = psycopg.connect(libpq_url(pg_url))
     other.execute("SELECT 1 FROM partitions WHERE topic = 't' AND partition = 1 FOR UPDATE")
-    outcome: list[object] = []
-
-    def commit():
-        try:
-            outcome.append(commit_block(cat, block_id, 1, runs, epochs))
-        except Exception as error:  # asserted below
-            outcome.append(error)
-
-    committer = threading.Thread(target=commit)
-    committer.start()
+    committer, outcome = commit_in_thread(cat, block_id, runs, epochs)
     try:
         wait_until_blocked(pg_url)
         other.execute("UPDATE partitions SET hwmark_seq = 5 WHERE topic = 't' AND partition = 0")
@@ -228,16 +235,7 @@ def test_postgresql_restart_mid_commit(pg_cluster, pg_url, pg_cat):
     block_id = insert_pending_block(pg_cat, "blk/1", 1, 200, now=T0)
     runs = [run("t", 0, 1, 10), run("t", 1, 1, 3, 100)]
     holder = hold_partition_lock(pg_url, 1)
-    outcome: list[object] = []
-
-    def commit():
-        try:
-            outcome.append(commit_block(pg_cat, block_id, 1, runs, epochs, now=T0))
-        except Exception as error:  # asserted below
-            outcome.append(error)
-
-    committer = threading.Thread(target=commit)
-    committer.start()
+    committer, outcome = commit_in_thread(pg_cat, block_id, runs, epochs, now=T0)
     try:
         wait_until_blocked(pg_url)
         pg_cluster.stop("fast")

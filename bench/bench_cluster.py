@@ -137,6 +137,11 @@ class AckClock:
             await asyncio.sleep(0.05)
         return [self.first_ack_after(p, moment) for p in partitions]
 
+    async def settle(self, seconds: float) -> None:
+        """Until every partition has an ack, then `seconds` more (0 at --smoke: its figures mean nothing)."""
+        await self.wait_first_acks(list(self.acks), 0.0, 30)
+        await asyncio.sleep(seconds)
+
     def longest_gap(self, partition: int, start: float, end: float) -> float:
         times = [start, *(t for t in self.acks[partition] if start < t < end), end]
         return max(b - a for a, b in zip(times, times[1:]))
@@ -146,7 +151,7 @@ class AckClock:
         await asyncio.gather(*self._tasks)
 
 
-async def failover(service: Service, kills: int, log) -> list[float]:
+async def failover(service: Service, kills: int, log, pauses: float = 1.0) -> list[float]:
     from tiered.client import Client
 
     for broker_id in range(3):
@@ -157,7 +162,7 @@ async def failover(service: Service, kills: int, log) -> list[float]:
     clock = AckClock(client, 6)
     samples: list[float] = []
     try:
-        await asyncio.sleep(2)
+        await clock.settle(2 * pauses)
         for i in range(kills):
             leaders = await asyncio.to_thread(service.leaders)
             victim = i % 3
@@ -172,22 +177,23 @@ async def failover(service: Service, kills: int, log) -> list[float]:
                 f"{', '.join(f'{t - killed_at:.2f}' if t else 'never' for t in took)} s")
             service.start(victim)
             await service.rebalance()
-            await asyncio.sleep(1)
+            await asyncio.sleep(pauses)
     finally:
         await clock.stop()
         await client.close()
     return samples
 
 
-async def rolling_restart(service: Service, log, restarts: int | None = None) -> list[float]:
-    """SIGTERM of each broker in turn (of the first `restarts` of them, when given)."""
+async def rolling_restart(service: Service, log, restarts: int | None = None, pauses: float = 1.0) -> list[float]:
+    """SIGTERM of each broker in turn (of the first `restarts` of them, when given). `pauses` scales the settling
+    sleeps (0 at --smoke)."""
     from tiered.client import Client
 
     client = await Client.connect_any([f"127.0.0.1:{bp.port}" for bp in service.brokers.values()])
     clock = AckClock(client, 6)
     gaps: list[float] = []
     try:
-        await asyncio.sleep(2)
+        await clock.settle(2 * pauses)
         for broker_id in sorted(service.brokers)[:restarts]:
             leaders = await asyncio.to_thread(service.leaders)
             theirs = [p for p, b in leaders.items() if b == broker_id]
@@ -202,7 +208,7 @@ async def rolling_restart(service: Service, log, restarts: int | None = None) ->
                 f"{', '.join(f'{g:.2f}' for g in gaps[-len(theirs):])} s")
             service.start(broker_id)
             await service.rebalance()
-            await asyncio.sleep(1)
+            await asyncio.sleep(pauses)
     finally:
         await clock.stop()
         await client.close()
@@ -297,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             one = two = None
             if args.only != "throughput":
                 try:
-                    takeovers = await failover(service, kills, log)
-                    gaps = await rolling_restart(service, log, 1 if size is Size.SMOKE else None)
+                    pauses = size.pick(1.0, 1.0, 0.0)
+                    takeovers = await failover(service, kills, log, pauses)
+                    gaps = await rolling_restart(service, log, 1 if size is Size.SMOKE else None, pauses)
                 finally:
                     service.stop_all()
             if args.only != "moves":

@@ -1,14 +1,16 @@
 """Wide blocks and partition creation (issue 28, goals 3 and 4).
 
     python -m bench.bench_scale_commit [--quick|--smoke] [--part commit|durable|create] [--backend sqlite|postgresql]
-                                       [--tree CHECKOUT]
+                                       [--tree CHECKOUT] [--against CHECKOUT]
 
 - commit: `catalog.blocks.commit_block` called in this process, on a throwaway PostgreSQL cluster (fsync off) and on
   SQLite (a file, synchronous=FULL, as the broker opens it): a wide block of 1,600 runs (8 topics x 200 partitions,
   one message each) and a narrow block of 8 runs (partition 0 of each topic, 200 messages each: the same messages),
-  alternated, each preceded by its intent row. Per load: p50, p99 and max of the commit's wall time, the median CPU
+  alternated, each preceded by its intent row. Per load: p50, p99 and max of the commit's wall time, the mean CPU
   it took (this thread's, plus every PostgreSQL process's: what a busy machine does not inflate), and the SQL
-  statements one commit sends. Goal: the wide commit <= 20 ms p99.
+  statements one commit sends. Goal: the wide commit <= 20 ms p99. `--against CHECKOUT` runs that checkout's
+  commit_block too, on a catalog of its own in the same cluster, alternating commit by commit with this one's: a
+  before/after under the same load.
 - durable: a `tiered serve` process on PostgreSQL and moto's S3 (each a process of its own), the same 8 topics of
   200 partitions, `produce.ack=durable`. One connection, open loop at 32 requests a second of 200 messages of 100
   bytes: the wide load sends each request to one topic's 200 partitions (one message each), so a 250 ms block holds
@@ -59,14 +61,17 @@ class CommitResult:
     backend: str
     load: str
     runs: int
+    code: str = "this"  # whose commit_block: this checkout's, or the --against one's
     ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)  # this thread's CPU, plus PostgreSQL's (all its processes)
     statements: float = 0.0
 
     def row(self) -> list:
         ms = sorted(self.ms)
-        return [self.backend, self.load, self.runs, len(ms), percentile(ms, 0.5), percentile(ms, 0.99), ms[-1],
-                percentile(sorted(self.cpu_ms), 0.5), self.statements]
+        # The mean, not the median: PostgreSQL's CPU is read from /proc in 10 ms ticks, whose median is one tick or
+        # the next, while their mean over many commits is the CPU per commit.
+        return [self.backend, self.code, self.load, self.runs, len(ms), percentile(ms, 0.5), percentile(ms, 0.99),
+                ms[-1], sum(self.cpu_ms) / len(self.cpu_ms), self.statements]
 
 
 def _runs(wide: bool, seqs: dict[tuple[str, int], int], epochs: dict[tuple[str, int], int], now_ms: int):
@@ -86,61 +91,95 @@ def _runs(wide: bool, seqs: dict[tuple[str, int], int], epochs: dict[tuple[str, 
     return runs
 
 
-def measure_commits(url: str, backend: str, rounds: int, log=print, server_cpu=lambda: 0.0) -> list[CommitResult]:
+def commit_of(tree: Path):
+    """`commit_block` of another checkout (its tiered/catalog/blocks.py, importing this checkout's other catalog
+    modules: the schema must be the same), for an A/B in one run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiered.catalog._blocks_against", tree / "tiered/catalog/blocks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.commit_block
+
+
+def measure_commits(urls: dict[str, str], backend: str, rounds: int, log=print, server_cpu=lambda: 0.0,
+                    commits=None) -> list[CommitResult]:
+    """`urls` names one catalog per contender ("this", and the --against checkout's), each fed the same blocks;
+    commits alternate between the contenders and between wide and narrow, so that they share the machine's load."""
     from tiered.catalog import Catalog, blocks, partitions, topics
     from tiered.catalog.migrate import upgrade
 
-    upgrade(url)
-    results = {"wide": CommitResult(backend, "wide", TOPICS * PARTITIONS),
-               "narrow": CommitResult(backend, "narrow", TOPICS)}
-    with Catalog.open(url) as cat:
-        epochs: dict[tuple[str, int], int] = {}
-        for t in range(TOPICS):
-            topics.create_topic(cat, topic_name(t), PARTITIONS)
-            claimed = partitions.claim_partitions(cat, 1, topic_name(t), range(PARTITIONS))
-            epochs.update({(topic_name(t), p): e for p, e in claimed.items()})
-        seqs = {key: 0 for key in epochs}
-        number = 0
+    commits = {"this": blocks.commit_block, **(commits or {})}
+    results = {(code, load): CommitResult(backend, load, TOPICS * PARTITIONS if load == "wide" else TOPICS, code)
+               for code in urls for load in ("wide", "narrow")}
+    cats, epochs = {}, {}
+    try:
+        for code, url in urls.items():
+            upgrade(url)
+            cats[code] = cat = Catalog.open(url)
+            epochs[code] = {}
+            for t in range(TOPICS):
+                topics.create_topic(cat, topic_name(t), PARTITIONS)
+                claimed = partitions.claim_partitions(cat, 1, topic_name(t), range(PARTITIONS))
+                epochs[code].update({(topic_name(t), p): e for p, e in claimed.items()})
+        seqs = {code: {key: 0 for key in epochs[code]} for code in urls}
+        order = list(urls)
         for i in range(rounds * 2 + 4):
             load = "wide" if i % 2 == 0 else "narrow"
-            runs = _runs(load == "wide", seqs, epochs, int(time.time() * 1000))
-            number += 1
-            block_id = blocks.insert_pending_block(cat, f"bench/{backend}/{number}", 1, runs[-1].position + 1000)
-            statements = cat.statements
-            server0, cpu0 = server_cpu(), time.thread_time()
-            t0 = time.perf_counter()
-            blocks.commit_block(cat, block_id, 1, runs, {(r.topic, r.partition): r.leader_epoch for r in runs})
-            elapsed = time.perf_counter() - t0
-            cpu = time.thread_time() - cpu0 + server_cpu() - server0
-            if i >= 4:  # the first two of each load warm the caches and the statement cache
-                results[load].ms.append(elapsed * 1000)
-                results[load].cpu_ms.append(cpu * 1000)
-                results[load].statements = cat.statements - statements
+            for code in (order if i % 4 < 2 else order[::-1]):
+                cat = cats[code]
+                runs = _runs(load == "wide", seqs[code], epochs[code], int(time.time() * 1000))
+                block_id = blocks.insert_pending_block(cat, f"bench/{backend}/{i}", 1, runs[-1].position + 1000)
+                statements = cat.statements
+                server0, cpu0 = server_cpu(), time.thread_time()
+                t0 = time.perf_counter()
+                commits[code](cat, block_id, 1, runs, {(r.topic, r.partition): r.leader_epoch for r in runs})
+                elapsed = time.perf_counter() - t0
+                cpu = time.thread_time() - cpu0 + server_cpu() - server0
+                if i >= 4:  # the first two of each load warm the caches and the statement cache
+                    result = results[code, load]
+                    result.ms.append(elapsed * 1000)
+                    result.cpu_ms.append(cpu * 1000)
+                    result.statements = cat.statements - statements
+    finally:
+        for cat in cats.values():
+            cat.close()
     return list(results.values())
 
 
-def run_commit(backends: list[str], size: Size, log=print) -> list[CommitResult]:
+def run_commit(backends: list[str], size: Size, log=print, against: Path | None = None) -> list[CommitResult]:
     rounds = size.pick(200, 30, 3)
+    codes = ["this"] + (["against"] if against else [])
+    commits = {"against": commit_of(against)} if against else {}
     out: list[CommitResult] = []
     for backend in backends:
-        log(f"  commit on {backend}: {rounds} wide and {rounds} narrow blocks ...")
+        log(f"  commit on {backend}: {rounds} wide and {rounds} narrow blocks" + (" per checkout" if against else "")
+            + " ...")
         if backend == "sqlite":
             root = Path(tempfile.mkdtemp(prefix="tiered-bench-commit-"))
             try:
-                out += measure_commits(f"sqlite:///{root / 'catalog.db'}", backend, rounds, log)
+                out += measure_commits({c: f"sqlite:///{root / c}.db" for c in codes}, backend, rounds, log,
+                                       commits=commits)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
         else:
             pg = PgCluster(find_pg_bindir()).start()
             try:
-                out += measure_commits(pg.url(), backend, rounds, log, pg.cpu_s)
+                if against:
+                    import psycopg
+
+                    with psycopg.connect(pg.url().replace("+psycopg", ""), autocommit=True) as admin:
+                        admin.execute("CREATE DATABASE against")
+                urls = {c: pg.url() if c == "this" else pg.url(c) for c in codes}
+                out += measure_commits(urls, backend, rounds, log, pg.cpu_s, commits)
             finally:
                 pg.stop()
     return out
 
 
 def commit_report(results: list[CommitResult]) -> str:
-    return format_table(["catalog", "block", "runs", "commits", "p50 ms", "p99 ms", "max ms", "CPU ms p50",
+    return format_table(["catalog", "code", "block", "runs", "commits", "p50 ms", "p99 ms", "max ms", "CPU ms mean",
                          "statements"],
                         [r.row() for r in results],
                         "commit_block: wide (8 topics x 200 partitions, 1 msg each) vs narrow (8 partitions, "
@@ -295,6 +334,8 @@ async def wait_led(service: Service, topics: list[str], partitions: int, timeout
 
 async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResult]:
     seconds = size.pick(12.0, 4.0, 1.0)
+    # At --smoke (figures mean nothing) the warm-up is shorter and the loads follow one another without a pause.
+    warm_s, pause_s = size.pick(3.0, 3.0, 1.0), size.pick(1.0, 1.0, 0.0)
     service = Service(tree)
     try:
         client = await _client(service.broker.port)
@@ -308,14 +349,14 @@ async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResul
         # Warm-up, not counted: the first append to a partition creates its segment files (an open and a sync
         # each, 1,600 of them for the wide load), which is creation's cost, not a block's.
         for load in ("wide", "narrow"):
-            log(f"  warm-up, {load} load, 3 s ...")
+            log(f"  warm-up, {load} load, {warm_s:g} s ...")
             frames, partitions = load_frames(load == "wide")
             conn = await open_conn(lambda: MultiProduceConn(frames, partitions, REQUESTS_PER_S), service.broker.port)
             try:
-                await conn.run(time.monotonic() + 3.0)
+                await conn.run(time.monotonic() + warm_s)
             finally:
                 conn.transport.close()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pause_s)
         for load in ("wide", "narrow", "wide", "narrow"):
             log(f"  durable acks, {load} load, {seconds:.0f} s ...")
             frames, partitions = load_frames(load == "wide")
@@ -332,7 +373,7 @@ async def run_durable(size: Size, tree: Path = REPO, log=print) -> list[AckResul
             result.latencies_s += conn.latencies_s[REQUESTS_PER_S:]  # the first second warms up
             result.errors += conn.errors
             result.first_error = result.first_error or conn.first_error
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pause_s)
         return list(results.values())
     finally:
         service.stop()
@@ -405,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, default=REPO,
                         help="the checkout whose broker runs the durable and create parts (another commit's, for a "
                              "before/after)")
+    parser.add_argument("--against", type=Path,
+                        help="the commit part also runs this checkout's commit_block (its tiered/catalog/blocks.py), "
+                             "alternating commit by commit with this one's, each on a catalog of its own")
     parser.add_argument("--profile", type=Path, help="cProfile the broker of the create part into this file")
     args = parser.parse_args(argv)
     parts = args.part or ["commit", "durable", "create"]
@@ -418,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wide blocks and partition creation (issue 28){''.join(' ' + f for f in size.flags)}")
     if "commit" in parts:
         print()
-        print(commit_report(run_commit(args.backend or ["postgresql", "sqlite"], size, log)))
+        print(commit_report(run_commit(args.backend or ["postgresql", "sqlite"], size, log, args.against)))
     if "durable" in parts:
         print()
         print(durable_report(asyncio.run(run_durable(size, args.tree, log))))

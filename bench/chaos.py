@@ -16,11 +16,13 @@ Then every partition is read from its first seq to its end and checked:
 Values the broker answered with an error may or may not be there (the outcome of such a produce is unknown); none
 may be there twice.
 
-With `--remote-retention-secs N` the topics are created with remote copy on, 2 KiB segments and
-`remote.retention.secs=N`, and the broker runs remote retention every second (`--remote-retention-interval-ms 1000`),
-so segments expire in the bucket while the rounds attack the broker. Each partition is then read from its first
-available seq as the broker reports it (DiscoverPartitions; a boundary answer met while reading moves it on), and:
-    - the first available seq only moves forward, round after round;
+With `--remote-retention-secs N` the topics are created with remote copy on, 2 KiB segments, 8 of them kept on the
+local disk and `remote.retention.secs=N`, and the broker runs remote retention every second
+(`--remote-retention-interval-ms 1000`), so segments expire in the bucket while the rounds attack the broker, and the
+disk still holds some of what expired. Each partition is then read from its first available seq as the broker reports
+it (DiscoverPartitions; a boundary answer met while reading moves it on), and:
+    - the first available seq only moves forward, round after round, and is never below the catalog's (read just
+      before the broker is asked);
     - every acknowledged value at or above it is there, as above;
     - an acknowledged value missing is expired when it is shown to be below it: it was read before at a seq
       below it, or a value its producer sent after it was (seqs grow in a producer's order);
@@ -77,6 +79,9 @@ TOPIC_CONFIG = {"log.segment.bytes": "16k", "log.index.interval.bytes": "512", "
 ACTIONS = ("kill", "wipe", "takeover", "stop")
 RETENTION_INTERVAL_MS = 1000  # the broker's remote retention pass, with --remote-retention-secs
 RETENTION_SEGMENT_BYTES = "2k"  # with --remote-retention-secs: many segments, so that some expire in a short run
+# ... and kept on the local disk for longer than in the bucket: the disk holds seqs remote retention expired, which
+# must never be served again (after a restart either) nor lower the first available seq a broker reports.
+RETENTION_LOCAL_SEGMENTS = "8"
 
 
 @dataclass
@@ -86,6 +91,7 @@ class ChaosReport:
     unconfirmed: int = 0  # produces answered with an error or cut off: their outcome is unknown
     losses: list[str] = field(default_factory=list)  # acknowledged values missing, moved, doubled or out of order
     catalog_problems: list[str] = field(default_factory=list)
+    start_faults: list[str] = field(default_factory=list)  # a first available seq moved back or below the catalog's
     partitions_checked: int = 0  # by the catalog check, summed over the rounds
     retention: bool = False  # --remote-retention-secs: the rows below are shown
     expired: int = 0  # acknowledged values shown below their partition's first available seq
@@ -96,7 +102,7 @@ class ChaosReport:
 
     @property
     def ok(self) -> bool:
-        return not self.losses and not self.catalog_problems
+        return not self.losses and not self.catalog_problems and not self.start_faults
 
     def table(self) -> str:
         actions = ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items()))
@@ -107,10 +113,12 @@ class ChaosReport:
         if self.retention:
             rows[3:3] = [("acknowledged messages expired by remote retention", str(self.expired)),
                          ("  of which expired before a read saw them", str(self.expired_unread)),
-                         ("first available seqs at the end (sum)", str(self.first_available))]
+                         ("first available seqs at the end (sum)", str(self.first_available)),
+                         ("first available seqs moved back or below the catalog's", str(len(self.start_faults)))]
         lines = [format_table(("figure", "value"), rows)]
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
         lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
+        lines += [f"  start: {fault}" for fault in self.start_faults[:20]]
         return "\n".join(lines)
 
 
@@ -155,7 +163,8 @@ class Chaos:
         self.topic_config = dict(TOPIC_CONFIG)
         if remote_retention_secs:
             self.topic_config.update({"remote.copy": "true", "remote.retention.secs": str(remote_retention_secs),
-                                      "log.segment.bytes": RETENTION_SEGMENT_BYTES})
+                                      "log.segment.bytes": RETENTION_SEGMENT_BYTES,
+                                      "retention.segments.count": RETENTION_LOCAL_SEGMENTS})
         self.value_at: dict[tuple[str, int, int], bytes] = {}  # (topic, partition, seq) -> the bytes read there
         self.first: dict[tuple[str, int], int] = {}  # the first available seq last reported, per partition
         self.expired: set[bytes] = set()  # acknowledged values shown below the first available seq
@@ -284,6 +293,14 @@ class Chaos:
             except Exception:  # the broker was killed under it
                 pass
 
+    def _catalog_first(self) -> dict[tuple[str, int], int]:
+        from tiered.catalog import Catalog
+        from tiered.catalog.partitions import get_partition_states
+
+        with Catalog.open(self.catalog_url) as catalog:
+            return {(s.topic, s.partition): s.first_available_seq for topic in self.topics
+                    for s in get_partition_states(catalog, topic)}
+
     async def verify(self, when: str) -> None:
         from tiered.catalog import Catalog
         from tiered.catalog.check import check_catalog
@@ -293,10 +310,17 @@ class Chaos:
             found: dict[tuple[str, int], dict[bytes, int]] = {}
             first: dict[tuple[str, int], int] = {}  # per partition: the highest first available seq met reading it
             if self.retention_secs:
+                # The catalog's start, read before the broker is asked: it only moves forward, so the broker's
+                # answer may be later, never lower (history below it expired, whatever a disk still holds).
+                catalog_first = await asyncio.to_thread(self._catalog_first)
                 for topic in self.topics:
                     ranges = await client.discover_partitions(topic)
                     for partition, bounds in enumerate(ranges):
                         first[(topic, partition)] = bounds.first_available
+                        if bounds.first_available < catalog_first.get((topic, partition), 0):
+                            self.report.start_faults.append(
+                                f"{when}: {topic}/{partition} reported first available seq {bounds.first_available}, "
+                                f"below the catalog's {catalog_first[(topic, partition)]}")
             readers = asyncio.Semaphore(READERS)
 
             def seen(topic: str, partition: int, seq: int, value: bytes) -> None:
@@ -344,7 +368,7 @@ class Chaos:
                 whole[key] = above == list(range(first[key], first[key] + len(above)))
         for key, seq in first.items():
             if seq < self.first.get(key, 0):
-                self.report.losses.append(f"{when}: the first available seq of {key[0]}/{key[1]} moved back from "
+                self.report.start_faults.append(f"{when}: the first available seq of {key[0]}/{key[1]} moved back from "
                                           f"{self.first[key]} to {seq}")
             else:
                 self.first[key] = seq

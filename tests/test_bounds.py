@@ -7,7 +7,9 @@ import pytest
 
 from tiered.bounds import Boundary, Eof, Local, PartitionBounds, Remote, locate
 from tiered.protocol.codes import UINT64_MAX
-from tiered.server.registry import Partition, Role
+from tiered.server.registry import Partition, Registry, Role, Topic
+from tiered.server.tier_events import TierEvents
+from tiered.server.waiters import Waiters
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.topic_config import TopicConfig
 
@@ -101,4 +103,40 @@ def test_the_catalog_lowers_the_first_available_seq_below_the_local_disk(tmp_pat
     part.committed, part.catalog_first = 51, 1
     assert part.bounds() == PartitionBounds(1, 51, 51, 51, True)
     assert locate(7, part.bounds()) == Remote(7)
+    part.log.close()
+
+
+def test_the_catalog_s_first_available_seq_is_the_partition_s_above_the_local_disk_too(tmp_path):
+    """Remote retention shorter than local retention: the disk still holds 1..2, the catalog's history starts at 3.
+    Those seqs expired: a boundary fault, never the disk's old bytes; seq 0 reads from the catalog's start."""
+    for role in (Role.LEADER, Role.FOLLOWER):
+        part = partition(tmp_path / role.value, "durable", True)
+        part.role, part.committed, part.trusted_local = role, 3, 3
+        part.catalog_first_moved(3)
+        assert part.bounds() == PartitionBounds(3, 3, 1, 3, True)
+        assert locate(1, part.bounds()) == Boundary(3, 3) and locate(2, part.bounds()) == Boundary(3, 3)
+        assert locate(0, part.bounds()) == Local(3)
+        part.log.close()
+
+
+def test_the_disk_decides_where_a_partition_begins_only_while_the_catalog_holds_nothing_of_it(tmp_path):
+    part = partition(tmp_path, "local", True)
+    assert part.bounds().first_available == 1  # nothing committed yet: the local records are all there is
+    assert locate(0, part.bounds()) == Local(1)
+    part.log.close()
+
+
+def test_the_catalog_s_first_available_seq_never_moves_back(tmp_path):
+    """A report older than one applied changes nothing: here a leader's retention pass moved the start to 3, then the
+    partition is lost and followed with the coordinator's last look at the catalog, from before the pass."""
+    part = partition(tmp_path, "durable", True)
+    part.committed = 3
+    registry = Registry(tmp_path / "data", {})
+    registry.topics["t"] = Topic("t", "", part.config, [part])
+    events = TierEvents(registry, Waiters())
+    events.committed(part.tp, 1, 3, 30)
+    events.first_available_moved(part.tp, 3)
+    events.follow(part.tp, None, 3, 1)
+    events.first_available_moved(part.tp, 2)
+    assert part.role is Role.FOLLOWER and part.catalog_first == 3 and part.first_available == 3
     part.log.close()

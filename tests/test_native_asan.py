@@ -92,23 +92,30 @@ def runtime(cc: str) -> str:
     return path
 
 
-def build(cc: str, module: dict, out: Path) -> Path:
-    target = out / (module["name"].rsplit(".", 1)[-1] + sysconfig.get_config_var("EXT_SUFFIX"))
-    includes = [f"-I{sysconfig.get_paths()['include']}", *(f"-I{REPO / d}" for d in module.get("include-dirs", []))]
-    command = [cc, "-shared", "-fPIC", "-O1", "-g", *SANITIZE, *includes,
-               *(str(REPO / s) for s in module["sources"]), "-o", str(target)]
-    made = subprocess.run(command, capture_output=True, text=True)
-    if made.returncode:
-        if "sanitize" in made.stderr:
-            pytest.skip(f"{cc} cannot build with {' '.join(SANITIZE[:1])}: {made.stderr.strip().splitlines()[0]}")
-        pytest.fail(f"{module['name']} does not build with the sanitizers:\n{made.stderr}")
-    return target
+def build(cc: str, modules: list[dict], out: Path) -> dict[str, str]:
+    """Every module's sanitized build, the compilers run side by side; module name -> the built file."""
+    started = {}
+    for module in modules:
+        target = out / (module["name"].rsplit(".", 1)[-1] + sysconfig.get_config_var("EXT_SUFFIX"))
+        includes = [f"-I{sysconfig.get_paths()['include']}",
+                    *(f"-I{REPO / d}" for d in module.get("include-dirs", []))]
+        command = [cc, "-shared", "-fPIC", "-O1", "-g", *SANITIZE, *includes,
+                   *(str(REPO / s) for s in module["sources"]), "-o", str(target)]
+        started[module["name"]] = (target, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                            text=True))
+    made = {name: (target, proc.communicate()[1], proc.returncode) for name, (target, proc) in started.items()}
+    for name, (target, stderr, returncode) in made.items():
+        if returncode:
+            if "sanitize" in stderr:
+                pytest.skip(f"{cc} cannot build with {' '.join(SANITIZE[:1])}: {stderr.strip().splitlines()[0]}")
+            pytest.fail(f"{name} does not build with the sanitizers:\n{stderr}")
+    return {name: str(target) for name, (target, _, _) in made.items()}
 
 
 def test_the_native_modules_under_address_sanitizer(tmp_path):
     cc = compiler()
     asan = runtime(cc)
-    built = {m["name"]: str(build(cc, m, tmp_path)) for m in ext_modules()}
+    built = build(cc, ext_modules(), tmp_path)
     env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", PYTHONPATH=str(REPO),
                PYTHONMALLOC="malloc")  # every allocation through ASan's malloc, so overflows of Python buffers show

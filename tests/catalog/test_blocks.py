@@ -320,3 +320,16 @@ def test_object_keys_known_from_blocks_and_segments(cat, epochs):
     listing = [f"orphan/{i}" for i in range(1200)] + ["blk/1", meta.index_object_key, "blk/1"]
     assert known_object_keys(cat, listing) == {"blk/1", meta.index_object_key}
     assert known_object_keys(cat, []) == set()
+
+
+def test_runs_of_a_topic_named_with_copy_text_escapes_read_back_as_named(cat):
+    """PostgreSQL receives a commit's runs as COPY text: a name holding a backslash, a tab or a line end (the catalog
+    takes any name; the broker's rules are narrower) is escaped, not split into other fields or rows."""
+    name = "odd\\name\twith\nbreaks\r"
+    create_topic(cat, name, 2)
+    held = claim_partitions(cat, BROKER, name, [0, 1])
+    epochs = {(name, p): e for p, e in held.items()}
+    commit(cat, epochs, "blk/odd", run(name, 0, 1, 5), run(name, 1, 1, 2, 100))
+    assert [(r.topic, r.partition, r.first_seq, r.last_seq, r.position) for r in
+            (find_run(cat, name, 0, 3), find_run(cat, name, 1, 1))] == [(name, 0, 1, 5, 0), (name, 1, 1, 2, 100)]
+    assert hwmarks(cat) == {(name, 0): (1, 5), (name, 1): (1, 2)}

@@ -190,3 +190,25 @@ def test_a_version_is_taken_only_once_the_transaction_before_it_committed(cat, c
     assert changes(cat) == seen + 2
     assert changed(cat, seen) == [("t", 0, 1, 0, None), ("t", 1, 2, 0, None)]
     assert changed(cat, seen + 1) == [("t", 1, 2, 0, None)]
+
+
+def test_full_look_reads_the_topics_and_the_assignments_in_one_snapshot(cat, monkeypatch):
+    """A topic created between its two statements is in neither: every assignment's topic is among the topics (the
+    coordinator tells the server the topics before it decides about their partitions)."""
+    from tiered.catalog import cluster
+
+    create_topic(cat, "t", 2)
+    read_topics = cluster.topic_rows
+
+    def then_another_broker_creates_u(conn):
+        rows = read_topics(conn)
+        create_topic(cat, "u", 1)  # its own connection and transaction, committed before the assignments are read
+        return rows
+
+    monkeypatch.setattr(cluster, "topic_rows", then_another_broker_creates_u)
+    topics, assignments = cluster.full_look(cat)
+    assert [t.name for t in topics] == ["t"]
+    assert [(a.topic, a.partition) for a in assignments] == [("t", 0), ("t", 1)]
+    monkeypatch.setattr(cluster, "topic_rows", read_topics)
+    topics, assignments = cluster.full_look(cat)
+    assert [t.name for t in topics] == ["t", "u"] and [a.topic for a in assignments] == ["t", "t", "u"]

@@ -122,7 +122,8 @@ def wait_until_blocked(url: str) -> None:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         for _ in range(200):
             waiting = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%UPDATE%partitions%'"
             ).fetchone()[0]
             if waiting:
                 return
@@ -149,6 +150,67 @@ def test_a_lock_wait_times_out_as_catalog_unavailable(catalog_url, epochs):
     assert get_block(impatient, block_id).state == "pending"
     assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}
     impatient.close()
+
+
+def test_a_lock_wait_in_the_runs_copy_times_out_as_catalog_unavailable(pg_url):
+    """PostgreSQL receives the runs as a COPY on the driver's cursor, outside SQLAlchemy's error translation: a lock
+    wait there times out as CatalogUnavailable too, nothing of the commit is kept, and the same Catalog commits the
+    block once the lock is gone (the connection it lost is not handed out again)."""
+    impatient = Catalog.open(pg_url, lock_timeout_ms=200)
+    create_topic(impatient, "t", 1)
+    epochs = claim_partitions(impatient, 1, "t", [0])
+    epochs = {("t", 0): epochs[0]}
+    block_id = insert_pending_block(impatient, "blk/1", 1, 100, now=T0)
+    holder = psycopg.connect(libpq_url(pg_url))
+    holder.execute("LOCK TABLE block_runs IN EXCLUSIVE MODE")  # as a long reindex would
+    try:
+        with pytest.raises(CatalogUnavailable, match="lock timeout"):
+            commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert get_block(impatient, block_id).state == "pending"
+    assert [s.hwmark_seq for s in get_partition_states(impatient, "t")][0] == 0
+    assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}
+    assert find_run(impatient, "t", 0, 3).object_key == "blk/1"
+    impatient.close()
+
+
+def test_a_refusal_whose_reason_is_gone_by_the_time_it_is_asked_commits_on_the_next_try(pg_url):
+    """The commit's UPDATE refuses a partition; before the second transaction asks why, another transaction makes it
+    continue. The commit does not invent a reason: it tries again, and lands. Sequenced on PostgreSQL with a row
+    lock: the other session holds partition 1, so the UPDATE, past partition 0 (refused: a seq is missing), waits
+    there; meanwhile that session raises partition 0 to the missing seq, then lets go."""
+    cat = Catalog.open(pg_url)
+    create_topic(cat, "t", 2)
+    epochs = {("t", p): e for p, e in claim_partitions(cat, 1, "t", [0, 1]).items()}
+    first = insert_pending_block(cat, "blk/1", 1, 100, now=T0)
+    commit_block(cat, first, 1, [run("t", 0, 1, 4), run("t", 1, 1, 4, 100)], epochs)
+    block_id = insert_pending_block(cat, "blk/2", 1, 100, now=T0)
+    runs = [run("t", 0, 6, 8), run("t", 1, 5, 9, 100)]  # partition 0 lacks seq 5 until the other session adds it
+    other = psycopg.connect(libpq_url(pg_url))
+    other.execute("SELECT 1 FROM partitions WHERE topic = 't' AND partition = 1 FOR UPDATE")
+    outcome: list[object] = []
+
+    def commit():
+        try:
+            outcome.append(commit_block(cat, block_id, 1, runs, epochs))
+        except Exception as error:  # asserted below
+            outcome.append(error)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    try:
+        wait_until_blocked(pg_url)
+        other.execute("UPDATE partitions SET hwmark_seq = 5 WHERE topic = 't' AND partition = 0")
+        other.commit()
+        committer.join(30)
+    finally:
+        other.close()
+    assert outcome == [{("t", 0): 8, ("t", 1): 9}]
+    assert [s.hwmark_seq for s in get_partition_states(cat, "t")] == [8, 9]
+    assert get_block(cat, block_id).state == "committed"
+    cat.close()
 
 
 @pytest.fixture

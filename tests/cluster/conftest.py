@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,14 @@ class Cluster:
             self.retired.append(old)
         self.brokers[broker_id] = bp
         return bp.start()
+
+    def start_all(self, broker_ids: range | list[int]) -> list[BrokerProcess]:
+        """Several brokers at once, each as `start` starts it: their start-ups overlap (a start is mostly the process's
+        imports and its first catalog statements, and waiting for its first ping), and they join in whatever order
+        they come up, as a service's brokers do."""
+        ids = list(broker_ids)
+        with ThreadPoolExecutor(len(ids)) as pool:
+            return list(pool.map(self.start, ids))
 
     def endpoint(self, broker_id: int) -> tuple[str, int]:
         return "127.0.0.1", self.brokers[broker_id].port

@@ -18,8 +18,7 @@ def bootstrap(cluster) -> str:
 
 
 def test_status_shows_brokers_leases_and_leaders_and_rebalance_evens_them_out(cluster):
-    for broker_id in range(3):
-        cluster.start(broker_id)
+    cluster.start_all(range(3))
     tiered("topic", "create", "-b", bootstrap(cluster), "ev", "6", "-o", "produce.ack=durable")
     cluster.wait_for_leaders("ev", {0, 1, 2})
     cluster.kill(2)
@@ -81,8 +80,7 @@ def test_a_sqlite_catalog_refuses_a_second_live_broker_naming_postgresql(tmp_pat
 def test_a_topic_config_change_reaches_every_broker_and_the_bucket(cluster, s3_bucket):
     """`tiered topic config` writes the catalog and the bucket's topic object; each broker applies the change at its
     next look at the catalog and keeps it on its disk for the next start."""
-    for broker_id in range(2):
-        cluster.start(broker_id)
+    cluster.start_all(range(2))
     tiered("topic", "create", "-b", bootstrap(cluster), "ev", "2", "-o", "produce.ack=durable")
     cluster.wait_for_leaders("ev", {0, 1})
     flags = ("--catalog", cluster.catalog_url, "--store", cluster.store_url, "--s3-path-style")

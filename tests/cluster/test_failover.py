@@ -27,8 +27,7 @@ DURABLE = {"produce.ack": "durable"}
 
 
 async def start_three(cluster, topic: str, partitions: int) -> Client:
-    for broker_id in range(3):
-        cluster.start(broker_id)
+    cluster.start_all(range(3))
     client = await Client.connect_any([f"127.0.0.1:{cluster.brokers[0].port}"])
     await client.create_topic(topic, partitions, DURABLE)
     cluster.wait_for_leaders(topic, {0, 1, 2})
@@ -94,8 +93,7 @@ async def test_kill_9_of_leaders_during_sustained_durable_produce(cluster, seed)
 
 
 async def test_a_paused_leader_acknowledges_nothing_after_its_lease(cluster):
-    cluster.start(0)
-    cluster.start(1)
+    cluster.start_all([0, 1])
     async with await Client.connect_any([f"127.0.0.1:{cluster.brokers[1].port}"]) as client:
         await client.create_topic("ev", 2, DURABLE)
         assert cluster.wait_for_leaders("ev", {0, 1}) == {0: 0, 1: 1}
@@ -147,8 +145,7 @@ async def test_a_second_process_with_the_same_broker_id_fences_the_first(cluster
     process takes the id over (the first's lease renewal fails from then on) and claims broker 1's partitions with a
     new epoch, so the first one's later commits are refused: nothing it acknowledges can be lost or overwritten. The
     first one then stops by itself (exit 1): it could only answer "no leader" any more."""
-    cluster.start(0)
-    first = cluster.start(1)
+    _, first = cluster.start_all([0, 1])
     async with await Client.connect_any([f"127.0.0.1:{cluster.brokers[0].port}"]) as client:
         await client.create_topic("ev", 2, DURABLE)
         assert cluster.wait_for_leaders("ev", {0, 1}) == {0: 0, 1: 1}

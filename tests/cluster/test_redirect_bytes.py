@@ -26,8 +26,7 @@ def endpoint(port: int) -> bytes:
 
 
 async def two_brokers(cluster) -> dict[int, int]:
-    cluster.start(0)
-    cluster.start(1)
+    cluster.start_all([0, 1])
     async with await Client.connect(*cluster.endpoint(0)) as client:
         await client.create_topic("ev", 2, {"produce.ack": "durable"})
     return cluster.wait_for_leaders("ev", {0, 1})

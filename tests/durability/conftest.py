@@ -26,7 +26,9 @@ async def brokers(tmp_path, s3_endpoint, s3_bucket, monkeypatch, request):
         bucket = s3_bucket
 
         async def start(self, disk: str, catalog_url: str, **overrides) -> App:
-            overrides.setdefault("block_max_age_ms", 50)
+            if "block_max_age_ms" not in overrides:  # blocks close at 50 ms, and a lone durable produce is acked
+                # after a 5 ms linger (the latency-first policy): the sequential produces of these tests wait less
+                overrides.update(block_max_age_ms=50, block_linger_ms=5, block_max_puts_per_s=1000.0)
             overrides.setdefault("shutdown_timeout_s", 3.0)
             settings = local_settings(tmp_path / disk, catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/t",
                                       s3_path_style=True, **overrides)

@@ -16,7 +16,8 @@ from tests.durability.conftest import SMALL_SEGMENTS
 async def test_a_broker_back_on_its_old_disk_serves_the_new_leader_s_history(brokers, backend, request, tmp_path,
                                                                               s3_faults):
     catalog_url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{tmp_path}/c.db"
-    a = await brokers.start("disk-a", catalog_url, produce_ack_timeout_ms=500)
+    # shutdown_timeout_s: its stop waits out the outage, 1 s rather than 3
+    a = await brokers.start("disk-a", catalog_url, produce_ack_timeout_ms=500, shutdown_timeout_s=1.0)
     async with await Client.connect("127.0.0.1", a.broker.port) as c:
         await c.create_topic("t", 1, {**SMALL_SEGMENTS, "log.segment.bytes": "1m"})
         acked = [b"a-%03d" % i for i in range(100)]

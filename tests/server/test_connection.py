@@ -49,6 +49,22 @@ async def port(broker, client):
     return broker.broker.port
 
 
+def server_no_delay(app: App) -> list[int]:
+    """TCP_NODELAY of each connection the broker accepted."""
+    return [c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            for c in app.broker.connections]
+
+
+async def test_accepted_connections_have_nagle_off(broker, client):
+    """A consume answer is the frame head, then the segment's bytes by sendfile: with Nagle on, the second send
+    waits for the client's delayed ACK (about 40 ms per answer). Checked on the socket, not timed."""
+    await client.create_topic("n", 1)
+    await client.produce("n", 0, [Message(b"v", None, 1)])
+    assert [m.value for m in (await client.consume("n", 0, 1)).messages] == [b"v"]
+    flags = server_no_delay(broker)
+    assert flags and all(flags), flags
+
+
 @pytest.mark.parametrize("step", [1, 3, 4096, None], ids=["byte-by-byte", "3-bytes", "4-KiB", "one-write"])
 async def test_pipelined_requests_in_any_cut(port, step):
     big = b"B" * (BIG_FRAME_BYTES * 3)  # received into a buffer of its own

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,19 @@ async def test_produce_and_consume_over_tls(tmp_path, certs):
         ctx = client_context(certs.path("ca.pem"))
         async with await Client.connect("127.0.0.1", app.broker.port, ssl_context=ctx) as client:
             assert await _produce_consume(client, "secure") == [b"one", b"two"]
+    finally:
+        await app.stop()
+
+
+async def test_a_tls_connection_has_nagle_off_underneath(tmp_path, certs):
+    app = await _start(tmp_path, certs)
+    try:
+        ctx = client_context(certs.path("ca.pem"))
+        async with await Client.connect("127.0.0.1", app.broker.port, ssl_context=ctx) as client:
+            assert await _produce_consume(client, "nodelay") == [b"one", b"two"]
+            flags = [c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                     for c in app.broker.connections]
+            assert flags and all(flags), flags
     finally:
         await app.stop()
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tests.protocol.strategies import budget
 from tiered.metrics import Metrics
-from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, Message, encode_bundle
+from tiered.protocol.bundle import CODEC_NONE, CODEC_SNAPPY, BundleFacts, Message, encode_bundle
 from tiered.storage.index import NEVER_INDEXED, SparseIndex
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.appender import (
@@ -125,6 +125,49 @@ def test_the_same_appends_write_the_same_bytes(ops, base, since):
         assert files(a) == files(b)  # after close: the last batch of entries too
 
 
+# An append_record: (record, seq step before it, messages, sparse, seconds since the segment's creation, segment
+# bytes, index bytes, interval, ts bounds).
+records = st.lists(
+    st.tuples(st.binary(min_size=1, max_size=300), st.integers(0, 3), st.integers(1, 5), st.booleans(),
+              st.floats(0, 2 * ROLL_AGE), st.integers(0, 5000), st.integers(0, 80), st.integers(0, 600),
+              st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))),
+    max_size=40,
+)
+
+
+@budget(100)
+@given(ops=records, base=st.integers(1, 2**40))
+def test_append_record_reads_the_facts_and_the_config_alike(ops, base):
+    """The partition log's call: append_in_place with the sparse flag and timestamp bounds taken from the bundle's
+    BundleFacts and the limits from the TopicConfig, natively by field position and interned name."""
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        # `last` set: the segment holds a record already, so append_record may take the first one too.
+        with (opened(PySegmentAppender, a, base, last=base - 1) as ref,
+              opened(NativeSegmentAppender, b, base, last=base - 1) as nat):
+            seq = base
+            for record, step, messages, sparse, age, segment_bytes, index_bytes, interval, ts in ops:
+                seq += step
+                last = seq + messages - 1
+                facts = BundleFacts(CODEC_NONE, messages, sparse, seq if sparse else None, last if sparse else None,
+                                    1, min(ts), max(ts))
+                config = TopicConfig(log_segment_bytes=segment_bytes, log_index_size_max_bytes=index_bytes,
+                                     log_index_interval_bytes=interval)
+                got = ref.append_record(record, seq, last, facts, CREATED + age, config)
+                assert got == nat.append_record(memoryview(record).toreadonly(), seq, last, facts, CREATED + age,
+                                                config)
+                if got is not None:
+                    seq += messages
+                assert state(ref)[2:] == state(nat)[2:]
+            assert files(a) == files(b)
+        assert files(a) == files(b)
+
+
+def test_the_native_appender_reads_bundle_facts_by_these_positions():
+    """_appender.c's FACT_* positions: BundleFacts' field order is part of the native appender's contract."""
+    assert len(BundleFacts._fields) == 8
+    assert [BundleFacts._fields.index(f) for f in ("sparse", "min_ts_ms", "max_ts_ms")] == [2, 6, 7]
+
+
 @APPENDERS
 def test_entries_reach_the_file_in_batches(tmp_path, appender_type):
     with opened(appender_type, str(tmp_path)) as appender:
@@ -202,6 +245,15 @@ def test_the_native_appender_survives_misuse(tmp_path):
             appender.takes(1, 1, False, 1, "now", 1, 1)
         with pytest.raises(TypeError):
             appender.append_in_place(5, 1, 1, False, 0.0, 1, 1, 10, 1, 1)
+        facts = BundleFacts(CODEC_NONE, 1, False, None, None, 1, 5, 5)
+        with pytest.raises(TypeError, match="append_record takes"):
+            appender.append_record(b"x", 1, 1, facts, 0.0)
+        with pytest.raises(TypeError, match="BundleFacts"):
+            appender.append_record(b"x", 1, 1, (False, 5, 5), 0.0, TopicConfig())
+        with pytest.raises(TypeError, match="BundleFacts"):
+            appender.append_record(b"x", 1, 1, [0] * 8, 0.0, TopicConfig())
+        with pytest.raises(AttributeError):
+            appender.append_record(b"x", 1, 1, facts, 0.0, object())
         appender.close()
         with pytest.raises(ValueError, match="closed"):
             appender.append(b"x", 1, 1, 10, 1, 1)

@@ -33,10 +33,12 @@ async def durable(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     apps: list[App] = []
 
     async def make(catalog_url: str, *, ack_timeout_s: float = 10.0, **overrides) -> App:
-        overrides.setdefault("block_max_age_ms", 50)  # blocks close sooner than the 250 ms default: faster tests
+        if "block_max_age_ms" not in overrides:  # blocks close sooner than the 250 ms default: faster tests
+            # and a lone durable produce is acked after a 5 ms linger (the latency-first policy), not the 50 ms age
+            overrides.update(block_max_age_ms=50, block_linger_ms=5, block_max_puts_per_s=1000.0)
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/tiered",
-                                  s3_path_style=True, shutdown_timeout_s=3.0,
-                                  produce_ack_timeout_ms=int(ack_timeout_s * 1000), **overrides)
+                                  s3_path_style=True, **{"shutdown_timeout_s": 3.0, **overrides},
+                                  produce_ack_timeout_ms=int(ack_timeout_s * 1000))
         app = App(settings, tier=tiering_service(ack_timeout_s=ack_timeout_s))
         await app.start()
         apps.append(app)
@@ -224,7 +226,7 @@ async def test_an_idle_broker_makes_no_puts(durable, tmp_path):
 
 async def test_records_past_the_catalog_are_uploaded_at_restart_before_they_are_served(durable, s3_faults, tmp_path):
     catalog_url = f"sqlite:///{tmp_path}/c.db"
-    app = await durable(catalog_url)
+    app = await durable(catalog_url, shutdown_timeout_s=1.0)  # its stop waits out the outage: 1 s, not 3
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.create_topic("tail", 1)
         await c.produce("tail", 0, [b"committed"])

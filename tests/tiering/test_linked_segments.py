@@ -220,7 +220,8 @@ async def test_a_broker_links_its_copies_and_serves_every_ack_after_a_cut_and_a_
     catalog_url = f"sqlite:///{tmp_path}/catalog.db"
     store_dir = tmp_path / "objects"  # outside the data directory, so that wiping it keeps the store
     settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"file://{store_dir}",
-                              shutdown_timeout_s=3.0, block_max_age_ms=50)
+                              shutdown_timeout_s=3.0, block_max_age_ms=50,
+                              block_linger_ms=5, block_max_puts_per_s=1000.0)  # each durable ack waits 5 ms, not 50
     app = App(settings, tier=tiering_service())
     await app.start()
     try:

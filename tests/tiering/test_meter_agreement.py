@@ -90,7 +90,9 @@ def make_app(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
     async def make() -> App:
         settings = local_settings(tmp_path / "data", catalog_url=f"sqlite:///{tmp_path}/catalog.db",
                                   store_url=f"s3://{s3_bucket}/{PREFIX}", s3_path_style=True, shutdown_timeout_s=5.0,
-                                  http_listen="127.0.0.1:0", block_max_age_ms=50)
+                                  http_listen="127.0.0.1:0", block_max_age_ms=50,
+                                  # A lone produce is acked after 5 ms, not 50; the pairs sent at once still share.
+                                  block_linger_ms=5, block_max_puts_per_s=1000.0)
         app = App(settings, tier=tiering_service(ack_timeout_s=10.0))
         await app.start()
         return app

@@ -5,6 +5,8 @@ catalog holds it), never answer "no location holds seq". Against moto's S3 serve
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import delete
 
 from tests.support.compaction import log_messages, rows
@@ -95,6 +97,31 @@ async def test_a_hole_is_reported_only_where_the_catalog_check_finds_one(s3_stor
     assert problem.endswith(f"..{run.last_seq} have no location")
     assert isinstance(await reader.fetch(TopicPartition("t", 0), run.last_seq, 100_000), Unreadable)
     assert metrics.counters[m.UNLOCATED_READS.name] == 1
+    reader.close()
+    p0.close()
+    p1.close()
+
+
+async def test_fetches_of_one_partition_at_once_share_one_catalog_lookup(s3_store, cat, acat, tmp_path):
+    """A consumer and the read-ahead ahead of it ask for seqs of the same location at once: the first asks the
+    catalog, the others wait for it and find the location it remembered. Another partition is not held up."""
+    p0, p1 = logs(tmp_path, seed=24)
+    history = RunHistory(s3_store, cat, p0, p1)
+    await history.commit_new()
+    metrics = Metrics()
+    reader = RemoteReader(s3_store, acat, metrics, clock=SYSTEM_CLOCK)
+    (run, *_) = runs_for_range(cat, "t", 0, 1, 1)
+    seqs = list(range(run.first_seq, run.last_seq + 1))[:6]
+    tp = TopicPartition("t", 0)
+    answers = await asyncio.gather(*(reader.fetch(tp, seq, 100_000) for seq in seqs))
+    assert all(isinstance(a, RemoteChunk) for a in answers), answers
+    for seq, chunk in zip(seqs, answers):
+        got = [m for m in decode_segment(await chunk_bytes(chunk), chunk.first_bundle_seq) if m.seq >= seq]
+        assert got and got[0].seq == seq
+    assert metrics.counters[m.REMOTE_CATALOG_QUERIES.name] == 1
+    other = await asyncio.gather(reader.fetch(TopicPartition("t", 1), 1, 100_000), reader.fetch(tp, seqs[0], 100_000))
+    assert all(isinstance(a, RemoteChunk) for a in other), other
+    assert metrics.counters[m.REMOTE_CATALOG_QUERIES.name] == 2  # partition 1's own lookup; partition 0 cached
     reader.close()
     p0.close()
     p1.close()

@@ -90,7 +90,9 @@ def brokers(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
 
     async def start(catalog_url: str, data_dir: Path) -> App:
         settings = local_settings(data_dir, catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/p",
-                                  s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50)
+                                  s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50,
+                                  # Each durable produce waits 5 ms, not 50: what is sent at once still shares.
+                                  block_linger_ms=5, block_max_puts_per_s=1000.0)
         app = App(settings, tier=tiering_service())
         await app.start()
         return app

@@ -36,7 +36,9 @@ async def tiered_broker(tmp_path, s3_endpoint, s3_bucket, monkeypatch):
 
     async def make(**overrides) -> App:
         settings = local_settings(tmp_path / "data", catalog_url=catalog_url, store_url=f"s3://{s3_bucket}/t",
-                                  s3_path_style=True, shutdown_timeout_s=3.0, block_max_age_ms=50, **overrides)
+                                  s3_path_style=True, shutdown_timeout_s=3.0,
+                                  **{"block_max_age_ms": 50, "block_linger_ms": 0, "block_max_puts_per_s": 1000.0,
+                                     **overrides})
         app = App(settings, tier=tiering_service())
         await app.start()
         apps.append(app)
@@ -248,13 +250,16 @@ async def test_a_seq_retention_takes_while_the_broker_reads_it_is_a_boundary_not
                                                 grace=timedelta(minutes=10))
         first = report.first_available_seq
         assert report.deleted and first > 1 and part.first_available == 1
-        held = part.bounds().local_first  # the local disk still holds seqs from here on: they read back as they were
+        held = part.bounds().local_first  # the local disk still holds seqs from here on
         assert 90 < held < first
         seqs = (held - 1, 1)  # its segment's row not cached (the catalog is asked), then the cached one
         for seq in seqs:
             with pytest.raises(BoundaryError) as caught:
                 await c.consume("hist", 0, seq)
             assert caught.value.first_available == first
+        assert part.first_available == first  # learned from the boundary: the disk's older seqs are not served now
+        with pytest.raises(BoundaryError):
+            await c.consume("hist", 0, held)
         assert [m.value for m in await _drain(c, first)] == values[first - 1:]
 
 

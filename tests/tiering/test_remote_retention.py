@@ -123,6 +123,20 @@ async def test_the_last_segment_expiring_moves_first_available_past_it(s3_store,
     assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 31
 
 
+async def test_the_broker_is_told_the_new_start_before_any_segment_stops_being_readable(s3_store, cat, acat):
+    await _history(s3_store, cat)
+    told: list[tuple[int, dict[int, str]]] = []
+    report = await enforce_remote_retention(s3_store, acat, TOPIC, 0, TopicConfig(remote_retention_bytes=1500), T0,
+                                            moved=lambda seq: told.append((seq, _states(cat))))
+    assert [s.base_seq for s in report.deleted] == [1, 11]
+    assert told == [(21, {1: SegmentState.COPY_FINISHED, 11: SegmentState.COPY_FINISHED,
+                          21: SegmentState.COPY_FINISHED})]
+    told.clear()  # nothing expires: nobody is told from inside the pass (its report carries the start)
+    await enforce_remote_retention(s3_store, acat, TOPIC, 0, TopicConfig(remote_retention_bytes=1500), T0,
+                                   moved=lambda seq: told.append((seq, {})))
+    assert told == []
+
+
 async def test_first_available_never_moves_back(s3_store, cat, acat):
     await _history(s3_store, cat)
     catalog_partitions.set_first_available(cat, TOPIC, 0, 25)  # e.g. moved by an earlier, larger expiry

@@ -207,6 +207,9 @@ async def test_a_get_that_fails_mid_answer_closes_the_connection_and_frees_its_b
     reader.read_ahead = False
     async with await Client.connect("127.0.0.1", app.broker.port) as c:
         await c.consume("hist", 0, 5, fetch_bytes=3000)  # caches warm: the next request GETs the data only
+    # The GET whose connection goes away (its body held, then released into a closed client) ends at the store's
+    # deadline: its base 2 s here rather than the usual 10.
+    app.tier.store.deadline_base_s = 2.0
     raw = await Raw().open(app.broker.port)
     s3_faults.hold_body_next(1, 400, match=lambda method, path: method == "GET" and ".ilog" in path)
     raw.writer.write(_consume_frame(1, [(0, 5, 3000)]))

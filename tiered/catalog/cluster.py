@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import func, literal, select, update
+from sqlalchemy import Connection, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tiered.catalog.arrays import RowSource, statement
@@ -30,6 +30,7 @@ from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import CatalogError
 from tiered.catalog.models import BrokerModel, ClusterChangeModel, PartitionModel
 from tiered.catalog.partitions import lock_partitions
+from tiered.catalog.topics import TopicRow, topic_rows
 
 
 class SingleBrokerCatalog(CatalogError):
@@ -184,11 +185,15 @@ def changed_since(cat: Catalog, version: int) -> list[Assignment]:
     `ix_partitions_change_version`, so a look costs what changed, not how many partitions exist. Read the counter
     first (`look`), then this: every change of a version up to the counter read is here (versions are in commit
     order, tiered.catalog.changes); later ones may be too."""
+    with cat.read() as conn:
+        return _changed(conn, version)
+
+
+def _changed(conn: Connection, version: int) -> list[Assignment]:
     query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
                    PartitionModel.leader_epoch, PartitionModel.hwmark_seq, PartitionModel.first_available_seq,
                    PartitionModel.handover_to).where(PartitionModel.change_version > version)
-    with cat.read() as conn:
-        return list(map(Assignment._make, conn.execute(query)))
+    return list(map(Assignment._make, conn.execute(query)))
 
 
 # claimed_since's rows: each partition waited for, with the epoch it had.
@@ -222,13 +227,41 @@ def leaderships(cat: Catalog) -> dict[int, int]:
 
 def assignments(cat: Catalog, topic: str | None = None) -> list[Assignment]:
     """Every partition's assigned leader and epoch, with its committed bounds, in (topic, partition) order."""
+    with cat.read() as conn:
+        return _assignments(conn, topic)
+
+
+def _assignments(conn: Connection, topic: str | None = None) -> list[Assignment]:
     query = select(PartitionModel.topic, PartitionModel.partition, PartitionModel.leader_broker,
                    PartitionModel.leader_epoch, PartitionModel.hwmark_seq, PartitionModel.first_available_seq,
                    PartitionModel.handover_to)
     if topic is not None:
         query = query.where(PartitionModel.topic == topic)
-    with cat.read() as conn:
-        return list(map(Assignment._make, conn.execute(query.order_by(PartitionModel.topic, PartitionModel.partition))))
+    return list(map(Assignment._make, conn.execute(query.order_by(PartitionModel.topic, PartitionModel.partition))))
+
+
+class FullLook(NamedTuple):
+    """What a tick reads when the change counter or the members moved: every topic and the partitions' assignments
+    (every partition's, or those changed since a version), from one snapshot, so that every assignment's topic is
+    among the topics."""
+
+    topics: list[TopicRow]
+    assignments: list[Assignment]
+
+
+def full_look(cat: Catalog) -> FullLook:
+    """Every topic and every assignment in one snapshot (two statements). Read apart, a topic created between them
+    had assignments whose topic the broker was not told of yet: it decided about partitions its server did not have
+    (tiered.tiering.cluster.coordinator)."""
+    with cat.snapshot() as conn:
+        return FullLook(topic_rows(conn), _assignments(conn))
+
+
+def changed_look(cat: Catalog, version: int) -> FullLook:
+    """Every topic and the assignments changed since `version` (changed_since) in one snapshot, for the reason
+    full_look gives: a topic created between two separate reads would have changed rows but no topic yet."""
+    with cat.snapshot() as conn:
+        return FullLook(topic_rows(conn), _changed(conn, version))
 
 
 # assign_moves' rows: each partition's new leader and, when `checked` is 1, the leader and epoch it must still have.

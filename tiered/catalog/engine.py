@@ -267,6 +267,10 @@ class Catalog:
         with self._lock:
             self._statements += 1
 
+    def counted(self) -> None:
+        """Counts a statement sent on the driver's own cursor (a COPY), which SQLAlchemy's events do not see."""
+        self._count()
+
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """One read-write transaction: committed when the block ends, rolled back if it raises.

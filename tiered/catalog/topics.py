@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import exc, insert, select, update
+from sqlalchemy import Connection, exc, insert, select, update
 
 from tiered.catalog.arrays import RowSource, statement
 from tiered.catalog.changes import take_version
@@ -64,7 +64,13 @@ def create_topic(
 
 def list_topics(cat: Catalog) -> list[TopicRow]:
     with cat.read() as conn:
-        return [TopicRow(*r) for r in conn.execute(select(*_COLUMNS).order_by(TopicModel.name))]
+        return topic_rows(conn)
+
+
+def topic_rows(conn: Connection) -> list[TopicRow]:
+    """Every topic, in name order, in the caller's transaction (tiered.catalog.cluster.full_look: in one snapshot
+    with the assignments)."""
+    return [TopicRow(*r) for r in conn.execute(select(*_COLUMNS).order_by(TopicModel.name))]
 
 
 def get_topic(cat: Catalog, name: str) -> TopicRow | None:

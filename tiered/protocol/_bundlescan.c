@@ -190,6 +190,7 @@ static PyObject *uncompress_body(PyObject *bundle_obj, span b, Py_ssize_t offset
 /* The result types, registered once from Python (tiered.protocol.bundle and .requests): NamedTuple classes, built
  * here as tuple.__new__ builds them. */
 static PyTypeObject *FactsType, *RequestType, *TopicType, *PartitionType;
+static PyObject *toreadonly_name; /* "toreadonly", interned */
 
 /* A new instance of a tuple subclass holding `n` new references (stolen; NULL ones make it fail). */
 static PyObject *new_named(PyTypeObject *type, Py_ssize_t n, ...)
@@ -427,14 +428,18 @@ static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_
     int with_seqnum = PyObject_IsTrue(args[1]);
     if (with_seqnum < 0)
         return NULL;
-    /* Read-only, so that no bundle or record view handed out can write into the payload. */
-    PyObject *writable = PyMemoryView_FromObject(args[0]);
-    if (writable == NULL)
-        return NULL;
-    PyObject *view = PyObject_CallMethod(writable, "toreadonly", NULL);
-    Py_DECREF(writable);
+    /* Read-only, so that no bundle or record view handed out can write into the payload. A view of bytes is read-only
+     * already; a writable one is made read-only through the interned method name (PyObject_CallMethod would build
+     * the name and a bound method per request). */
+    PyObject *view = PyMemoryView_FromObject(args[0]);
     if (view == NULL)
         return NULL;
+    if (!PyMemoryView_GET_BUFFER(view)->readonly) {
+        PyObject *readonly = PyObject_CallMethodNoArgs(view, toreadonly_name);
+        Py_SETREF(view, readonly);
+        if (view == NULL)
+            return NULL;
+    }
     Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
     if (!PyBuffer_IsContiguous(buf, 'C') || buf->itemsize != 1 || buf->ndim != 1) {
         Py_DECREF(view);
@@ -844,7 +849,8 @@ static PyObject *import_attr(const char *module, const char *name)
 PyMODINIT_FUNC PyInit__bundlescan(void)
 {
     if ((ProtocolError = import_attr("tiered.protocol.errors", "ProtocolError")) == NULL
-        || (uncompress = import_attr("snappy", "uncompress")) == NULL)
+        || (uncompress = import_attr("snappy", "uncompress")) == NULL
+        || (toreadonly_name = PyUnicode_InternFromString("toreadonly")) == NULL)
         return NULL;
     return PyModule_Create(&module_def);
 }

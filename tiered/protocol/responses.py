@@ -172,6 +172,7 @@ def encode_produce_response(resp: ProduceResponse) -> bytes:
 
 # Partition-level statuses a broker answers with that carry nothing more (OTHER_LEADER carries an endpoint).
 _PLAIN_PARTITION_STATUSES = bytes(sorted(PRODUCE_PARTITION_STATUSES - {ProduceStatus.OTHER_LEADER}))
+_OK_BYTE = bytes([ProduceStatus.OK])
 
 
 def encode_produce_codes(request_id: int, topics: Sequence[tuple[str, int | None, bytes | bytearray]]) -> bytes:
@@ -180,8 +181,12 @@ def encode_produce_codes(request_id: int, topics: Sequence[tuple[str, int | None
     partition); OTHER_LEADER is not among them. The same bytes as encode_produce_response, and the same refusals."""
     if len(topics) == 1:  # what almost every request names: one topic, answered per partition
         name, status, codes = topics[0]
-        if status is None and not codes.translate(None, _PLAIN_PARTITION_STATUSES):
-            return pack(REQUEST_ID, "request id", request_id) + codes
+        # All OK (strip: the cheapest test of that, ~4x faster than the translate), or only plain codes.
+        if status is None and (not codes.strip(_OK_BYTE) or not codes.translate(None, _PLAIN_PARTITION_STATUSES)):
+            try:
+                return REQUEST_ID.pack(request_id) + codes  # the struct itself: no frame of `pack` per answer
+            except struct.error:
+                pass  # a request id out of range: refused below, as `pack` refuses it
     out = bytearray(pack(REQUEST_ID, "request id", request_id))
     run_name = run_status = None
     for i, (name, status, codes) in enumerate(topics):

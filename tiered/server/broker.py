@@ -40,7 +40,6 @@ from tiered.server.registry import Partition, Registry, Role
 from tiered.server.waiters import Waiters
 from tiered.storage.local_state import LocalState
 from tiered.storage.topics import TopicDirExists
-from tiered.storage.partition_log import AppendResult
 from tiered.tasks import Supervisor
 from tiered.tier_interface import PartitionPlan, Tier
 
@@ -210,7 +209,7 @@ class Broker:
                 log.error("%s/%d cannot be opened and is not served: %s", plan.topic, plan.partition, exc)
                 continue
             part.committed = plan.committed
-            part.catalog_first = plan.first_available
+            part.catalog_first_moved(plan.first_available)
             part.leader = None
             if plan.truncate_after is not None or plan.reupload_after is not None or part.log.last_held < plan.committed:
                 log.info("%s/%d (epoch %d): %s", plan.topic, plan.partition, plan.epoch, plan.reason)
@@ -281,14 +280,6 @@ class Broker:
             await asyncio.wait(late, timeout=1.0)
 
     # -- the data path ----------------------------------------------------------------------------------------
-
-    def appended(self, part: Partition, appended: AppendResult) -> asyncio.Future | None:
-        """After each local append: hands the record to the tier; returns its durable-ack future, if it has one.
-        Records of a topic that is not durable are visible at once (TANK's standalone behaviour)."""
-        ack = self.tier.appended(part.tp, appended, part.durable)
-        if not part.durable:
-            self.waiters.visible(part.tp, appended.first_seq, len(appended.record))
-        return ack
 
     def apply_topic_config(self, name: str, config_text: str) -> None:
         """The catalog's configuration of a topic changed (`tiered topic config`): every partition follows it, and the

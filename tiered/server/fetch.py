@@ -107,7 +107,8 @@ class FetchResolver:
         if isinstance(got, Unreadable):
             return got
         if isinstance(got, Expired):  # retention took it since `bounds` were read: below the start, as TANK says
-            return Boundary(max(bounds.first_available, got.first_available), bounds.hwmark)
+            part.catalog_first_moved(got.first_available)  # the catalog's, read just now: later answers agree
+            return Boundary(part.bounds().first_available, bounds.hwmark)
         return Boundary(bounds.first_available, bounds.hwmark)
 
 

@@ -45,7 +45,9 @@ class Partition:
     lower_tier: bool  # a tier below the local disk holds (and makes visible) what is committed
     role: Role = Role.OPENING
     committed: int = 0  # the catalog's high-water mark: every seq up to it is in the bucket and the catalog
-    catalog_first: int = 0  # the catalog's first available seq (0: it holds nothing of the partition yet)
+    # The catalog's first available seq (0: it holds nothing of the partition yet). Changed only through
+    # `catalog_first_moved`: it never moves back.
+    catalog_first: int = 0
     leader: Leader | None = None  # a FOLLOWER's leader, where its tail is redirected (None: no leader yet)
     # A FOLLOWER serves its local records only up to here: past it the disk may hold records this broker appended
     # but never committed (it lost the partition), which the catalog's history does not have.
@@ -63,7 +65,7 @@ class Partition:
 
     def bounds(self) -> PartitionBounds:
         """A leader's bounds come from its own log; a follower's from the catalog (as of its last look) and the local
-        records it may trust."""
+        records it may trust. This is the one place that says where a partition begins (Discover, consume, Status)."""
         plog = self.log
         local_first = plog.first_available
         local_last = plog.last_held
@@ -72,11 +74,20 @@ class Partition:
             local_last = min(local_last, self.trusted_local)
             if local_last < local_first:
                 local_first = local_last = 0
-        first = local_first
-        if self.catalog_first and (not first or self.catalog_first < first):
-            first = self.catalog_first
+        # Once the catalog holds the partition, its first available seq is the partition's, above the disk's first
+        # seq as well as below it: remote retention moves it forward only, and local records below it (kept longer by
+        # a longer local retention, or found again at a restart) expired and are never served. The disk decides only
+        # while the catalog holds nothing of the partition: its records are then the only history there is.
+        first = self.catalog_first or local_first
         hwmark = self.committed if self.durable or following else plog.last_assigned
         return PartitionBounds(first, hwmark, local_first, local_last, self.lower_tier)
+
+    def catalog_first_moved(self, seq: int) -> None:
+        """The catalog's first available seq is `seq` (as of some read of it): raised, never lowered, since a report
+        may be older than one already applied (a follow from the coordinator's last look after a retention pass
+        here) and the catalog's own never moves back."""
+        if seq > self.catalog_first:
+            self.catalog_first = seq
 
     @property
     def hwmark(self) -> int:

@@ -55,8 +55,8 @@ class TierEvents:
             return
         if last_seq > part.committed:
             part.committed = last_seq
-        if not part.catalog_first:
-            part.catalog_first = first_seq
+        if not part.catalog_first:  # the partition's first commit: the catalog holds it from here
+            part.catalog_first_moved(first_seq)
         if part.durable:
             self.waiters.visible(tp, first_seq, size_bytes)
 
@@ -66,12 +66,12 @@ class TierEvents:
     def copied(self, tp: TopicPartition, base: int, last: int) -> None:
         part = self.registry.get(*tp)
         if part is not None and not part.catalog_first:
-            part.catalog_first = base
+            part.catalog_first_moved(base)
 
     def first_available_moved(self, tp: TopicPartition, seq: int) -> None:
         part = self.registry.get(*tp)
-        if part is not None and seq > part.catalog_first:
-            part.catalog_first = seq
+        if part is not None:
+            part.catalog_first_moved(seq)
 
     def follow(self, tp: TopicPartition, leader: Leader | None, committed: int | None,
                first_available: int | None = None) -> None:
@@ -88,7 +88,7 @@ class TierEvents:
         if committed is not None and committed > part.committed:
             part.committed = committed
         if first_available:
-            part.catalog_first = first_available
+            part.catalog_first_moved(first_available)
         if moved:
             self.waiters.wake_partition(tp)  # long-polls answer now: redirected, or at EOF
 

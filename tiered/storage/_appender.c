@@ -378,6 +378,49 @@ static PyObject *appender_append_in_place(Appender *t, PyObject *const *args, Py
     return appender_append(t, append_argv, 6);
 }
 
+/* BundleFacts (tiered.protocol.bundle), a NamedTuple: the positions of the fields append_record reads. The bundle
+ * scanner builds it by position too (_bundlescan.c); tests/storage/test_appender.py checks these against its _fields. */
+#define FACTS_FIELDS 8
+#define FACT_SPARSE 2
+#define FACT_MIN_TS 6
+#define FACT_MAX_TS 7
+
+static PyObject *segment_bytes_name, *index_max_bytes_name, *interval_name; /* TopicConfig's fields, interned */
+
+PyDoc_STRVAR(append_record_doc,
+"append_record(record, first_seq, last_seq, facts, now_s, config, /)\n--\n\n"
+"append_in_place with the bundle's BundleFacts (sparse, timestamp bounds) and the topic's TopicConfig (segment,\n"
+"index and interval limits) read here: the partition log's one call per produced record. As\n"
+"PySegmentAppender.append_record.");
+
+static PyObject *appender_append_record(Appender *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes (record, first_seq, last_seq, facts, now_s, config)");
+        return NULL;
+    }
+    PyObject *facts = args[3], *config = args[5];
+    if (!PyTuple_Check(facts) || PyTuple_GET_SIZE(facts) != FACTS_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "facts must be a BundleFacts");
+        return NULL;
+    }
+    PyObject *limits[3] = {NULL, NULL, NULL};
+    PyObject *names[3] = {segment_bytes_name, index_max_bytes_name, interval_name};
+    PyObject *result = NULL;
+    int have_limits = 1;
+    for (int i = 0; i < 3 && have_limits; i++)
+        have_limits = (limits[i] = PyObject_GetAttr(config, names[i])) != NULL;
+    if (have_limits) {
+        PyObject *argv[10] = {args[0], args[1], args[2], PyTuple_GET_ITEM(facts, FACT_SPARSE), args[4],
+                              limits[0], limits[1], limits[2], PyTuple_GET_ITEM(facts, FACT_MIN_TS),
+                              PyTuple_GET_ITEM(facts, FACT_MAX_TS)};
+        result = appender_append_in_place(t, argv, 10);
+    }
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(limits[i]);
+    return result;
+}
+
 static PyObject *appender_write_entries(Appender *t, PyObject *unused)
 {
     write_entries(t);
@@ -450,6 +493,7 @@ static PyMethodDef appender_methods[] = {
     {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL, append_doc},
     {"takes", (PyCFunction)(void (*)(void))appender_takes, METH_FASTCALL, takes_doc},
     {"append_in_place", (PyCFunction)(void (*)(void))appender_append_in_place, METH_FASTCALL, append_in_place_doc},
+    {"append_record", (PyCFunction)(void (*)(void))appender_append_record, METH_FASTCALL, append_record_doc},
     {"write_entries", (PyCFunction)appender_write_entries, METH_NOARGS, "writes the index entries the file lacks"},
     {"close", (PyCFunction)appender_close, METH_NOARGS, "writes the pending entries and closes both files"},
     {NULL, NULL, 0, NULL},
@@ -476,6 +520,10 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__appender(void)
 {
     if (PyType_Ready(&TailType) < 0)
+        return NULL;
+    if ((segment_bytes_name = PyUnicode_InternFromString("log_segment_bytes")) == NULL
+        || (index_max_bytes_name = PyUnicode_InternFromString("log_index_size_max_bytes")) == NULL
+        || (interval_name = PyUnicode_InternFromString("log_index_interval_bytes")) == NULL)
         return NULL;
     PyObject *logging = PyImport_ImportModule("logging");
     if (logging == NULL)

@@ -3,7 +3,9 @@ its own). The behaviour is tiered/storage/appender.py's PySegmentAppender, the r
 
 from typing_extensions import Buffer
 
+from tiered.protocol.bundle import BundleFacts
 from tiered.storage.index import SparseIndex
+from tiered.storage.topic_config import TopicConfig
 
 class SegmentAppender:
     def __init__(self, path: str, index_path: str, log_fd: int, index_fd: int, base: int, size: int,
@@ -38,6 +40,8 @@ class SegmentAppender:
     def append_in_place(self, record: Buffer, first_seq: int, last_seq: int, sparse: bool, now_s: float,
                         segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None, max_ts: int,
                         /) -> int | None: ...
+    def append_record(self, record: Buffer, first_seq: int, last_seq: int, facts: BundleFacts, now_s: float,
+                      config: TopicConfig, /) -> int | None: ...
     def append(self, record: Buffer, first_seq: int, last_seq: int, interval: int, min_ts: int | None,
                max_ts: int = 0, /) -> int: ...
     def write_entries(self) -> None: ...

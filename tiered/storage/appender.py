@@ -27,7 +27,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 
+from tiered.protocol.bundle import BundleFacts
 from tiered.storage.index import ENTRY, SparseIndex, should_index
+from tiered.storage.topic_config import TopicConfig
 
 log = logging.getLogger("tiered.storage")
 
@@ -100,6 +102,14 @@ class PySegmentAppender:
                                                index_max_bytes):
             return None
         return self.append(record, first_seq, last_seq, interval, min_ts, max_ts)
+
+    def append_record(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int,
+                      facts: BundleFacts, now_s: float, config: TopicConfig, /) -> int | None:
+        """`append_in_place` with the bundle's facts (sparse, timestamp bounds) and the topic's config (segment,
+        index and interval limits) read here: the partition log's one call per produced record."""
+        return self.append_in_place(record, first_seq, last_seq, facts.sparse, now_s, config.log_segment_bytes,
+                                    config.log_index_size_max_bytes, config.log_index_interval_bytes,
+                                    facts.min_ts_ms, facts.max_ts_ms)
 
     def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int,
                min_ts: int | None,
@@ -189,6 +199,9 @@ class SegmentAppender(Protocol):
     def append_in_place(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, sparse: bool,
                         now_s: float, segment_bytes: int, index_max_bytes: int, interval: int, min_ts: int | None,
                         max_ts: int, /) -> int | None: ...
+
+    def append_record(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int,
+                      facts: BundleFacts, now_s: float, config: TopicConfig, /) -> int | None: ...
 
     def append(self, record: bytes | bytearray | memoryview, first_seq: int, last_seq: int, interval: int,
                min_ts: int | None, max_ts: int = 0, /) -> int: ...

@@ -20,6 +20,7 @@ Not thread-safe beyond its own lock: every public method takes it; `iter_records
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -63,6 +64,11 @@ class AppendResult(NamedTuple):
     # (ProducePartition.record), which keeps the payload alive. Consumers only read it, as a bytes-like object.
     record: bytes | memoryview
     header: BundleFacts  # the bundle's header and timestamp bounds, so later stages need not read it again
+
+
+# AppendResult(...) runs the NamedTuple's generated __new__, a Python function (~2,300 instructions per append,
+# measured with callgrind); this builds the same instance from C, from one tuple of its fields in order.
+_append_result: Callable[[tuple[object, ...]], AppendResult] = functools.partial(tuple.__new__, AppendResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +227,9 @@ class PartitionLog:
         size = len(bundle)
         if size > MAX_VARINT:
             raise ProtocolError(f"bundle of {size} bytes does not fit a segment record")
-        with self._lock:
+        lock = self._lock  # acquire/release: ~2x cheaper than `with` per append (no special-method lookups)
+        lock.acquire()
+        try:
             if self._closed:
                 self._check_open()
             if facts.first_seq is not None and facts.last_seq is not None:  # set iff the bundle is sparse
@@ -239,18 +247,19 @@ class PartitionLog:
             written = record if record is not None else b"".join((encode_varint(size), bundle))
             now = self._now_s()
             config = self.config
-            ts_bounds = (facts.min_ts_ms, facts.max_ts_ms)
             # Most records go into the active segment as it is: one native call decides and writes.
             active = self._active
-            position = None if active is None else active.append_in_place(written, first, last, facts.sparse, now,
-                                                                            config, ts_bounds)
+            position = None if active is None else active.append_record(written, first, last, facts, now, config)
             if active is None or position is None:
                 active = self._segment_for(first, last, facts.sparse, len(written), now)
-                position = active.append(written, first, last, config.log_index_interval_bytes, ts_bounds)
+                position = active.append(written, first, last, config.log_index_interval_bytes,
+                                         (facts.min_ts_ms, facts.max_ts_ms))
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
-            return AppendResult(first, last, active.base, position, position + len(written), written, facts)
+            return _append_result((first, last, active.base, position, position + len(written), written, facts))
+        finally:
+            lock.release()
 
     def _segment_for(self, first: int, last: int, sparse: bool, record_len: int, now: float) -> ActiveSegment:
         active = self._active

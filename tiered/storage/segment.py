@@ -215,6 +215,10 @@ class ActiveSegment(SegmentFiles):
         # (2 CPU s/GB at 100 B messages); only a segment created here saw every append.
         self._appender = appender_class()(self.path, self.index_path, log_fd, index_fd, base, size, last, index,
                                   since_last_update, created_ts, roll_age_s)
+        # append_record(record, first_seq, last_seq, facts, now_s, config) -> position | None: `append` when this
+        # segment holds a record and takes this one (the produce path's one native call); None otherwise, and nothing
+        # is written. The appender's own method, bound once: no Python frame per record.
+        self.append_record = self._appender.append_record
         self._reader: SegmentReader | None = SegmentReader(self.path)
 
     @property
@@ -316,14 +320,6 @@ class ActiveSegment(SegmentFiles):
         should_roll(), a seq jump, the index's u32 columns)."""
         return self._appender.takes(first_seq, last_seq, sparse, record_len, now_s, config.log_segment_bytes,
                                 config.log_index_size_max_bytes)
-
-    def append_in_place(self, record: bytes | memoryview, first_seq: int, last_seq: int, sparse: bool, now_s: float,
-                        config: TopicConfig, ts_bounds: tuple[int, int]) -> int | None:
-        """`append` when this segment holds a record and takes this one (the produce path's one native call);
-        None otherwise, and nothing is written."""
-        return self._appender.append_in_place(record, first_seq, last_seq, sparse, now_s, config.log_segment_bytes,
-                                          config.log_index_size_max_bytes, config.log_index_interval_bytes,
-                                          ts_bounds[0], ts_bounds[1])
 
     def append(self, record: bytes | memoryview, first_seq: int, last_seq: int, interval: int,
                ts_bounds: tuple[int, int] | None = None) -> int:

@@ -41,6 +41,7 @@ class PartitionTier:
 
 
 _NOT_LED = PartitionTier(Role.FOLLOWING, None, None, 0, 0, 0)
+_LED = Role.LED  # read per produced record (epoch_of): an Enum member read goes through 3.11's EnumType.__getattr__
 
 
 class TierState:
@@ -60,8 +61,8 @@ class TierState:
 
     def epoch_of(self, tp: TopicPartition) -> int | None:
         """The epoch of a partition led here; None when it is not (followed, lost or fenced)."""
-        state = self.of(tp)
-        return state.epoch if state.role is Role.LED else None
+        state = self._partitions.get(tp, _NOT_LED)  # self.of(tp), inline: read once per produced record
+        return state.epoch if state.role is _LED else None
 
     def config_of(self, tp: TopicPartition) -> TopicConfig | None:
         """The config of a partition led here; None when it is not."""

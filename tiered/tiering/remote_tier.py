@@ -130,9 +130,10 @@ class RemoteTier:
             if config is None or tp in visited:
                 return 0
             visited.add(tp)
-            report = await enforce_remote_retention(self.store, self.catalog, tp.topic, tp.partition, config,
-                                                    self._now(), grace=self.grace, finish_leftovers=tp in unfinished)
-            if report.first_available_seq:
+            report = await enforce_remote_retention(
+                self.store, self.catalog, tp.topic, tp.partition, config, self._now(), grace=self.grace,
+                finish_leftovers=tp in unfinished, moved=lambda seq: self.sink.first_available_moved(tp, seq))
+            if report.first_available_seq:  # also when nothing expired now: the start as the catalog has it
                 self.sink.first_available_moved(tp, report.first_available_seq)
             if report.more:
                 self._retention_again.add(tp)

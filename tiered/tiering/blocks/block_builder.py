@@ -100,13 +100,11 @@ class BlockBuilder:
         self.max_age_ms = max_age_ms
         self._runs: dict[TopicPartition, list[PendingRun]] = {}
         self._acks: list[tuple[TopicPartition, asyncio.Future]] = []
-        self._size = 0
+        # Bytes of the pending records: read by the durable path after every add (a plain attribute, not a
+        # property: one read per produced record), changed only by the builder.
+        self.pending_bytes = 0
         self._opened_ms: float | None = None
         self._next_from: dict[TopicPartition, int] = {}  # per partition opened here: its next run's from_seq
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._size
 
     @property
     def opened_ms(self) -> float | None:
@@ -128,7 +126,7 @@ class BlockBuilder:
         self._next_from.pop(tp, None)
         runs = self._runs.pop(tp, None)
         if runs:
-            self._size -= sum(r.size_bytes for r in runs)
+            self.pending_bytes -= sum(r.size_bytes for r in runs)
             kept = []
             for key, ack in self._acks:
                 if key == tp:
@@ -141,9 +139,10 @@ class BlockBuilder:
                 self._opened_ms = None
 
     def add(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
-            now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> None:
-        """Adds one record. Records of a partition must arrive in seq order (the partition log's append order).
-        `facts`: what validate_bundle found for its bundle (AppendResult.header), when the caller has them."""
+            now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> bool:
+        """Adds one record; True when it opened the pending block (the builder was empty). Records of a partition
+        must arrive in seq order (the partition log's append order). `facts`: what validate_bundle found for its
+        bundle (AppendResult.header), when the caller has them."""
         next_from = self._next_from.get(key)
         epoch = self.state.epoch_of(key)
         if next_from is None or epoch is None:
@@ -177,11 +176,13 @@ class BlockBuilder:
             run.max_ts_ms = high
         run.size_bytes += size
         self._next_from[key] = last_seq + 1
-        self._size += size
+        self.pending_bytes += size
         if ack is not None:
             self._acks.append((key, ack))
         if self._opened_ms is None:
             self._opened_ms = now_ms
+            return True
+        return False
 
     def due_ms(self) -> float | None:
         """When the pending block must close by age, or None when nothing is pending."""
@@ -190,16 +191,16 @@ class BlockBuilder:
     def should_close(self, now_ms: float) -> bool:
         if self._opened_ms is None:
             return False
-        return self._size >= self.max_bytes or now_ms >= self._opened_ms + self.max_age_ms
+        return self.pending_bytes >= self.max_bytes or now_ms >= self._opened_ms + self.max_age_ms
 
     def close(self) -> ClosedBlock | None:
         """Takes everything pending as one block, or None when nothing is pending (an empty block is never built)."""
         if not self._runs:
             return None
         runs = [run for partition_runs in self._runs.values() for run in partition_runs]
-        block = ClosedBlock(runs, self._acks, self._opened_ms or 0.0, self._size)
+        block = ClosedBlock(runs, self._acks, self._opened_ms or 0.0, self.pending_bytes)
         self._runs = {}
         self._acks = []
-        self._size = 0
+        self.pending_bytes = 0
         self._opened_ms = None
         return block

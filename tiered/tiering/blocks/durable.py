@@ -93,12 +93,12 @@ class DurablePath:
 
     def appended(self, tp: TopicPartition, appended: AppendResult, durable: bool) -> asyncio.Future | None:
         ack = asyncio.get_running_loop().create_future() if durable else None
-        was_empty = self.builder.empty
-        self.builder.add(tp, appended.first_seq, appended.last_seq, appended.record,
-                         appended.segment_base, self.clock.now_ms(), ack, appended.header)
-        if self.builder.pending_bytes >= self.builder.max_bytes:
+        builder = self.builder
+        opened = builder.add(tp, appended.first_seq, appended.last_seq, appended.record,
+                             appended.segment_base, self.clock.now_ms(), ack, appended.header)
+        if builder.pending_bytes >= builder.max_bytes:
             self._close_block()  # at once: the timer task may only run after many more appends
-        elif was_empty:
+        elif opened:
             self._kick.set()
         return ack
 

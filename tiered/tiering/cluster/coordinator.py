@@ -31,7 +31,6 @@ from typing import Protocol
 
 from tiered import metrics as m
 from tiered.catalog import cluster as catalog_cluster
-from tiered.catalog import topics as catalog_topics
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
@@ -238,20 +237,24 @@ class Coordinator:
         self._version = None  # until this look is carried out (a failure in between looks at everything next time)
         self._looked = look.changes  # what the assignments kept hold up to (raised by a look between claim batches)
         changed: set[TopicPartition] = set()
-        if full or look.changes != version:
-            topics = await self.catalog.read(catalog_topics.list_topics)
-            await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
-            changed |= self._assignments.drop_topics(t.name for t in topics)
+        # The topics and the assignments from one snapshot, and every topic made known (created on the disk) before
+        # anything is decided: each partition a decision names is one the server has. Read apart, a topic created
+        # between the two reads had assignments but no local partitions yet; a follow of one was dropped by the
+        # server yet remembered in `_followed` as told, so it was never told again and answered "no leader" for good.
         if full:
             # At start, after the counter went back (an emptied catalog), and every FULL_LOOK_S as a safety net: a
             # change no version names (a writer outside tiered.catalog, a restore) is found within that time.
-            rows = await self.catalog.read(catalog_cluster.assignments)
+            topics, rows = await self.catalog.read(catalog_cluster.full_look)
+        else:
+            # The counter was read first (look), so every change of a version up to it is among these rows.
+            topics, rows = await self.catalog.read(catalog_cluster.changed_look, version)
+        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
+        changed |= self._assignments.drop_topics(t.name for t in topics)
+        if full:
             changed |= await asyncio.to_thread(self._assignments.replace, rows)
             keys: Collection[TopicPartition] = list(self._assignments.rows)
             self._full_look_at = started + FULL_LOOK_S
         else:
-            # The counter was read first (look), so every change of a version up to it is among these rows.
-            rows = await self.catalog.read(catalog_cluster.changed_since, version)
             changed |= self._assignments.apply(rows)
             keys = affected(self._assignments, changed, self._members, members)
         leading = self.leadership.leading()
@@ -362,9 +365,10 @@ class Coordinator:
         since = self._looked
         if look.changes is None or since is None or look.changes <= since:
             return
-        rows = await self.catalog.read(catalog_cluster.changed_since, since)
+        topics, rows = await self.catalog.read(catalog_cluster.changed_look, since)  # one snapshot, as in tick
+        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
         self._looked = look.changes
-        changed = self._assignments.apply(rows)
+        changed = self._assignments.drop_topics(t.name for t in topics) | self._assignments.apply(rows)
         decision = decide_changes(self.view(()), self._assignments, changed, self.leadership.leading(),
                                   self.clock.monotonic(), claims_too=False)
         for f in decision.lost:

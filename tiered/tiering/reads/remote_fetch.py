@@ -151,6 +151,9 @@ class RemoteReader(RunReads):
         # The seqs that would continue recent answers, per partition: a fetch asking one of them reads in order,
         # and only such fetches are read ahead (a random read would waste the GET).
         self._expected: dict[TopicPartition, deque[int]] = {}
+        # The catalog lookup in flight per partition: a lookup that may be answered from the caches waits for it and
+        # looks there first (a consumer and the read-ahead ahead of it ask for seqs of the same segment at once).
+        self._locating: dict[TopicPartition, asyncio.Future[None]] = {}
 
     @property
     def buffered_bytes(self) -> int:
@@ -187,14 +190,14 @@ class RemoteReader(RunReads):
         (tiered.catalog.locate, one transaction). A cached location that fails to answer (its object gone, or
         holding nothing from the seq on) is not trusted: the catalog is asked again before anything is reported."""
         asked = False  # whether `location` comes from the catalog just now
+        stale = False  # a location failed to answer: the catalog itself is asked, not a lookup already in flight
         while True:
             location = None if asked else self._cached(tp, seq)
             if location is None:
-                location = await self._query(locate, tp.topic, tp.partition, seq)
+                location = await self._locate(tp, seq, fresh=stale)
                 asked = True
                 if isinstance(location, Nowhere):
                     return location
-                self._remember(location)
             if isinstance(location, InSegment):
                 got = await self._from_segment(tp, location.row, seq, fetch_size)
                 if isinstance(got, int):  # compaction removed the segment's messages from seq on: the next answers
@@ -206,7 +209,7 @@ class RemoteReader(RunReads):
                 return got
             if not asked:
                 self.forget_locations(tp)  # stale: the catalog names the locations now
-                asked = True
+                asked = stale = True
                 continue
             if got is None:
                 name = location.row.object_key if isinstance(location, InSegment) else location.run.object_key
@@ -250,6 +253,34 @@ class RemoteReader(RunReads):
     async def _query(self, fn, *args):
         self.metrics.inc(m.REMOTE_CATALOG_QUERIES)
         return await self.catalog.read(fn, *args)
+
+    async def _locate(self, tp: TopicPartition, seq: int, *, fresh: bool = False) -> InSegment | InRun | Nowhere:
+        """Where `seq` is, from the caches when a lookup of the partition that was in flight put it there, else
+        from the catalog (one lookup per partition at a time; what it finds is remembered). `fresh`: from the
+        catalog, never from a lookup that started before the caller found a location stale."""
+        while not fresh and (pending := self._locating.get(tp)) is not None:
+            await asyncio.shield(pending)
+            row = self.segments.get(tp, seq)
+            if row is not None:
+                return InSegment(row)
+            run = self.runs.get(tp, seq)
+            if run is not None:
+                return InRun(run)
+        if fresh:
+            return await self._ask_catalog(tp, seq)
+        done = asyncio.get_running_loop().create_future()
+        self._locating[tp] = done
+        try:
+            return await self._ask_catalog(tp, seq)
+        finally:
+            del self._locating[tp]
+            done.set_result(None)
+
+    async def _ask_catalog(self, tp: TopicPartition, seq: int) -> InSegment | InRun | Nowhere:
+        found = await self._query(locate, tp.topic, tp.partition, seq)
+        if not isinstance(found, Nowhere):
+            self._remember(found)
+        return found
 
     async def _get(self, object_key: str, start: int, end: int, topic: str) -> bytes | None:
         self.metrics.inc(m.REMOTE_GETS)
@@ -431,10 +462,9 @@ class RemoteReader(RunReads):
         seq = entry.seq
         location = self.segments.get(tp, seq)
         if location is None:
-            found = await self._query(locate, tp.topic, tp.partition, seq)
+            found = await self._locate(tp, seq)
             if isinstance(found, Nowhere):
                 return None
-            self._remember(found)
             if not isinstance(found, InSegment):
                 return None  # in a block run: its reads are not read ahead
             location = found.row

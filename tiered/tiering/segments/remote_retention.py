@@ -14,8 +14,10 @@ One pass, in this order, each step safe to repeat after a crash:
 2. The partition's first available seq moves past the expired segments (to the seq after the last expired one, or
    the base of the next remote segment when that one answers for the seqs between) BEFORE any of them stops being
    readable, so that a consumer below it gets the boundary fault with a seq that is still served, never a seq
-   whose objects are going away. set_first_available never moves it back. The new start is also written to the
-   bucket (tiered.tiering.objects.keys.partition_start_key), for a catalog rebuilt from the bucket.
+   whose objects are going away. set_first_available never moves it back. The broker running the pass is told the
+   new start then (`moved`), so that it refuses the expiring seqs before their objects go, whatever its disk holds.
+   The new start is also written to the bucket (tiered.tiering.objects.keys.partition_start_key), for a catalog
+   rebuilt from the bucket.
 3. Per segment: DELETE_STARTED (it stops being readable and leaves remote_bytes), delete the `.ilog` and `.index`
    objects, DELETE_FINISHED.
 4. Block runs below the first available seq (if any: one index probe) are pruned; blocks left without runs become
@@ -39,7 +41,7 @@ order, where it expires nothing); what a visited partition's pass does is unchan
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -84,12 +86,15 @@ async def enforce_remote_retention(
     run_limit: int = 1000,
     grace: timedelta = DEFAULT_DELETE_GRACE,
     finish_leftovers: bool = True,
+    moved: Callable[[int], None] | None = None,
 ) -> RetentionReport:
     """One bounded retention pass over one partition's remote segments (see the module docstring).
 
     At most `limit` segments are deleted (leftovers included) and `run_limit` block runs pruned; `more` says a
     limit was reached. `finish_leftovers=False` is for a caller that has just finished this partition's
-    interrupted deletions itself (the cleanup of abandoned copies does), so that they are looked for once. `grace` is how long blocks emptied by the prune stay in the bucket. A StoreError or
+    interrupted deletions itself (the cleanup of abandoned copies does), so that they are looked for once. `grace` is how long blocks emptied by the prune stay in the bucket. `moved` is
+    told the first available seq in force as soon as step 2 wrote it, before any deletion: the broker then answers
+    reads below it with the boundary fault instead of reading seqs whose objects are going away. A StoreError or
     CatalogUnavailable propagates; whatever was done so far stays consistent and the next pass continues it.
     """
     if limit < 1 or run_limit < 1:
@@ -113,6 +118,8 @@ async def enforce_remote_retention(
         first = await _first_kept_seq(catalog, topic, partition, expired[-1])
         report.first_available_seq = await catalog.write(catalog_partitions.set_first_available, topic, partition,
                                                          first)
+        if moved is not None:
+            moved(report.first_available_seq)
         await store.put(keys.partition_start_key(topic, partition), str(report.first_available_seq).encode(),
                         attribution=Attribution.topic(topic))
         for segment in expired:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from tiered import metrics as m
 from tiered.catalog import cluster as catalog_cluster
+from tiered.catalog.topics import TopicRow
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
@@ -248,8 +249,7 @@ class Coordinator:
         else:
             # The counter was read first (look), so every change of a version up to it is among these rows.
             topics, rows = await self.catalog.read(catalog_cluster.changed_look, version)
-        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
-        changed |= self._assignments.drop_topics(t.name for t in topics)
+        changed |= await self._take_topics(topics)
         if full:
             changed |= await asyncio.to_thread(self._assignments.replace, rows)
             keys: Collection[TopicPartition] = list(self._assignments.rows)
@@ -356,6 +356,12 @@ class Coordinator:
             if claiming is not None:
                 await asyncio.gather(claiming, return_exceptions=True)
 
+    async def _take_topics(self, topics: Sequence[TopicRow]) -> set[TopicPartition]:
+        """The catalog's topics, as read with the assignments: made known to the server (created on its disk) before
+        anything is decided about their partitions; the partitions of topics gone are forgotten (returned)."""
+        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
+        return self._assignments.drop_topics(t.name for t in topics)
+
     async def _follow_changes(self) -> None:
         """Between a long decision's claim batches (a failover's 17,000 orphans): the partitions changed since the
         tick's look (the other brokers' claims, mostly) are read and followed, and those lost are dropped, so that
@@ -366,9 +372,9 @@ class Coordinator:
         if look.changes is None or since is None or look.changes <= since:
             return
         topics, rows = await self.catalog.read(catalog_cluster.changed_look, since)  # one snapshot, as in tick
-        await self.sink.topics_known([NewLocalTopic(t.name, t.partitions, t.config_text) for t in topics])
+        changed = await self._take_topics(topics)
         self._looked = look.changes
-        changed = self._assignments.drop_topics(t.name for t in topics) | self._assignments.apply(rows)
+        changed |= self._assignments.apply(rows)
         decision = decide_changes(self.view(()), self._assignments, changed, self.leadership.leading(),
                                   self.clock.monotonic(), claims_too=False)
         for f in decision.lost:

@@ -73,15 +73,18 @@ def cat(catalog_url):
     return Catalog.open(catalog_url)  # closed with the AsyncCatalog that serves it
 
 
+async def joined(access: AsyncCatalog, sink: Sink, cat: Catalog) -> Coordinator:
+    """A coordinator of broker ME on a manual clock, joined as member."""
+    coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS, metrics=Metrics(),
+                              clock=ManualClock())
+    await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+    return coordinator
+
+
 @pytest.fixture
 async def coordinator(cat):
-    clock = ManualClock()
-    sink = Sink()
     access = AsyncCatalog(cat)
-    coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS, metrics=Metrics(),
-                              clock=clock)
-    await coordinator.join(Endpoints("127.0.0.1:11011", ""))
-    yield coordinator
+    yield await joined(access, Sink(), cat)
     access.close()
 
 
@@ -160,9 +163,7 @@ async def test_a_follower_learns_its_bounds_when_a_read_needs_them(pg_url):
     access = AsyncCatalog(cat)
     try:
         sink = Sink()
-        coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
-                                  metrics=Metrics(), clock=ManualClock())
-        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        coordinator = await joined(access, sink, cat)
         register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
         create_topic(cat, "t", 1, leaders={0: OTHER})
         epoch = claim_partitions(cat, OTHER, "t", [0])[0]
@@ -215,9 +216,7 @@ async def test_a_look_reads_and_tells_only_the_partitions_that_changed(pg_url):
     access = AsyncCatalog(cat)
     try:
         sink = Sink()
-        coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
-                                  metrics=Metrics(), clock=ManualClock())
-        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        coordinator = await joined(access, sink, cat)
         register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
         create_topic(cat, "t", 300, leaders={p: OTHER for p in range(300)})
         claim_partitions(cat, OTHER, "t", range(300))
@@ -343,9 +342,7 @@ async def test_a_topic_created_during_a_look_has_its_leaders_told_once_it_exists
     access = AsyncCatalog(cat)
     try:
         sink = LocalSink()
-        coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
-                                  metrics=Metrics(), clock=ManualClock())
-        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        coordinator = await joined(access, sink, cat)
         register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
         create_topic(cat, "t", 1, leaders={0: OTHER})
         await coordinator.tick()

@@ -208,7 +208,7 @@ def test_migrations_ship_as_a_package():
     folder = migrations_dir()
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
-    assert head() == "0012"
+    assert head() == "0013"
 
 
 def test_alembic_commands_work_given_only_a_url(tmp_path):

@@ -144,7 +144,7 @@ def measure_commits(urls: dict[str, str], backend: str, rounds: int, log=print, 
                 cpu = time.thread_time() - cpu0 + server_cpu() - server0
                 sent = cat.statements - statements
                 expand_cpu = None
-                if code == "this" and not blocks.expands_in_commit(cat):
+                if code == "this" and not blocks.expands_in_commit(cat, len(runs)):
                     server0, cpu0 = server_cpu(), time.thread_time()
                     blocks.expand_blocks(cat, [block_id])
                     expand_cpu = time.thread_time() - cpu0 + server_cpu() - server0

@@ -286,7 +286,8 @@ def commit_block(
     Then marks the block committed with its runs, raises each partition's hwmark_seq to its last run's
     last_seq, and sets first_available_seq from the first run when it was still 0. The runs are written packed in
     the block's row (unexpanded: `expand_blocks` moves them into block_runs after the acknowledgements), or, with
-    `expand` (the default on SQLite), as block_runs rows in this transaction.
+    `expand` (by default on SQLite, and for a small block: expands_in_commit), as block_runs rows in this
+    transaction.
 
     Two statements on PostgreSQL (check and raise; mark with the runs), three with `expand` (and the insert),
     whatever the number of runs; a refusal
@@ -298,7 +299,7 @@ def commit_block(
     heads = sorted(by_partition.values())  # by (topic, partition): the lock order
     committed_at = utcnow(now)
     if expand is None:
-        expand = expands_in_commit(cat)
+        expand = expands_in_commit(cat, len(runs))
     packed = None if expand else pack_runs(runs)
     for _ in range(_REFUSAL_TRIES):
         try:
@@ -338,10 +339,17 @@ def commit_block(
     raise CatalogUnavailable(f"the commit of block {block_id} was refused, then found allowed, {_REFUSAL_TRIES} times")
 
 
-def expands_in_commit(cat: Catalog) -> bool:
-    """Whether commit_block inserts the block_runs rows itself by default: on SQLite (one broker, whose one writer
-    would gain nothing from a second transaction), not on PostgreSQL (the commit writes the runs packed)."""
-    return cat.backend != "postgresql"
+# Up to this many runs a PostgreSQL commit inserts its block_runs rows itself: a second transaction costs more
+# (about 1.5 ms of CPU) than the rows of a small block (a few microseconds each) cost the commit. The packed runs
+# are for the wide blocks, whose rows cost the commit most of its time (docs/benchmarks.md, "Fourth round").
+EXPAND_IN_COMMIT_RUNS = 64
+
+
+def expands_in_commit(cat: Catalog, runs: int) -> bool:
+    """Whether commit_block inserts the block_runs rows of a block of `runs` runs itself by default: always on SQLite
+    (one broker, whose one writer would gain nothing from a second transaction), and on PostgreSQL for a block of
+    at most EXPAND_IN_COMMIT_RUNS runs; otherwise the commit writes them packed and leaves them unexpanded."""
+    return cat.backend != "postgresql" or runs <= EXPAND_IN_COMMIT_RUNS
 
 
 # A block's runs packed into one value (blocks.runs_pending): b"\x01", the number of topic names (u32), each name

@@ -18,12 +18,21 @@ one native call per read (`_bundlescan.cut_payloads`; `_cut_payloads_py`, built 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
 from tiered.protocol.buffers import BytesLike
 from tiered.protocol.errors import ProtocolError
 
+# What cut_payloads returns: (frames, rest, payload_bytes, big, error). `frames`: every whole frame in order, as
+# (msg_id, payload) with the payload copied out as bytes (read-only, so the produce path's record views need no
+# conversion, and the receive buffer may be reused at once); `rest`, `big` and `error` as FrameCut's; `payload_bytes`
+# the payloads' total length. A plain tuple: one per read, built in C.
+PayloadCut = tuple[list[tuple[int, bytes]], int, int, "tuple[int, int] | None", "ProtocolError | None"]
+
+
+_cut_payloads_native: Callable[[BytesLike, int, int, int], PayloadCut] | None
 try:
     from tiered.protocol._bundlescan import cut_payloads as _cut_payloads_native
 except ImportError:  # no C compiler at install: the reference below serves
@@ -87,13 +96,6 @@ def cut_frames(buf: BytesLike, start: int, end: int, big_bytes: int = MAX_FRAME_
     return FrameCut(frames, start)
 
 
-# What cut_payloads returns: (frames, rest, payload_bytes, big, error). `frames`: every whole frame in order, as
-# (msg_id, payload) with the payload copied out as bytes (read-only, so the produce path's record views need no
-# conversion, and the receive buffer may be reused at once); `rest`, `big` and `error` as FrameCut's; `payload_bytes`
-# the payloads' total length. A plain tuple: one per read, built in C.
-PayloadCut = tuple[list[tuple[int, bytes]], int, int, "tuple[int, int] | None", "ProtocolError | None"]
-
-
 def _cut_payloads_py(buf: BytesLike, start: int, end: int, big_bytes: int) -> PayloadCut:
     """The reference of the native `cut_payloads`: cut_frames, then each payload copied out."""
     if start < 0 or end < start or end > len(buf):
@@ -104,7 +106,7 @@ def _cut_payloads_py(buf: BytesLike, start: int, end: int, big_bytes: int) -> Pa
     return frames, cut.rest, sum(len(p) for _, p in frames), cut.big, cut.error
 
 
-cut_payloads = _cut_payloads_native or _cut_payloads_py
+cut_payloads = _cut_payloads_py if _cut_payloads_native is None else _cut_payloads_native
 
 
 def maybe_frame(buf: BytesLike, position: int = 0) -> tuple[int, memoryview, int] | None:

@@ -12,10 +12,10 @@ block run that answers for it (`from_seq <= seq <= last_seq`). commit_block prov
 segment_copy_finished keeps it (runs go in the same transaction their segment becomes readable), and
 tiered.catalog.check verifies it.
 
-Unexpanded runs (0013). On PostgreSQL `commit_block` writes a block's runs packed into its own row
-(`blocks.runs_pending`, `pack_runs`) instead of one `block_runs` row each, and `expand_blocks` moves them into
-`block_runs` later: right after the acknowledgements (the block pipeline), or by the sweep on any broker for a block
-a crash left unexpanded (`unexpanded_blocks`). The invariants:
+Unexpanded runs (0013). On PostgreSQL `commit_block` writes the runs of a wide block (more than
+EXPAND_IN_COMMIT_RUNS) packed into its own row (`blocks.runs_pending`, `pack_runs`) instead of one `block_runs` row
+each, and `expand_blocks` moves them into `block_runs` later: right after the acknowledgements (the block pipeline),
+or by the sweep on any broker for a block a crash left unexpanded (`unexpanded_blocks`). The invariants:
 - a committed block's runs are in exactly one of two places, `runs_pending` or `block_runs`: the expansion inserts
   the rows and clears `runs_pending` in one transaction, after locking the block row and seeing it still pending,
   so two expanders never insert a run twice;
@@ -32,13 +32,12 @@ unless a test asks (`expand=False`), and the readers' code is the same.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import cache
 from operator import attrgetter
-
-import struct
 
 from sqlalchemy import Connection, bindparam, delete, exists, insert, null, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
@@ -289,9 +288,8 @@ def commit_block(
     `expand` (by default on SQLite, and for a small block: expands_in_commit), as block_runs rows in this
     transaction.
 
-    Two statements on PostgreSQL (check and raise; mark with the runs), three with `expand` (and the insert),
-    whatever the number of runs; a refusal
-    rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after
+    Two statements (check and raise; mark with the packed runs), three with `expand` (and the insert), whatever
+    the number of runs; a refusal rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after
     CatalogUnavailable) returns the hwmarks as they are. A block that is not pending (abandoned) raises
     IllegalTransition; another broker's block raises ValueError.
     """

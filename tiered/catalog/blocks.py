@@ -403,17 +403,26 @@ def _insert_runs(cat: Catalog | None, conn: Connection, block_id: int, runs: Seq
         conn.execute(statement(conn.dialect.name, _INSERT_RUNS, RUNS),
                      {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
         return
-    import psycopg  # the PostgreSQL driver, present whenever a PostgreSQL catalog is open
-
-    line = f"{int(block_id)}\t%s" + "\t%d" * (len(_RUN_FIELDS) - 1) + "\n"
     names: dict[str, str] = {}
     rows = []
+    line = _copy_line(block_id)
     for run in runs:
         values = _run_values(run)
         topic = run.topic
         if topic not in names:
             names[topic] = _copy_text(topic)
         rows.append(line % ((names[topic],) + values[1:]))
+    _copy(cat, conn, rows)
+
+
+def _copy_line(block_id: int) -> str:
+    return f"{int(block_id)}\t%s" + "\t%d" * (len(_RUN_FIELDS) - 1) + "\n"
+
+
+def _copy(cat: Catalog, conn: Connection, rows: list[str]) -> None:
+    """Sends `rows` (lines of COPY's text format) into block_runs."""
+    import psycopg  # the PostgreSQL driver, present whenever a PostgreSQL catalog is open
+
     cat.counted()  # sent on the driver's cursor: the statement counter does not see it
     try:
         with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY_RUNS) as copy:
@@ -648,10 +657,20 @@ def _expand(cat: Catalog | None, conn: Connection, block_id: int) -> int:
     packed = conn.execute(_LOCK_PENDING, {"e_id": block_id}).scalar_one_or_none()
     if packed is None:
         return 0  # expanded already (by another broker, a prune, or the commit itself), or no committed block
-    runs = unpack_runs(packed)
-    _insert_runs(cat, conn, block_id, runs)
+    if cat is not None and conn.dialect.name == "postgresql":
+        # The COPY's lines straight from the packed records, whose fields are in RunRow's order (about 1.5 ms less
+        # Python for 1,600 runs than building the RunRows first).
+        names, records = _unpacked(packed)
+        texts, line = [_copy_text(name) for name in names], _copy_line(block_id)
+        rows = [line % ((texts[r[0]],) + r[1:]) for r in records]
+        _copy(cat, conn, rows)
+        inserted = len(rows)
+    else:
+        runs = unpack_runs(packed)
+        _insert_runs(cat, conn, block_id, runs)
+        inserted = len(runs)
     conn.execute(_CLEAR_PENDING, {"e_id": block_id})
-    return len(runs)
+    return inserted
 
 
 def expand_pending_of(conn: Connection, topic: str, partition: int, low: int, high: int) -> int:

@@ -89,6 +89,8 @@ def insert_committed_blocks(cat: Catalog, blocks: Iterable[RestoredBlock]) -> li
                 )
                 .returning(BlockModel.block_id)
             ).scalar_one()
+            # Written expanded (runs_pending stays NULL, tiered.catalog.blocks): the rebuild runs with the brokers
+            # stopped, so no expansion or prune can meet these blocks half-written.
             conn.execute(insert(BlockRunModel), [{"block_id": block_id, **asdict(run)} for run in block.runs])
             ids.append(block_id)
     return ids

@@ -51,6 +51,10 @@ class Settings:
     # `block_max_puts_per_s` times a second, so that the PUTs it adds stay bounded.
     block_linger_ms: int | None = None
     block_max_puts_per_s: float = 10.0
+    # On PostgreSQL a block's commit inserts the catalog rows of its runs itself when it has at most this many runs;
+    # a wider block's runs are written packed in its row and expanded into rows after its acks (tiered.catalog.blocks;
+    # 0: every block so).
+    block_expand_in_commit_runs: int = 64
     # Memory for reads from the bucket (docs/configuration.md): range GET buffers, read-ahead and the reader's caches.
     remote_read_budget_bytes: int = 256 << 20
     # Remote reads give way to blocks in flight for at most this long at a time (tiered.tiering.blocks.hot_path; 0: never).
@@ -273,6 +277,7 @@ _CONVERTERS = {
     "block_max_age_ms": _at_least(int, 1, "1 ms"),
     "block_linger_ms": _at_least(int, 0, "0 ms"),
     "block_max_puts_per_s": _at_least(float, 0.01, "0.01"),
+    "block_expand_in_commit_runs": _at_least(int, 0, "0"),
     "remote_read_budget_bytes": _at_least(parse_size, 1 << 20, "1 MiB"),
     "remote_read_yield_ms": _at_least(int, 0, "0 ms"),
     "produce_ack_timeout_ms": _at_least(int, 1, "1 ms"),
@@ -332,6 +337,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="with no upload in flight, close a block this long after its oldest record (default: off)")
     a("--block-max-puts-per-s", dest="block_max_puts_per_s",
       help="at most this many blocks a second closed early by --block-linger-ms (default 10)")
+    a("--block-expand-in-commit-runs", dest="block_expand_in_commit_runs",
+      help=f"on PostgreSQL, a block of at most this many runs writes their catalog rows in its commit, a wider one "
+           f"after its acks (default {defaults.block_expand_in_commit_runs}; 0: every block after its acks)")
     a("--remote-read-budget-bytes", dest="remote_read_budget_bytes",
       help="memory for reads from the bucket: GET buffers, read-ahead, caches (default 256MiB)")
     a("--remote-read-yield-ms", dest="remote_read_yield_ms",

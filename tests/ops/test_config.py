@@ -48,6 +48,7 @@ SAMPLES = {
     "block_max_age_ms": ("100", "100", 100),
     "block_linger_ms": ("5", "5", 5),
     "block_max_puts_per_s": ("2.5", "2.5", 2.5),
+    "block_expand_in_commit_runs": ("0", "0", 0),
     "remote_read_budget_bytes": ('"64MiB"', "64MiB", 64 << 20),
     "remote_read_yield_ms": ("50", "50", 50),
     "produce_ack_timeout_ms": ("2500", "2500", 2500),
@@ -75,6 +76,7 @@ OTHER = {
     "tls_cert": ("/o.crt", "/o.crt"), "tls_key": ("/o.key", "/o.key"), "tls_client_ca": ("/o.ca", "/o.ca"),
     "listen_plain": (":2346", ":2346"), "acl": ("/o.toml", "/o.toml"),
     "cluster_lease_ms": ("2000", 2000), "block_linger_ms": ("0", 0), "block_max_puts_per_s": ("50", 50.0),
+    "block_expand_in_commit_runs": ("8", 8),
     "remote_read_budget_bytes": ("32m", 32 << 20), "remote_read_yield_ms": ("0", 0),
     "log_level": ("error", "error"), "log_format": ("text", "text"),
 }
@@ -187,6 +189,7 @@ BAD = {
     "read_only": ("2", "bad boolean"),
     "block_max_bytes": ("12", "1 KiB"),
     "block_max_age_ms": ("0", "1 ms"),
+    "block_expand_in_commit_runs": ("-1", "below the minimum"),
     "produce_ack_timeout_ms": ("0", "1 ms"),
     "shutdown_timeout_s": ("nan", "positive number of seconds"),
     "log_level": ("loud", "not one of"),

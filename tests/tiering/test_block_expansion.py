@@ -63,18 +63,17 @@ async def test_a_block_left_unexpanded_by_a_crash_is_readable_then_swept_by_anot
         other.close()
 
 
-async def test_the_committing_broker_expands_its_block_after_the_ack(cat, acat, tmp_path, monkeypatch):
+async def test_the_committing_broker_expands_its_block_after_the_ack(cat, acat, tmp_path):
     """Through the durable path: the ack is answered, and the block's runs then reach block_runs (on PostgreSQL by
-    the expansion after the ack, here for a block of any size; on SQLite inside the commit), nothing left for the
-    sweep."""
-    monkeypatch.setattr(catalog_blocks, "EXPAND_IN_COMMIT_RUNS", 0)
+    the expansion after the ack, here for a block of any size: block_expand_in_commit_runs = 0; on SQLite inside the
+    commit), nothing left for the sweep."""
     clock = ManualClock()
     catalog_topics.create_topic(cat, "t", 2)
     epochs = catalog_partitions.claim_partitions(cat, 1, "t", [0, 1])
     state = led_state({("t", p): epoch for p, epoch in epochs.items()})
     durable = DurablePath(LocalObjectStore(tmp_path / "objects", fsync=False), acat, 1, RecordingSink(), state=state,
                           metrics=Metrics(), max_bytes=1, max_age_ms=250, grace=catalog_blocks.DEFAULT_DELETE_GRACE,
-                          clock=clock)
+                          clock=clock, expand_in_commit_runs=0)
     for p in epochs:
         durable.lead(TopicPartition("t", p))
     timer = asyncio.ensure_future(durable.block_timer())

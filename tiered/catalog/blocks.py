@@ -285,8 +285,8 @@ def commit_block(
     Then marks the block committed with its runs, raises each partition's hwmark_seq to its last run's
     last_seq, and sets first_available_seq from the first run when it was still 0. The runs are written packed in
     the block's row (unexpanded: `expand_blocks` moves them into block_runs after the acknowledgements), or, with
-    `expand` (by default on SQLite, and for a small block: expands_in_commit), as block_runs rows in this
-    transaction.
+    `expand` (by default on SQLite, and for a block of at most EXPAND_IN_COMMIT_RUNS runs: expands_in_commit; the
+    block pipeline passes its own choice), as block_runs rows in this transaction.
 
     Two statements (check and raise; mark with the packed runs), three with `expand` (and the insert), whatever
     the number of runs; a refusal rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after
@@ -340,14 +340,16 @@ def commit_block(
 # Up to this many runs a PostgreSQL commit inserts its block_runs rows itself: a second transaction costs more
 # (about 1.5 ms of CPU) than the rows of a small block (a few microseconds each) cost the commit. The packed runs
 # are for the wide blocks, whose rows cost the commit most of its time (docs/benchmarks.md, "Fourth round").
+# The broker's setting `block_expand_in_commit_runs` (tiered.config) chooses another limit; 0 leaves every block
+# unexpanded at its commit (bench/chaos.py runs so, to attack the expansion's crash windows with every block).
 EXPAND_IN_COMMIT_RUNS = 64
 
 
-def expands_in_commit(cat: Catalog, runs: int) -> bool:
-    """Whether commit_block inserts the block_runs rows of a block of `runs` runs itself by default: always on SQLite
-    (one broker, whose one writer would gain nothing from a second transaction), and on PostgreSQL for a block of
-    at most EXPAND_IN_COMMIT_RUNS runs; otherwise the commit writes them packed and leaves them unexpanded."""
-    return cat.backend != "postgresql" or runs <= EXPAND_IN_COMMIT_RUNS
+def expands_in_commit(cat: Catalog, runs: int, limit: int = EXPAND_IN_COMMIT_RUNS) -> bool:
+    """Whether commit_block inserts the block_runs rows of a block of `runs` runs itself: always on SQLite (one
+    broker, whose one writer would gain nothing from a second transaction), and on PostgreSQL for a block of at most
+    `limit` runs; otherwise the commit writes them packed and leaves them unexpanded."""
+    return cat.backend != "postgresql" or runs <= limit
 
 
 # A block's runs packed into one value (blocks.runs_pending): b"\x01", the number of topic names (u32), each name

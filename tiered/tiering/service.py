@@ -111,7 +111,8 @@ class TieringService:
                                    max_age_ms=self.settings.block_max_age_ms, grace=self.grace, clock=self.clock,
                                    on_committed=self._commits_advanced, linger_ms=self.settings.block_linger_ms,
                                    max_puts_per_s=self.settings.block_max_puts_per_s,
-                                   remote_read_yield_s=self.settings.remote_read_yield_ms / 1000)
+                                   remote_read_yield_s=self.settings.remote_read_yield_ms / 1000,
+                                   expand_in_commit_runs=self.settings.block_expand_in_commit_runs)
         self.hot_path = self.durable.hot_path
         # The produce path's calls, read per request and per record: the owners' own methods bound once here, so each
         # costs one Python frame, not two (the methods below say what they answer before start).

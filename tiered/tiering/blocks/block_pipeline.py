@@ -66,6 +66,7 @@ class BlockPipeline:
         max_in_flight: int = 8,
         on_done: Callable[[], None] | None = None,
         hot_path: HotPathGate | None = None,
+        expand_in_commit_runs: int = catalog_blocks.EXPAND_IN_COMMIT_RUNS,
     ):
         self.store = store
         self.catalog = catalog
@@ -77,6 +78,9 @@ class BlockPipeline:
         self.grace = grace
         self.hot_path = hot_path  # told while a block is in flight, so that remote reads give way
         self.max_in_flight = max_in_flight
+        # Blocks of up to this many runs are expanded by their commit; wider ones after their acks (the setting
+        # block_expand_in_commit_runs; 0: every block on PostgreSQL).
+        self.expand_in_commit_runs = expand_in_commit_runs
         self.clock = clock
         self.retry = Retrying(metrics, clock=clock)
         self.fenced: set[FencedKey] = set()
@@ -190,12 +194,13 @@ class BlockPipeline:
             if previous is not None:
                 await asyncio.shield(previous)  # commits stay in block order
             epochs = {(r.topic, r.partition): r.leader_epoch for r in runs}
+            expand = catalog_blocks.expands_in_commit(self.catalog.catalog, len(rows), self.expand_in_commit_runs)
             started = self.clock.monotonic()
             try:
                 await self.retry(
                     f"commit of block {block_id}",
                     lambda: self.catalog.write(catalog_blocks.commit_block, block_id, self.broker_id, rows, epochs,
-                                               now=utc_now(self.clock)),
+                                               now=utc_now(self.clock), expand=expand),
                     m.COMMIT_ERRORS,
                 )
             except (StaleEpoch, Discontinuity) as exc:
@@ -215,15 +220,14 @@ class BlockPipeline:
                 self.store.meter.transferred(Attribution.topic(topic), Direction.INGESTED, int(size))
             self.on_committed(runs)
             self._answer(block, runs, AckOutcome.REFUSED)
-            self._expand_later(block_id, len(rows))
+            if not expand:  # else the commit inserted the rows itself
+                self._expand_later(block_id)
             return
 
-    def _expand_later(self, block_id: int, runs: int) -> None:
+    def _expand_later(self, block_id: int) -> None:
         """After the acknowledgements: the block's runs into block_runs, in a task of its own on the catalog's read
         pool, beside the write thread, so that neither the acks nor the next block's commit wait for it. A failure
         leaves the block to the sweep; nothing is lost meanwhile (readers find the runs in the block's row)."""
-        if catalog_blocks.expands_in_commit(self.catalog.catalog, runs):
-            return  # the commit inserted the rows itself
         task = asyncio.get_running_loop().create_task(self._expand(block_id))
         self._expansions.add(task)
         task.add_done_callback(self._expansions.discard)

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterable
 
 from tiered import metrics as m
+from tiered.catalog.blocks import EXPAND_IN_COMMIT_RUNS
 from tiered.clock import Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.storage.partition_log import AppendResult, StoredRecord
@@ -40,7 +41,7 @@ class DurablePath:
     def __init__(self, store: ObjectStore, catalog: AsyncCatalog, broker_id: int, sink: TierSink, *,
                  state: TierState, metrics: Metrics, max_bytes: int, max_age_ms: int, grace, clock: Clock,
                  on_committed=None, linger_ms: int | None = None, max_puts_per_s: float = 10.0,
-                 remote_read_yield_s: float = 0.0):
+                 remote_read_yield_s: float = 0.0, expand_in_commit_runs: int = EXPAND_IN_COMMIT_RUNS):
         self.sink = sink
         self.state = state
         self.metrics = metrics
@@ -52,7 +53,7 @@ class DurablePath:
         self.hot_path = HotPathGate(remote_read_yield_s, due_in_s=self.due_in_s, clock=clock)
         self.pipeline = BlockPipeline(store, catalog, broker_id, metrics=metrics, on_committed=self._committed,
                                       on_fenced=self.fence, grace=grace, clock=clock, on_done=self._upload_done,
-                                      hot_path=self.hot_path)
+                                      hot_path=self.hot_path, expand_in_commit_runs=expand_in_commit_runs)
         self._kick = asyncio.Event()
         self.linger_ms = max_age_ms if linger_ms is None else min(linger_ms, max_age_ms)
         self.early_close_spacing_ms = 1000.0 / max_puts_per_s

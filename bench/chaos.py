@@ -35,8 +35,21 @@ it (DiscoverPartitions; a boundary answer met while reading moves it on), and:
     - an expired value never comes back.
 The table counts the acknowledged values that expired.
 
+The brokers run with `--block-expand-in-commit-runs 0` (the chaos flag `--expand-in-commit-runs N` changes it): every
+block's commit writes its runs packed in the block's row, and they reach `block_runs` only by the expansion after the
+acks, or by the sweep of the next broker when a kill -9 fell between the two. A broker's default (64) would expand
+nearly every block of these rounds inside its commit, the path the catalog has always had, and leave the unexpanded
+state, its readers and its sweep unattacked. An expansion takes a few milliseconds, so a kill would seldom fall in
+that window by chance: for the last EXPANSION_HOLD_S before each action the loop holds a SHARE lock on block_runs
+(as a slow catalog would: commits go on, their acks are answered and readers read, but no expansion can insert its
+rows), so that the blocks committed meanwhile are unexpanded when the broker is killed; a SIGTERM's lock is let go
+at once, so that the graceful stop may finish their expansions. After each action, before the restart, the blocks
+the broker left unexpanded are counted; after each round's checks the loop waits for the new broker's sweep to expand them (a
+catalog problem if it has not within SWEEP_WAIT_S), then checks the catalog again. The table shows the blocks
+committed and those left to the sweep.
+
 `python -m bench.chaos [--rounds N | --quick | --smoke] [--seed S] [--local-store] [--topics T --partitions P]
-[--remote-retention-secs N]` prints
+[--remote-retention-secs N] [--expand-in-commit-runs N]` prints
 the table; tests/durability/test_chaos.py runs a few rounds. `--local-store` puts the objects in a local directory
 beside the volumes instead of moto's S3 (the same filesystem: sealed segments are stored as hard links to the volume's
 files, blocks written with O_DIRECT).
@@ -82,6 +95,14 @@ RETENTION_SEGMENT_BYTES = "2k"  # with --remote-retention-secs: many segments, s
 # ... and kept on the local disk for longer than in the bucket: the disk holds seqs remote retention expired, which
 # must never be served again (after a restart either) nor lower the first available seq a broker reports.
 RETENTION_LOCAL_SEGMENTS = "8"
+# The brokers' block_expand_in_commit_runs (module docstring): every block left to the expansion after its acks.
+EXPAND_IN_COMMIT_RUNS = 0
+# How long after a round's checks the blocks a kill left unexpanded may take to be expanded by the new broker's sweep
+# (it runs every 2 s over blocks committed more than 5 s before: tiered.tiering.blocks.block_pipeline).
+SWEEP_WAIT_S = 60.0
+# How long before each action the expansions are held back (module docstring): well below the catalog's lock timeout
+# (10 s), so that the expansions waiting wait, they do not fail.
+EXPANSION_HOLD_S = 0.4
 
 
 @dataclass
@@ -97,6 +118,9 @@ class ChaosReport:
     expired: int = 0  # acknowledged values shown below their partition's first available seq
     expired_unread: int = 0  # acknowledged values that expired before a read saw them (see the module docstring)
     first_available: int = 0  # the first available seqs at the end, summed over the partitions
+    expand_in_commit_runs: int = EXPAND_IN_COMMIT_RUNS  # the brokers' setting
+    blocks_committed: int = 0  # committed blocks met in the catalog after the rounds
+    left_unexpanded: int = 0  # blocks a broker left unexpanded when it was killed (or stopped), summed over the rounds
     actions: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -109,6 +133,10 @@ class ChaosReport:
         rows = [("rounds", str(self.rounds)), ("actions", actions), ("acknowledged messages", str(self.acks)),
                 ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
                 ("catalog problems", str(len(self.catalog_problems))),
+                ("blocks committed" + (" (all packed, expanded after their acks)" if self.expand_in_commit_runs == 0
+                                       else f" (up to {self.expand_in_commit_runs} runs expanded in the commit)"),
+                 str(self.blocks_committed)),
+                ("  of which left unexpanded by a kill or stop, expanded by the sweep", str(self.left_unexpanded)),
                 ("partitions checked (all rounds)", str(self.partitions_checked)), ("seconds", f"{self.seconds:.0f}")]
         if self.retention:
             rows[3:3] = [("acknowledged messages expired by remote retention", str(self.expired)),
@@ -141,7 +169,8 @@ def topic_names(topics: int) -> list[str]:
 
 class Chaos:
     def __init__(self, root: Path, catalog_url: str, env: dict[str, str], store_url: str, seed: int, log=print, *,
-                 topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS, remote_retention_secs: int = 0):
+                 topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS, remote_retention_secs: int = 0,
+                 expand_in_commit_runs: int = EXPAND_IN_COMMIT_RUNS):
         self.root = root
         self.catalog_url = catalog_url
         self.env = env
@@ -171,11 +200,15 @@ class Chaos:
         self.expired_unread: set[bytes] = set()  # of those, the ones no read saw (module docstring)
         self.disks: list[Path] = []
         self.broker: BrokerProcess | None = None
+        self.expand_in_commit_runs = self.report.expand_in_commit_runs = expand_in_commit_runs
+        self.last_block_id = 0  # the highest committed block counted so far
+        self.engine = None  # for the lock that holds the expansions back (_hold_expansions)
 
     def _start(self, disk: Path) -> BrokerProcess:
         retention = ("--remote-retention-interval-ms", str(RETENTION_INTERVAL_MS)) if self.retention_secs else ()
         self.broker = BrokerProcess(disk, "--catalog", self.catalog_url, "--store", self.store_url, "--s3-path-style",
-                                    "--broker-id", "0", "--block-max-age-ms", "50", *retention, env=self.env
+                                    "--broker-id", "0", "--block-max-age-ms", "50", *retention,
+                                    "--block-expand-in-commit-runs", str(self.expand_in_commit_runs), env=self.env
                                     ).start(timeout_s=60.0 if not self.spread else 900.0)
         return self.broker
 
@@ -196,14 +229,21 @@ class Chaos:
         for number in range(1, rounds + 1):
             action = self.rng.choice(ACTIONS)
             self.report.actions[action] += 1
-            disk = await self._round(number, action, disk)
-            await self.verify(f"round {number} ({action})")
+            disk, unexpanded = await self._round(number, action, disk)
+            when = f"round {number} ({action})"
+            await self.verify(when)
+            if unexpanded:
+                await self._swept(when, unexpanded)
             self.report.rounds += 1
+        self.report.blocks_committed += (await asyncio.to_thread(self._count_blocks))[0]
+        if self.engine is not None:
+            self.engine.dispose()
         self.broker.stop()
         self.report.seconds = time.monotonic() - started
         return self.report
 
-    async def _round(self, number: int, action: str, disk: Path) -> Path:
+    async def _round(self, number: int, action: str, disk: Path) -> tuple[Path, int]:
+        """Returns the disk the broker restarted on and how many blocks the action left unexpanded."""
         broker = self.broker
         stop_producing = asyncio.Event()
         if self.spread:
@@ -213,22 +253,32 @@ class Chaos:
         else:
             tasks = [asyncio.ensure_future(self._produce(broker.port, p, stop_producing)) for p in self.producers]
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-        if action == "stop":
-            broker.proc.send_signal(signal.SIGTERM)
-            broker.proc.wait(60)
-        else:
-            broker.proc.send_signal(signal.SIGKILL)
-            broker.proc.wait(30)
+        hold = await asyncio.to_thread(self._hold_expansions)
+        try:
+            await asyncio.sleep(EXPANSION_HOLD_S)
+            if action == "stop":
+                broker.proc.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(hold.rollback)  # the graceful stop may expand what it committed
+                broker.proc.wait(60)
+            else:
+                broker.proc.send_signal(signal.SIGKILL)
+                broker.proc.wait(30)
+        finally:
+            await asyncio.to_thread(hold.close)
         stop_producing.set()
         await asyncio.gather(*tasks)
+        committed, unexpanded = await asyncio.to_thread(self._count_blocks)
+        self.report.blocks_committed += committed
+        self.report.left_unexpanded += unexpanded
         if action == "wipe":
             shutil.rmtree(disk, ignore_errors=True)
         elif action == "takeover":
             others = [d for d in self.disks if d != disk and d.exists()]
             disk = self.rng.choice(others) if others and self.rng.random() < 0.5 else self._new_disk()
-        self.log(f"round {number}: {action}, restarting on {disk.name}")
+        self.log(f"round {number}: {action}, {committed} blocks committed, {unexpanded} left unexpanded, "
+                 f"restarting on {disk.name}")
         self._start(disk)
-        return disk
+        return disk, unexpanded
 
     async def _produce(self, port: int, producer: Producer, stop: asyncio.Event) -> None:
         from tiered.client import Client, TankError
@@ -292,6 +342,60 @@ class Chaos:
                 await client.close()
             except Exception:  # the broker was killed under it
                 pass
+
+    def _hold_expansions(self):
+        """A connection in a transaction holding a SHARE lock on block_runs: no expansion inserts a row until it
+        ends (a commit that leaves its block unexpanded does not touch the table; readers are not blocked)."""
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        if self.engine is None:
+            self.engine = create_engine(self.catalog_url, poolclass=NullPool)
+        conn = self.engine.connect()
+        conn.execute(text("LOCK TABLE block_runs IN SHARE MODE"))
+        return conn
+
+    def _count_blocks(self) -> tuple[int, int]:
+        """The blocks committed since the last count (by block id: ids only grow) and the committed blocks whose
+        runs are still unexpanded (blocks.runs_pending), read from the catalog."""
+        from sqlalchemy import func, select
+
+        from tiered.catalog import Catalog
+        from tiered.catalog.models import BlockModel
+
+        with Catalog.open(self.catalog_url) as catalog, catalog.read() as conn:
+            committed = BlockModel.committed_at.is_not(None)
+            count, highest = conn.execute(select(func.count(), func.max(BlockModel.block_id))
+                                          .where(committed, BlockModel.block_id > self.last_block_id)).one()
+            unexpanded = conn.execute(select(func.count())
+                                      .where(committed, BlockModel.runs_pending.is_not(None))).scalar_one()
+        self.last_block_id = max(self.last_block_id, highest or 0)
+        return count, unexpanded
+
+    async def _swept(self, when: str, left: int) -> None:
+        """Waits (at most SWEEP_WAIT_S) for the new broker's sweep to expand the blocks the action left unexpanded,
+        then checks the catalog again: the sweep's rows must keep every seq's one location."""
+        from tiered.catalog import Catalog
+        from tiered.catalog.check import check_catalog
+
+        deadline = time.monotonic() + SWEEP_WAIT_S
+        while True:
+            committed, unexpanded = await asyncio.to_thread(self._count_blocks)
+            self.report.blocks_committed += committed
+            if not unexpanded:
+                break
+            if time.monotonic() > deadline:
+                self.report.catalog_problems.append(f"{when}: {unexpanded} blocks still unexpanded {SWEEP_WAIT_S:.0f} s "
+                                                    f"after the restart ({left} left by the action)")
+                return
+            await asyncio.sleep(0.5)
+        catalog = Catalog.open(self.catalog_url)
+        try:
+            for topic in self.topics:
+                report = await asyncio.to_thread(check_catalog, catalog, topic)
+                self.report.catalog_problems += [f"{when}, after the sweep: {problem}" for problem in report.problems]
+        finally:
+            catalog.close()
 
     def _catalog_first(self) -> dict[tuple[str, int], int]:
         from tiered.catalog import Catalog
@@ -427,9 +531,9 @@ class Chaos:
 
 async def run_chaos(root: Path, catalog_url: str, env: dict[str, str], store_url: str, *, rounds: int, seed: int,
                     log=print, topics: int = 1, partitions: int = PARTITIONS, writers: int = WRITERS,
-                    remote_retention_secs: int = 0) -> ChaosReport:
+                    remote_retention_secs: int = 0, expand_in_commit_runs: int = EXPAND_IN_COMMIT_RUNS) -> ChaosReport:
     chaos = Chaos(root, catalog_url, env, store_url, seed, log, topics=topics, partitions=partitions, writers=writers,
-                  remote_retention_secs=remote_retention_secs)
+                  remote_retention_secs=remote_retention_secs, expand_in_commit_runs=expand_in_commit_runs)
     try:
         return await chaos.run(rounds)
     finally:
@@ -462,7 +566,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remote-retention-secs", type=int, default=0,
                         help="create the topics with remote.retention.secs=N (and run remote retention every "
                              f"{RETENTION_INTERVAL_MS} ms), so that segments expire during the rounds (default: off)")
+    parser.add_argument("--expand-in-commit-runs", type=int, default=EXPAND_IN_COMMIT_RUNS,
+                        help="the brokers' --block-expand-in-commit-runs (default 0: every block is expanded after "
+                             "its acks, so that kills fall between commits and expansions; 64 is a broker's default)")
     args = parser.parse_args(argv)
+    if args.expand_in_commit_runs < 0:
+        parser.error("--expand-in-commit-runs must not be negative")
     if args.remote_retention_secs < 0:
         parser.error("--remote-retention-secs must not be negative")
     for name in ("topics", "partitions", "writers"):
@@ -484,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         report = asyncio.run(run_chaos(root, pg.url(), moto.env, store_url, rounds=rounds, seed=args.seed,
                                        log=lambda text: print(text, file=sys.stderr, flush=True), topics=args.topics,
                                        partitions=args.partitions, writers=args.writers,
-                                       remote_retention_secs=args.remote_retention_secs))
+                                       remote_retention_secs=args.remote_retention_secs,
+                                       expand_in_commit_runs=args.expand_in_commit_runs))
     finally:
         moto.stop()
         pg.stop()

@@ -93,3 +93,50 @@ async def test_the_committing_broker_expands_its_block_after_the_ack(cat, acat, 
     finally:
         timer.cancel()
         await durable.stop()
+
+
+
+async def test_a_graceful_stop_waits_for_the_expansions_of_the_blocks_it_committed(pg_url, tmp_path):
+    """The shutdown's flush (DurablePath.flush, before stop) waits for the expansion the last commit started, so a
+    broker stopped cleanly leaves no block to another broker's sweep: here the expansion is held back by a SHARE
+    lock on block_runs (a commit that leaves its block unexpanded does not touch the table), and the flush returns
+    only once it is let go and the expansion done."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    clock = ManualClock()
+    cat = Catalog.open(pg_url)
+    acat = AsyncCatalog(cat)
+    holder_engine = create_engine(pg_url, poolclass=NullPool)
+    holder = holder_engine.connect()
+    catalog_topics.create_topic(cat, "t", 1)
+    epochs = catalog_partitions.claim_partitions(cat, 1, "t", [0])
+    state = led_state({("t", p): epoch for p, epoch in epochs.items()})
+    durable = DurablePath(LocalObjectStore(tmp_path / "objects", fsync=False), acat, 1, RecordingSink(), state=state,
+                          metrics=Metrics(), max_bytes=1 << 20, max_age_ms=250,
+                          grace=catalog_blocks.DEFAULT_DELETE_GRACE, clock=clock, expand_in_commit_runs=0)
+    durable.lead(TopicPartition("t", 0))
+    try:
+        holder.execute(text("LOCK TABLE block_runs IN SHARE MODE"))
+        ack = durable.appended(TopicPartition("t", 0), appended(1, record()), durable=True)
+        flushed = asyncio.ensure_future(durable.flush(clock.monotonic() + 60))  # closes the block, commits it
+        assert await asyncio.wait_for(ack, 30) is AckOutcome.COMMITTED
+        waiting = text("SELECT count(*) FROM pg_locks WHERE relation = 'block_runs'::regclass AND NOT granted")
+        for _ in range(3000):  # until the expansion waits for the lock
+            if holder.execute(waiting).scalar_one():
+                break
+            await asyncio.sleep(0.01)
+        assert holder.execute(waiting).scalar_one() == 1
+        assert not flushed.done()
+        holder.rollback()
+        await asyncio.wait_for(flushed, 30)
+        with cat.read() as conn:
+            assert catalog_blocks.pending_runs(conn) == []
+        found = catalog_blocks.find_run(cat, "t", 0, 1)
+        assert found is not None and found.holds(1)
+    finally:
+        holder.close()
+        holder_engine.dispose()
+        await durable.stop()
+        acat.shutdown()
+        cat.close()

@@ -151,10 +151,16 @@ class BlockPipeline:
             self.on_done()
 
     async def drain(self, timeout_s: float) -> bool:
-        """Waits for every block in flight; True when all are committed (or dropped as fenced) in time."""
-        if not self._tasks:
-            return True
-        done, pending = await asyncio.wait(set(self._tasks), timeout=max(timeout_s, 0.0))
+        """Waits for every block in flight, then (in what is left of `timeout_s`) for the expansions of the blocks
+        committed, so that a graceful stop leaves none to another broker's sweep. True when every block was committed
+        (or dropped as fenced) in time; an expansion not finished in time is the sweep's, and changes nothing here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, 0.0)
+        pending: set[asyncio.Task] = set()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=max(timeout_s, 0.0))
+        if self._expansions and deadline > loop.time():
+            await asyncio.wait(set(self._expansions), timeout=deadline - loop.time())
         return not pending
 
     async def cancel(self) -> None:

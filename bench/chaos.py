@@ -40,10 +40,14 @@ block's commit writes its runs packed in the block's row, and they reach `block_
 acks, or by the sweep of the next broker when a kill -9 fell between the two. A broker's default (64) would expand
 nearly every block of these rounds inside its commit, the path the catalog has always had, and leave the unexpanded
 state, its readers and its sweep unattacked. An expansion takes a few milliseconds, so a kill would seldom fall in
-that window by chance: for the last EXPANSION_HOLD_S before each action the loop holds a SHARE lock on block_runs
-(as a slow catalog would: commits go on, their acks are answered and readers read, but no expansion can insert its
-rows), so that the blocks committed meanwhile are unexpanded when the broker is killed; a SIGTERM's lock is let go
-at once, so that the graceful stop may finish their expansions. After each action, before the restart, the blocks
+that window by chance: for the last EXPANSION_HOLD_S before each action the loop holds the expansions back, as a
+slow catalog would. Every HOLD_REPEAT_S it takes a FOR KEY SHARE lock on every block row not yet committed or not yet
+expanded, in one transaction: a commit's mark (a FOR NO KEY UPDATE of its block row) goes on, acks are answered,
+readers read, prunes and copies proceed, but an expansion's claim (FOR UPDATE of the block row) waits, so that the
+blocks committed meanwhile are unexpanded when the broker is killed. (A SHARE lock on block_runs would do it too, but
+it also stops the copies' and prunes' deletes, whose transactions then hold partition rows that the commits wait
+for: with remote retention no block would be committed during the hold.) A SIGTERM's locks are let go at once, so
+that the graceful stop may finish the expansions. After each action, before the restart, the blocks
 the broker left unexpanded are counted; after each round's checks the loop waits for the new broker's sweep to expand them (a
 catalog problem if it has not within SWEEP_WAIT_S), then checks the catalog again. The table shows the blocks
 committed and those left to the sweep.
@@ -103,6 +107,9 @@ SWEEP_WAIT_S = 60.0
 # How long before each action the expansions are held back (module docstring): well below the catalog's lock timeout
 # (10 s), so that the expansions waiting wait, they do not fail.
 EXPANSION_HOLD_S = 0.4
+HOLD_REPEAT_S = 0.01  # well below a PUT's time: a block's intent row is locked before its commit
+_HOLD = ("SELECT block_id FROM blocks WHERE committed_at IS NULL OR runs_pending IS NOT NULL "
+         "ORDER BY block_id FOR KEY SHARE")
 
 
 @dataclass
@@ -255,7 +262,10 @@ class Chaos:
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
         hold = await asyncio.to_thread(self._hold_expansions)
         try:
-            await asyncio.sleep(EXPANSION_HOLD_S)
+            until = time.monotonic() + EXPANSION_HOLD_S
+            while time.monotonic() < until:
+                await asyncio.to_thread(self._hold_more, hold)
+                await asyncio.sleep(HOLD_REPEAT_S)
             if action == "stop":
                 broker.proc.send_signal(signal.SIGTERM)
                 await asyncio.to_thread(hold.rollback)  # the graceful stop may expand what it committed
@@ -344,16 +354,23 @@ class Chaos:
                 pass
 
     def _hold_expansions(self):
-        """A connection in a transaction holding a SHARE lock on block_runs: no expansion inserts a row until it
-        ends (a commit that leaves its block unexpanded does not touch the table; readers are not blocked)."""
-        from sqlalchemy import create_engine, text
+        """A connection in a transaction that locks the rows of the blocks not yet committed or expanded
+        (_hold_more; the module docstring says why these locks stop the expansions only)."""
+        from sqlalchemy import create_engine
         from sqlalchemy.pool import NullPool
 
         if self.engine is None:
             self.engine = create_engine(self.catalog_url, poolclass=NullPool)
         conn = self.engine.connect()
-        conn.execute(text("LOCK TABLE block_runs IN SHARE MODE"))
+        self._hold_more(conn)
         return conn
+
+    @staticmethod
+    def _hold_more(conn) -> None:
+        """Locks (FOR KEY SHARE) the block rows written since the last call, in the hold's transaction."""
+        from sqlalchemy import text
+
+        conn.execute(text(_HOLD))
 
     def _count_blocks(self) -> tuple[int, int]:
         """The blocks committed since the last count (by block id: ids only grow) and the committed blocks whose

@@ -47,8 +47,8 @@ readers read, prunes and copies proceed, but an expansion's claim (FOR UPDATE of
 blocks committed meanwhile are unexpanded when the broker is killed. (A SHARE lock on block_runs would do it too, but
 it also stops the copies' and prunes' deletes, whose transactions then hold partition rows that the commits wait
 for: with remote retention no block would be committed during the hold.) A SIGTERM's locks are let go at once, so
-that the graceful stop may finish the expansions. After each action, before the restart, the blocks
-the broker left unexpanded are counted; after each round's checks the loop waits for the new broker's sweep to expand them (a
+that the graceful stop may finish the expansions. After each action, before the restart, the blocks the broker
+left unexpanded are counted; after each round's checks the loop waits for the new broker's sweep to expand them (a
 catalog problem if it has not within SWEEP_WAIT_S), then checks the catalog again. The table shows the blocks
 committed and those left to the sweep.
 
@@ -402,8 +402,9 @@ class Chaos:
             if not unexpanded:
                 break
             if time.monotonic() > deadline:
-                self.report.catalog_problems.append(f"{when}: {unexpanded} blocks still unexpanded {SWEEP_WAIT_S:.0f} s "
-                                                    f"after the restart ({left} left by the action)")
+                self.report.catalog_problems.append(
+                    f"{when}: {unexpanded} blocks still unexpanded {SWEEP_WAIT_S:.0f} s after the restart ({left} left "
+                    "by the action)")
                 return
             await asyncio.sleep(0.5)
         catalog = Catalog.open(self.catalog_url)

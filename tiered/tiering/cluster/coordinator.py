@@ -7,8 +7,8 @@ Two loops, under the tier's supervisor:
   are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge a message the new
   leader does not have. A renewal refused because another process took the broker id over ends its leadership for
   good.
-- the tick (every TICK_S; FOLLOW_S after a look that found changes): reads the members and the change counter, and
-  when the counter moved, only the partitions changed since the last look (their change versions: a look costs what
+- the tick (every TICK_S; FOLLOW_S after a look that found changes, LED_S after one whose claims were led): reads
+  the members and the change counter, and when the counter moved, only the partitions changed since the last look (their change versions: a look costs what
   changed, not what exists; every assignment is read at start and every FULL_LOOK_S), and
     claims (compare-and-set on the epoch) the partitions assigned to it, and its even share of the orphans, those
     whose leader is gone (the live brokers with the fewest leaderships first, computed alike by every broker);
@@ -47,6 +47,7 @@ log = logging.getLogger("tiered.cluster")
 TICK_S = 0.25  # how often an idle broker looks at the catalog (one small statement)
 FOLLOW_S = 0.05  # how soon it looks again after a look that found changes: a handover's or a failover's moves come
 # in bursts, and a new leader that sees them at once claims at once
+LED_S = 0.01  # and after a look whose claims were led: a stopping broker gives up its next chunk once they land
 BETWEEN_S = 0.5  # between claim batches, at most this often a look at what changed (each costs the claims a little)
 FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
@@ -55,6 +56,7 @@ HANDOVER_CHUNK = 1024  # partitions a stopping broker hands over at a time (tier
 HANDOVER_AHEAD = 1  # chunks given up whose claims have not all landed, at most (cluster_decision.may_hand_over_next)
 PACE_POLL_S = 0.01  # how often a stopping broker looks whether its chunks were claimed
 PACE_WAIT_S = 2.0  # a chunk not claimed in this time is waited for no longer (a new leader gone or stuck)
+PACE_RESERVE_S = 5.0  # of the shutdown's budget, kept for what follows the handover: past it, no more pacing
 
 
 class Leadership(Protocol):
@@ -112,6 +114,7 @@ class Coordinator:
         self._members: dict[int, tuple[bool, str, str]] = {}
         self._serving = False
         self._again = False  # the last decision claimed or handed over: decide again at the next tick
+        self._led = False  # the last tick led partitions it claimed (the next look comes at LED_S)
         self._looked: int | None = None  # the counter up to which `_assignments` holds every change (in a tick)
         self._assignments = Assignments()  # every partition's assignment as last read (one owner: the tick)
         self._full_look_at = float("-inf")  # monotonic time of the next full look (the safety net)
@@ -211,8 +214,9 @@ class Coordinator:
                     del unclaimed[index]
             await self._renew_if_due()
 
+        pace_until = deadline - PACE_RESERVE_S  # then the rest at once: each still handed over, not left to a lease
         for index, chunk in enumerate(chunks):
-            while not self._evicted and self.clock.monotonic() < deadline and not may_hand_over_next(
+            while not self._evicted and self.clock.monotonic() < pace_until and not may_hand_over_next(
                     (at for at, _ in unclaimed.values()), self.clock.monotonic(), self.handover_ahead, PACE_WAIT_S):
                 await self.clock.sleep(PACE_POLL_S)
                 await poll()
@@ -243,7 +247,7 @@ class Coordinator:
     async def tick_loop(self) -> None:
         while True:
             moved = await self.tick()
-            await self.clock.sleep(FOLLOW_S if moved else TICK_S)
+            await self.clock.sleep(LED_S if self._led else FOLLOW_S if moved else TICK_S)
 
     async def _refresh_members(self) -> None:
         self._take_members(await self.catalog.read(catalog_cluster.members))
@@ -271,6 +275,7 @@ class Coordinator:
     async def _tick(self) -> bool:
         """One look; True if it found anything changed (the next look then comes sooner: changes come in bursts)."""
         started = self.clock.monotonic()
+        self._led = False
         look = await self.catalog.read(catalog_cluster.look)
         self._take_members(look.members)
         view = self.view(())
@@ -441,6 +446,7 @@ class Coordinator:
         log.info("leading %d partitions of %s%s", len(plans), topic,
                  f" ({lost} claimed by another broker first)" if lost else "")
         self.metrics.inc(m.TAKEOVERS, len(plans))
+        self._led = True
         for partition in expected:  # led here now: what the server was told of it as a follower no longer holds
             self._followed.pop(TopicPartition(topic, partition), None)
         await self.sink.lead(plans)

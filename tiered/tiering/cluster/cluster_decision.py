@@ -217,13 +217,14 @@ def decide_changes(view: ClusterView, state: Assignments, keys: Iterable[TopicPa
     claims: dict[str, dict[int, int]] = {}
     renew_first = False
     if serving and claims_too:
-        for key in state.by_broker.get(me, ()):
-            if key not in leading:
-                claims.setdefault(key.topic, {})[key.partition] = rows[key].leader_epoch
-                renew_first = True
+        # Set differences (a C loop over the partitions assigned here: a new leader with 50,000 of them looks every
+        # 0.01-0.05 s during a handover, and a Python loop over them all was most of each look).
+        for key in state.by_broker.get(me, set()).difference(leading):
+            claims.setdefault(key.topic, {})[key.partition] = rows[key].leader_epoch
+            renew_first = True
         orphans = [key for broker, held in state.by_broker.items() if broker != me and (broker is None or
                                                                                       broker not in live)
-                   for key in held if key not in leading]
+                   for key in held.difference(leading)]
         if orphans:
             for key, broker in spread(orphans, live, state.load(live)).items():
                 if broker == me:

@@ -442,3 +442,43 @@ async def test_past_the_shutdowns_reserve_the_rest_is_handed_over_at_once(pg_url
         await leaving
     finally:
         access.close()
+
+
+async def test_each_new_leader_is_handed_its_next_chunk_at_its_own_pace(pg_url):
+    """Two new leaders: the one that claimed its chunk gets its next one while the other has not claimed its own."""
+    third = 3
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        clock = ManualClock()
+        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        register(cat, third, "third", "127.0.0.3:11011", "", LEASE_MS)
+        create_topic(cat, "t", 8, leaders={p: ME for p in range(8)})
+        await coordinator.tick()
+
+        def assigned(broker: int) -> list[int]:
+            return [p for p in range(8) if assignment(cat, "t", p).leader_broker == broker]
+
+        async def until(condition) -> None:
+            while not condition():
+                clock.advance(PACE_POLL_S)
+                await asyncio.sleep(0.01)
+
+        leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + 60))
+        await until(lambda: len(assigned(OTHER)) == 2 and len(assigned(third)) == 2)
+        first_other, first_third = assigned(OTHER), assigned(third)
+        claim_partitions(cat, OTHER, "t", first_other)
+        await until(lambda: len(assigned(OTHER)) == 4)
+        assert assigned(third) == first_third  # not claimed yet: nothing more handed to it
+        claim_partitions(cat, third, "t", first_third)
+        await until(lambda: len(assigned(third)) == 4)
+        claim_partitions(cat, OTHER, "t", [p for p in assigned(OTHER) if p not in first_other])
+        claim_partitions(cat, third, "t", [p for p in assigned(third) if p not in first_third])
+        await until(leaving.done)
+        await leaving
+        assert coordinator.leadership.leading() == {}
+    finally:
+        access.close()

@@ -262,6 +262,25 @@ def handover_chunks(moves: Mapping[TopicPartition, tuple[int, int]],
     return [{key: moves[key] for key in keys[start:start + size]} for start in range(0, len(keys), size)]
 
 
+def handover_queues(moves: Mapping[TopicPartition, tuple[int, int]],
+                    size: int) -> dict[int, list[dict[TopicPartition, tuple[int, int]]]]:
+    """A stopping broker's moves {partition: (to broker, epoch)} per new leader, each one's as chunks of at most
+    `size` partitions in partition order (`handover_chunks`): each new leader is handed its next chunk once it has
+    claimed the one before (`ready_targets`), at its own pace, not at the pace of the slowest."""
+    by_target: dict[int, dict[TopicPartition, tuple[int, int]]] = {}
+    for key in sorted(moves):
+        by_target.setdefault(moves[key][0], {})[key] = moves[key]
+    return {target: handover_chunks(own, size) for target, own in sorted(by_target.items())}
+
+
+def ready_targets(unclaimed: Mapping[int, Iterable[float]], pending: Iterable[int], now: float, ahead: int,
+                  patience_s: float) -> list[int]:
+    """The new leaders (of `pending`, those with chunks left) to hand their next chunk to now: those for which
+    `may_hand_over_next` holds over the chunks given up to them and not all claimed yet (`unclaimed`: when each was
+    given up), in id order."""
+    return [t for t in sorted(pending) if may_hand_over_next(unclaimed.get(t, ()), now, ahead, patience_s)]
+
+
 def may_hand_over_next(unclaimed: Iterable[float], now: float, ahead: int, patience_s: float) -> bool:
     """Whether a stopping broker gives up its next chunk now. `unclaimed`: when each chunk given up so far whose
     claims have not all landed was given up. At most `ahead` such chunks at a time, so that a partition waits for

@@ -1,6 +1,7 @@
 """User-space instructions per produce request (issue 13): the append path's cost in a unit the machine does not move.
 
-    python -m bench.bench_instructions [--quick | --smoke] [--tree PATH] [--server NAME ...] [--repeats N]
+    python -m bench.bench_instructions [--quick | --smoke] [--tree PATH] [--server NAME ...] [--workload LABEL ...]
+                                       [--repeats N]
 
 CPU seconds per request differ by 3x between the VMs this project runs on (an AMD EPYC then, a 2.1 GHz Xeon now) for
 the same code, so CPU figures of different sessions cannot be compared. Instructions executed can: each server runs
@@ -19,10 +20,16 @@ pause, a dump (`-d`), whose `summary:` line is the Ir of that window. The settle
 lets the blocks holding the window's records close (at `block_max_age_ms`, 250 ms) and be uploaded and committed
 inside the window, so a whole-broker figure holds the tiering layer's work for its own records. Idle work is counted
 too: the whole broker's cluster coordinator ticks every 250 ms of wall time with catalog reads, ~10^7 instructions a
-second, and under valgrind a window lasts seconds. An idle window (`IDLE_S`, after the warm-up) gives "idle Ir/s",
-printed with each window's seconds to show that share. It is not subtracted: under load the ticks run late and the
-idle window may hold the warm-up's last commits, so Ir - idle rate x seconds came out below the broker without
-tiering, which is impossible.
+second, and under valgrind a window lasts seconds, so in a 1-message window about a quarter of the count is that idle
+work and none of it is per request. Hence two figures. "instr/request" is the window's whole count over its requests.
+"net of idle" subtracts, from each counted window, an idle window of the same wall length measured right after it
+(after a settle of its own, so the counted window's last block commit is not in it): the background work that runs
+whether or not requests come. The catalog statements of both windows are printed (counted window / its idle twin)
+to show the background ran at the same pace in both: the ticks are timers on the event loop and the catalog's thread,
+so a loaded loop runs them late, not less often, as long as the window is seconds long. An earlier version took one
+idle window after the warm-up and subtracted its rate; it held the warm-up's last commits and came out below the
+broker without tiering, which is impossible. The net figure still holds the window's own blocks (upload, commit,
+their catalog statements): that work is the requests'.
 
 Caveat for the whole broker: blocks close by age, and under valgrind the broker runs ~50x slower, so a block holds
 fewer requests than at full speed and the per-block work (upload, catalog commit) weighs more per request than it
@@ -125,6 +132,9 @@ class Window:
     requests: int
     blocks: float  # blocks uploaded during the window (NaN: not a whole broker)
     seconds: float  # wall time from the zeroing to the dump
+    idle_ir: int = 0  # Ir of the idle window of the same length measured right after it
+    statements: float = float("nan")  # catalog statements in the window (NaN: not a whole broker)
+    idle_statements: float = float("nan")  # ... and in its idle twin
 
 
 @dataclass
@@ -137,11 +147,25 @@ class Result:
     def per_request(self) -> list[float]:
         return [w.ir / w.requests for w in self.windows]
 
+    def net_per_request(self) -> list[float]:
+        return [(w.ir - w.idle_ir) / w.requests for w in self.windows]
 
-def _blocks(server) -> float:
+
+def _counters(server) -> tuple[float, float]:
+    """(blocks uploaded, catalog statements) so far; NaN for a server that is not a whole broker. Read outside the
+    counted windows: GET /metrics is work of the broker too."""
     if not isinstance(server, BrokerProcess) or server.program != ["tiered.cli.main", "serve"]:
-        return float("nan")
-    return server.metrics().get("tiered_blocks_uploaded_total", float("nan"))
+        return float("nan"), float("nan")
+    metrics = server.metrics()
+    return (metrics.get("tiered_blocks_uploaded_total", float("nan")),
+            metrics.get("tiered_catalog_statements_total", float("nan")))
+
+
+def _dump(pid: int, out_dir: Path) -> int:
+    """Dumps the counters and returns the Ir counted since they were last zeroed."""
+    before = set(out_dir.glob("callgrind.out*"))
+    callgrind_control(pid, "--dump")
+    return dumped_ir(out_dir, before)
 
 
 async def measure(w: Workload, server_name: str, tree: Path, root: Path, size: Size, repeats: int, log) -> Result:
@@ -169,21 +193,28 @@ async def measure(w: Workload, server_name: str, tree: Path, root: Path, size: S
         started = time.monotonic()
         await asyncio.sleep(IDLE_S)
         seconds = time.monotonic() - started
-        before = set(out_dir.glob("callgrind.out*"))
-        callgrind_control(server.pid, "--dump")
-        result.idle_ir_per_s = dumped_ir(out_dir, before) / seconds
+        result.idle_ir_per_s = _dump(server.pid, out_dir) / seconds
         for i in range(repeats):
             log(f"  {w.shape.label}, {server_name}: window {i + 1}/{repeats}, {count} requests ...")
-            blocks0 = _blocks(server)
+            blocks0, statements0 = _counters(server)
             callgrind_control(server.pid, "--zero")
             started = time.monotonic()
             answered = await _produce(server.port, topic, w, count)
             await asyncio.sleep(SETTLE_S)
             seconds = time.monotonic() - started
-            before = set(out_dir.glob("callgrind.out*"))
-            callgrind_control(server.pid, "--dump")
-            ir = dumped_ir(out_dir, before)
-            result.windows.append(Window(ir, answered, _blocks(server) - blocks0, seconds))
+            ir = _dump(server.pid, out_dir)
+            blocks1, statements1 = _counters(server)
+            # The idle twin: as long as the window, after a settle of its own (not counted).
+            await asyncio.sleep(SETTLE_S)
+            statements2 = _counters(server)[1]
+            callgrind_control(server.pid, "--zero")
+            started = time.monotonic()
+            await asyncio.sleep(seconds)
+            idle_seconds = time.monotonic() - started
+            idle_ir = round(_dump(server.pid, out_dir) * seconds / idle_seconds)
+            statements3 = _counters(server)[1]
+            result.windows.append(Window(ir, answered, blocks1 - blocks0, seconds, idle_ir,
+                                         statements1 - statements0, statements3 - statements2))
     finally:
         server.stop()
     return result
@@ -199,9 +230,11 @@ async def _produce(port: int, topic: str, w: Workload, requests: int) -> int:
     return answered
 
 
-async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, log=print) -> list[Result]:
+async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, log=print,
+              workloads: tuple[str, ...] = ()) -> list[Result]:
     results = []
-    for w in WORKLOADS[:1] if size is Size.SMOKE else WORKLOADS:
+    chosen = [w for w in WORKLOADS if w.shape.label in workloads] if workloads else list(WORKLOADS)
+    for w in chosen[:1] if size is Size.SMOKE else chosen:
         for name in servers:
             root = Path(tempfile.mkdtemp(prefix="tiered-bench-instr-"))
             try:
@@ -211,7 +244,8 @@ async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, lo
     return results
 
 
-HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "G instr/GB", "blocks", "idle Ir/s", "window s")
+HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "net of idle", "G instr/GB", "blocks",
+           "statements", "idle Ir/s", "window s")
 
 
 def report(results: list[Result], tree: Path) -> str:
@@ -221,14 +255,20 @@ def report(results: list[Result], tree: Path) -> str:
         per_request = r.per_request()
         median = statistics.median(per_request)
         spread = (max(per_request) - min(per_request)) / min(per_request) * 100
+        net = statistics.median(r.net_per_request())
         per_gb = "-" if w.per_request_only else median / (w.shape.bundle_msgs * w.shape.msg_bytes)  # = 10^9 instr per GB
-        blocks = "-" if r.windows[0].blocks != r.windows[0].blocks else "/".join(f"{x.blocks:.0f}" for x in r.windows)
-        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, per_gb, blocks, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
+        whole = r.windows[0].blocks == r.windows[0].blocks  # not NaN
+        blocks = "/".join(f"{x.blocks:.0f}" for x in r.windows) if whole else "-"
+        statements = ", ".join(f"{x.statements:.0f}/{x.idle_statements:.0f}" for x in r.windows) if whole else "-"
+        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, net, per_gb, blocks,
+                     statements, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
     where = "" if tree == REPO else f", brokers from {tree}"
     return format_table(HEADERS, rows, "User-space instructions per produce request (callgrind Ir; kernel work not "
                         f"counted), produce.ack=local, 1 connection{where}; median of {len(results[0].windows)} "
-                        "windows of one process, spread (max-min)/min; G instr/GB: 10^9 instructions per 10^9 bytes of "
-                        "message content; blocks: uploaded in each window (whole broker)")
+                        "windows of one process, spread (max-min)/min; net of idle: each window less an idle window of the "
+                        "same length right after it; G instr/GB: 10^9 instructions per 10^9 bytes of message content "
+                        "(whole count); blocks: uploaded in each window; statements: catalog statements in each "
+                        "window / in its idle twin (whole broker)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                      smoke="one window of 50 requests, the first workload, the whole broker only")
     parser.add_argument("--tree", type=Path, default=REPO, help="checkout whose brokers run (default: this one)")
     parser.add_argument("--server", action="append", choices=SERVERS, help="only this server (repeatable)")
+    parser.add_argument("--workload", action="append", choices=[w.shape.label for w in WORKLOADS],
+                        help="only this workload (repeatable)")
     parser.add_argument("--repeats", type=int, help="counted windows per server process (default 2, 1 with --smoke)")
     args = parser.parse_args(argv)
     size = size_of(args)
@@ -249,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    print(report(asyncio.run(run(size, tree, servers, repeats, log)), tree))
+    print(report(asyncio.run(run(size, tree, servers, repeats, log, tuple(args.workload or ()))), tree))
     return 0
 
 

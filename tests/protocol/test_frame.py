@@ -13,6 +13,7 @@ from tests.protocol.test_examples import (
     UNKNOWN_RESPONSE_BYTES,
 )
 from tests.protocol.test_examples_admin import SMALL_CASES
+from tiered.protocol import frame as frame_module
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, FrameCut, MsgType, cut_frames, encode_frame, maybe_frame
 from tiered.protocol.requests import read_consume_request, read_produce_request
@@ -157,3 +158,55 @@ def test_any_stream_of_frames_split_at_every_byte(cases):
     assert frames == expected
     for (_, payload), (_, _, read, value) in zip(frames, cases):
         assert read(payload) == value
+
+
+# -- cut_payloads: the broker connection's pass, natively (_bundlescan.cut_payloads) against its reference ----------
+
+native_cut_payloads = frame_module._cut_payloads_native
+needs_native = pytest.mark.skipif(native_cut_payloads is None, reason="the native module is not built")
+
+
+def _same_cut(got, want) -> None:
+    """Equal PayloadCuts: the error compared by its text and position (a new exception each time)."""
+    assert got[:4] == want[:4]
+    assert type(got[4]) is type(want[4])
+    if want[4] is not None:
+        assert (got[4].what, got[4].position) == (want[4].what, want[4].position)
+
+
+def test_cut_payloads_copies_each_payload_out_as_bytes():
+    stream = bytearray(encode_frame(1, b"ab") + encode_frame(2, b"") + encode_frame(3, b"xyz") + b"\x04\x01")
+    for cut in (frame_module._cut_payloads_py, *([native_cut_payloads] if native_cut_payloads else [])):
+        frames, rest, payload_bytes, big, error = cut(stream, 0, len(stream), 64)
+        assert frames == [(1, b"ab"), (2, b""), (3, b"xyz")] and all(type(p) is bytes for _, p in frames)
+        assert (rest, payload_bytes, big, error) == (len(stream) - 2, 5, None, None)
+        stream[5:7] = b"ZZ"  # the buffer is received into again: the payloads cut from it do not change
+        assert frames[0] == (1, b"ab")
+        stream[5:7] = b"ab"
+
+
+@needs_native
+def test_cut_payloads_refuses_positions_outside_the_buffer():
+    for start, end in ((-1, 3), (4, 3), (0, 11)):
+        for cut in (frame_module._cut_payloads_py, native_cut_payloads):
+            with pytest.raises(ValueError, match="within the buffer"):
+                cut(bytes(10), start, end, 64)
+    with pytest.raises(TypeError):
+        native_cut_payloads(bytes(10), 0, 10)
+
+
+@needs_native
+@budget(400)
+@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=40)), max_size=8), st.binary(max_size=12),
+       st.integers(0, 64), st.data())
+def test_native_cut_payloads_is_its_reference_on_any_bytes(frames, tail, big_bytes, data):
+    """Whole, truncated and random streams, an oversized header among them: the same cut, error for error."""
+    stream = b"".join(encode_frame(m, p) for m, p in frames) + tail
+    if data.draw(st.booleans()):  # an oversized header somewhere
+        at = data.draw(st.integers(0, len(stream)))
+        stream = stream[:at] + FRAME_HEADER.pack(1, data.draw(st.integers(MAX_FRAME_BYTES + 1, 0xFFFF_FFFF))) + \
+            stream[at:]
+    start = data.draw(st.integers(0, len(stream)))
+    end = data.draw(st.integers(start, len(stream)))
+    buf = bytearray(stream) if data.draw(st.booleans()) else stream
+    _same_cut(native_cut_payloads(buf, start, end, big_bytes), frame_module._cut_payloads_py(buf, start, end, big_bytes))

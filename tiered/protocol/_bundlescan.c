@@ -818,8 +818,86 @@ static PyObject *receive_buffer(PyObject *module, PyObject *arg)
     return PyByteArray_FromStringAndSize(NULL, size); /* with NULL, the bytes are allocated and left as they are */
 }
 
+/* -- frames ------------------------------------------------------------------------------------------------------ */
+
+#define FRAME_HEADER_BYTES 5              /* msg_id u8, payload length u32 (little-endian) */
+#define MAX_FRAME_BYTES (256 * 1024 * 1024) /* tiered/protocol/frame.py's MAX_FRAME_BYTES */
+
+PyDoc_STRVAR(cut_payloads_doc,
+"cut_payloads($module, buf, start, end, big_bytes, /)\n--\n\n"
+"frame.py's `_cut_payloads_py`, natively: the whole frames of buf[start:end] as (frames, rest, payload_bytes, big,\n"
+"error), each frame a (msg_id, payload bytes) tuple, in one pass.");
+
+static PyObject *cut_payloads(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "cut_payloads takes buf, start, end and big_bytes");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = start == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[2]);
+    Py_ssize_t big_bytes = end == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[3]);
+    if (big_bytes == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0)
+        return NULL;
+    PyObject *frames = NULL, *big = Py_None, *error = Py_None, *result = NULL;
+    Py_INCREF(big);
+    Py_INCREF(error);
+    if (start < 0 || end < start || end > view.len) {
+        PyErr_SetString(PyExc_ValueError, "cut_payloads: start and end must lie within the buffer, start <= end");
+        goto done;
+    }
+    if ((frames = PyList_New(0)) == NULL)
+        goto done;
+    const uint8_t *b = view.buf;
+    Py_ssize_t payload_bytes = 0;
+    /* Lengths compared as lengths: `end - start` never wraps (0 <= start <= end <= len). */
+    while (end - start >= FRAME_HEADER_BYTES) {
+        unsigned msg_id = b[start];
+        uint32_t length = (uint32_t)b[start + 1] | (uint32_t)b[start + 2] << 8 | (uint32_t)b[start + 3] << 16
+                          | (uint32_t)b[start + 4] << 24;
+        if (length > MAX_FRAME_BYTES) {
+            Py_DECREF(error);
+            error = PyObject_CallFunction(ProtocolError, "(Nn)",
+                                          PyUnicode_FromFormat("frame length %u exceeds %d bytes", (unsigned)length,
+                                                               MAX_FRAME_BYTES),
+                                          start + 1);
+            if (error == NULL)
+                goto done;
+            break;
+        }
+        if ((Py_ssize_t)length > end - start - FRAME_HEADER_BYTES) {
+            if ((Py_ssize_t)length >= big_bytes) {
+                Py_DECREF(big);
+                if ((big = Py_BuildValue("(Ik)", msg_id, (unsigned long)length)) == NULL)
+                    goto done;
+            }
+            break;
+        }
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)b + start + FRAME_HEADER_BYTES, length);
+        PyObject *frame = payload == NULL ? NULL : Py_BuildValue("(IN)", msg_id, payload);
+        if (frame == NULL || PyList_Append(frames, frame) != 0) {
+            Py_XDECREF(frame);
+            goto done;
+        }
+        Py_DECREF(frame);
+        payload_bytes += length;
+        start += FRAME_HEADER_BYTES + length;
+    }
+    result = Py_BuildValue("(OnnOO)", frames, start, payload_bytes, big, error);
+done:
+    Py_XDECREF(frames);
+    Py_DECREF(big);
+    Py_XDECREF(error);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"receive_buffer", receive_buffer, METH_O, receive_buffer_doc},
+    {"cut_payloads", (PyCFunction)(void (*)(void))cut_payloads, METH_FASTCALL, cut_payloads_doc},
     {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
     {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
     {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},

@@ -7,6 +7,7 @@ from typing import overload
 from typing_extensions import Buffer
 
 from tiered.protocol.bundle import BundleFacts, Message
+from tiered.protocol.errors import ProtocolError
 from tiered.protocol.requests import ProducePartition, ProduceRequest, ProduceTopic
 
 def scan_bundle(bundle: Buffer, strict: bool = True, /) -> BundleFacts:
@@ -39,3 +40,8 @@ def register(facts: type[BundleFacts], /) -> None: ...
 @overload
 def register(facts: type[BundleFacts], request: type[ProduceRequest], topic: type[ProduceTopic],
              partition: type[ProducePartition], /) -> None: ...
+
+def cut_payloads(buf: Buffer, start: int, end: int, big_bytes: int, /,
+                 ) -> tuple[list[tuple[int, bytes]], int, int, tuple[int, int] | None, ProtocolError | None]:
+    """frame.py's `_cut_payloads_py`, natively: (frames, rest, payload_bytes, big, error) of buf[start:end], each
+    frame's payload copied out as bytes; ValueError for positions outside the buffer."""

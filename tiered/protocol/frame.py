@@ -11,17 +11,32 @@ there, instead of waiting for (and buffering) a quarter gigabyte.
 
 `cut_frames` is the one frame cutter: the broker's connections (tiered/server/connection.py) and the client's
 (tiered/client/connection.py) both cut what they receive with it, and `maybe_frame` reads one frame with the same
-header check.
+header check. `cut_payloads` is the broker connection's pass: the same cut, with every payload copied out as bytes, in
+one native call per read (`_bundlescan.cut_payloads`; `_cut_payloads_py`, built on `cut_frames`, is its reference).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
 from tiered.protocol.buffers import BytesLike
 from tiered.protocol.errors import ProtocolError
+
+# What cut_payloads returns: (frames, rest, payload_bytes, big, error). `frames`: every whole frame in order, as
+# (msg_id, payload) with the payload copied out as bytes (read-only, so the produce path's record views need no
+# conversion, and the receive buffer may be reused at once); `rest`, `big` and `error` as FrameCut's; `payload_bytes`
+# the payloads' total length. A plain tuple: one per read, built in C.
+PayloadCut = tuple[list[tuple[int, bytes]], int, int, "tuple[int, int] | None", "ProtocolError | None"]
+
+
+_cut_payloads_native: Callable[[BytesLike, int, int, int], PayloadCut] | None
+try:
+    from tiered.protocol._bundlescan import cut_payloads as _cut_payloads_native
+except ImportError:  # no C compiler at install: the reference below serves
+    _cut_payloads_native = None
 
 FRAME_HEADER = struct.Struct("<BI")  # msg_id, payload length
 MAX_FRAME_BYTES = 256 * 1024 * 1024
@@ -79,6 +94,19 @@ def cut_frames(buf: BytesLike, start: int, end: int, big_bytes: int = MAX_FRAME_
         frames.append((msg_id, start + header, stop))
         start = stop
     return FrameCut(frames, start)
+
+
+def _cut_payloads_py(buf: BytesLike, start: int, end: int, big_bytes: int) -> PayloadCut:
+    """The reference of the native `cut_payloads`: cut_frames, then each payload copied out."""
+    if start < 0 or end < start or end > len(buf):
+        raise ValueError("cut_payloads: start and end must lie within the buffer, start <= end")
+    cut = cut_frames(buf, start, end, big_bytes)
+    with memoryview(buf) as view:
+        frames = [(msg_id, bytes(view[first:stop])) for msg_id, first, stop in cut.frames]
+    return frames, cut.rest, sum(len(p) for _, p in frames), cut.big, cut.error
+
+
+cut_payloads = _cut_payloads_py if _cut_payloads_native is None else _cut_payloads_native
 
 
 def maybe_frame(buf: BytesLike, position: int = 0) -> tuple[int, memoryview, int] | None:

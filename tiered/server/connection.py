@@ -40,7 +40,7 @@ from tiered.acl import ANONYMOUS, principal_of
 from tiered.protocol import requests as rq
 from tiered.protocol.buffers import receive_buffer
 from tiered.protocol.errors import ProtocolError
-from tiered.protocol.frame import FRAME_HEADER, MsgType, cut_frames, encode_frame
+from tiered.protocol.frame import FRAME_HEADER, MsgType, cut_payloads, encode_frame
 
 from tiered.server.fetch import Chunk, FileChunk, StreamChunk, release
 from tiered.server.limits import REQUEST_DEADLINE_S
@@ -56,6 +56,8 @@ WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for t
 TLS_COPY_BYTES = 256 * 1024  # over TLS a file chunk is read and written in pieces of this size
 # The produce ids, read per request: an Enum member read costs a call through Python 3.11's EnumType.__getattr__.
 _PRODUCE, _PRODUCE_WITH_SEQNUM = MsgType.PRODUCE, MsgType.PRODUCE_WITH_SEQNUM
+_read_checked_produce = rq.read_checked_produce
+_frame_head = FRAME_HEADER.pack
 
 
 class CloseConnection(Exception):
@@ -152,10 +154,13 @@ class Connection(asyncio.BufferedProtocol):
         self._big_msg_id = 0
         self._big_length = 0
         self._big_filled = 0
-        self._frames: deque[tuple[int, bytes | bytearray] | ProtocolError] = deque()
+        self._frames: deque[tuple[int, bytes | bytearray]] = deque()
+        # Why the connection is to be closed once the frames before it are handled (a frame refused as it arrived);
+        # set once, and nothing is received after it (_refused).
+        self._error: ProtocolError | None = None
         self._budget = broker.receive_budget
         self._budget_held = 0  # bytes of big frames, received or arriving, drawn from the broker's receive budget
-        self._refused = False  # past the budget: what arrives is dropped until the connection closes
+        self._refused = False  # past the budget, or a frame refused: what arrives is dropped until it closes
         self._partial_since: float | None = None  # when the first byte of a frame not yet whole arrived
         self._queued_bytes = 0
         self._reading_paused = False
@@ -246,13 +251,17 @@ class Connection(asyncio.BufferedProtocol):
         if self._budget.reserve(n):
             self._budget_held += n
             return True
-        self._refused = True
         self._big = None
-        self._frames.append(ProtocolError(f"the broker's buffer budget for requests being received is spent "
-                                          f"({self._budget.limit} bytes across connections)", 0))
-        self._pause_reading()
+        self._refuse(ProtocolError(f"the broker's buffer budget for requests being received is spent "
+                                   f"({self._budget.limit} bytes across connections)", 0))
         self._wake()
         return False
+
+    def _refuse(self, error: ProtocolError) -> None:
+        """Nothing more is received: the request task handles the frames already queued, then closes with `error`."""
+        self._refused = True
+        self._error = error
+        self._pause_reading()
 
     def _return_budget(self, n: int) -> None:
         n = min(n, self._budget_held)
@@ -292,18 +301,21 @@ class Connection(asyncio.BufferedProtocol):
     # -- frames ----------------------------------------------------------------------------------------------------
 
     def _cut_frames(self) -> None:
+        """Every whole frame received is queued, its payload copied out as bytes, in one native pass (cut_payloads)
+        and one extend of the queue."""
         buf, end = self._buf, self._end
-        cut = cut_frames(buf, self._start, end, BIG_FRAME_BYTES)
-        for msg_id, payload_start, payload_end in cut.frames:
-            self._queue_frame(msg_id, buf[payload_start:payload_end])
-        start = cut.rest
-        if cut.error is not None:
+        frames, start, payload_bytes, big, error = cut_payloads(buf, self._start, end, BIG_FRAME_BYTES)
+        if frames:
+            self._frames.extend(frames)
+            self._queued_bytes += payload_bytes
+            if self._queued_bytes > MAX_QUEUED_BYTES:
+                self._pause_reading()
+        if error is not None:
             # Refused as soon as its header is here, rather than buffering a quarter gigabyte.
-            self._frames.append(cut.error)
-            self._pause_reading()
+            self._refuse(error)
             start = end
-        elif cut.big is not None:
-            msg_id, length = cut.big
+        elif big is not None:
+            msg_id, length = big
             have = end - start - FRAME_HEADER.size
             capacity = min(max(READ_BYTES, have), length)
             if self._draw(capacity):
@@ -390,16 +402,16 @@ class Connection(asyncio.BufferedProtocol):
             await self.send(MsgType.PING, b"")  # TANK introduces itself with one ping on accept
             while not self.closed:
                 if not frames:
+                    if self._error is not None:
+                        raise self._error
                     if self._eof:
                         break
                     await self._next_frames()
                     continue
-                item = frames.popleft()
-                if isinstance(item, ProtocolError):
-                    raise item
-                msg_id, payload = item
+                msg_id, payload = frames.popleft()
                 self._queued_bytes -= len(payload)
-                if self._reading_paused and self._queued_bytes <= MAX_QUEUED_BYTES // 2 and not self.closed:
+                if self._reading_paused and self._queued_bytes <= MAX_QUEUED_BYTES // 2 and not self._refused \
+                        and not self.closed:
                     self._reading_paused = False
                     self.transport.resume_reading()
                 self._busy = True
@@ -425,9 +437,11 @@ class Connection(asyncio.BufferedProtocol):
         ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own."""
         h = self.broker.handlers
         if msg_id == _PRODUCE:
-            return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=False))
+            req, facts = _read_checked_produce(payload, False)
+            return h.produce.handle(self, req, facts)
         if msg_id == _PRODUCE_WITH_SEQNUM:
-            return h.produce.handle(self, *rq.read_checked_produce(payload, with_seqnum=True))
+            req, facts = _read_checked_produce(payload, True)
+            return h.produce.handle(self, req, facts)
         if msg_id == MsgType.CONSUME:
             return h.consume.handle(self, rq.read_consume_request(payload))
         if msg_id == MsgType.PING:
@@ -464,7 +478,13 @@ class Connection(asyncio.BufferedProtocol):
         await send(). Lets a handler answer without a coroutine of its own."""
         if self._writing_paused or self.write_lock.locked():
             return False
-        self._queue_response(msg_id, payload)
+        if not self.closed:  # closed: dropped, as _queue_response drops it
+            # _queue_response inline (once per produce answer), the frame head packed without encode_frame's checks:
+            # its callers' ids are MsgType members and their answers a few bytes per partition.
+            self._pending.append(_frame_head(msg_id, len(payload)) + payload)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
         return True
 
     def _queue_response(self, msg_id: int, payload: bytes) -> None:

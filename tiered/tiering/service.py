@@ -47,6 +47,7 @@ from tiered.tier_interface import (
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
 from tiered.tiering.blocks.durable import DurablePath
+from tiered.tiering.blocks.block_pipeline import EXPANSION_SWEEP_INTERVAL_S
 from tiered.tiering.objects.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
@@ -112,6 +113,10 @@ class TieringService:
                                    max_puts_per_s=self.settings.block_max_puts_per_s,
                                    remote_read_yield_s=self.settings.remote_read_yield_ms / 1000)
         self.hot_path = self.durable.hot_path
+        # The produce path's calls, read per request and per record: the owners' own methods bound once here, so each
+        # costs one Python frame, not two (the methods below say what they answer before start).
+        self.appended = self.durable.appended  # type: ignore[method-assign]
+        self.admits_now = self.durable.pipeline.has_room  # type: ignore[method-assign]
         self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, state=self.state,
                                  fence=self.durable.fence, grace=self.grace,
                                  read_budget_bytes=self.settings.remote_read_budget_bytes, clock=self.clock,
@@ -131,6 +136,7 @@ class TieringService:
         sup.every("remote retention", self.settings.remote_retention_interval_ms / 1000, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
         sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
+        sup.every("block expansion", EXPANSION_SWEEP_INTERVAL_S, self.durable.pipeline.expand_stale)
 
     async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead
@@ -140,6 +146,7 @@ class TieringService:
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
         await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
+        self.may_acknowledge = coordinator.holds_lease  # type: ignore[method-assign]  # bound once, as appended
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
         self.supervisor.start("cluster", coordinator.tick_loop)

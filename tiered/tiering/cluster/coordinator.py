@@ -141,7 +141,9 @@ class Coordinator:
 
     def holds_lease(self) -> bool:
         """Whether this broker may acknowledge: its lease was renewed in time, and never lapsed unverified."""
-        return not self._evicted and not self._lapsed and self._lease_fresh(self.clock.monotonic())
+        # lease_fresh called directly (not through _lease_fresh): read once per produce request.
+        return not self._evicted and not self._lapsed and lease_fresh(self._renewed_at, self.lease_ms,
+                                                                       self.clock.monotonic())
 
     async def renew_loop(self) -> None:
         while not self._evicted:

@@ -437,6 +437,18 @@ async def run_chaos(root: Path, catalog_url: str, env: dict[str, str], store_url
             chaos.broker.stop()
 
 
+def keep_broker_logs(root: Path) -> Path | None:
+    """A failed run's broker logs (one per broker process started, in the order started), moved out of the run's
+    directory before it is removed: what a failure needs to be understood. None when there were none."""
+    logs = sorted(root.glob("broker-*.log"), key=lambda path: path.stat().st_mtime)
+    if not logs:
+        return None
+    kept = Path(tempfile.mkdtemp(prefix="tiered-chaos-logs-"))
+    for number, log_path in enumerate(logs):
+        shutil.move(str(log_path), kept / f"{number:02d}-{log_path.name}")
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -463,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="tiered-chaos-"))
     pg = PgCluster(bindir).start()
     moto = MotoProcess(root).start()
+    report = None
     try:
         from tiered.catalog.migrate import upgrade
 
@@ -475,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         moto.stop()
         pg.stop()
+        if report is None or not report.ok:
+            kept = keep_broker_logs(root)
+            if kept is not None:
+                print(f"chaos: the brokers' logs are kept in {kept}", file=sys.stderr)
         shutil.rmtree(root, ignore_errors=True)
     print(f"chaos: seed {args.seed}, {args.topics} x {args.partitions} partitions"
           + (", local-directory store" if args.local_store else "")

@@ -28,3 +28,22 @@ async def test_retention_expires_only_below_the_first_available_seq_under_kills_
                              rounds=3, seed=7, remote_retention_secs=5)
     assert report.ok, report.table()
     assert report.rounds == 3 and report.acks > 100 and report.retention
+
+
+def test_a_failed_run_keeps_its_brokers_logs_in_the_order_they_started(tmp_path):
+    import os
+
+    from bench.chaos import keep_broker_logs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert keep_broker_logs(run) is None
+    for age, port in enumerate((31000, 12000, 20000)):  # started in this order: the port says nothing of it
+        log = run / f"broker-{port}.log"
+        log.write_text(f"broker on {port}\n")
+        os.utime(log, (1_000_000 + age, 1_000_000 + age))
+    kept = keep_broker_logs(run)
+    assert kept is not None and not list(run.glob("broker-*.log"))
+    assert [p.name for p in sorted(kept.iterdir())] == ["00-broker-31000.log", "01-broker-12000.log",
+                                                        "02-broker-20000.log"]
+    assert (kept / "01-broker-12000.log").read_text() == "broker on 12000\n"

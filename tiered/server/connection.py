@@ -399,6 +399,7 @@ class Connection(asyncio.BufferedProtocol):
         frames = self._frames
         try:
             await self.send(MsgType.PING, b"")  # TANK introduces itself with one ping on accept
+            produce = self.broker.handlers.produce.handle  # dispatch's first case, here: no frame per produce
             while not self.closed:
                 if not frames:
                     if self._error is not None:
@@ -415,7 +416,11 @@ class Connection(asyncio.BufferedProtocol):
                     self.transport.resume_reading()
                 self._busy = True
                 try:
-                    handling = self.dispatch(msg_id, payload)
+                    if msg_id == _PRODUCE:
+                        req, facts = _read_checked_produce(payload, False)
+                        handling = produce(self, req, facts)
+                    else:
+                        handling = self.dispatch(msg_id, payload)
                     if handling is not None:
                         await handling
                 finally:
@@ -433,7 +438,8 @@ class Connection(asyncio.BufferedProtocol):
     def dispatch(self, msg_id: int, payload) -> Coroutine[Any, Any, None] | None:
         """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
         task to await, or None when there is nothing to await (a ping; a produce answered at once,
-        ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own."""
+        ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own. `run` reads
+        a plain produce (0x01) itself, as the first case here does."""
         h = self.broker.handlers
         if msg_id == _PRODUCE:
             req, facts = _read_checked_produce(payload, False)

@@ -71,40 +71,32 @@ class ProduceHandler:
     def __init__(self, broker):
         self.broker = broker
 
-    def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts]) -> Coroutine[Any, Any, None] | None:
+    def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts],
+               started: float | None = None) -> Coroutine[Any, Any, None] | None:
         """`facts`: each bundle's, in request order (read_checked_produce validated them all). None when the request
         was answered here and now, as almost every one is: no coroutine is made for it. Otherwise the coroutine the
-        connection's request task awaits (Connection.dispatch): an answer that must wait (shutting down, the lease
-        not renewed, the upload pipeline full, the connection not taking writes)."""
-        broker = self.broker
-        started = broker.clock.monotonic()
-        if broker.stopping:
-            # Shutting down: the open block is being committed and this broker leads nothing any more. "No leader"
-            # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
-            return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-        if not broker.tier.may_acknowledge():
-            # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
-            # appended; TANK's client retries, and finds the partition's leader.
-            return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-        if not broker.tier.admits_now():
-            return self._produce_when_admitted(conn, req, facts, started)
-        return self._produce(conn, req, facts, started)
+        connection's request task awaits (Connection.run): an answer that must wait (shutting down, the lease not
+        renewed, the upload pipeline full, the connection not taking writes). `started` is given only by
+        _produce_when_admitted: the request was looked at and admitted already, and is appended now.
 
-    async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
-                                     started: float) -> None:
-        if not await self.broker.tier.admission():
-            # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
-            await self._answer_all(conn, req, ProduceStatus.SYSTEM)
-            return
-        waiting = self._produce(conn, req, facts, started)
-        if waiting is not None:
-            await waiting
-
-    def _produce(self, conn, req: ProduceRequest, facts: list[BundleFacts],
-                 started: float) -> Coroutine[Any, Any, None] | None:
-        """Appends every partition's bundle in request order and answers: None when the answer is queued (or a task
-        of its own waits for durable acks), else the send to await."""
+        Appends every partition's bundle in request order and answers: None when the answer is queued (or a task of
+        its own waits for durable acks), else the send to await."""
         broker = self.broker
+        if started is None:
+            started = broker.clock.monotonic()
+            if broker.stopping:
+                # Shutting down: the open block is being committed and this broker leads nothing any more. "No
+                # leader" sends TANK's client to retry, on the broker that takes over; nothing was appended, so
+                # nothing doubles.
+                return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+            if not broker.tier.may_acknowledge():
+                # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
+                # appended; TANK's client retries, and finds the partition's leader.
+                return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+            if not broker.tier.admits_now():
+                return self._produce_when_admitted(conn, req, facts, started)
+
+        # Checked and admitted: the appends and the answer, in this frame (one Python call per request).
         registry_topics = broker.registry.topics
         tier_appended = broker.tier.appended
         visible = broker.waiters.visible
@@ -176,6 +168,16 @@ class ProduceHandler:
         if conn.try_send_frame(frame):
             return None
         return conn.send_frame(frame)
+
+    async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
+                                     started: float) -> None:
+        if not await self.broker.tier.admission():
+            # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
+            await self._answer_all(conn, req, ProduceStatus.SYSTEM)
+            return
+        waiting = self.handle(conn, req, facts, started)
+        if waiting is not None:
+            await waiting
 
     def _answer(self, req: ProduceRequest, answers: list[TopicAnswer], started: float,
                 redirects: dict | None = None) -> bytes:

@@ -13,8 +13,8 @@ segment_copy_finished keeps it (runs go in the same transaction their segment be
 tiered.catalog.check verifies it.
 
 Unexpanded runs (0013). On PostgreSQL `commit_block` writes the runs of a wide block (more than
-EXPAND_IN_COMMIT_RUNS, or the broker's setting block_expand_in_commit_runs) packed into its own row (`blocks.runs_pending`, `pack_runs`) instead of one `block_runs` row
-each, and `expand_blocks` moves them into `block_runs` later: right after the acknowledgements (the block pipeline),
+EXPAND_IN_COMMIT_RUNS, or the broker's setting block_expand_in_commit_runs) packed into its own row
+(`blocks.runs_pending`, `pack_runs`) instead of one `block_runs` row each, and `expand_blocks` moves them into `block_runs` later: right after the acknowledgements (the block pipeline),
 or by the sweep on any broker for a block a crash left unexpanded (`unexpanded_blocks`). The invariants:
 - a committed block's runs are in exactly one of two places, `runs_pending` or `block_runs`: the expansion inserts
   the rows and clears `runs_pending` in one transaction, after locking the block row and seeing it still pending,

@@ -48,8 +48,9 @@ def log(text: str) -> None:
 
 
 class Service:
-    def __init__(self, root: Path, pg: PgCluster, lease_ms: int, tree: Path):
+    def __init__(self, root: Path, pg: PgCluster, lease_ms: int, tree: Path, log_level: str = "warning"):
         self.root = root
+        self.log_level = log_level
         self.tree = tree
         self.pg = pg
         self.lease_ms = lease_ms
@@ -58,7 +59,7 @@ class Service:
     def start(self, broker_id: int) -> BrokerProcess:
         bp = BrokerProcess(self.root / f"disk{broker_id}", "--catalog", self.pg.url(), "--store",
                            f"file://{self.root}/objects", "--broker-id", str(broker_id), "--cluster-lease-ms",
-                           str(self.lease_ms), tree=self.tree)
+                           str(self.lease_ms), "--log-level", self.log_level, tree=self.tree)
         self.brokers[broker_id] = bp
         return bp.start(timeout_s=600.0)
 
@@ -278,6 +279,8 @@ async def handover(service: Service, sample: int, seed: int) -> dict[str, float]
     nan = float("nan")
     return {"stopped broker": victim, "partitions it led": len(theirs), "not claimed": never,
             "its exit (s after SIGTERM)": stopped - started,
+            "first claim (s after SIGTERM)": claimed[0] if claimed else nan,
+            "half claimed (s after SIGTERM)": claimed[len(claimed) // 2] if claimed else nan,
             "last claim (s after SIGTERM)": claimed[-1] if claimed else nan,
             "sampled": len(sampled),
             "longest gap per partition, median (s)": gaps[len(gaps) // 2] if gaps else nan,
@@ -314,7 +317,7 @@ async def run(args: argparse.Namespace) -> int:
         cannot_run("bench_scale_idle: PostgreSQL binaries not found (run `sh .ci/system-deps`)")
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-scale-"))
     pg = PgCluster(bindir).start()
-    service = Service(root, pg, args.lease_ms, args.tree.resolve())
+    service = Service(root, pg, args.lease_ms, args.tree.resolve(), "info" if args.keep_logs else "warning")
     try:
         for broker_id in range(BROKERS):
             service.start(broker_id)
@@ -340,6 +343,11 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         service.stop_all()
         pg.stop()
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for b, bp in service.brokers.items():
+                shutil.copy(bp.log_path, args.keep_logs / f"broker{b}.log")
+            log(f"the brokers' logs (level info) are in {args.keep_logs}")
         shutil.rmtree(root, ignore_errors=True)
     return 0
 
@@ -360,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tree", type=Path, default=REPO,
                         help="the checkout whose brokers run (another commit's export, for a before/after)")
+    parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                        help="the brokers log at level info, and their logs are copied into DIR at the end")
     args = parser.parse_args(argv)
     for name in ("topics", "partitions", "lease_ms", "sample"):
         if getattr(args, name) < 1:

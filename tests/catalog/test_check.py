@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tiered.catalog import Catalog
-from tiered.catalog.blocks import commit_block, insert_pending_block, prune_runs_below
+from tiered.catalog.blocks import commit_block, expand_blocks, insert_pending_block, prune_runs_below
 from tiered.catalog.check import check_catalog
 from tiered.catalog.partitions import EpochRow, claim_leadership, claim_partitions
 from tiered.catalog.segments import segment_copy_finished, segment_copy_started
@@ -37,6 +37,7 @@ def test_claims_of_many_partitions_go_in_batches(cat):
 def committed(cat, key: str, *runs) -> int:
     block = insert_pending_block(cat, key, 1, 1, now=T0)
     commit_block(cat, block, 1, list(runs), {("t", 0): 1})
+    expand_blocks(cat, [block])  # as the broker does after the acknowledgements
     return block
 
 

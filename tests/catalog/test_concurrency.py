@@ -13,6 +13,7 @@ from tiered.catalog import Catalog, CatalogUnavailable
 from tiered.catalog.blocks import (
     abandon_block,
     commit_block,
+    expand_blocks,
     find_run,
     get_block,
     insert_pending_block,
@@ -106,6 +107,7 @@ def test_concurrent_prunes_of_shared_blocks_mark_every_block(cat, epochs):
         block_id = insert_pending_block(cat, f"blk/{i}", 1, 200, now=T0)
         commit_block(cat, block_id, 1, [run("t", 0, i + 1, i + 1), run("t", 1, i + 1, i + 1, 100)], epochs)
         ids.append(block_id)
+    expand_blocks(cat, ids)  # as the broker does after the acknowledgements (unexpanded: the test below)
 
     def pruner(partition):
         while prune_runs_below(cat, "t", partition, 41, limit=1, now=T0).runs_deleted:
@@ -170,8 +172,8 @@ def test_a_lock_wait_times_out_as_catalog_unavailable(catalog_url, epochs):
 
 def test_a_lock_wait_in_the_runs_copy_times_out_as_catalog_unavailable(pg_url):
     """PostgreSQL receives the runs as a COPY on the driver's cursor, outside SQLAlchemy's error translation: a lock
-    wait there times out as CatalogUnavailable too, nothing of the commit is kept, and the same Catalog commits the
-    block once the lock is gone (the connection it lost is not handed out again)."""
+    wait there times out as CatalogUnavailable too, nothing of the commit or the expansion is kept, and the same
+    Catalog commits and expands the block once the lock is gone (the connection it lost is not handed out again)."""
     impatient = Catalog.open(pg_url, lock_timeout_ms=200)
     create_topic(impatient, "t", 1)
     epochs = claim_partitions(impatient, 1, "t", [0])
@@ -181,13 +183,19 @@ def test_a_lock_wait_in_the_runs_copy_times_out_as_catalog_unavailable(pg_url):
     holder.execute("LOCK TABLE block_runs IN EXCLUSIVE MODE")  # as a long reindex would
     try:
         with pytest.raises(CatalogUnavailable, match="lock timeout"):
-            commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs)
+            commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs, expand=True)
+        assert get_block(impatient, block_id).state == "pending"
+        assert [s.hwmark_seq for s in get_partition_states(impatient, "t")][0] == 0
+        assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}  # unexpanded
+        with pytest.raises(CatalogUnavailable, match="lock timeout"):
+            expand_blocks(impatient, [block_id])
+        assert find_run(impatient, "t", 0, 3).block_id == block_id  # still readable, from the block's row
     finally:
         holder.rollback()
         holder.close()
-    assert get_block(impatient, block_id).state == "pending"
-    assert [s.hwmark_seq for s in get_partition_states(impatient, "t")][0] == 0
-    assert commit_block(impatient, block_id, 1, [run("t", 0, 1, 5)], epochs) == {("t", 0): 5}
+    assert get_block(impatient, block_id).state == "committed"
+    assert expand_blocks(impatient, [block_id]) == 1
+    assert find_run(impatient, "t", 0, 3).block_id == block_id
     assert find_run(impatient, "t", 0, 3).object_key == "blk/1"
     impatient.close()
 

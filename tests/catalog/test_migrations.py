@@ -208,7 +208,7 @@ def test_migrations_ship_as_a_package():
     folder = migrations_dir()
     assert (folder / "__init__.py").exists() and (folder / "versions" / "__init__.py").exists()
     assert (folder / "env.py").exists() and (folder / "script.py.mako").exists()
-    assert head() == "0012"
+    assert head() == "0013"
 
 
 def test_alembic_commands_work_given_only_a_url(tmp_path):
@@ -220,3 +220,51 @@ def test_alembic_commands_work_given_only_a_url(tmp_path):
     assert current(url) == head()
     command.downgrade(config, "base")
     assert current(url) is None
+
+
+def test_0013_keeps_every_location_of_a_catalog_in_use(empty_url):
+    """A catalog at 0012 holding committed runs: after 0013 they are still where every reader looks (none of them
+    unexpanded), a new commit may leave its runs unexpanded, and the downgrade refuses while one is."""
+    from sqlalchemy import text
+
+    from tiered.catalog import blocks
+    from tiered.catalog.check import check_catalog
+    from tiered.catalog.partitions import claim_partitions
+
+    from .rows import run
+
+    upgrade(empty_url, "0012")
+    with Catalog.open(empty_url) as cat:
+        old_topic(cat)
+        with cat.write() as conn:
+            conn.execute(text("INSERT INTO blocks (object_key, state, broker_id, size_bytes, created_at, committed_at)"
+                              " VALUES ('blk/1', 'committed', 1, 300, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+            for first in (1, 11):
+                conn.execute(text(
+                    "INSERT INTO block_runs (block_id, position, topic, partition, from_seq, first_seq, last_seq,"
+                    " length_bytes, messages, min_ts_ms, max_ts_ms, leader_epoch)"
+                    f" VALUES (1, {first * 10}, 't', 0, {first}, {first}, {first + 9}, 100, 10, 0, 0, 0)"))
+            conn.execute(text("UPDATE partitions SET first_available_seq = 1, hwmark_seq = 20"))
+    assert upgrade(empty_url) == ("0012", head())
+    with Catalog.open(empty_url) as cat:
+        assert check_catalog(cat).ok and check_catalog(cat).partitions[0].locations == 2
+        assert blocks.find_run(cat, "t", 0, 15).first_seq == 11
+        assert blocks.unexpanded_blocks(cat, T0.replace(year=2100)) == []
+        epoch = claim_partitions(cat, 1, "t", [0])[0]
+        block_id = blocks.insert_pending_block(cat, "blk/2", 1, 100, now=T0)
+        blocks.commit_block(cat, block_id, 1, [run("t", 0, 21, 30, epoch=epoch)], {("t", 0): epoch}, now=T0,
+                            expand=False)
+        assert blocks.find_run(cat, "t", 0, 25).block_id == block_id and check_catalog(cat).ok
+    config = alembic_config()
+    with pytest.raises(RuntimeError, match="unexpanded"):
+        with Catalog.open(empty_url) as cat, cat.write() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0012")
+    with Catalog.open(empty_url) as cat:
+        assert blocks.expand_blocks(cat, [block_id]) == 1
+        with cat.write() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0012")
+    assert current(empty_url) == "0012"
+    with Catalog.open(empty_url) as cat, cat.read() as conn:  # the code of 0012 reads block_runs alone
+        assert conn.execute(text("SELECT count(*) FROM block_runs")).scalar_one() == 3

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
 from tiered.tiering.cluster.cluster_decision import (
-    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, membership,
+    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, may_hand_over_next, membership,
     plan_rebalance,
     spread,
 )
@@ -280,6 +280,19 @@ def test_handover_chunks_keep_partition_order_and_every_new_leader_busy():
     assert handover_chunks({}, 4) == []
     with pytest.raises(ValueError):
         handover_chunks(moves, 0)
+
+
+@pytest.mark.parametrize("unclaimed, ahead, expected", [
+    ((), 1, True),  # nothing waits for claims: the first chunk goes
+    ((9.5,), 1, False),  # one chunk waits for its claims, one allowed
+    ((9.5,), 2, True),  # a second may be given up while the first is claimed
+    ((9.0, 9.5), 2, False),
+    ((7.5,), 1, True),  # given up 2.5 s ago (patience 2 s): a new leader gone or stuck is waited for no longer
+    ((7.5, 9.5), 2, True),
+    ((8.0,), 1, True),  # exactly the patience
+])
+def test_a_stopping_broker_gives_up_its_next_chunk_when_fewer_than_ahead_wait_for_claims(unclaimed, ahead, expected):
+    assert may_hand_over_next(unclaimed, 10.0, ahead, 2.0) is expected
 
 
 def test_a_decision_without_claims_tells_the_same_losses_and_follows():

@@ -15,7 +15,7 @@ from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.cluster.coordinator import CLAIM_POLL_S, Coordinator, Endpoints
+from tiered.tiering.cluster.coordinator import CLAIM_POLL_S, PACE_POLL_S, PACE_WAIT_S, Coordinator, Endpoints
 from tiered.topic_partition import TopicPartition
 from tests.catalog.rows import run, stamped
 from tests.support.clock import ManualClock
@@ -358,5 +358,58 @@ async def test_a_topic_created_during_a_look_has_its_leaders_told_once_it_exists
             await coordinator.tick()
         assert "u" in sink.local
         assert sink.leaders[("u", 0)] == Leader(OTHER, "127.0.0.2:11011")
+    finally:
+        access.close()
+
+
+async def test_a_stopping_broker_gives_up_each_chunk_once_the_one_before_is_claimed(pg_url):
+    """leave() hands over chunk after chunk, the next only once the claims of the one before landed: a partition
+    waits for its own chunk's claims, not for a queue of chunks its new leader has not reached. The lease is renewed
+    meanwhile (its loop is stopped at shutdown), and a chunk not claimed within the patience is not waited for."""
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        clock = ManualClock()
+        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        create_topic(cat, "t", 6, leaders={p: ME for p in range(6)})
+        await coordinator.tick()
+        assert sorted(coordinator.leadership.leading()) == [("t", p) for p in range(6)]
+
+        def assigned_to_other() -> list[int]:
+            return [p for p in range(6) if assignment(cat, "t", p).leader_broker == OTHER]
+
+        async def until(condition) -> None:
+            while not condition():
+                clock.advance(PACE_POLL_S)
+                await asyncio.sleep(0.01)
+
+        leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + 60))
+        await until(lambda: assigned_to_other() == [0, 1])
+        for _ in range(5):  # polls: chunk 0 is not claimed, so chunk 1 stays here, still led
+            clock.advance(PACE_POLL_S)
+            await asyncio.sleep(0.01)
+        assert assigned_to_other() == [0, 1]
+        assert sorted(coordinator.leadership.leading()) == [("t", p) for p in range(2, 6)]
+        claim_partitions(cat, OTHER, "t", [0])
+        for _ in range(5):  # half a chunk claimed is not the chunk
+            clock.advance(PACE_POLL_S)
+            await asyncio.sleep(0.01)
+        assert assigned_to_other() == [0, 1]
+        renewed = coordinator._renewed_at
+        claim_partitions(cat, OTHER, "t", [1])  # the other broker's claims of chunk 0 landed: chunk 1 goes
+        await until(lambda: assigned_to_other() == [0, 1, 2, 3])
+        assert ("t", 0, Leader(OTHER, "127.0.0.2:11011"), 0) in coordinator.sink.follows  # redirected there
+        # Nobody claims chunk 1: after the patience, chunk 2 goes anyway; the lease was renewed while waiting.
+        started = clock.monotonic()
+        await until(lambda: assigned_to_other() == list(range(6)))
+        assert clock.monotonic() - started >= PACE_WAIT_S
+        assert coordinator.leadership.leading() == {}
+        await until(lambda: coordinator._renewed_at > renewed)  # still waiting for claims, a third of a lease on
+        claim_partitions(cat, OTHER, "t", [2, 3, 4, 5])
+        await until(leaving.done)
+        await leaving
     finally:
         access.close()

@@ -49,6 +49,7 @@ async def _history(store, cat) -> dict[int, SegmentMeta]:
         block_id = catalog_blocks.insert_pending_block(cat, f"blocks/{first}.blk", BROKER, 100, now=T0)
         run = RunRow(TOPIC, 0, first, first, last, last - first + 1, 1, 2, epoch, 0, 100)
         catalog_blocks.commit_block(cat, block_id, BROKER, [run], {(TOPIC, 0): epoch}, now=T0)
+        catalog_blocks.expand_blocks(cat, [block_id])  # as the broker does after the acknowledgements
     return metas
 
 

@@ -83,6 +83,7 @@ class RunHistory:
             await self.store.put(key, body)
             catalog_blocks.commit_block(self.cat, block_id, BROKER, runs, {("t", 0): self.epoch, ("t", 1): self.epoch},
                                         now=at(NOW_S))
+            catalog_blocks.expand_blocks(self.cat, [block_id])  # as the broker does after the acknowledgements
 
     async def messages(self, partition: int = 0) -> list:
         """Every message partition 0's locations hold, read from the bucket: readable segments and runs."""

@@ -11,17 +11,36 @@ Every seq from a partition's first available seq to its high-water mark has one 
 block run that answers for it (`from_seq <= seq <= last_seq`). commit_block proves it for new runs (continuity),
 segment_copy_finished keeps it (runs go in the same transaction their segment becomes readable), and
 tiered.catalog.check verifies it.
+
+Unexpanded runs (0013). On PostgreSQL `commit_block` writes a block's runs packed into its own row
+(`blocks.runs_pending`, `pack_runs`) instead of one `block_runs` row each, and `expand_blocks` moves them into
+`block_runs` later: right after the acknowledgements (the block pipeline), or by the sweep on any broker for a block
+a crash left unexpanded (`unexpanded_blocks`). The invariants:
+- a committed block's runs are in exactly one of two places, `runs_pending` or `block_runs`: the expansion inserts
+  the rows and clears `runs_pending` in one transaction, after locking the block row and seeing it still pending,
+  so two expanders never insert a run twice;
+- every reader of locations (`runs_from`, and through it `find_run`, `runs_for_range`, tiered.catalog.locate; the
+  check, the bytes gauge) reads the unexpanded runs as locations too, in the same snapshot as the rows;
+- whatever deletes or moves locations of a partition (`prune_runs_in`, `prune_runs_below`, the compaction swap, a
+  copy's from_seq) first expands, in its own transaction, the unexpanded blocks holding a run of that partition in
+  the range it touches (`expand_pending_of`), so that its DELETE sees those rows and no later expansion can put back
+  a location it removed. A block with unexpanded runs has no `block_runs` rows, so no prune marks it `deleting`
+  (the mark also requires `runs_pending IS NULL`), and the sweep never deletes it.
+SQLite (one broker, one writer) inserts the rows inside the commit, as before: nothing is ever unexpanded there
+unless a test asks (`expand=False`), and the readers' code is the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import cache
 from operator import attrgetter
 
-from sqlalchemy import Connection, bindparam, delete, exists, insert, select, tuple_, update
+import struct
+
+from sqlalchemy import Connection, bindparam, delete, exists, insert, null, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from tiered.catalog.arrays import RowSource, statement
@@ -140,7 +159,7 @@ _MARK_COMMITTED = (
     update(_BLOCKS)
     .where(_BLOCKS.c.block_id == bindparam("b_id"), _BLOCKS.c.broker_id == bindparam("b_broker"),
            _BLOCKS.c.state.in_(BLOCK_TRANSITIONS.sources(BlockState.COMMITTED)))
-    .values(state=BlockState.COMMITTED, committed_at=bindparam("b_at"))
+    .values(state=BlockState.COMMITTED, committed_at=bindparam("b_at"), runs_pending=bindparam("b_runs"))
 )
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
 # commit_block's rows as bound values (tiered.catalog.arrays): one statement that checks and raises every partition
@@ -256,6 +275,7 @@ def commit_block(
     epochs: Mapping[tuple[str, int], int],
     *,
     now: datetime | None = None,
+    expand: bool | None = None,
 ) -> dict[tuple[str, int], int]:
     """Commits an uploaded block in one transaction; returns the new hwmark_seq of each of its partitions.
 
@@ -263,10 +283,13 @@ def commit_block(
     - StaleEpoch unless `broker_id` leads every partition at the epoch given in `epochs`;
     - Discontinuity unless each partition's first run continues the catalog exactly (from_seq = hwmark_seq + 1)
       and carries that epoch: so a commit can neither reuse a committed seq nor leave one without a location.
-    Then marks the block committed, inserts its runs, raises each partition's hwmark_seq to its last run's
-    last_seq, and sets first_available_seq from the first run when it was still 0.
+    Then marks the block committed with its runs, raises each partition's hwmark_seq to its last run's
+    last_seq, and sets first_available_seq from the first run when it was still 0. The runs are written packed in
+    the block's row (unexpanded: `expand_blocks` moves them into block_runs after the acknowledgements), or, with
+    `expand` (the default on SQLite), as block_runs rows in this transaction.
 
-    Three statements on both backends (check and raise; mark; insert), whatever the number of runs; a refusal
+    Two statements on PostgreSQL (check and raise; mark with the runs), three with `expand` (and the insert),
+    whatever the number of runs; a refusal
     rolls them back and asks why in a transaction of its own. A retry of a commit that did land (after
     CatalogUnavailable) returns the hwmarks as they are. A block that is not pending (abandoned) raises
     IllegalTransition; another broker's block raises ValueError.
@@ -274,6 +297,9 @@ def commit_block(
     by_partition = _heads(runs, epochs)
     heads = sorted(by_partition.values())  # by (topic, partition): the lock order
     committed_at = utcnow(now)
+    if expand is None:
+        expand = expands_in_commit(cat)
+    packed = None if expand else pack_runs(runs)
     for _ in range(_REFUSAL_TRIES):
         try:
             with cat.write() as conn:
@@ -282,13 +308,15 @@ def commit_block(
                                       {"broker_id": broker_id, **HEADS.params(heads)})
                 if raised.rowcount != len(heads):
                     raise _Refused
-                moved = conn.execute(_MARK_COMMITTED, {"b_id": block_id, "b_broker": broker_id, "b_at": committed_at})
+                moved = conn.execute(_MARK_COMMITTED, {"b_id": block_id, "b_broker": broker_id, "b_at": committed_at,
+                                                       "b_runs": packed})
                 if moved.rowcount == 0:
                     # Every partition continued, so this is no retry of a landed commit (which raised them past its
                     # runs): the block is not this broker's pending block. Raising rolls the raise back.
                     _committed_before(conn, block_id, broker_id, by_partition)  # raises for most blocks
                     raise IllegalTransition("block", f"{block_id}", BlockState.COMMITTED, BlockState.COMMITTED)
-                _insert_runs(cat, conn, block_id, runs)
+                if expand:
+                    _insert_runs(cat, conn, block_id, runs)
             return {key: head[6] for key, head in by_partition.items()}
         except _Refused:
             pass
@@ -310,11 +338,62 @@ def commit_block(
     raise CatalogUnavailable(f"the commit of block {block_id} was refused, then found allowed, {_REFUSAL_TRIES} times")
 
 
-def _insert_runs(cat: Catalog, conn: Connection, block_id: int, runs: Sequence[RunRow]) -> None:
+def expands_in_commit(cat: Catalog) -> bool:
+    """Whether commit_block inserts the block_runs rows itself by default: on SQLite (one broker, whose one writer
+    would gain nothing from a second transaction), not on PostgreSQL (the commit writes the runs packed)."""
+    return cat.backend != "postgresql"
+
+
+# A block's runs packed into one value (blocks.runs_pending): b"\x01", the number of topic names (u32), each name
+# (u16 length, UTF-8), then one fixed-width record per run in the block's order: its topic's index (u32), then
+# RunRow's other fields in their order (partition and messages i32, the others i64), little-endian. 76 bytes a run.
+_PACKED_FORMAT = 1
+_PACKED_RUN = struct.Struct("<Iiqqqiqqqqq")
+_U32, _U16 = struct.Struct("<I"), struct.Struct("<H")
+
+
+def pack_runs(runs: Sequence[RunRow]) -> bytes:
+    names: dict[str, int] = {}
+    pack = _PACKED_RUN.pack
+    records = []
+    for run in runs:
+        values = _run_values(run)
+        index = names.get(values[0])
+        if index is None:
+            index = names[values[0]] = len(names)
+        records.append(pack(index, *values[1:]))
+    head = [bytes((_PACKED_FORMAT,)), _U32.pack(len(names))]
+    for name in names:
+        encoded = name.encode()
+        head += (_U16.pack(len(encoded)), encoded)
+    return b"".join(head + records)
+
+
+def _unpacked(packed: bytes) -> tuple[list[str], Iterable[tuple]]:
+    """The topic names and the records (tuples: topic index, then RunRow's other fields) of pack_runs' value."""
+    view = memoryview(packed)
+    if not view or view[0] != _PACKED_FORMAT:
+        raise ValueError(f"packed runs of an unknown format {view[0] if view else None}")
+    (count,) = _U32.unpack_from(view, 1)
+    at, names = 5, []
+    for _ in range(count):
+        (size,) = _U16.unpack_from(view, at)
+        names.append(str(view[at + 2:at + 2 + size], "utf-8"))
+        at += 2 + size
+    return names, _PACKED_RUN.iter_unpack(view[at:])
+
+
+def unpack_runs(packed: bytes) -> list[RunRow]:
+    names, records = _unpacked(packed)
+    return [RunRow(names[record[0]], *record[1:]) for record in records]
+
+
+def _insert_runs(cat: Catalog | None, conn: Connection, block_id: int, runs: Sequence[RunRow]) -> None:
     """Inserts the block's runs: one statement whatever their number. On PostgreSQL a COPY (text format, built here
     with one `%` per run): the server inserts its rows in batches per heap page and parses no JSON, which took about
-    2 ms off a commit of 1,600 runs (docs/benchmarks.md); the INSERT ... SELECT of the bound rows elsewhere."""
-    if conn.dialect.name != "postgresql":
+    2 ms off a commit of 1,600 runs (docs/benchmarks.md); the INSERT ... SELECT of the bound rows elsewhere, and
+    where the caller has no Catalog to count the COPY on (an expansion inside a prune)."""
+    if conn.dialect.name != "postgresql" or cat is None:
         conn.execute(statement(conn.dialect.name, _INSERT_RUNS, RUNS),
                      {"block_id": block_id, **RUNS.params([_run_values(run) for run in runs])})
         return
@@ -377,7 +456,8 @@ def abandon_block(
     with cat.write() as conn:
         moved = conn.execute(
             update(BlockModel)
-            .where(BlockModel.block_id == block_id, BlockModel.state == BlockState.PENDING, unreferenced)
+            .where(BlockModel.block_id == block_id, BlockModel.state == BlockState.PENDING, unreferenced,
+                   BlockModel.runs_pending.is_(None))
             .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
         )
         if moved.rowcount:
@@ -394,13 +474,17 @@ def get_block(cat: Catalog, block_id: int) -> BlockRow | None:
     return BlockRow(*row) if row else None
 
 
+# Spelled as the partial index's predicate, so that the planners use ix_blocks_runs_pending.
+_IS_PENDING = BlockModel.runs_pending.is_not(None)
+
+
 @cache
 def _locations(limit: int):
     # No filter on the block's state: a run exists only while its block is committed (runs are inserted by the
-    # commit, and deleted before their block may leave `committed`), and the join stays a primary key probe. Built
-    # once per limit (callers use a few): building the query per lookup cost about as much of the caller's CPU as
-    # executing it.
-    return (
+    # commit or the expansion, and deleted before their block may leave `committed`), and the join stays a primary
+    # key probe. Built once per limit (callers use a few): building the query per lookup cost about as much of the
+    # caller's CPU as executing it.
+    rows = (
         select(*_LOCATION_COLUMNS)
         .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
         .where(
@@ -410,22 +494,173 @@ def _locations(limit: int):
         )
         .order_by(BlockRunModel.last_seq)
         .limit(inline_limit(limit))
+        .subquery()
     )
+    # And, in the same statement (one snapshot), a row of NULLs when any block is unexpanded: one probe of
+    # ix_blocks_runs_pending. Without it the rows are the whole answer, whatever they are.
+    anything_unexpanded = select(*(null() for _ in _LOCATION_COLUMNS)).where(exists().where(_IS_PENDING))
+    return select(rows).union_all(anything_unexpanded)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRows:
+    """What run_rows_from read in one statement."""
+
+    runs: list[RunLocation]
+    unexpanded: bool  # whether any block (of any partition) was unexpanded
+
+    def answer(self, seq: int, limit: int) -> bool:
+        """Whether these are the answer, unexpanded runs or not: nothing was unexpanded, or `limit` runs, the
+        first holding `seq`, each following the one before (an unexpanded run of a lower last_seq would share a
+        seq with them, and no seq has two locations)."""
+        runs = self.runs
+        return not self.unexpanded or (len(runs) == limit and runs[0].holds(seq)
+                                       and all(b.from_seq == a.last_seq + 1 for a, b in zip(runs, runs[1:])))
+
+
+def run_rows_from(conn: Connection, topic: str, partition: int, seq: int, limit: int) -> RunRows:
+    """Up to `limit` runs of block_runs with last_seq >= seq, in seq order: one statement, an index scan of
+    ix_block_runs_lookup (answered from the index alone on PostgreSQL) and a probe of ix_blocks_runs_pending. Not
+    the unexpanded runs: see runs_from."""
+    runs, unexpanded = [], False
+    for row in conn.execute(_locations(limit), {"l_topic": topic, "l_partition": partition, "l_seq": seq}):
+        if row[0] is None:
+            unexpanded = True
+        else:
+            runs.append(RunLocation(topic, partition, *row))
+    runs.sort(key=attrgetter("last_seq"))  # a UNION ALL keeps no order of its own
+    return RunRows(runs, unexpanded)
+
+
+def runs_from(conn: Connection, topic: str, partition: int, seq: int, limit: int) -> list[RunLocation]:
+    """Up to `limit` committed runs with last_seq >= seq, in seq order, expanded or not: the rows of block_runs, and
+    when they are not the answer (RunRows.answer), the unexpanded runs merged in. Call it in one snapshot
+    (Catalog.snapshot): an expansion committing between two autocommit statements would hide its runs from both."""
+    rows = run_rows_from(conn, topic, partition, seq, limit)
+    if rows.answer(seq, limit):
+        return rows.runs
+    pending = [run for run in pending_locations(conn, topic, partition) if run.last_seq >= seq]
+    return sorted(rows.runs + pending, key=attrgetter("last_seq"))[:limit]
+
+
+def _runs_read(cat: Catalog, topic: str, partition: int, seq: int, limit: int) -> list[RunLocation]:
+    with cat.read() as conn:  # the fast path: one statement
+        rows = run_rows_from(conn, topic, partition, seq, limit)
+    if rows.answer(seq, limit):
+        return rows.runs
+    with cat.snapshot() as conn:
+        return runs_from(conn, topic, partition, seq, limit)
 
 
 def find_run(cat: Catalog, topic: str, partition: int, seq: int) -> RunLocation | None:
     """The committed run with the smallest last_seq >= seq: the one that holds `seq` when `holds(seq)` says so.
-    None when no run reaches `seq`. One index scan, LIMIT 1, answered from the index alone on PostgreSQL."""
-    with cat.read() as conn:
-        row = conn.execute(_locations(1), {"l_topic": topic, "l_partition": partition, "l_seq": seq}).first()
-    return RunLocation(topic, partition, *row) if row else None
+    None when no run reaches `seq`. One index scan, LIMIT 1, answered from the index alone on PostgreSQL, when a row
+    holds `seq`; otherwise the unexpanded runs are read too, in a snapshot (runs_from)."""
+    runs = _runs_read(cat, topic, partition, seq, 1)
+    return runs[0] if runs else None
 
 
 def runs_for_range(cat: Catalog, topic: str, partition: int, from_seq: int, limit: int) -> list[RunLocation]:
     """Up to `limit` committed runs in seq order, starting with the one `find_run(from_seq)` returns."""
+    return _runs_read(cat, topic, partition, from_seq, limit)
+
+
+# -- unexpanded runs (module docstring) ------------------------------------------------------------------------------
+
+_UNEXPANDED = (select(BlockModel.block_id, BlockModel.object_key, BlockModel.size_bytes, BlockModel.state,
+                      BlockModel.runs_pending)
+               .where(_IS_PENDING).order_by(BlockModel.committed_at))
+_STALE = (select(BlockModel.block_id).where(_IS_PENDING, BlockModel.committed_at < bindparam("s_before"))
+          .order_by(BlockModel.committed_at))
+# The expansion's claim: the block row locked, and still unexpanded in its newest version (at READ COMMITTED a row
+# another expansion cleared while this one waited for its lock is checked again and left out: EvalPlanQual; SQLite's
+# write transaction holds the database).
+_LOCK_PENDING = (select(BlockModel.runs_pending)
+                 .where(BlockModel.block_id == bindparam("e_id"), _IS_PENDING).with_for_update())
+_CLEAR_PENDING = update(_BLOCKS).where(_BLOCKS.c.block_id == bindparam("e_id")).values(runs_pending=None)
+
+
+@dataclass(frozen=True, slots=True)
+class UnexpandedRun:
+    """A run of an unexpanded block, as the block's row holds it (pending_runs)."""
+
+    run: RunRow
+    block_id: int
+    object_key: str
+    block_size_bytes: int
+    block_state: str
+
+    def location(self) -> RunLocation:
+        r = self.run
+        return RunLocation(r.topic, r.partition, r.from_seq, r.first_seq, r.last_seq, r.position, r.length_bytes,
+                           self.block_id, self.object_key, r.min_ts_ms, r.max_ts_ms, self.block_size_bytes)
+
+
+def pending_runs(conn: Connection, *, keys: Collection[tuple[str, int]] | None = None,
+                 topics: Collection[str] | None = None) -> list[UnexpandedRun]:
+    """The runs of every unexpanded block (one scan of ix_blocks_runs_pending: a handful of rows), only those of the
+    partitions `keys`, or of the topics `topics`, when given; in block then run order."""
+    out: list[UnexpandedRun] = []
+    for block_id, object_key, size, state, packed in conn.execute(_UNEXPANDED):
+        names, records = _unpacked(packed)
+        if keys is not None:
+            wanted = {(names.index(topic), partition) for topic, partition in keys if topic in names}
+            chosen = (r for r in records if (r[0], r[1]) in wanted) if wanted else ()
+        elif topics is not None:
+            indexes = {i for i, name in enumerate(names) if name in topics}
+            chosen = (r for r in records if r[0] in indexes) if indexes else ()
+        else:
+            chosen = records
+        out.extend(UnexpandedRun(RunRow(names[r[0]], *r[1:]), block_id, object_key, size, state) for r in chosen)
+    return out
+
+
+def pending_locations(conn: Connection, topic: str, partition: int) -> list[RunLocation]:
+    """The unexpanded runs of the partition as locations, in seq order."""
+    return sorted((u.location() for u in pending_runs(conn, keys=((topic, partition),))),
+                  key=attrgetter("last_seq"))
+
+
+def unexpanded_blocks(cat: Catalog, before: datetime, limit: int = 100) -> list[int]:
+    """Blocks committed before `before` whose runs are still unexpanded, oldest first: a broker stopped or crashed
+    between its commit and the expansion (the sweep, on any broker, expands them)."""
     with cat.read() as conn:
-        rows = conn.execute(_locations(limit), {"l_topic": topic, "l_partition": partition, "l_seq": from_seq})
-        return [RunLocation(topic, partition, *row) for row in rows]
+        return list(conn.execute(_STALE.limit(inline_limit(limit)), {"s_before": before}).scalars())
+
+
+def expand_blocks(cat: Catalog, block_ids: Iterable[int]) -> int:
+    """Expands the blocks given that are still unexpanded, each in a transaction of its own (module docstring);
+    returns how many runs went into block_runs. Safe for any block, any number of times, from any broker."""
+    inserted = 0
+    for block_id in sorted(set(block_ids)):
+        with cat.write() as conn:
+            inserted += _expand(cat, conn, block_id)
+    return inserted
+
+
+def _expand(cat: Catalog | None, conn: Connection, block_id: int) -> int:
+    packed = conn.execute(_LOCK_PENDING, {"e_id": block_id}).scalar_one_or_none()
+    if packed is None:
+        return 0  # expanded already (by another broker, a prune, or the commit itself), or no committed block
+    runs = unpack_runs(packed)
+    _insert_runs(cat, conn, block_id, runs)
+    conn.execute(_CLEAR_PENDING, {"e_id": block_id})
+    return len(runs)
+
+
+def expand_pending_of(conn: Connection, topic: str, partition: int, low: int, high: int) -> int:
+    """Inside the caller's transaction, before it deletes or moves locations of the partition in [low, high]:
+    expands the unexpanded blocks holding a run of the partition that reaches into that range, so that the caller's
+    statements see those runs as rows and no later expansion can put back a location the caller removed (module
+    docstring). Most calls expand nothing: a block is expanded right after its acknowledgements, and what is pruned
+    or moved is older history. Returns the runs inserted.
+
+    Lock order: a block expanded here is locked before the prune locks the blocks it touched (in id order); two
+    such transactions could wait on each other, which PostgreSQL breaks by failing one (CatalogUnavailable, retried
+    by its caller). That needs two prunes each expanding a block the other touched: rare, and never wrong."""
+    ids = {run.block_id for run in pending_locations(conn, topic, partition)
+           if run.last_seq >= low and run.from_seq <= high}
+    return sum(_expand(None, conn, block_id) for block_id in sorted(ids))
 
 
 def prune_runs_in(
@@ -441,7 +676,9 @@ def prune_runs_in(
     """Inside the caller's transaction: deletes the runs of the partition that lie wholly inside
     [from_seq, last_seq] (from their from_seq to their last_seq), then marks every block left without runs
     `deleting`. A remote segment that answers for exactly that range calls it: a run is pruned only when a remote
-    segment holds every seq it answers for, never because its seqs are merely lower."""
+    segment holds every seq it answers for, never because its seqs are merely lower. Unexpanded runs reaching into
+    the range are expanded first (expand_pending_of)."""
+    expand_pending_of(conn, topic, partition, from_seq, last_seq)
     victims = (
         select(BlockRunModel.block_id, BlockRunModel.position)
         .where(
@@ -490,6 +727,7 @@ def prune_runs_below(
         .limit(limit)
     )
     with cat.write() as conn:
+        expand_pending_of(conn, topic, partition, 0, first_available - 1)
         return _delete_runs(conn, victims, grace, now)
 
 
@@ -515,8 +753,21 @@ def partitions_with_runs_below_start(
     if after is not None:
         topic, partition = after
         query = query.where(tuple_(PartitionModel.topic, PartitionModel.partition) > tuple_(topic, partition))
-    with cat.read() as conn:
-        return [(topic, partition) for topic, partition in conn.execute(query)]
+    with cat.snapshot() as conn:
+        found = {(topic, partition) for topic, partition in conn.execute(query)}
+        # The unexpanded runs too (a handful of blocks): their lowest last_seq per partition, against its start.
+        lowest: dict[tuple[str, int], int] = {}
+        for pending in pending_runs(conn, topics=set(topics)):
+            key = (pending.run.topic, pending.run.partition)
+            if after is None or key > after:
+                lowest[key] = min(lowest.get(key, pending.run.last_seq), pending.run.last_seq)
+        if lowest:
+            starts = conn.execute(select(PartitionModel.topic, PartitionModel.partition,
+                                         PartitionModel.first_available_seq)
+                                  .where(tuple_(PartitionModel.topic, PartitionModel.partition).in_(list(lowest))))
+            found.update((topic, partition) for topic, partition, start in starts
+                         if start > 1 and lowest[topic, partition] < start)
+    return sorted(found)[:limit]
 
 
 def _delete_runs(conn: Connection, victims, grace: timedelta, now: datetime | None) -> PruneResult:
@@ -540,6 +791,7 @@ def _delete_runs(conn: Connection, victims, grace: timedelta, now: datetime | No
             BlockModel.block_id.in_(block_ids),
             BlockModel.state.in_(BLOCK_TRANSITIONS.sources(BlockState.DELETING)),
             ~exists().where(BlockRunModel.block_id == BlockModel.block_id),
+            BlockModel.runs_pending.is_(None),  # an unexpanded block has runs, none of them rows yet
         )
         .values(state=BlockState.DELETING, delete_after=utcnow(now) + grace)
     )
@@ -551,7 +803,8 @@ def blocks_to_sweep(cat: Catalog, now: datetime, limit: int) -> list[BlockRow]:
     with cat.read() as conn:
         rows = conn.execute(
             select(*_BLOCK_COLUMNS)
-            .where(BlockModel.state == BlockState.DELETING, BlockModel.delete_after <= now)
+            .where(BlockModel.state == BlockState.DELETING, BlockModel.delete_after <= now,
+                   BlockModel.runs_pending.is_(None))  # never true of a deleting block: stated, not assumed
             .order_by(BlockModel.delete_after)
             .limit(limit)
         )
@@ -564,7 +817,8 @@ def delete_block_rows(cat: Catalog, block_ids: Iterable[int]) -> int:
     if not ids:
         return 0
     with cat.write() as conn:
-        done = conn.execute(delete(BlockModel).where(BlockModel.block_id.in_(ids), BlockModel.state == BlockState.DELETING))
+        done = conn.execute(delete(BlockModel).where(BlockModel.block_id.in_(ids), BlockModel.state == BlockState.DELETING,
+                                                     BlockModel.runs_pending.is_(None)))
     return done.rowcount
 
 

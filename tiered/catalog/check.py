@@ -8,6 +8,9 @@ one location: a readable (COPY_FINISHED) remote segment or a committed block run
 - a location reaching past the high-water mark (committed seqs beyond what the catalog says is committed);
 - a location with from_seq > first_seq or first_seq > last_seq;
 - a run whose block row is missing or not `committed` (no foreign key holds block_runs to blocks: migration 0005).
+The runs of unexpanded blocks (their runs packed in the block row, not yet in block_runs: tiered.catalog.blocks) are
+locations like the others, read in the same snapshot: an expansion that put a run in both places, or a prune that
+left one behind, shows as two locations.
 Locations wholly below the first available seq are retention's leftovers, not problems. The walk reads every
 readable segment and run row in pages, per partition, in seq order: its cost grows with the catalog, so it is an
 operator's tool and a test oracle, never on a request path.
@@ -20,6 +23,7 @@ from typing import Iterator
 
 from sqlalchemy import Connection, select
 
+from tiered.catalog.blocks import pending_runs
 from tiered.catalog.engine import Catalog
 from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
 from tiered.catalog.partitions import get_partition_states
@@ -116,6 +120,11 @@ def _check(result: PartitionCheck, locations: list[Location]) -> PartitionCheck:
 def _locations(conn: Connection, topic: str, partition: int) -> Iterator[Location]:
     yield from _segments(conn, topic, partition)
     yield from _runs(conn, topic, partition)
+    for pending in pending_runs(conn, keys=((topic, partition),)):
+        run = pending.run
+        yield Location("run", f"{pending.object_key}@{run.position} (unexpanded)", run.from_seq, run.first_seq,
+                       run.last_seq, "" if pending.block_state == BlockState.COMMITTED
+                       else f"its block is {pending.block_state}, not committed")
 
 
 def _segments(conn: Connection, topic: str, partition: int) -> Iterator[Location]:

@@ -34,7 +34,7 @@ from sqlalchemy import delete, insert
 
 from sqlalchemy import Connection, select
 
-from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, known_object_keys, prune_runs_in
+from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, expand_pending_of, known_object_keys, prune_runs_in
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.errors import CatalogError
 from tiered.catalog.models import BlockModel, BlockRunModel, SegmentModel
@@ -121,6 +121,7 @@ def swap_compacted_locations(
             select(*_COLUMNS).where(SegmentModel.topic == topic, SegmentModel.partition == partition,
                                     _state_in((SegmentState.COPY_FINISHED,)), SegmentModel.last_seq >= low,
                                     SegmentModel.from_seq <= high).with_for_update())]
+        expand_pending_of(conn, topic, partition, low, high)  # the runs of the range as rows, to read and prune
         runs = conn.execute(
             select(BlockRunModel.from_seq, BlockRunModel.first_seq, BlockRunModel.last_seq, BlockRunModel.length_bytes)
             .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq >= low,

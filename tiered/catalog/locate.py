@@ -15,16 +15,13 @@ from dataclasses import dataclass, fields
 from sqlalchemy import Connection, func, literal_column, select
 
 
-from tiered.catalog.blocks import RunLocation
+from tiered.catalog.blocks import RunLocation, pending_locations, run_rows_from, runs_from
 from tiered.catalog.engine import Catalog
-from tiered.catalog.models import BlockModel, BlockRunModel, PartitionModel, SegmentModel
+from tiered.catalog.models import PartitionModel, SegmentModel
 from tiered.catalog.segments import SegmentRow
 from tiered.catalog.states import SegmentState
 
 _SEGMENT_COLUMNS = tuple(getattr(SegmentModel, f.name) for f in fields(SegmentRow))
-_RUN_COLUMNS = (BlockRunModel.from_seq, BlockRunModel.first_seq, BlockRunModel.last_seq, BlockRunModel.position,
-                BlockRunModel.length_bytes, BlockRunModel.block_id, BlockModel.object_key, BlockRunModel.min_ts_ms,
-                BlockRunModel.max_ts_ms, BlockModel.size_bytes)  # RunLocation's fields after topic and partition
 # Spelled as a literal, like ix_segments_lookup's predicate, so that the planners match the partial index.
 _READABLE = SegmentModel.state == literal_column(f"'{SegmentState.COPY_FINISHED}'")
 
@@ -38,7 +35,7 @@ class InSegment:
 
 @dataclass(frozen=True, slots=True)
 class InRun:
-    """A committed block run answers for the seq."""
+    """A committed block run answers for the seq (expanded or not: tiered.catalog.blocks)."""
 
     run: RunLocation
 
@@ -65,19 +62,24 @@ Location = InSegment | InRun | Nowhere
 def locate(cat: Catalog, topic: str, partition: int, seq: int) -> Location:
     """Where `seq` of the partition is, in one snapshot: the remote segment answering for it, else the block run,
     else Nowhere with the partition's bounds. Two index probes (ix_segments_lookup, the runs' key), a third only
-    when neither answers."""
+    when neither answers, and a look at the unexpanded blocks (ix_blocks_runs_pending) only when the seq is
+    committed history none of them answered for."""
     with cat.snapshot() as conn:
         segments = _segments_from(conn, topic, partition, seq, 1)
         if segments and segments[0].holds(seq):
             return InSegment(segments[0])
-        runs = _runs_from(conn, topic, partition, seq, 1)
-        if runs and runs[0].holds(seq):
-            return InRun(runs[0])
+        rows = run_rows_from(conn, topic, partition, seq, 1)
+        if rows.runs and rows.runs[0].holds(seq):
+            return InRun(rows.runs[0])
         bounds = conn.execute(
             select(PartitionModel.first_available_seq, PartitionModel.hwmark_seq)
             .where(PartitionModel.topic == topic, PartitionModel.partition == partition)
         ).first()
-    first_available, committed = bounds if bounds is not None else (0, 0)
+        first_available, committed = bounds if bounds is not None else (0, 0)
+        if rows.unexpanded and seq <= committed:
+            for run in pending_locations(conn, topic, partition):
+                if run.holds(seq):
+                    return InRun(run)
     return Nowhere(seq, first_available, committed)
 
 
@@ -104,7 +106,7 @@ def locations(cat: Catalog, topic: str, partition: int, first: int, last: int, *
         ).scalar_one()
         segments = _pages(lambda at, limit: _segments_from(conn, topic, partition, at, limit),
                           first, last, lambda row: row.base_seq, first_page, page)
-        runs = _pages(lambda at, limit: _runs_from(conn, topic, partition, at, limit),
+        runs = _pages(lambda at, limit: runs_from(conn, topic, partition, at, limit),
                       max(first, copied + 1), last, lambda run: run.first_seq, first_page, page)
     return Locations(segments, runs, copied)
 
@@ -135,16 +137,3 @@ def _segments_from(conn: Connection, topic: str, partition: int, seq: int, limit
         .limit(limit)
     )
     return [SegmentRow(*row) for row in rows]
-
-
-def _runs_from(conn: Connection, topic: str, partition: int, seq: int, limit: int) -> list[RunLocation]:
-    """Up to `limit` committed runs with last_seq >= seq, in seq order. No filter on the block's state: a run exists
-    only while its block is committed (tiered.catalog.blocks)."""
-    rows = conn.execute(
-        select(*_RUN_COLUMNS)
-        .join(BlockModel, BlockModel.block_id == BlockRunModel.block_id)
-        .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq >= seq)
-        .order_by(BlockRunModel.last_seq)
-        .limit(limit)
-    )
-    return [RunLocation(topic, partition, *row) for row in rows]

@@ -21,6 +21,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Text,
     TypeDecorator,
@@ -46,6 +47,7 @@ BlockId = BigInteger().with_variant(Integer(), "sqlite")
 COPY_FINISHED_PREDICATE = text(f"state = '{SegmentState.COPY_FINISHED}'")
 DELETE_STARTED_PREDICATE = text(f"state = '{SegmentState.DELETE_STARTED}'")
 COPY_STARTED_PREDICATE = text(f"state = '{SegmentState.COPY_STARTED}'")
+RUNS_PENDING_PREDICATE = text("runs_pending IS NOT NULL")
 
 
 class UtcDateTime(TypeDecorator):
@@ -192,6 +194,10 @@ class BlockModel(Base):
         # The sweeper's scan (deleting, oldest delete_after first) and the pending-upload scan.
         Index(None, "state", "delete_after"),
         Index(None, "state", "created_at"),
+        # The blocks whose runs are not in block_runs yet (0013): a handful at any time (a block is expanded right
+        # after its acknowledgements), so "which blocks are unexpanded" is a scan of this partial index alone.
+        Index("ix_blocks_runs_pending", "committed_at", postgresql_where=RUNS_PENDING_PREDICATE,
+              sqlite_where=RUNS_PENDING_PREDICATE),
         {"sqlite_autoincrement": True},  # never reuse a swept block's id
     )
 
@@ -204,6 +210,10 @@ class BlockModel(Base):
     committed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # When the sweeper may delete the object: set on entering `deleting`, a grace period after.
     delete_after: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # A committed block's runs, packed (tiered.catalog.blocks.pack_runs), until they are expanded into block_runs
+    # (0013): set by commit_block on PostgreSQL, cleared by the expansion in the transaction that inserts the rows,
+    # so each run is in exactly one of the two places at every instant. NULL on every other block.
+    runs_pending: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class BlockRunModel(Base):

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from sqlalchemy import ColumnElement, Connection, and_, bindparam, insert, literal_column, or_, select, union, update
 
-from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, prune_runs_in
+from tiered.catalog.blocks import DEFAULT_DELETE_GRACE, PruneResult, expand_pending_of, prune_runs_in
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
 from tiered.catalog.errors import IllegalTransition, StaleEpoch, UnknownSegment
 from tiered.catalog.models import BlockRunModel, PartitionModel, SegmentModel
@@ -153,6 +153,8 @@ def segment_copy_finished(
         if row.state == SegmentState.COPY_FINISHED:
             return CopyFinished(row, PruneResult(0, 0))
         _check_epoch(state, leader_epoch)
+        # The run holding the base may be unexpanded: expanded first, so that it is read here and pruned below.
+        expand_pending_of(conn, topic, partition, base_seq, row.last_seq)
         first_run = conn.execute(
             select(BlockRunModel.from_seq, BlockRunModel.first_seq)
             .where(BlockRunModel.topic == topic, BlockRunModel.partition == partition, BlockRunModel.last_seq >= base_seq)

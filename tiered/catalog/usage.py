@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from tiered.catalog.blocks import pending_runs
 from tiered.catalog.engine import Catalog, utcnow
 from tiered.catalog.models import BlockModel, BlockRunModel, BrokerModel, ObjectUsageModel, PartitionModel
 from tiered.catalog.states import BlockState
@@ -62,7 +63,7 @@ def bytes_stored(cat: Catalog) -> dict[str, int]:
     """Bytes in the bucket per topic now: its readable remote segments (object and index) and its committed block
     runs. The rest of the blocks (headers, footers, and blocks waiting to be swept) is CATALOG_WIDE."""
     stored: dict[str, int] = defaultdict(int)
-    with cat.read() as conn:
+    with cat.snapshot() as conn:  # one snapshot: a run is counted once, expanded or not
         for topic, size in conn.execute(
                 select(PartitionModel.topic, func.sum(PartitionModel.remote_bytes)).group_by(PartitionModel.topic)):
             stored[topic] += int(size or 0)
@@ -71,6 +72,9 @@ def bytes_stored(cat: Catalog) -> dict[str, int]:
                 select(BlockRunModel.topic, func.sum(BlockRunModel.length_bytes)).group_by(BlockRunModel.topic)):
             stored[topic] += int(size or 0)
             runs += int(size or 0)
+        for pending in pending_runs(conn):  # the unexpanded blocks' runs (tiered.catalog.blocks): a handful of rows
+            stored[pending.run.topic] += pending.run.length_bytes
+            runs += pending.run.length_bytes
         blocks = conn.execute(select(func.sum(BlockModel.size_bytes)).where(
             BlockModel.state.in_([BlockState.COMMITTED, BlockState.DELETING]))).scalar()
     if (rest := int(blocks or 0) - runs) > 0:

@@ -47,6 +47,7 @@ from tiered.tier_interface import (
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
 from tiered.tiering.blocks.durable import DurablePath
+from tiered.tiering.blocks.block_pipeline import EXPANSION_SWEEP_INTERVAL_S
 from tiered.tiering.objects.meter import CATALOG, Direction
 from tiered.tiering.partition_state import TierState
 from tiered.tiering.compaction.remote_compaction import RemoteCompactor
@@ -135,6 +136,7 @@ class TieringService:
         sup.every("remote retention", self.settings.remote_retention_interval_ms / 1000, self.remote_retention_pass)
         sup.every("reconciler", RECONCILE_INTERVAL_S, self.remote.reconcile_pass)
         sup.every("cost meter", FLUSH_INTERVAL_S, self.usage.run_pass)
+        sup.every("block expansion", EXPANSION_SWEEP_INTERVAL_S, self.durable.pipeline.expand_stale)
 
     async def join(self, advertised: str, http: str, advertised_plain: str = "") -> None:
         """Becomes a member (refused on SQLite while another broker is live), claims what this broker should lead

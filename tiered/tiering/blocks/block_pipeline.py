@@ -11,12 +11,17 @@ produce handler answers at its own deadline that the outcome is not known yet.) 
 or a broken chain fences that partition (the broker stops serving it; its waiting producers are answered REFUSED,
 since those records will never be committed), abandons the object (deleted once the catalog confirms nothing
 references it), and rebuilds the block without the fenced partition.
+
+After the acknowledgements, off their path, the committed block is expanded: its runs, which the commit wrote packed
+in the block's row, go into block_runs (tiered.catalog.blocks; readers find them either way). A block a crash or a
+failure left unexpanded is expanded by the sweep (`expand_stale`) on any broker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 from typing import Callable, Iterable
 
 from tiered import metrics as m
@@ -36,6 +41,12 @@ from tiered.tiering.objects.meter import Attribution, Direction
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.tiering")
+
+# A block still unexpanded this long after its commit was left by a broker that stopped or failed between the two:
+# the sweep expands it. Longer than an expansion takes under load, so that the sweep rarely races the committer's
+# own expansion (harmless when it does: the second finds nothing to do).
+EXPANSION_SWEEP_AGE = timedelta(seconds=5)
+EXPANSION_SWEEP_INTERVAL_S = 2.0
 
 FencedKey = tuple[str, int, int]  # topic, partition, epoch
 
@@ -73,6 +84,8 @@ class BlockPipeline:
         self._tasks: set[asyncio.Task] = set()
         self._open: dict[asyncio.Task, ClosedBlock] = {}
         self._last_commit: asyncio.Future | None = None
+        self._expands_in_commit = catalog_blocks.expands_in_commit(catalog.catalog)
+        self._expansions: set[asyncio.Task] = set()
         self._room = asyncio.Event()
         self._room.set()
 
@@ -142,10 +155,10 @@ class BlockPipeline:
         return not pending
 
     async def cancel(self) -> None:
-        for task in list(self._tasks):
+        for task in list(self._tasks) + list(self._expansions):
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks))
+        if self._tasks or self._expansions:
+            await asyncio.wait(self._tasks | self._expansions)
 
     async def _run(self, block: ClosedBlock, previous: asyncio.Future | None, committed: asyncio.Future) -> None:
         try:
@@ -203,7 +216,36 @@ class BlockPipeline:
                 self.store.meter.transferred(Attribution.topic(topic), Direction.INGESTED, int(size))
             self.on_committed(runs)
             self._answer(block, runs, AckOutcome.REFUSED)
+            self._expand_later(block_id)
             return
+
+    def _expand_later(self, block_id: int) -> None:
+        """After the acknowledgements: the block's runs into block_runs, in a task of its own on the catalog's read
+        pool, beside the write thread, so that neither the acks nor the next block's commit wait for it. A failure
+        leaves the block to the sweep; nothing is lost meanwhile (readers find the runs in the block's row)."""
+        if self._expands_in_commit:
+            return
+        task = asyncio.get_running_loop().create_task(self._expand(block_id))
+        self._expansions.add(task)
+        task.add_done_callback(self._expansions.discard)
+
+    async def _expand(self, block_id: int) -> None:
+        try:
+            await self.catalog.read(catalog_blocks.expand_blocks, [block_id])
+        except Exception as exc:  # the sweep expands it later, on this broker or another
+            log.warning("block %s was not expanded after its commit (the sweep will): %s", block_id, exc)
+
+    async def expand_stale(self) -> int:
+        """The sweep, every EXPANSION_SWEEP_INTERVAL_S under the tier's supervisor on every broker: expands the
+        blocks committed more than EXPANSION_SWEEP_AGE ago and still unexpanded (their broker stopped or failed
+        between the commit and the expansion). Returns the runs expanded; a failure is the supervisor's to count."""
+        before = utc_now(self.clock) - EXPANSION_SWEEP_AGE
+        stale = await self.catalog.read(catalog_blocks.unexpanded_blocks, before)
+        if not stale:
+            return 0
+        expanded = await self.catalog.read(catalog_blocks.expand_blocks, stale)
+        log.info("expanded %d runs of %d blocks left unexpanded after their commit", expanded, len(stale))
+        return expanded
 
     async def _abandon(self, block_id: int, object_key: str) -> None:
         deletable = await self.retry(

@@ -261,6 +261,16 @@ def handover_chunks(moves: Mapping[TopicPartition, tuple[int, int]],
     return [{key: moves[key] for key in keys[start:start + size]} for start in range(0, len(keys), size)]
 
 
+def may_hand_over_next(unclaimed: Iterable[float], now: float, ahead: int, patience_s: float) -> bool:
+    """Whether a stopping broker gives up its next chunk now. `unclaimed`: when each chunk given up so far whose
+    claims have not all landed was given up. At most `ahead` such chunks at a time, so that a partition waits for
+    the claims of its own chunk (and of at most `ahead` - 1 before it), not for a queue of chunks its new leader has
+    not reached: handed over faster than the new leaders claim, a late chunk's partitions waited for the claims of
+    every chunk before them. A chunk not claimed within `patience_s` (a new leader gone or stuck) is waited for no
+    longer: its partitions are claimed when they are, or taken over as orphans once that leader's lease expires."""
+    return sum(1 for at in unclaimed if now - at < patience_s) < ahead
+
+
 def spread(partitions: Sequence[TopicPartition], live: Iterable[int],
            load: Mapping[int, int]) -> dict[TopicPartition, int]:
     """Which live broker takes each partition: fewest leaderships first (then the lowest id), one at a time, so a

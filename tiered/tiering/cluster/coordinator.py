@@ -38,7 +38,7 @@ from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
     CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, handover_chunks,
-    leader_of, lease_fresh, membership, spread,
+    leader_of, lease_fresh, may_hand_over_next, membership, spread,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -51,7 +51,10 @@ BETWEEN_S = 0.5  # between claim batches, at most this often a look at what chan
 FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
-HANDOVER_CHUNK = 2048  # partitions a stopping broker hands over at a time (tiered.tiering.cluster.cluster_decision)
+HANDOVER_CHUNK = 1024  # partitions a stopping broker hands over at a time (tiered.tiering.cluster.cluster_decision)
+HANDOVER_AHEAD = 1  # chunks given up whose claims have not all landed, at most (cluster_decision.may_hand_over_next)
+PACE_POLL_S = 0.01  # how often a stopping broker looks whether its chunks were claimed
+PACE_WAIT_S = 2.0  # a chunk not claimed in this time is waited for no longer (a new leader gone or stuck)
 
 
 class Leadership(Protocol):
@@ -79,7 +82,8 @@ class Endpoints:
 
 class Coordinator:
     def __init__(self, catalog: AsyncCatalog, sink: TierSink, leadership: Leadership, *, broker_id: int,
-                 lease_ms: int, metrics: Metrics, clock: Clock = SYSTEM_CLOCK, claim_batch: int = CLAIM_BATCH):
+                 lease_ms: int, metrics: Metrics, clock: Clock = SYSTEM_CLOCK, claim_batch: int = CLAIM_BATCH,
+                 handover_chunk: int = HANDOVER_CHUNK, handover_ahead: int = HANDOVER_AHEAD):
         self.catalog = catalog
         self.sink = sink
         self.leadership = leadership
@@ -88,6 +92,8 @@ class Coordinator:
         self.metrics = metrics
         self.clock = clock
         self.claim_batch = claim_batch
+        self.handover_chunk = handover_chunk
+        self.handover_ahead = handover_ahead
         self.incarnation = secrets.token_hex(8)
         self.endpoints: Endpoints | None = None
         self._renewed_at: float | None = None  # monotonic time of the last renewal that kept the lease unbroken
@@ -176,18 +182,63 @@ class Coordinator:
         if others and leading:
             load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in others}
             targets = spread(sorted(leading), others, load)
-            # Chunk after chunk, each given up and assigned as soon as the one before is, with one look at the claims
-            # landed in between: a partition stops taking produce only when its own chunk is given up, and the new
-            # leaders claim the first chunks while the later ones are still served here (all at once, 34,000
-            # partitions at 100,000 were each unavailable for the claims of all of them). Pacing each chunk on the
-            # claims of the one before measured worse at that size: every chunk then waited for a new leader's look.
-            waiting: dict[TopicPartition, int] = {}
-            seen: int | None = None
-            for chunk in handover_chunks({key: (targets[key], leading[key]) for key in leading}, HANDOVER_CHUNK):
-                waiting.update(await self._hand_over(chunk, deadline))
-                seen = await self._poll_claims(waiting, seen)
-            await self.await_claims(waiting, deadline, seen)
-        await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
+            await self._hand_over_paced(
+                handover_chunks({key: (targets[key], leading[key]) for key in leading}, self.handover_chunk), deadline)
+        if not self._evicted:
+            await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
+
+    async def _hand_over_paced(self, chunks: Sequence[dict[TopicPartition, tuple[int, int]]], deadline: float) -> None:
+        """Chunk after chunk, each given up and assigned only while fewer than `handover_ahead` chunks given up
+        before it wait for their claims (`may_hand_over_next`), which the claims' rows tell (polled every
+        PACE_POLL_S: one small statement, and the rows changed since the last poll when the counter moved). A
+        partition stops taking produce only when its own chunk is given up, and is taken by its new leader as soon
+        as that one has claimed the chunks before: its gap is one chunk's handover and claims, not the queue of every
+        chunk given up faster than the new leaders claim (which at 34,000 partitions was seconds). The lease is
+        renewed while this lasts (its loop is stopped): a handover that outlasted 0.8 of a lease stopped every
+        partition not handed over yet from acknowledging."""
+        waiting: dict[TopicPartition, int] = {}  # assigned, not claimed yet: the epoch the claim must move past
+        chunk_of: dict[TopicPartition, int] = {}
+        unclaimed: dict[int, tuple[float, int]] = {}  # chunk -> (when given up, its partitions not claimed yet)
+        seen: int | None = None
+
+        async def poll() -> None:
+            nonlocal seen
+            seen, claimed = await self._poll_claims(waiting, seen)
+            for key in claimed:
+                index = chunk_of.pop(key)
+                at, left = unclaimed[index]
+                if left > 1:
+                    unclaimed[index] = (at, left - 1)
+                else:
+                    del unclaimed[index]
+            await self._renew_if_due()
+
+        for index, chunk in enumerate(chunks):
+            while not self._evicted and self.clock.monotonic() < deadline and not may_hand_over_next(
+                    (at for at, _ in unclaimed.values()), self.clock.monotonic(), self.handover_ahead, PACE_WAIT_S):
+                await self.clock.sleep(PACE_POLL_S)
+                await poll()
+            if self._evicted:
+                return
+            moved = await self._hand_over(chunk, deadline)
+            if moved:
+                waiting.update(moved)
+                chunk_of.update(dict.fromkeys(moved, index))
+                unclaimed[index] = (self.clock.monotonic(), len(moved))
+            await poll()
+        while waiting and not self._evicted and self.clock.monotonic() < deadline:
+            await self.clock.sleep(PACE_POLL_S)
+            await poll()
+
+    async def _renew_if_due(self) -> None:
+        """Renews the lease when its loop would have (while that loop is stopped: a handover at shutdown). A renewal
+        that fails is tried again at the next call; a broker id taken over ends the handover (`_evicted`)."""
+        if self._renewed_at is not None and self.clock.monotonic() - self._renewed_at < self.lease_ms / 3000.0:
+            return
+        try:
+            await self.renew()
+        except Exception as exc:
+            log.warning("lease renewal during the handover failed (%s): trying again", exc)
 
     # -- the tick ---------------------------------------------------------------------------------------------
 
@@ -420,18 +471,19 @@ class Coordinator:
         straight to where they will be served. True if every one was claimed in time (`_poll_claims`)."""
         waiting = dict(epochs)
         while waiting:
-            seen = await self._poll_claims(waiting, seen)
+            seen, _ = await self._poll_claims(waiting, seen)
             if not waiting or self.clock.monotonic() >= deadline:
                 break
             await self.clock.sleep(CLAIM_POLL_S)
         return not waiting
 
-    async def _poll_claims(self, waiting: dict[TopicPartition, int], seen: int | None) -> int | None:
+    async def _poll_claims(self, waiting: dict[TopicPartition, int],
+                           seen: int | None) -> tuple[int | None, list[TopicPartition]]:
         """One look at the claims waited for: reads the change counter (one small statement); when it moved since
         `seen`, the partitions changed since then (tiered.catalog.cluster.changed_since: what the new leaders
         claimed meanwhile, so a poll costs what changed, not what is still waited for); the first poll (or one after
         the counter went back) reads the partitions waited for. Those claimed leave `waiting` and are followed to
-        their new leader. Returns the counter read."""
+        their new leader. Returns the counter read and the partitions claimed."""
         look = await self.catalog.read(catalog_cluster.look)
         if look.changes is None or seen is None or look.changes < seen:
             moved = await self.catalog.read(catalog_cluster.claimed_since, waiting)
@@ -441,12 +493,14 @@ class Coordinator:
         else:
             moved = []
         leading = self.leadership.leading() if moved else {}  # once per poll: every partition led here
+        claimed = []
         for a in moved:
             key = TopicPartition(a.topic, a.partition)
             del waiting[key]
+            claimed.append(key)
             if key not in leading:
                 self._follow(Follow(key, self._leader(a.leader_broker), a.hwmark_seq, a.first_available_seq))
-        return look.changes
+        return look.changes, claimed
 
     async def place_new_topic(self, partitions: int) -> dict[int, int]:
         """Which live broker leads each partition of a new topic: the fewest leaderships first."""

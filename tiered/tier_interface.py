@@ -2,9 +2,9 @@
 
 Two narrow interfaces, wired once when the process is assembled (tiered.server.app):
 - `Tier`: what the server asks of a tier. The server calls it on produce (admission, and per request the calls of
-  its `produce_calls`), on topic creation,
-  when a segment rolls or may be deleted, for reads its local log cannot answer, at start-up (the plan that
-  reconciles the local disk with the catalog) and at shutdown. `LocalOnly` is the tier of a plain TANK broker.
+  its `produce_calls`), on topic creation, when a segment rolls or may be deleted, for reads its local log cannot
+  answer, at start-up (the plan that reconciles the local disk with the catalog) and at shutdown. `LocalOnly` is the
+  tier of a plain TANK broker.
 - `TierSink`: what a tier reports back: records committed (they become visible), a partition fenced by a newer
   leader, a segment copied, the first available seq moved by retention; and, with several brokers, which partitions
   to lead here (plans to carry out), which are led elsewhere and by whom, and which topics the others created.

@@ -6,9 +6,10 @@ ProtocolError closes that connection only (connection.py), and no bad bundle eve
 consumer. Appends happen in request order. The answer is kept as plain status bytes per request topic and encoded
 with encode_produce_codes: a produce request costs no result objects. A plain request costs no coroutine at all:
 `handle` is a plain function that answers it, and returns a coroutine for the request task to await only when it must
-wait (admission when the pipeline is full, the tier's produce_calls.admits_now; a send when the connection does not take the answer
-without waiting, Connection.try_send_frame; the durable acks wait in a task of their own). The commonest answer (one
-topic, a plain code per partition) is framed whole in one native call (responses.produce_codes_frame).
+wait (admission when the pipeline is full, the tier's produce_calls.admits_now; a send when the connection does not
+take the answer without waiting, Connection.try_send_frame; the durable acks wait in a task of their own). The
+commonest answer (one topic, a plain code per partition) is framed whole in one native call
+(responses.produce_codes_frame).
 
 What a partition's answer means (docs/operations.md, "What a produce answer means"):
 - 0x00: stored. On a durable topic: in the bucket and the catalog (its block is committed).

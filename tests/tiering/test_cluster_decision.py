@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
 from tiered.tiering.cluster.cluster_decision import (
-    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, may_hand_over_next, membership,
+    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, handover_queues, may_hand_over_next, membership,
     plan_rebalance,
     spread,
+    ready_targets,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -293,6 +294,30 @@ def test_handover_chunks_keep_partition_order_and_every_new_leader_busy():
 ])
 def test_a_stopping_broker_gives_up_its_next_chunk_when_fewer_than_ahead_wait_for_claims(unclaimed, ahead, expected):
     assert may_hand_over_next(unclaimed, 10.0, ahead, 2.0) is expected
+
+
+def test_handover_queues_give_each_new_leader_its_own_chunks_in_partition_order():
+    keys = [TopicPartition(t, p) for t in ("u", "t") for p in range(5)]
+    targets = spread(keys, {B, C}, {})
+    moves = {key: (targets[key], 4) for key in keys}
+    queues = handover_queues(moves, 2)
+    assert sorted(queues) == [B, C]
+    for target, chunks in queues.items():
+        own = sorted(k for k in keys if targets[k] == target)
+        assert [list(c) for c in chunks] == [own[i:i + 2] for i in range(0, len(own), 2)]
+        assert all(moves[k] == v for c in chunks for k, v in c.items())
+    assert handover_queues({}, 2) == {}
+
+
+@pytest.mark.parametrize("unclaimed, pending, expected", [
+    ({}, [C, B], [B, C]),  # nothing given up yet: both, in id order
+    ({B: [9.5]}, [B, C], [C]),  # B has not claimed its chunk: C is not held up by it
+    ({B: [9.5], C: [9.9]}, [B, C], []),
+    ({B: [7.0], C: [9.9]}, [B, C], [B]),  # B's chunk is past the patience
+    ({B: [9.5]}, [C], [C]),  # B has nothing left
+])
+def test_each_new_leader_gets_its_next_chunk_once_it_claimed_its_last(unclaimed, pending, expected):
+    assert ready_targets(unclaimed, pending, 10.0, 1, 2.0) == expected
 
 
 def test_a_decision_without_claims_tells_the_same_losses_and_follows():

@@ -15,7 +15,9 @@ from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader
 from tiered.tiering.catalog_access import AsyncCatalog
-from tiered.tiering.cluster.coordinator import CLAIM_POLL_S, PACE_POLL_S, PACE_WAIT_S, Coordinator, Endpoints
+from tiered.tiering.cluster.coordinator import (
+    CLAIM_POLL_S, PACE_POLL_S, PACE_RESERVE_S, PACE_WAIT_S, Coordinator, Endpoints,
+)
 from tiered.topic_partition import TopicPartition
 from tests.catalog.rows import run, stamped
 from tests.support.clock import ManualClock
@@ -411,5 +413,72 @@ async def test_a_stopping_broker_gives_up_each_chunk_once_the_one_before_is_clai
         claim_partitions(cat, OTHER, "t", [2, 3, 4, 5])
         await until(leaving.done)
         await leaving
+    finally:
+        access.close()
+
+
+async def test_past_the_shutdowns_reserve_the_rest_is_handed_over_at_once(pg_url):
+    """The pacing keeps PACE_RESERVE_S of the shutdown's budget for what follows the handover: with less left, every
+    chunk is given up and assigned without waiting for the claims of the one before (each still handed over, not
+    left to the lease's expiry)."""
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        clock = ManualClock()
+        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        create_topic(cat, "t", 6, leaders={p: ME for p in range(6)})
+        await coordinator.tick()
+        leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + PACE_RESERVE_S - 1))
+        while [p for p in range(6) if assignment(cat, "t", p).leader_broker == OTHER] != list(range(6)):
+            await asyncio.sleep(0.01)  # the clock does not move: nothing waited for the claims
+        assert coordinator.leadership.leading() == {}
+        claim_partitions(cat, OTHER, "t", range(6))
+        while not leaving.done():
+            clock.advance(PACE_POLL_S)
+            await asyncio.sleep(0.01)
+        await leaving
+    finally:
+        access.close()
+
+
+async def test_each_new_leader_is_handed_its_next_chunk_at_its_own_pace(pg_url):
+    """Two new leaders: the one that claimed its chunk gets its next one while the other has not claimed its own."""
+    third = 3
+    cat = Catalog.open(pg_url)
+    access = AsyncCatalog(cat)
+    try:
+        clock = ManualClock()
+        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
+                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
+        register(cat, third, "third", "127.0.0.3:11011", "", LEASE_MS)
+        create_topic(cat, "t", 8, leaders={p: ME for p in range(8)})
+        await coordinator.tick()
+
+        def assigned(broker: int) -> list[int]:
+            return [p for p in range(8) if assignment(cat, "t", p).leader_broker == broker]
+
+        async def until(condition) -> None:
+            while not condition():
+                clock.advance(PACE_POLL_S)
+                await asyncio.sleep(0.01)
+
+        leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + 60))
+        await until(lambda: len(assigned(OTHER)) == 2 and len(assigned(third)) == 2)
+        first_other, first_third = assigned(OTHER), assigned(third)
+        claim_partitions(cat, OTHER, "t", first_other)
+        await until(lambda: len(assigned(OTHER)) == 4)
+        assert assigned(third) == first_third  # not claimed yet: nothing more handed to it
+        claim_partitions(cat, third, "t", first_third)
+        await until(lambda: len(assigned(third)) == 4)
+        claim_partitions(cat, OTHER, "t", [p for p in assigned(OTHER) if p not in first_other])
+        claim_partitions(cat, third, "t", [p for p in assigned(third) if p not in first_third])
+        await until(leaving.done)
+        await leaving
+        assert coordinator.leadership.leading() == {}
     finally:
         access.close()

@@ -47,9 +47,11 @@ _LED = Role.LED  # read per produced record (epoch_of): an Enum member read goes
 class TierState:
     def __init__(self) -> None:
         self._partitions: dict[TopicPartition, PartitionTier] = {}
-        # The keys of the partitions whose role is LED, kept by the three writes that change a role (lead, lose,
-        # fence): `led()` costs what is led, not every partition this broker ever knew (a look asks it each time).
-        self._led: dict[TopicPartition, None] = {}
+        # The partitions whose role is LED, with the epoch each is led under, kept by the three writes that change
+        # a role (lead, lose, fence): `led()` costs what is led, not every partition this broker ever knew, and
+        # `led_epochs()` is one copy in C (a look asks it each time: a new leader with 50,000 partitions looks every
+        # 0.01-0.05 s during a handover).
+        self._led: dict[TopicPartition, int] = {}
 
     # -- reads ------------------------------------------------------------------------------------------------------
 
@@ -79,6 +81,10 @@ class TierState:
         """The partitions led here, with their state."""
         return ((tp, self._partitions[tp]) for tp in list(self._led))
 
+    def led_epochs(self) -> dict[TopicPartition, int]:
+        """The partitions led here, with the epoch each is led under (a copy)."""
+        return dict(self._led)
+
     # -- writes -----------------------------------------------------------------------------------------------------
 
     def lead(self, tp: TopicPartition, epoch: int, config: TopicConfig, committed_seq: int,
@@ -87,7 +93,7 @@ class TierState:
         old = self.of(tp)
         self._partitions[tp] = PartitionTier(Role.LED, epoch, config, committed_seq,
                                              max(highest_copied_seq, old.highest_copied_seq), old.locations_version)
-        self._led[tp] = None
+        self._led[tp] = epoch
 
     def lose(self, tp: TopicPartition) -> None:
         """No longer led here (handed over, or claimed by another broker)."""

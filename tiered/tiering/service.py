@@ -273,7 +273,7 @@ class TieringService:
     # -- leadership (tiered.tiering.cluster.coordinator.Leadership) ------------------------------------------------------
 
     def leading(self) -> dict[TopicPartition, int]:
-        return {tp: state.epoch for tp, state in self.state.led()}
+        return self.state.led_epochs()
 
     async def claim(self, topic: str, expected: dict[int, int]) -> list[PartitionPlan]:
         """Claims the partitions whose epoch is still the one expected, and plans each one won from what the disk

@@ -7,8 +7,8 @@ Two loops, under the tier's supervisor:
   are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge a message the new
   leader does not have. A renewal refused because another process took the broker id over ends its leadership for
   good.
-- the tick (every TICK_S; FOLLOW_S after a look that found changes): reads the members and the change counter, and
-  when the counter moved, only the partitions changed since the last look (their change versions: a look costs what
+- the tick (every TICK_S; FOLLOW_S after a look that found changes, LED_S after one whose claims were led): reads
+  the members and the change counter, and when the counter moved, only the partitions changed since the last look (their change versions: a look costs what
   changed, not what exists; every assignment is read at start and every FULL_LOOK_S), and
     claims (compare-and-set on the epoch) the partitions assigned to it, and its even share of the orphans, those
     whose leader is gone (the live brokers with the fewest leaderships first, computed alike by every broker);
@@ -37,8 +37,8 @@ from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
-    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, handover_chunks,
-    leader_of, lease_fresh, may_hand_over_next, membership, spread,
+    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, handover_queues,
+    leader_of, lease_fresh, membership, ready_targets, spread,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -47,14 +47,16 @@ log = logging.getLogger("tiered.cluster")
 TICK_S = 0.25  # how often an idle broker looks at the catalog (one small statement)
 FOLLOW_S = 0.05  # how soon it looks again after a look that found changes: a handover's or a failover's moves come
 # in bursts, and a new leader that sees them at once claims at once
+LED_S = 0.01  # and after a look whose claims were led: a stopping broker gives up its next chunk once they land
 BETWEEN_S = 0.5  # between claim batches, at most this often a look at what changed (each costs the claims a little)
 FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
-HANDOVER_CHUNK = 1024  # partitions a stopping broker hands over at a time (tiered.tiering.cluster.cluster_decision)
-HANDOVER_AHEAD = 1  # chunks given up whose claims have not all landed, at most (cluster_decision.may_hand_over_next)
+HANDOVER_CHUNK = 512  # partitions a stopping broker hands to one new leader at a time (cluster_decision)
+HANDOVER_AHEAD = 1  # chunks given up to one new leader whose claims have not all landed, at most (ready_targets)
 PACE_POLL_S = 0.01  # how often a stopping broker looks whether its chunks were claimed
 PACE_WAIT_S = 2.0  # a chunk not claimed in this time is waited for no longer (a new leader gone or stuck)
+PACE_RESERVE_S = 5.0  # of the shutdown's budget, kept for what follows the handover: past it, no more pacing
 
 
 class Leadership(Protocol):
@@ -112,6 +114,7 @@ class Coordinator:
         self._members: dict[int, tuple[bool, str, str]] = {}
         self._serving = False
         self._again = False  # the last decision claimed or handed over: decide again at the next tick
+        self._led = False  # the last tick led partitions it claimed (the next look comes at LED_S)
         self._looked: int | None = None  # the counter up to which `_assignments` holds every change (in a tick)
         self._assignments = Assignments()  # every partition's assignment as last read (one owner: the tick)
         self._full_look_at = float("-inf")  # monotonic time of the next full look (the safety net)
@@ -183,48 +186,66 @@ class Coordinator:
             load = {b: n for b, n in (await self.catalog.read(catalog_cluster.leaderships)).items() if b in others}
             targets = spread(sorted(leading), others, load)
             await self._hand_over_paced(
-                handover_chunks({key: (targets[key], leading[key]) for key in leading}, self.handover_chunk), deadline)
+                handover_queues({key: (targets[key], leading[key]) for key in leading}, self.handover_chunk), deadline)
         if not self._evicted:
             await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
 
-    async def _hand_over_paced(self, chunks: Sequence[dict[TopicPartition, tuple[int, int]]], deadline: float) -> None:
-        """Chunk after chunk, each given up and assigned only while fewer than `handover_ahead` chunks given up
-        before it wait for their claims (`may_hand_over_next`), which the claims' rows tell (polled every
-        PACE_POLL_S: one small statement, and the rows changed since the last poll when the counter moved). A
-        partition stops taking produce only when its own chunk is given up, and is taken by its new leader as soon
-        as that one has claimed the chunks before: its gap is one chunk's handover and claims, not the queue of every
-        chunk given up faster than the new leaders claim (which at 34,000 partitions was seconds). The lease is
-        renewed while this lasts (its loop is stopped): a handover that outlasted 0.8 of a lease stopped every
-        partition not handed over yet from acknowledging."""
+    async def _hand_over_paced(self, queues: Mapping[int, Sequence[dict[TopicPartition, tuple[int, int]]]],
+                               deadline: float) -> None:
+        """Chunk after chunk per new leader (`queues`, cluster_decision.handover_queues), each new leader's next
+        given up and assigned only while fewer than `handover_ahead` chunks given up to it wait for their claims
+        (`ready_targets`), which the claims' rows tell (polled every PACE_POLL_S: one small statement, and the rows
+        changed since the last poll when the counter moved); the chunks of the new leaders ready at once are given up
+        and assigned together. A partition stops taking produce only when its own chunk is given up, and is taken by
+        its new leader as soon as that one has claimed its chunk before: its gap is one chunk's handover and claims,
+        not the queue of every chunk given up faster than the new leaders claim (which at 34,000 partitions was
+        seconds), nor the pace of the slower new leader. The lease is renewed while this lasts (its loop is
+        stopped): a handover that outlasted 0.8 of a lease stopped every partition not handed over yet from
+        acknowledging."""
         waiting: dict[TopicPartition, int] = {}  # assigned, not claimed yet: the epoch the claim must move past
-        chunk_of: dict[TopicPartition, int] = {}
-        unclaimed: dict[int, tuple[float, int]] = {}  # chunk -> (when given up, its partitions not claimed yet)
+        chunk_of: dict[TopicPartition, tuple[int, int]] = {}  # -> (new leader, its chunk)
+        unclaimed: dict[tuple[int, int], tuple[float, int]] = {}  # (new leader, chunk) -> (when given up, not claimed)
+        given = dict.fromkeys(queues, 0)  # chunks given up so far, per new leader
         seen: int | None = None
 
         async def poll() -> None:
             nonlocal seen
             seen, claimed = await self._poll_claims(waiting, seen)
             for key in claimed:
-                index = chunk_of.pop(key)
-                at, left = unclaimed[index]
+                chunk = chunk_of.pop(key)
+                at, left = unclaimed[chunk]
                 if left > 1:
-                    unclaimed[index] = (at, left - 1)
+                    unclaimed[chunk] = (at, left - 1)
                 else:
-                    del unclaimed[index]
+                    del unclaimed[chunk]
             await self._renew_if_due()
 
-        for index, chunk in enumerate(chunks):
-            while not self._evicted and self.clock.monotonic() < deadline and not may_hand_over_next(
-                    (at for at, _ in unclaimed.values()), self.clock.monotonic(), self.handover_ahead, PACE_WAIT_S):
+        pace_until = deadline - PACE_RESERVE_S  # then the rest at once: each still handed over, not left to a lease
+        while not self._evicted:
+            pending = [t for t, chunks in queues.items() if given[t] < len(chunks)]
+            if not pending:
+                break
+            now = self.clock.monotonic()
+            ready = pending if now >= pace_until else ready_targets(
+                {t: [at for (owner, _), (at, _) in unclaimed.items() if owner == t] for t in pending}, pending, now,
+                self.handover_ahead, PACE_WAIT_S)
+            if not ready:
                 await self.clock.sleep(PACE_POLL_S)
                 await poll()
-            if self._evicted:
-                return
-            moved = await self._hand_over(chunk, deadline)
-            if moved:
-                waiting.update(moved)
-                chunk_of.update(dict.fromkeys(moved, index))
-                unclaimed[index] = (self.clock.monotonic(), len(moved))
+                continue
+            moves: dict[TopicPartition, tuple[int, int]] = {}
+            for t in ready:
+                moves.update(queues[t][given[t]])
+            moved = await self._hand_over(moves, deadline)
+            at = self.clock.monotonic()
+            for t in ready:
+                chunk = (t, given[t])
+                given[t] += 1
+                mine = [key for key in queues[t][chunk[1]] if key in moved]
+                if mine:
+                    chunk_of.update(dict.fromkeys(mine, chunk))
+                    unclaimed[chunk] = (at, len(mine))
+            waiting.update(moved)
             await poll()
         while waiting and not self._evicted and self.clock.monotonic() < deadline:
             await self.clock.sleep(PACE_POLL_S)
@@ -245,7 +266,7 @@ class Coordinator:
     async def tick_loop(self) -> None:
         while True:
             moved = await self.tick()
-            await self.clock.sleep(FOLLOW_S if moved else TICK_S)
+            await self.clock.sleep(LED_S if self._led else FOLLOW_S if moved else TICK_S)
 
     async def _refresh_members(self) -> None:
         self._take_members(await self.catalog.read(catalog_cluster.members))
@@ -273,6 +294,7 @@ class Coordinator:
     async def _tick(self) -> bool:
         """One look; True if it found anything changed (the next look then comes sooner: changes come in bursts)."""
         started = self.clock.monotonic()
+        self._led = False
         look = await self.catalog.read(catalog_cluster.look)
         self._take_members(look.members)
         view = self.view(())
@@ -443,6 +465,7 @@ class Coordinator:
         log.info("leading %d partitions of %s%s", len(plans), topic,
                  f" ({lost} claimed by another broker first)" if lost else "")
         self.metrics.inc(m.TAKEOVERS, len(plans))
+        self._led = True
         for partition in expected:  # led here now: what the server was told of it as a follower no longer holds
             self._followed.pop(TopicPartition(topic, partition), None)
         await self.sink.lead(plans)

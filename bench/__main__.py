@@ -50,7 +50,8 @@ DELEGATED = {"spark": "bench.bench_spark", "remote": "bench.bench_remote", "cli"
              "scale_idle": "bench.bench_scale_idle", "scale_create": "bench.bench_scale_create",
              "scale_lookup": "bench.bench_scale_lookup",
              "restarts": "bench.bench_restarts", "tls": "bench.bench_tls", "access": "bench.bench_access",
-             "cost": "bench.bench_cost", "consume_latency": "bench.bench_consume_latency"}
+             "cost": "bench.bench_cost", "consume_latency": "bench.bench_consume_latency",
+             "block_copy": "bench.bench_block_copy"}
 NAMES = ("broker", "append", "durable", *DELEGATED)
 
 

@@ -1,9 +1,10 @@
 """The seam between the broker (tiered.server) and the tier below its local disk (tiered.tiering).
 
 Two narrow interfaces, wired once when the process is assembled (tiered.server.app):
-- `Tier`: what the server asks of a tier. The server calls it on produce (admission, appended), on topic creation,
-  when a segment rolls or may be deleted, for reads its local log cannot answer, at start-up (the plan that
-  reconciles the local disk with the catalog) and at shutdown. `LocalOnly` is the tier of a plain TANK broker.
+- `Tier`: what the server asks of a tier. The server calls it on produce (admission, and per request the calls of
+  its `produce_calls`), on topic creation, when a segment rolls or may be deleted, for reads its local log cannot
+  answer, at start-up (the plan that reconciles the local disk with the catalog) and at shutdown. `LocalOnly` is the
+  tier of a plain TANK broker.
 - `TierSink`: what a tier reports back: records committed (they become visible), a partition fenced by a newer
   leader, a segment copied, the first available seq moved by retention; and, with several brokers, which partitions
   to lead here (plans to carry out), which are led elsewhere and by whom, and which topics the others created.
@@ -15,7 +16,7 @@ and calls a `TierSink`; tiered.server implements `TierSink` and calls a `Tier`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, Sequence
@@ -33,6 +34,18 @@ class AckOutcome(Enum):
     COMMITTED = "committed"  # in the bucket and the catalog: answered OK
     NOT_CONFIRMED = "not confirmed"  # its block still retries past the deadline: it may yet be committed
     REFUSED = "refused"  # it will never be committed (the partition was fenced first): safe to send again
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceCalls:
+    """The tier's calls the produce path makes per request and per record (tiered.server.produce), each bound to the
+    object that answers it, so each costs one Python call. The same answers as the Tier's methods of those names.
+    The tier owns it: it builds a new one (never changes one) when an answering object changes (TieringService:
+    start, join), and the produce handler reads `tier.produce_calls` once per request."""
+
+    may_acknowledge: Callable[[], bool]
+    admits_now: Callable[[], bool]
+    appended: Callable[[TopicPartition, AppendResult, bool], asyncio.Future[AckOutcome] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +201,7 @@ class TierSink(Protocol):
 
 class Tier(Protocol):
     lower_tier: bool  # whether reads below the local disk can be answered
+    produce_calls: ProduceCalls  # may_acknowledge, admits_now and appended, bound to what answers them now
 
     async def start(self) -> None: ...
 
@@ -258,6 +272,9 @@ class LocalOnly:
     """The tier of a plain TANK broker: nothing below the local disk."""
 
     lower_tier = False
+
+    def __init__(self) -> None:
+        self.produce_calls = ProduceCalls(self.may_acknowledge, self.admits_now, self.appended)
 
     async def start(self) -> None:
         return None

@@ -1,5 +1,5 @@
-"""The broker with the native appender (the default) and with the reference one (TIERED_PRODUCE_PATH=python) is the
-same broker, byte for byte: the same produce requests over a raw connection get the same answers, leave the same
+"""The broker with the native appender and block builder call (the default) and with their references
+(TIERED_PRODUCE_PATH=python: PySegmentAppender, block_builder._add_to_run_py) is the same broker, byte for byte: the same produce requests over a raw connection get the same answers, leave the same
 segment and index files (rolls included), and put the same records into the bucket's blocks."""
 
 from __future__ import annotations

@@ -60,3 +60,30 @@ async def test_a_block_commits_on_the_manual_clock_and_a_refused_one_fences(tmp_
         assert service.partition_status(TopicPartition("t", 0))["committed_seq"] == 1
     finally:
         await service.stop(clock.monotonic() + 5)
+
+
+async def test_the_produce_calls_answer_as_the_services_own_methods(tmp_path):
+    """The produce path calls the tier through `produce_calls` (the owners' methods, bound by start and join): before
+    the service joins it may not acknowledge, after start its pipeline admits and a record appended through it is
+    committed, as through the service's own `appended`."""
+    catalog, epochs = claimed_catalog(tmp_path / "catalog.db")
+    clock = ManualClock()
+    service = TieringService(Settings(data_dir=tmp_path / "data", broker_id=1), RecordingSink(), Metrics(),
+                             disk_id="disk", store=LocalObjectStore(tmp_path / "objects"), catalog=catalog,
+                             clock=clock, migrate=False)
+    assert not service.produce_calls.may_acknowledge()  # not joined
+    await service.start()
+    try:
+        calls = service.produce_calls
+        assert not calls.may_acknowledge() and not service.may_acknowledge()  # started, still not joined
+        assert calls.admits_now() and service.admits_now()
+        await service.resume(plan(0, epochs[0]), TopicConfig(), [])
+        ack = calls.appended(TopicPartition("t", 0), appended(1, record()), True)
+        assert ack is not None
+        await settle(None, lambda: service.durable.due_in_s() is not None, "the block open")
+        clock.advance(service.settings.block_max_age_ms / 1000)
+        await clock.settle()
+        assert await asyncio.wait_for(ack, 10) is AckOutcome.COMMITTED
+        assert service.state.committed_seq(TopicPartition("t", 0)) == 1
+    finally:
+        await service.stop(clock.monotonic() + 5)

@@ -6,9 +6,10 @@ ProtocolError closes that connection only (connection.py), and no bad bundle eve
 consumer. Appends happen in request order. The answer is kept as plain status bytes per request topic and encoded
 with encode_produce_codes: a produce request costs no result objects. A plain request costs no coroutine at all:
 `handle` is a plain function that answers it, and returns a coroutine for the request task to await only when it must
-wait (admission when the pipeline is full, Tier.admits_now; a send when the connection does not take the answer
-without waiting, Connection.try_send_frame; the durable acks wait in a task of their own). The commonest answer (one
-topic, a plain code per partition) is framed whole in one native call (responses.produce_codes_frame).
+wait (admission when the pipeline is full, the tier's produce_calls.admits_now; a send when the connection does not
+take the answer without waiting, Connection.try_send_frame; the durable acks wait in a task of their own). The
+commonest answer (one topic, a plain code per partition) is framed whole in one native call
+(responses.produce_codes_frame).
 
 What a partition's answer means (docs/operations.md, "What a produce answer means"):
 - 0x00: stored. On a durable topic: in the bucket and the catalog (its block is committed).
@@ -82,6 +83,7 @@ class ProduceHandler:
         Appends every partition's bundle in request order and answers: None when the answer is queued (or a task of
         its own waits for durable acks), else the send to await."""
         broker = self.broker
+        tier_calls = broker.tier.produce_calls  # the tier's calls, bound to what answers them (ProduceCalls)
         if started is None:
             started = broker.clock.monotonic()
             if broker.stopping:
@@ -89,16 +91,16 @@ class ProduceHandler:
                 # leader" sends TANK's client to retry, on the broker that takes over; nothing was appended, so
                 # nothing doubles.
                 return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-            if not broker.tier.may_acknowledge():
+            if not tier_calls.may_acknowledge():
                 # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
                 # appended; TANK's client retries, and finds the partition's leader.
                 return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-            if not broker.tier.admits_now():
+            if not tier_calls.admits_now():
                 return self._produce_when_admitted(conn, req, facts, started)
 
         # Checked and admitted: the appends and the answer, in this frame (one Python call per request).
         registry_topics = broker.registry.topics
-        tier_appended = broker.tier.appended
+        tier_appended = tier_calls.appended
         visible = broker.waiters.visible
         produced = broker.metrics.produced
         read_only = broker.settings.read_only

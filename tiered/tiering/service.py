@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from tiered.tier_interface import (
     NewLocalTopic,
     OpenPlan,
     PartitionPlan,
+    ProduceCalls,
     RemoteChunk,
     RemoteCompactionReport,
     TierSink,
@@ -81,6 +83,9 @@ class TieringService:
         self.supervisor = Supervisor(metrics, clock=clock, outages=(*OUTAGES, StoreError))
         self.state = TierState()  # the one owner of what the tier knows of each partition
         self.coordinator: Coordinator | None = None  # set by join()
+        # The produce path's calls (Tier.produce_calls), read per request and per record: until start() and join()
+        # this object's own methods, then the owners' methods bound directly, so each costs one Python frame, not two.
+        self.produce_calls = ProduceCalls(self.may_acknowledge, self.admits_now, self.appended)
         # Set by start():
         self.store: ObjectStore
         self.catalog: AsyncCatalog
@@ -114,10 +119,8 @@ class TieringService:
                                    remote_read_yield_s=self.settings.remote_read_yield_ms / 1000,
                                    expand_in_commit_runs=self.settings.block_expand_in_commit_runs)
         self.hot_path = self.durable.hot_path
-        # The produce path's calls, read per request and per record: the owners' own methods bound once here, so each
-        # costs one Python frame, not two (the methods below say what they answer before start).
-        self.appended = self.durable.appended  # type: ignore[method-assign]
-        self.admits_now = self.durable.pipeline.has_room  # type: ignore[method-assign]
+        self.produce_calls = replace(self.produce_calls, admits_now=self.durable.pipeline.has_room,
+                                     appended=self.durable.appended)
         self.remote = RemoteTier(self.store, self.catalog, self.sink, metrics=self.metrics, state=self.state,
                                  fence=self.durable.fence, grace=self.grace,
                                  read_budget_bytes=self.settings.remote_read_budget_bytes, clock=self.clock,
@@ -147,7 +150,7 @@ class TieringService:
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
         await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
-        self.may_acknowledge = coordinator.holds_lease  # type: ignore[method-assign]  # bound once, as appended
+        self.produce_calls = replace(self.produce_calls, may_acknowledge=coordinator.holds_lease)
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
         self.supervisor.start("cluster", coordinator.tick_loop)

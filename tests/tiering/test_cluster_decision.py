@@ -9,10 +9,8 @@ from hypothesis import strategies as st
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
 from tiered.tiering.cluster.cluster_decision import (
-    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, handover_queues, may_hand_over_next, membership,
-    plan_rebalance,
-    spread,
-    ready_targets,
+    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, handover_queues,
+    may_hand_over_next, membership, plan_rebalance, ready_targets, spread,
 )
 from tiered.topic_partition import TopicPartition
 

@@ -8,8 +8,9 @@ Two loops, under the tier's supervisor:
   leader does not have. A renewal refused because another process took the broker id over ends its leadership for
   good.
 - the tick (every TICK_S; FOLLOW_S after a look that found changes, LED_S after one whose claims were led): reads
-  the members and the change counter, and when the counter moved, only the partitions changed since the last look (their change versions: a look costs what
-  changed, not what exists; every assignment is read at start and every FULL_LOOK_S), and
+  the members and the change counter, and when the counter moved, only the partitions changed since the last look
+  (their change versions: a look costs what changed, not what exists; every assignment is read at start and every
+  FULL_LOOK_S), and
     claims (compare-and-set on the epoch) the partitions assigned to it, and its even share of the orphans, those
     whose leader is gone (the live brokers with the fewest leaderships first, computed alike by every broker);
     hands over the partitions `tiered cluster rebalance` asked it to give away (stop taking produces, commit what is

@@ -67,6 +67,7 @@ try:
     from tiered.tiering.blocks._builder import Run as _Run, add_to_run as _add_to_run_native
 except ImportError:  # built without a C compiler: the reference serves
     PendingRun = PyPendingRun
+    _add_to_run_native = None
 else:
     class PendingRun(_Run):  # type: ignore[no-redef]
         """PyPendingRun's fields held in C, so that `add_to_run` updates them without a lookup each."""

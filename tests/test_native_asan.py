@@ -31,9 +31,11 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-o
 TESTS = [
     "tests/protocol/test_validate.py",  # _bundlescan: scan_bundle, scan_produce
     "tests/protocol/test_frame.py",  # _bundlescan: cut_payloads
+    "tests/protocol/test_encoders.py",  # _bundlescan: produce_codes_frame
     "tests/protocol/test_chunk.py",  # _bundlescan: read_chunk, scan_chunk
     "tests/spark/test_native_decoding.py",  # _decode
     "tests/storage/test_appender.py",  # _appender
+    "tests/tiering/test_block_builder.py",  # _builder
 ]
 
 RUNNER = r"""

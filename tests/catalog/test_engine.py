@@ -9,7 +9,8 @@ from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tiered.catalog import Catalog, CatalogUnavailable, mask_url
-from tiered.catalog.blocks import commit_block, expand_blocks, find_run, insert_pending_block, runs_for_range
+from tiered.catalog.blocks import (EXPAND_IN_COMMIT_RUNS, commit_block, expand_blocks, find_run, insert_pending_block,
+                                   runs_for_range)
 from tiered.catalog.engine import normalize_url, split_pooled
 from tiered.catalog.models import BlockModel
 from tiered.catalog.partitions import claim_partitions
@@ -81,9 +82,10 @@ def test_constraints_hold_on_both_backends(cat):
         conn.execute(text("INSERT INTO partitions (topic, partition) VALUES ('no-such-topic', 0)"))
 
 
-# One statement checks and raises the partitions, one marks the block, one inserts its runs.
-# PostgreSQL: check and raise, mark with the packed runs; SQLite: and the runs' INSERT (tiered.catalog.blocks).
-COMMIT_STATEMENTS = {"postgresql": 2, "sqlite": 3}
+# One statement checks and raises the partitions, one marks the block, one inserts its runs; on PostgreSQL a block of
+# more than EXPAND_IN_COMMIT_RUNS runs leaves the insert to its expansion (tiered.catalog.blocks).
+COMMIT_STATEMENTS = {"postgresql": 3, "sqlite": 3}
+WIDE_COMMIT_STATEMENTS = {"postgresql": 2, "sqlite": 3}
 
 
 def test_statement_counts(cat):
@@ -104,14 +106,19 @@ def test_statement_counts(cat):
     insert_pending_block(cat, "blk/2", 1, 10, now=T0)
     wide = [run(t, p, 6 if (t, p) == ("a", 0) else 1, 10, 100 * p + (t == "b")) for t in "ab" for p in range(12)]
     assert cost(lambda: commit_block(cat, 2, 1, wide, epochs))[0] == COMMIT_STATEMENTS[cat.backend]
-    # The expansion after the acknowledgements: the claim, the runs' COPY and the clear; nothing on SQLite.
-    assert cost(lambda: expand_blocks(cat, [1, 2]))[0] == (6 if cat.backend == "postgresql" else 2)
+    insert_pending_block(cat, "blk/w", 1, 10, now=T0)
+    wider = [run(t, p, 11 + 10 * i, 20 + 10 * i, 10_000 * i + 100 * p + (t == "b"))
+             for t in "ab" for p in range(12) for i in range(3)]  # 72 runs, three a partition
+    assert len(wider) > EXPAND_IN_COMMIT_RUNS
+    assert cost(lambda: commit_block(cat, 3, 1, wider, epochs))[0] == WIDE_COMMIT_STATEMENTS[cat.backend]
+    # The expansion after the acknowledgements: the claim, the runs' COPY and the clear; only the claim otherwise.
+    assert cost(lambda: expand_blocks(cat, [1, 2, 3]))[0] == (5 if cat.backend == "postgresql" else 3)
     assert cost(lambda: find_run(cat, "b", 7, 3))[0] == 1
     assert cost(lambda: runs_for_range(cat, "a", 0, 1, 10))[0] == 1
     # With a block unexpanded, a lookup the rows do not answer reads them again with the unexpanded blocks, in one
     # snapshot; one they answer stays one statement.
-    insert_pending_block(cat, "blk/3", 1, 10, now=T0)
-    commit_block(cat, 3, 1, [run("a", 0, 11, 15)], epochs, expand=False)
+    insert_pending_block(cat, "blk/4", 1, 10, now=T0)
+    commit_block(cat, 4, 1, [run("a", 0, 41, 45)], epochs, expand=False)
     assert cost(lambda: runs_for_range(cat, "a", 0, 1, 10))[0] == 3
     assert cost(lambda: find_run(cat, "b", 7, 3))[0] == 1
     assert cost(lambda: find_remote_segment(cat, "a", 0, 1))[0] == 1

@@ -304,3 +304,54 @@ def test_discover_partitions_response_refusals(partition):
 def test_small_response_refusals(encode):
     with pytest.raises(ValueError):
         encode()
+
+
+# -- produce_codes_frame: the commonest answer's whole frame, natively (_bundlescan) against its reference ----------
+
+from tiered.protocol import responses as responses_module  # noqa: E402
+from tiered.protocol.frame import MsgType, encode_frame  # noqa: E402
+
+CODES_FRAME = [responses_module._produce_codes_frame_py,
+               *([responses_module._produce_codes_frame_native] if responses_module._produce_codes_frame_native
+                 else [])]
+
+
+@budget(300)
+@given(produce_responses())
+def test_produce_codes_frame_is_the_framed_answer_or_none(case):
+    """A one-topic answer per partition with plain codes: exactly encode_frame(PRODUCE, encode_produce_codes(...));
+    anything else: None, for the reference encoder to encode or refuse."""
+    resp, _ = case
+    codes = as_codes(resp.topics)
+    simple = codes is not None and len(codes) == 1 and codes[0][1] is None
+    for frame_of in CODES_FRAME:
+        given_codes = codes[0][2] if simple else bytes(p.code for t in resp.topics for p in t.partitions or ())
+        got = frame_of(resp.request_id, given_codes)
+        if simple and len(given_codes) <= 255:
+            assert got == encode_frame(MsgType.PRODUCE, encode_produce_codes(resp.request_id, codes))
+        elif got is not None:  # several topics' codes read as one: still the frame of those codes as one topic
+            assert got == encode_frame(MsgType.PRODUCE, encode_produce_codes(resp.request_id,
+                                                                             [("t", None, given_codes)]))
+
+
+@pytest.mark.parametrize("frame_of", CODES_FRAME)
+def test_produce_codes_frame_takes_only_plain_codes_and_a_u32_id(frame_of):
+    plain = set(responses_module._PLAIN_PARTITION_STATUSES)
+    for code in range(256):  # every byte: the native list of plain codes is the reference's
+        got = frame_of(7, bytes([0, code]))
+        assert (got is not None) == (code in plain)
+    for request_id in (-1, 2**32, 2**64):
+        assert frame_of(request_id, b"\x00") is None
+    assert frame_of(2**32 - 1, bytearray(b"\x00" * 255)) is not None and frame_of(1, b"\x00" * 256) is None
+    assert frame_of(1, memoryview(b"\x00\xfd")) == encode_frame(MsgType.PRODUCE, b"\x01\x00\x00\x00\x00\xfd")
+
+
+@pytest.mark.skipif(responses_module._produce_codes_frame_native is None, reason="the native module is not built")
+def test_native_produce_codes_frame_refuses_bad_arguments():
+    native = responses_module._produce_codes_frame_native
+    with pytest.raises(TypeError):
+        native(1)
+    with pytest.raises(TypeError):
+        native("1", b"")
+    with pytest.raises(TypeError):
+        native(1, "codes")

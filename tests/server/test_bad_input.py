@@ -10,7 +10,7 @@ import pytest
 
 from tiered.client import Client
 from tiered.protocol import requests as rq
-from tiered.protocol.bundle import Message
+from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.frame import FRAME_HEADER, MAX_FRAME_BYTES, MsgType
 
 from tests.server.rawwire import RawConnection
@@ -92,3 +92,38 @@ async def test_a_client_ping_is_ignored(seeded):
     msg_id, payload = await raw.recv()
     assert msg_id == MsgType.STATUS and payload[:4] == struct.pack("<I", 77)
     await raw.close()
+
+
+async def test_frames_before_a_bad_one_in_the_same_read_are_answered_then_only_that_connection_closes(seeded):
+    """The connection cuts every frame a read holds in one pass (frame.cut_payloads): good produces, then a bad
+    frame in the same write (a truncated produce payload, random bytes, a header past 256 MiB), then more good
+    produces that must never be applied. The good ones before it are appended and answered in order, the connection
+    closes, nothing after the bad frame is appended, and another connection is served as before."""
+    rng = random.Random(26)
+    expected = [b"one", b"two"]
+    for case in range(12):
+        before = [b"b%d-%d" % (case, i) for i in range(rng.randrange(0, 4))]
+        frames = [rq.encode_produce_request(rq.ProduceRequest(
+            100 + i, (rq.ProduceTopic("safe", (rq.ProducePartition(0, encode_bundle([Message(v)])),)),)))
+            for i, v in enumerate(before)]
+        good = b"".join(struct.pack("<BI", MsgType.PRODUCE, len(f)) + f for f in frames)
+        kind = case % 3
+        if kind == 0:  # a produce whose payload stops short
+            cut = rq.encode_produce_request(rq.ProduceRequest(9, (rq.ProduceTopic("safe", (
+                rq.ProducePartition(0, encode_bundle([Message(b"never")])),)),)))
+            cut = cut[:rng.randrange(1, len(cut))]
+            bad = struct.pack("<BI", MsgType.PRODUCE, len(cut)) + cut
+        elif kind == 1:  # random bytes as a produce payload
+            junk = os.urandom(rng.randrange(1, 64))
+            bad = struct.pack("<BI", MsgType.PRODUCE, len(junk)) + junk
+        else:  # a header announcing more than a broker takes
+            bad = FRAME_HEADER.pack(MsgType.PRODUCE, MAX_FRAME_BYTES + 1 + rng.randrange(1000))
+        after = rq.encode_produce_request(rq.ProduceRequest(7, (rq.ProduceTopic("safe", (
+            rq.ProducePartition(0, encode_bundle([Message(b"after")])),)),)))
+        raw = await RawConnection.open(seeded)
+        await raw.send_bytes(good + bad + struct.pack("<BI", MsgType.PRODUCE, len(after)) + after)
+        answers = [await raw.recv() for _ in before]  # durable acks may be answered in any order
+        assert sorted(answers) == [(MsgType.PRODUCE, struct.pack("<I", 100 + i) + b"\x00") for i in range(len(before))]
+        assert await raw.closed_by_peer()
+        expected += before
+        await _still_serving(seeded, "safe", expected)

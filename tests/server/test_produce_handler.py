@@ -9,7 +9,7 @@ import asyncio
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.protocol.codes import ProduceStatus
-from tiered.protocol.frame import MsgType
+from tiered.protocol.frame import MsgType, maybe_frame
 from tiered.protocol.responses import read_produce_response
 
 
@@ -22,14 +22,21 @@ class Conn:
         self.takes = takes
         self.sent: list[tuple[int, bytes]] = []
 
-    def try_send(self, msg_id: int, payload: bytes) -> bool:
+    def try_send_frame(self, frame: bytes) -> bool:
         if self.takes:
-            self.sent.append((msg_id, payload))
+            self.sent.append(unframed(frame))
         return self.takes
 
-    async def send(self, msg_id: int, payload: bytes) -> None:
+    async def send_frame(self, frame: bytes) -> None:
         await asyncio.sleep(0)  # a send that waits for the client to read
-        self.sent.append((msg_id, payload))
+        self.sent.append(unframed(frame))
+
+
+def unframed(frame: bytes) -> tuple[int, bytes]:
+    """(msg_id, payload) of one whole frame, which it must be."""
+    msg_id, payload, end = maybe_frame(frame)
+    assert end == len(frame)
+    return msg_id, bytes(payload)
 
     def spawn(self, coro) -> None:
         raise AssertionError("a local-ack produce spawns no task")

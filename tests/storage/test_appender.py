@@ -26,12 +26,20 @@ from tiered.storage.index import NEVER_INDEXED, SparseIndex
 from tiered.storage.partition_log import PartitionLog
 from tiered.storage.appender import (
     INDEX_WRITE_BATCH,
+    MAX_SEQ,
     PRODUCE_PATH_ENV,
+    AppendResult,
     NativeSegmentAppender,
     PySegmentAppender,
     appender_class,
+    next_seqs,
+    seqs_valid,
 )
 from tiered.storage.topic_config import TopicConfig
+from tiered.protocol.bundle import validate_bundle
+from tiered.protocol.varint import encode_varint
+
+native_appender_module = pytest.importorskip("tiered.storage._appender")
 
 APPENDERS = pytest.mark.parametrize("appender_type", [PySegmentAppender, NativeSegmentAppender],
                                     ids=["python", "native"])
@@ -165,7 +173,48 @@ def test_append_record_reads_the_facts_and_the_config_alike(ops, base):
 def test_the_native_appender_reads_bundle_facts_by_these_positions():
     """_appender.c's FACT_* positions: BundleFacts' field order is part of the native appender's contract."""
     assert len(BundleFacts._fields) == 8
-    assert [BundleFacts._fields.index(f) for f in ("sparse", "min_ts_ms", "max_ts_ms")] == [2, 6, 7]
+    assert [BundleFacts._fields.index(f) for f in ("messages", "sparse", "first_seq", "last_seq", "min_ts_ms",
+                                                   "max_ts_ms")] == [1, 2, 3, 4, 6, 7]
+    assert len(AppendResult._fields) == 7  # RESULT_FIELDS: append_next builds one by position
+
+
+# Seqs near the edges the log checks: 0, 1, around MAX_SEQ and past 63 and 64 bits.
+edge_seqs = st.one_of(st.integers(0, 40), st.integers(MAX_SEQ - 8, MAX_SEQ + 8), st.just(2**64 - 1),
+                      st.integers(0, 2**64 - 1))
+# An append_next: (record, messages, sparse first..last or None, base_seq or None, last_assigned, seconds since the
+# segment's creation, segment bytes).
+nexts = st.lists(
+    st.tuples(st.binary(min_size=1, max_size=200), st.integers(0, 5),
+              st.none() | st.tuples(edge_seqs, edge_seqs), st.none() | edge_seqs, edge_seqs,
+              st.floats(0, 2 * ROLL_AGE), st.integers(0, 3000)),
+    max_size=30,
+)
+
+
+@budget(150)
+@given(ops=nexts, base=st.integers(1, 40))
+def test_append_next_assigns_the_same_seqs_and_writes_the_same_bytes(ops, base):
+    """PartitionLog.append's common case in one call: the seqs (sparse, 0x05 base, or after last_assigned), refused
+    alike at every edge (None, nothing written), then append_record; the same AppendResult, files and state."""
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        with (opened(PySegmentAppender, a, base, last=base - 1) as ref,
+              opened(NativeSegmentAppender, b, base, last=base - 1) as nat):
+            for record, messages, sparse, base_seq, last_assigned, age, segment_bytes in ops:
+                if sparse is not None:  # a sparse bundle names its seqs, a 0x05 produce names no base with it
+                    base_seq = None
+                facts = BundleFacts(CODEC_NONE, messages, sparse is not None, *(sparse or (None, None)), 1, 3, 9)
+                config = TopicConfig(log_segment_bytes=segment_bytes, log_index_interval_bytes=50)
+                last_assigned = max(last_assigned, ref.last)  # the log's: never below what its segment holds
+                got = ref.append_next(record, facts, base_seq, last_assigned, CREATED + age, config)
+                view = memoryview(record).toreadonly()
+                assert got == nat.append_next(view, facts, base_seq, last_assigned, CREATED + age, config)
+                if got is not None:
+                    first, last, explicit = next_seqs(facts, base_seq, last_assigned)
+                    assert got[:5] == (first, last, base, got.position, got.position + len(record))
+                    assert seqs_valid(first, last, explicit, last_assigned) and got.header is facts
+                assert state(ref)[2:] == state(nat)[2:]
+            assert files(a) == files(b)
+        assert files(a) == files(b)
 
 
 @APPENDERS
@@ -254,10 +303,27 @@ def test_the_native_appender_survives_misuse(tmp_path):
             appender.append_record(b"x", 1, 1, [0] * 8, 0.0, TopicConfig())
         with pytest.raises(AttributeError):
             appender.append_record(b"x", 1, 1, facts, 0.0, object())
+        with pytest.raises(TypeError, match="append_next takes"):
+            appender.append_next(b"x", facts, None, 0, 0.0)
+        with pytest.raises(TypeError, match="BundleFacts"):
+            appender.append_next(b"x", (1, 2), None, 0, 0.0, TopicConfig())
+        with pytest.raises(ValueError, match="last_assigned"):
+            appender.append_next(b"x", facts, None, -1, 0.0, TopicConfig())
+        with pytest.raises(TypeError, match="base_seq"):
+            appender.append_next(b"x", facts, "1", 0, 0.0, TopicConfig())
+        with pytest.raises(TypeError):
+            appender.append_next(b"x", facts, None, 0, "now", TopicConfig())
+        assert appender.append_next(b"x", facts, None, 0, 0.0, TopicConfig()) is None  # empty: the log's path
+        with pytest.raises(TypeError, match="tuple subclass"):
+            native_appender_module.register(object)
         appender.close()
+    with opened(NativeSegmentAppender, str(tmp_path), base=5, last=4) as holding:  # holds a record: would take one
+        holding.close()
         with pytest.raises(ValueError, match="closed"):
-            appender.append(b"x", 1, 1, 10, 1, 1)
-        appender.close()  # again: nothing
+            holding.append_next(b"x", facts, None, 4, 0.0, TopicConfig())
+        with pytest.raises(ValueError, match="closed"):
+            holding.append(b"x", 5, 5, 10, 1, 1)
+        holding.close()  # again: nothing
 
 
 # --- real write failures -----------------------------------------------------------------------------------------
@@ -340,11 +406,15 @@ def write_log(directory: str, path: str, ops, config: TopicConfig) -> list:
     with produce_path(path):
         log = PartitionLog.open(directory, config, now_s=lambda: clock[0], rng=random.Random(7))
         try:
-            for values, codec, jump, ts in ops:
+            for i, (values, codec, jump, ts) in enumerate(ops):
                 clock[0] += 400.0  # past the segment's roll age (one hour) every few records
                 bundle = encode_bundle([Message(v, ts_ms=ts + i) for i, v in enumerate(values)], codec=codec)
                 base_seq = log.last_assigned + 1 + jump if jump else None  # a jump rolls, as TANK does
-                a = log.append(bundle, base_seq)
+                if i % 2:  # as a produce request lays it out: append_next's one call when the segment takes it
+                    record = memoryview(encode_varint(len(bundle)) + bundle).toreadonly()
+                    a = log.append(bundle, base_seq, validate_bundle(bundle), record)
+                else:
+                    a = log.append(bundle, base_seq)
                 results.append((a.first_seq, a.last_seq, a.segment_base, a.position, a.end_position, bytes(a.record)))
         finally:
             log.close()

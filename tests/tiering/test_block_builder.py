@@ -11,7 +11,7 @@ from tests.tiering.tier_state import led_state
 from tiered.protocol.bundle import Message, encode_bundle, encode_record, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.tier_interface import AckOutcome
-from tiered.tiering.blocks.block_builder import BlockBuilder, NotLeading, record_stats
+from tiered.tiering.blocks.block_builder import BlockBuilder, NotLeading, record_stats, run_fields
 from tiered.tiering.blocks.block_format import (
     INDEX_EVERY_BYTES,
     decode_block,
@@ -283,3 +283,114 @@ def bundle_of(data) -> bytes:
 
     start, end = maybe_record(data)
     return bytes(data[start:end])
+
+
+# -- BlockBuilder.add's common case natively (_builder: Run, add_to_run) against its reference --------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.protocol.strategies import budget  # noqa: E402
+from tiered.protocol.bundle import BundleFacts  # noqa: E402
+from tiered.tiering.blocks import block_builder as builder_module  # noqa: E402
+
+native_builder = pytest.importorskip("tiered.tiering.blocks._builder")
+TPS = [TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)]
+# One step: ("add", partition, seq step, messages, record bytes, new segment?, facts kind, ts bounds), ("close",),
+# ("release", partition) or ("lead", partition).
+steps = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 2), st.integers(0, 2), st.integers(1, 4), st.integers(1, 40_000),
+              st.booleans(), st.sampled_from(["facts", "facts", "none", "huge ts"]),
+              st.tuples(st.integers(0, 2**40), st.integers(0, 2**40))),
+    st.tuples(st.just("close")), st.tuples(st.just("release"), st.integers(0, 2)),
+    st.tuples(st.just("lead"), st.integers(0, 2))), max_size=60)
+
+
+def _run_steps(path: str, run_class, ops) -> list:
+    """What a builder did with `ops` on `path` ("python": the reference add_to_run) with runs of `run_class`: every
+    add's answer (or refusal), every closed block's runs and size, and at the end the pending runs, next seqs and
+    pending bytes."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(builder_module, "PendingRun", run_class)
+        builder = leading(*TPS, committed=10)
+        builder._add_to_run = builder_module.add_to_run_for(path)
+        seqs = {tp: 10 for tp in TPS}
+        bases = {tp: 1 for tp in TPS}
+        seen = []
+        for op in ops:
+            if op[0] == "add":
+                _, p, step, messages, size, new_segment, kind, (low, high) = op
+                tp = TPS[p]
+                first = seqs[tp] + 1 + step if step < 2 else seqs[tp]  # step 2: a seq that does not follow
+                last = first + messages - 1
+                if new_segment:
+                    bases[tp] = first
+                rec = memoryview(bytes([p]) * size).toreadonly()
+                facts = None if kind == "none" else BundleFacts(0, messages, False, None, None, 1, min(low, high),
+                                                                  2**63 + 5 if kind == "huge ts" else max(low, high))
+                if kind == "none":  # a record the builder reads itself
+                    rec = memoryview(record([b"v"] * messages, ts=low)).toreadonly()
+                try:
+                    seen.append(builder.add(tp, first, last, rec, bases[tp], 0.0, None, facts))
+                    seqs[tp] = last
+                except NotLeading as exc:
+                    seen.append(str(exc))
+            elif op[0] == "close":
+                block = builder.close()
+                seen.append(None if block is None else ([run_fields(r) for r in block.runs], block.size_bytes))
+            elif op[0] == "release":
+                builder.release(TPS[op[1]])
+            else:
+                builder.lead(TPS[op[1]])
+                seqs[TPS[op[1]]] = builder._next_from[TPS[op[1]]] - 1
+        pending = {tp: [run_fields(r) for r in runs] for tp, runs in builder._runs.items()}
+        return [seen, pending, dict(builder._next_from), builder.pending_bytes]
+
+
+@budget(150)
+@given(steps)
+def test_native_runs_and_add_to_run_build_what_the_reference_builds(ops):
+    reference = _run_steps("python", builder_module.PyPendingRun, ops)
+    assert _run_steps("native", builder_module.PendingRun, ops) == reference
+    assert _run_steps("python", builder_module.PendingRun, ops) == reference  # the reference on the C fields too
+
+
+def test_native_add_to_run_reads_bundle_facts_by_these_positions():
+    assert [BundleFacts._fields.index(f) for f in ("messages", "min_ts_ms", "max_ts_ms")] == [1, 6, 7]
+
+
+def test_a_native_run_is_a_pending_run():
+    run = builder_module.PendingRun("t", 2, 3, 10, 9, 10, 12, min_ts_ms=5, max_ts_ms=7)
+    same = builder_module.PyPendingRun("t", 2, 3, 10, 9, 10, 12, min_ts_ms=5, max_ts_ms=7)
+    assert run == same and run_fields(run) == run_fields(same) and run.meta() == same.meta()
+    assert run.records == [] and run.index == [] and run.records is not builder_module.PendingRun(
+        "t", 2, 3, 10, 9, 10, 12).records  # a list of its own each
+    run.records.append(run)  # a cycle through the run: the collector frees it
+    run.size_bytes += 5
+    assert run.size_bytes == 5 and repr(run).startswith("PendingRun(")
+    for bad in [(), ("t", 1, 2, 3, 4, 5), (b"t", 1, 2, 3, 4, 5, 6), ("t", 1, 2, -3, 4, 5, 6)]:
+        with pytest.raises((TypeError, OverflowError, ValueError)):
+            builder_module.PendingRun(*bad)
+    with pytest.raises(TypeError):
+        builder_module.PendingRun("t", 1, 2, 3, 4, 5, 6, records=(1,))
+
+
+def test_native_add_to_run_takes_only_its_common_case_and_survives_misuse():
+    add_to_run = native_builder.add_to_run
+    tp = TopicPartition("a", 0)
+    facts = BundleFacts(0, 1, False, None, None, 1, 5, 5)
+    builder = leading(tp)
+    assert add_to_run(builder._runs, builder._next_from, tp, 1, 1, b"x", 1, facts, 64) is None  # no run yet
+    builder.add(tp, 1, 1, b"x", 1, 0.0, None, facts)
+    args = [builder._runs, builder._next_from, tp, 2, 2, b"y", 1, facts, 64]
+    for i, bad in [(3, 1), (3, -1), (3, 2**64), (3, "2"), (4, 2**64 - 1), (6, 2), (7, None), (7, (1, 2)),
+                   (7, BundleFacts(0, 1, False, None, None, 1, 5, 2**64)), (2, TopicPartition("z", 0))]:
+        assert add_to_run(*args[:i], bad, *args[i + 1:]) is None  # not the common case: nothing changed
+    assert builder._next_from[tp] == 2 and builder._runs[tp][0].records == [b"x"]
+    with pytest.raises(TypeError):
+        add_to_run(*args[:8])
+    with pytest.raises(TypeError):
+        add_to_run([], *args[1:])
+    with pytest.raises(TypeError):
+        add_to_run(*args[:5], 5, *args[6:])  # a record without a length
+    assert add_to_run(*args) == 1 and builder._runs[tp][0].records == [b"x", b"y"]

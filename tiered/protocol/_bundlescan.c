@@ -895,9 +895,76 @@ done:
     return result;
 }
 
+/* -- the produce answer ----------------------------------------------------------------------------------------- */
+
+/* Partition-level produce statuses that carry nothing more (responses.py's _PLAIN_PARTITION_STATUSES: every one
+ * but OTHER_LEADER, which an endpoint follows; tests/protocol/test_encoders.py tries every byte against it). */
+static const uint8_t plain_statuses[] = {0x00, 0x01, 0x02, 0x03, 0x04, 0x0a, 0xfd};
+#define PRODUCE_MSG_ID 0x01
+
+static int plain_status(uint8_t code)
+{
+    for (size_t i = 0; i < sizeof plain_statuses; i++)
+        if (plain_statuses[i] == code)
+            return 1;
+    return 0;
+}
+
+PyDoc_STRVAR(produce_codes_frame_doc,
+"produce_codes_frame($module, request_id, codes, /)\n--\n\n"
+"responses.py's `_produce_codes_frame_py`, natively: the whole frame of a one-topic produce answer, or None.");
+
+static PyObject *produce_codes_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "produce_codes_frame takes request_id and codes");
+        return NULL;
+    }
+    if (!PyLong_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "request_id must be an int");
+        return NULL;
+    }
+    int overflow;
+    long long request_id = PyLong_AsLongLongAndOverflow(args[0], &overflow);
+    if (request_id == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow != 0 || request_id < 0 || request_id > 0xFFFFFFFFLL)
+        Py_RETURN_NONE; /* refused by the reference encoder, which names it */
+    Py_buffer codes;
+    if (PyObject_GetBuffer(args[1], &codes, PyBUF_SIMPLE) != 0)
+        return NULL;
+    const uint8_t *c = codes.buf;
+    PyObject *frame = NULL;
+    /* A partition count is at most 255 per topic (u8), so the frame's length cannot overflow its u32. */
+    if (codes.len > 255) {
+        PyBuffer_Release(&codes);
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t i = 0; i < codes.len; i++)
+        if (!plain_status(c[i])) {
+            PyBuffer_Release(&codes);
+            Py_RETURN_NONE;
+        }
+    frame = PyBytes_FromStringAndSize(NULL, FRAME_HEADER_BYTES + 4 + codes.len);
+    if (frame != NULL) {
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(frame);
+        uint32_t length = (uint32_t)(4 + codes.len), id = (uint32_t)request_id;
+        out[0] = PRODUCE_MSG_ID;
+        for (int i = 0; i < 4; i++) {
+            out[1 + i] = (uint8_t)(length >> (8 * i));
+            out[5 + i] = (uint8_t)(id >> (8 * i));
+        }
+        memcpy(out + 9, c, (size_t)codes.len);
+    }
+    PyBuffer_Release(&codes);
+    return frame;
+}
+
 static PyMethodDef methods[] = {
     {"receive_buffer", receive_buffer, METH_O, receive_buffer_doc},
     {"cut_payloads", (PyCFunction)(void (*)(void))cut_payloads, METH_FASTCALL, cut_payloads_doc},
+    {"produce_codes_frame", (PyCFunction)(void (*)(void))produce_codes_frame, METH_FASTCALL,
+     produce_codes_frame_doc},
     {"scan_bundle", (PyCFunction)(void (*)(void))scan_bundle, METH_FASTCALL, scan_bundle_doc},
     {"scan_produce", (PyCFunction)(void (*)(void))scan_produce, METH_FASTCALL, scan_produce_doc},
     {"register", (PyCFunction)(void (*)(void))register_types, METH_FASTCALL, register_doc},

@@ -45,3 +45,7 @@ def cut_payloads(buf: Buffer, start: int, end: int, big_bytes: int, /,
                  ) -> tuple[list[tuple[int, bytes]], int, int, tuple[int, int] | None, ProtocolError | None]:
     """frame.py's `_cut_payloads_py`, natively: (frames, rest, payload_bytes, big, error) of buf[start:end], each
     frame's payload copied out as bytes; ValueError for positions outside the buffer."""
+
+def produce_codes_frame(request_id: int, codes: Buffer, /) -> bytes | None:
+    """responses.py's `_produce_codes_frame_py`, natively: the whole frame of a one-topic produce answer whose codes
+    are all plain, or None."""

@@ -29,7 +29,7 @@ The broker encodes its produce answers with `encode_produce_codes` (the same byt
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -173,6 +173,27 @@ def encode_produce_response(resp: ProduceResponse) -> bytes:
 # Partition-level statuses a broker answers with that carry nothing more (OTHER_LEADER carries an endpoint).
 _PLAIN_PARTITION_STATUSES = bytes(sorted(PRODUCE_PARTITION_STATUSES - {ProduceStatus.OTHER_LEADER}))
 _OK_BYTE = bytes([ProduceStatus.OK])
+
+
+PRODUCE_FRAME_HEAD = struct.Struct("<BII")  # the frame's msg_id and length, then the answer's request id
+
+
+def _produce_codes_frame_py(request_id: int, codes: BytesLike) -> bytes | None:
+    """The whole frame (docs/protocol.md §1) of the commonest produce answer: one topic answered per partition, every
+    code plain (no endpoint follows it), as encode_produce_codes encodes it; None for any other, which that encodes
+    or refuses. The reference of the native `produce_codes_frame`."""
+    if not 0 <= request_id <= 0xFFFF_FFFF or len(codes) > 255 or bytes(codes).translate(None, _PLAIN_PARTITION_STATUSES):
+        return None
+    return PRODUCE_FRAME_HEAD.pack(_PRODUCE_ID, 4 + len(codes), request_id) + bytes(codes)
+
+
+_PRODUCE_ID = 1  # MsgType.PRODUCE (tiered.protocol.frame), the id of every produce answer
+_produce_codes_frame_native: Callable[[int, BytesLike], bytes | None] | None
+try:
+    from tiered.protocol._bundlescan import produce_codes_frame as _produce_codes_frame_native
+except ImportError:  # no C compiler at install: the reference serves
+    _produce_codes_frame_native = None
+produce_codes_frame = _produce_codes_frame_py if _produce_codes_frame_native is None else _produce_codes_frame_native
 
 
 def encode_produce_codes(request_id: int, topics: Sequence[tuple[str, int | None, bytes | bytearray]]) -> bytes:

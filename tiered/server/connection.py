@@ -57,7 +57,6 @@ TLS_COPY_BYTES = 256 * 1024  # over TLS a file chunk is read and written in piec
 # The produce ids, read per request: an Enum member read costs a call through Python 3.11's EnumType.__getattr__.
 _PRODUCE, _PRODUCE_WITH_SEQNUM = MsgType.PRODUCE, MsgType.PRODUCE_WITH_SEQNUM
 _read_checked_produce = rq.read_checked_produce
-_frame_head = FRAME_HEADER.pack
 
 
 class CloseConnection(Exception):
@@ -400,6 +399,7 @@ class Connection(asyncio.BufferedProtocol):
         frames = self._frames
         try:
             await self.send(MsgType.PING, b"")  # TANK introduces itself with one ping on accept
+            produce = self.broker.handlers.produce.handle  # dispatch's first case, here: no frame per produce
             while not self.closed:
                 if not frames:
                     if self._error is not None:
@@ -416,7 +416,11 @@ class Connection(asyncio.BufferedProtocol):
                     self.transport.resume_reading()
                 self._busy = True
                 try:
-                    handling = self.dispatch(msg_id, payload)
+                    if msg_id == _PRODUCE:
+                        req, facts = _read_checked_produce(payload, False)
+                        handling = produce(self, req, facts)
+                    else:
+                        handling = self.dispatch(msg_id, payload)
                     if handling is not None:
                         await handling
                 finally:
@@ -434,7 +438,8 @@ class Connection(asyncio.BufferedProtocol):
     def dispatch(self, msg_id: int, payload) -> Coroutine[Any, Any, None] | None:
         """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
         task to await, or None when there is nothing to await (a ping; a produce answered at once,
-        ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own."""
+        ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own. `run` reads
+        a plain produce (0x01) itself, as the first case here does."""
         h = self.broker.handlers
         if msg_id == _PRODUCE:
             req, facts = _read_checked_produce(payload, False)
@@ -465,33 +470,31 @@ class Connection(asyncio.BufferedProtocol):
     async def send(self, msg_id: int, payload: bytes) -> None:
         """Queues one response. Responses queued in the same turn of the event loop (pipelined requests) go out in
         one write, so a burst of small responses costs one send() syscall rather than one each."""
+        await self.send_frame(encode_frame(msg_id, payload))
+
+    async def send_frame(self, frame: bytes) -> None:
+        """send() of a response framed already (frame head and payload)."""
         if self.write_lock.locked():  # a consume response is going out: this one follows it
             async with self.write_lock:
-                self._queue_response(msg_id, payload)
+                self._queue_response(frame)
         else:
-            self._queue_response(msg_id, payload)
+            self._queue_response(frame)
         if self._writing_paused:
             await self._drain()
 
-    def try_send(self, msg_id: int, payload: bytes) -> bool:
-        """send() when it would not wait: the write lock is free and the client reads. False: nothing was queued,
-        await send(). Lets a handler answer without a coroutine of its own."""
+    def try_send_frame(self, frame: bytes) -> bool:
+        """send_frame() when it would not wait: the write lock is free and the client reads. False: nothing was
+        queued, await send_frame(). Lets a handler answer without a coroutine of its own."""
         if self._writing_paused or self.write_lock.locked():
             return False
-        if not self.closed:  # closed: dropped, as _queue_response drops it
-            # _queue_response inline (once per produce answer), the frame head packed without encode_frame's checks:
-            # its callers' ids are MsgType members and their answers a few bytes per partition.
-            self._pending.append(_frame_head(msg_id, len(payload)) + payload)
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self.loop.call_soon(self._flush)
+        self._queue_response(frame)
         return True
 
-    def _queue_response(self, msg_id: int, payload: bytes) -> None:
+    def _queue_response(self, frame: bytes) -> None:
         """Only while the write lock is free: a consume response going out must not be cut into."""
         if self.closed:
             return
-        self._pending.append(encode_frame(msg_id, payload))
+        self._pending.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)

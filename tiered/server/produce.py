@@ -7,7 +7,8 @@ consumer. Appends happen in request order. The answer is kept as plain status by
 with encode_produce_codes: a produce request costs no result objects. A plain request costs no coroutine at all:
 `handle` is a plain function that answers it, and returns a coroutine for the request task to await only when it must
 wait (admission when the pipeline is full, Tier.admits_now; a send when the connection does not take the answer
-without waiting, Connection.try_send; the durable acks wait in a task of their own).
+without waiting, Connection.try_send_frame; the durable acks wait in a task of their own). The commonest answer (one
+topic, a plain code per partition) is framed whole in one native call (responses.produce_codes_frame).
 
 What a partition's answer means (docs/operations.md, "What a produce answer means"):
 - 0x00: stored. On a durable topic: in the bucket and the catalog (its block is committed).
@@ -34,7 +35,7 @@ from tiered import metrics as m
 from tiered.acl import Op
 from tiered.protocol.bundle import BundleFacts
 from tiered.protocol.codes import ProduceStatus
-from tiered.protocol.frame import MsgType
+from tiered.protocol.frame import MsgType, encode_frame
 from tiered.protocol.requests import ProduceRequest
 from tiered.protocol.responses import (
     PartitionStatus,
@@ -42,6 +43,7 @@ from tiered.protocol.responses import (
     ProduceTopicResult,
     encode_produce_codes,
     encode_produce_response,
+    produce_codes_frame,
 )
 from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
@@ -69,40 +71,32 @@ class ProduceHandler:
     def __init__(self, broker):
         self.broker = broker
 
-    def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts]) -> Coroutine[Any, Any, None] | None:
+    def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts],
+               started: float | None = None) -> Coroutine[Any, Any, None] | None:
         """`facts`: each bundle's, in request order (read_checked_produce validated them all). None when the request
         was answered here and now, as almost every one is: no coroutine is made for it. Otherwise the coroutine the
-        connection's request task awaits (Connection.dispatch): an answer that must wait (shutting down, the lease
-        not renewed, the upload pipeline full, the connection not taking writes)."""
-        broker = self.broker
-        started = broker.clock.monotonic()
-        if broker.stopping:
-            # Shutting down: the open block is being committed and this broker leads nothing any more. "No leader"
-            # sends TANK's client to retry, on the broker that takes over; nothing was appended, so nothing doubles.
-            return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-        if not broker.tier.may_acknowledge():
-            # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
-            # appended; TANK's client retries, and finds the partition's leader.
-            return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-        if not broker.tier.admits_now():
-            return self._produce_when_admitted(conn, req, facts, started)
-        return self._produce(conn, req, facts, started)
+        connection's request task awaits (Connection.run): an answer that must wait (shutting down, the lease not
+        renewed, the upload pipeline full, the connection not taking writes). `started` is given only by
+        _produce_when_admitted: the request was looked at and admitted already, and is appended now.
 
-    async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
-                                     started: float) -> None:
-        if not await self.broker.tier.admission():
-            # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
-            await self._answer_all(conn, req, ProduceStatus.SYSTEM)
-            return
-        waiting = self._produce(conn, req, facts, started)
-        if waiting is not None:
-            await waiting
-
-    def _produce(self, conn, req: ProduceRequest, facts: list[BundleFacts],
-                 started: float) -> Coroutine[Any, Any, None] | None:
-        """Appends every partition's bundle in request order and answers: None when the answer is queued (or a task
-        of its own waits for durable acks), else the send to await."""
+        Appends every partition's bundle in request order and answers: None when the answer is queued (or a task of
+        its own waits for durable acks), else the send to await."""
         broker = self.broker
+        if started is None:
+            started = broker.clock.monotonic()
+            if broker.stopping:
+                # Shutting down: the open block is being committed and this broker leads nothing any more. "No
+                # leader" sends TANK's client to retry, on the broker that takes over; nothing was appended, so
+                # nothing doubles.
+                return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+            if not broker.tier.may_acknowledge():
+                # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
+                # appended; TANK's client retries, and finds the partition's leader.
+                return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
+            if not broker.tier.admits_now():
+                return self._produce_when_admitted(conn, req, facts, started)
+
+        # Checked and admitted: the appends and the answer, in this frame (one Python call per request).
         registry_topics = broker.registry.topics
         tier_appended = broker.tier.appended
         visible = broker.waiters.visible
@@ -170,14 +164,24 @@ class ProduceHandler:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
             conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
             return None
-        payload = self._answer(req, answers, started, redirects)
-        if conn.try_send(PRODUCE, payload):
+        frame = self._answer(req, answers, started, redirects)
+        if conn.try_send_frame(frame):
             return None
-        return conn.send(PRODUCE, payload)
+        return conn.send_frame(frame)
+
+    async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
+                                     started: float) -> None:
+        if not await self.broker.tier.admission():
+            # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
+            await self._answer_all(conn, req, ProduceStatus.SYSTEM)
+            return
+        waiting = self.handle(conn, req, facts, started)
+        if waiting is not None:
+            await waiting
 
     def _answer(self, req: ProduceRequest, answers: list[TopicAnswer], started: float,
                 redirects: dict | None = None) -> bytes:
-        """The response payload; counts the request's ack latency once per known topic it names."""
+        """The response's whole frame; counts the request's ack latency once per known topic it names."""
         elapsed = self.broker.clock.monotonic() - started
         metrics = self.broker.metrics
         topics = self.broker.registry.topics
@@ -188,8 +192,12 @@ class ProduceHandler:
             for name in {name for name, _, _ in answers if name in topics}:  # never a label per unknown name
                 metrics.ack_latency(name, elapsed)
         if redirects:
-            return encode_produce_response(_with_leaders(req.request_id, answers, redirects))
-        return encode_produce_codes(req.request_id, answers)
+            return encode_frame(PRODUCE, encode_produce_response(_with_leaders(req.request_id, answers, redirects)))
+        if len(answers) == 1 and answers[0][1] is None:  # the commonest answer, framed in one native call
+            frame = produce_codes_frame(req.request_id, answers[0][2])
+            if frame is not None:
+                return frame
+        return encode_frame(PRODUCE, encode_produce_codes(req.request_id, answers))
 
     async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
         topics = self.broker.registry.topics
@@ -224,7 +232,7 @@ class ProduceHandler:
             log.error("request %d: %d durable produces not confirmed within %.1f s (answered 0x03; their block "
                       "keeps retrying)%s", req.request_id, not_confirmed, self._ack_timeout_s(req),
                       f": {trouble}" if trouble else "")
-        await conn.send(MsgType.PRODUCE, self._answer(req, answers, started, redirects))
+        await conn.send_frame(self._answer(req, answers, started, redirects))
 
 
 def _with_leaders(request_id: int, answers: list[TopicAnswer], redirects: dict) -> ProduceResponse:

@@ -214,6 +214,9 @@ static void appender_dealloc(Appender *t)
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
+static int write_record(Appender *t, const Py_buffer *record_buf, uint64_t first, uint64_t last, uint64_t interval,
+                        int has_ts, uint64_t min_ts, uint64_t max_ts, uint64_t *position_out);
+
 PyDoc_STRVAR(append_doc,
 "append(record, first_seq, last_seq, interval, min_ts, max_ts=0, /)\n--\n\n"
 "Writes one record at the segment's end and returns its position; `min_ts` None: its timestamp bounds are not\n"
@@ -238,30 +241,40 @@ static PyObject *appender_append(Appender *t, PyObject *const *args, Py_ssize_t 
     Py_buffer record;
     if (PyObject_GetBuffer(args[0], &record, PyBUF_SIMPLE) < 0)
         return NULL;
+    uint64_t position;
+    int failed = write_record(t, &record, first, last, interval, has_ts, min_ts, max_ts, &position);
+    PyBuffer_Release(&record);
+    return failed ? NULL : PyLong_FromUnsignedLongLong(position);
+}
+
+/* `append` on C values: writes record[0:len] (held by the caller) and sets *position_out; 0, or -1 with an exception
+ * set and nothing changed (but the index entries a failed index write could not write, as in the reference). */
+static int write_record(Appender *t, const Py_buffer *record_buf, uint64_t first, uint64_t last, uint64_t interval,
+                        int has_ts, uint64_t min_ts, uint64_t max_ts, uint64_t *position_out)
+{
+    const Py_buffer record = *record_buf;
     uint64_t position = t->size;
     /* position <= MAX_U32 (an earlier append checked it), so MAX_U32 - position does not wrap. */
     if (first < t->base || first - t->base > MAX_U32 || position > MAX_U32
         || (uint64_t)record.len > MAX_U32 - position) {
-        PyBuffer_Release(&record);
         PyErr_Format(PyExc_ValueError, "record %llu..%llu at %llu cannot be indexed in the segment based at %llu",
                      (unsigned long long)first, (unsigned long long)last, (unsigned long long)position,
                      (unsigned long long)t->base);
-        return NULL;
+        return -1;
     }
     uint64_t rel_seq = first - t->base;
     if (write_all(t->log_fd, record.buf, record.len) < 0) {
         int err = errno;
-        PyBuffer_Release(&record);
         if (ftruncate(t->log_fd, (off_t)position) < 0) {
             int cut = errno;
             log_error("could not cut %s back to %d after a failed append: %s",
                       Py_BuildValue("(OKN)", t->path, (unsigned long long)position, error_text(cut)));
         }
         errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
     }
     uint64_t len = (uint64_t)record.len;
-    PyBuffer_Release(&record);
     t->size = position + len;
     t->last = last;
     t->has_last = 1;
@@ -281,7 +294,7 @@ static PyObject *appender_append(Appender *t, PyObject *const *args, Py_ssize_t 
         PyObject *r = PyObject_CallMethod(t->index, "append", "KK", (unsigned long long)rel_seq,
                                           (unsigned long long)position);
         if (r == NULL)
-            return NULL;
+            return -1;
         Py_DECREF(r);
         t->entries++;
         t->since_last_update = 0;
@@ -292,7 +305,8 @@ static PyObject *appender_append(Appender *t, PyObject *const *args, Py_ssize_t 
             write_entries(t);
     }
     t->since_last_update += len;
-    return PyLong_FromUnsignedLongLong(position);
+    *position_out = position;
+    return 0;
 }
 
 /* appender.py's `takes`: whether the record first..last of record_len bytes goes into this segment, or into a new one
@@ -381,7 +395,10 @@ static PyObject *appender_append_in_place(Appender *t, PyObject *const *args, Py
 /* BundleFacts (tiered.protocol.bundle), a NamedTuple: the positions of the fields append_record reads. The bundle
  * scanner builds it by position too (_bundlescan.c); tests/storage/test_appender.py checks these against its _fields. */
 #define FACTS_FIELDS 8
+#define FACT_MESSAGES 1
 #define FACT_SPARSE 2
+#define FACT_FIRST_SEQ 3
+#define FACT_LAST_SEQ 4
 #define FACT_MIN_TS 6
 #define FACT_MAX_TS 7
 
@@ -418,6 +435,151 @@ static PyObject *appender_append_record(Appender *t, PyObject *const *args, Py_s
     }
     for (int i = 0; i < 3; i++)
         Py_XDECREF(limits[i]);
+    return result;
+}
+
+/* AppendResult (tiered.storage.appender), a NamedTuple of 7 fields, registered by appender.py at import: append_next
+ * builds one by position, as appender.py's append_result does. */
+#define RESULT_FIELDS 7
+static PyTypeObject *ResultType;
+#define MAX_SEQ 0x7FFFFFFFFFFFFFFFULL /* tiered.storage.appender.MAX_SEQ */
+
+PyDoc_STRVAR(register_doc,
+"register(append_result, /)\n--\n\n"
+"The AppendResult class (a tuple subclass of 7 fields) append_next builds.");
+
+static PyObject *register_result(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "register takes the AppendResult class, a tuple subclass");
+        return NULL;
+    }
+    Py_XSETREF(ResultType, (PyTypeObject *)Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+/* appender.py's next_seqs and seqs_valid: 1 and the seqs of a valid record, 0 when the log's own path must decide
+ * (it refuses them), -1 with an exception set. Sums cannot wrap: `first` is at most MAX_SEQ + 1 before the checks
+ * below it, and `messages - 1` is compared with MAX_SEQ - first before it is added. */
+static int next_seqs(PyObject *facts, PyObject *base_seq, uint64_t last_assigned, uint64_t *first, uint64_t *last)
+{
+    PyObject *fs = PyTuple_GET_ITEM(facts, FACT_FIRST_SEQ), *ls = PyTuple_GET_ITEM(facts, FACT_LAST_SEQ);
+    int is_explicit = 1;
+    if (fs != Py_None && ls != Py_None) {
+        if (u64_of(fs, "first_seq", first) < 0 || u64_of(ls, "last_seq", last) < 0)
+            return -1;
+    } else {
+        uint64_t messages;
+        if (u64_of(PyTuple_GET_ITEM(facts, FACT_MESSAGES), "messages", &messages) < 0)
+            return -1;
+        if (base_seq != Py_None) {
+            if (!PyLong_Check(base_seq)) {
+                PyErr_SetString(PyExc_TypeError, "base_seq must be an int or None");
+                return -1;
+            }
+            int overflow;
+            long long base = PyLong_AsLongLongAndOverflow(base_seq, &overflow);
+            if (base == -1 && PyErr_Occurred())
+                return -1;
+            if (overflow != 0 || base < 1)
+                return 0; /* past 63 bits, or not a seq: refused by the log's path */
+            *first = (uint64_t)base;
+        } else {
+            is_explicit = 0;
+            if (last_assigned >= MAX_SEQ)
+                return 0;
+            *first = last_assigned + 1;
+        }
+        if (messages == 0 || messages - 1 > MAX_SEQ - *first)
+            return 0; /* last < first, or past MAX_SEQ */
+        *last = *first + messages - 1;
+    }
+    if ((is_explicit && *first <= last_assigned) || *first < 1 || *last < *first || *last > MAX_SEQ)
+        return 0;
+    return 1;
+}
+
+PyDoc_STRVAR(append_next_doc,
+"append_next(record, facts, base_seq, last_assigned, now_s, config, /)\n--\n\n"
+"The seqs assigned after `last_assigned` and append_record, in one call: the AppendResult, or None (nothing\n"
+"written; the partition log's own path decides). As PySegmentAppender.append_next.");
+
+static PyObject *appender_append_next(Appender *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_next takes (record, facts, base_seq, last_assigned, now_s, config)");
+        return NULL;
+    }
+    if (ResultType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "append_next before AppendResult is registered");
+        return NULL;
+    }
+    PyObject *record_obj = args[0], *facts = args[1], *config = args[5];
+    if (!PyTuple_Check(facts) || PyTuple_GET_SIZE(facts) != FACTS_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "facts must be a BundleFacts");
+        return NULL;
+    }
+    uint64_t last_assigned, first = 0, last = 0;
+    if (u64_of(args[3], "last_assigned", &last_assigned) < 0)
+        return NULL;
+    double now_s = PyFloat_AsDouble(args[4]);
+    if (now_s == -1.0 && PyErr_Occurred())
+        return NULL;
+    int valid = next_seqs(facts, args[2], last_assigned, &first, &last);
+    if (valid < 0)
+        return NULL;
+    if (!valid || !t->has_last)
+        Py_RETURN_NONE;
+    uint64_t limit[3]; /* segment bytes, index bytes, index interval */
+    PyObject *names[3] = {segment_bytes_name, index_max_bytes_name, interval_name};
+    for (int i = 0; i < 3; i++) {
+        PyObject *value = PyObject_GetAttr(config, names[i]);
+        int bad = value == NULL || u64_of(value, "a config limit", &limit[i]) < 0;
+        Py_XDECREF(value);
+        if (bad)
+            return NULL;
+    }
+    int sparse = PyObject_IsTrue(PyTuple_GET_ITEM(facts, FACT_SPARSE));
+    if (sparse < 0)
+        return NULL;
+    PyObject *min_obj = PyTuple_GET_ITEM(facts, FACT_MIN_TS), *max_obj = PyTuple_GET_ITEM(facts, FACT_MAX_TS);
+    uint64_t min_ts = 0, max_ts = 0;
+    int has_ts = min_obj != Py_None;
+    if ((has_ts && u64_of(min_obj, "min_ts", &min_ts) < 0) || u64_of(max_obj, "max_ts", &max_ts) < 0)
+        return NULL;
+    if (t->log_fd < 0 || t->index == NULL) {
+        PyErr_SetString(PyExc_ValueError, "append to a closed segment appender");
+        return NULL;
+    }
+    Py_buffer record;
+    if (PyObject_GetBuffer(record_obj, &record, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t position;
+    if (!takes(t, first, last, sparse, (uint64_t)record.len, now_s, limit[0], limit[1])) {
+        PyBuffer_Release(&record);
+        Py_RETURN_NONE;
+    }
+    int failed = write_record(t, &record, first, last, limit[2], has_ts, min_ts, max_ts, &position);
+    uint64_t end = position + (uint64_t)record.len;
+    PyBuffer_Release(&record);
+    if (failed)
+        return NULL;
+    PyObject *result = ResultType->tp_alloc(ResultType, RESULT_FIELDS);
+    if (result == NULL)
+        return NULL;
+    PyObject *items[RESULT_FIELDS] = {PyLong_FromUnsignedLongLong(first), PyLong_FromUnsignedLongLong(last),
+                                      PyLong_FromUnsignedLongLong(t->base), PyLong_FromUnsignedLongLong(position),
+                                      PyLong_FromUnsignedLongLong(end), Py_NewRef(record_obj), Py_NewRef(facts)};
+    int missing = 0;
+    for (int i = 0; i < RESULT_FIELDS; i++) {
+        missing |= items[i] == NULL;
+        PyTuple_SET_ITEM(result, i, items[i]); /* a NULL item is left NULL: tuple dealloc skips it */
+    }
+    if (missing) {
+        Py_DECREF(result);
+        return NULL; /* the record is written and indexed, as after a failed AppendResult in the reference */
+    }
     return result;
 }
 
@@ -494,6 +656,7 @@ static PyMethodDef appender_methods[] = {
     {"takes", (PyCFunction)(void (*)(void))appender_takes, METH_FASTCALL, takes_doc},
     {"append_in_place", (PyCFunction)(void (*)(void))appender_append_in_place, METH_FASTCALL, append_in_place_doc},
     {"append_record", (PyCFunction)(void (*)(void))appender_append_record, METH_FASTCALL, append_record_doc},
+    {"append_next", (PyCFunction)(void (*)(void))appender_append_next, METH_FASTCALL, append_next_doc},
     {"write_entries", (PyCFunction)appender_write_entries, METH_NOARGS, "writes the index entries the file lacks"},
     {"close", (PyCFunction)appender_close, METH_NOARGS, "writes the pending entries and closes both files"},
     {NULL, NULL, 0, NULL},
@@ -512,9 +675,14 @@ static PyTypeObject TailType = {
     .tp_getset = appender_getset,
 };
 
+static PyMethodDef module_methods[] = {
+    {"register", register_result, METH_O, register_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "tiered.storage._appender", "The native appender of an active segment (see _appender.c).",
-    -1, NULL,
+    -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__appender(void)

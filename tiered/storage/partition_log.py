@@ -20,7 +20,6 @@ Not thread-safe beyond its own lock: every public method takes it; `iter_records
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
@@ -28,11 +27,14 @@ import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, Sequence
 
 from tiered.protocol.bundle import BundleFacts, validate_bundle
 from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
+# AppendResult and MAX_SEQ are the appender's (it builds the one and checks the other), named here as before.
+from tiered.storage.appender import MAX_SEQ as MAX_SEQ, AppendResult as AppendResult
+from tiered.storage.appender import append_result, next_seqs, seqs_valid
 from tiered.storage.reads import ReadRange, Segment, find_start, range_end
 from tiered.storage.records import RecordInfo, iter_records, pread_exact
 from tiered.storage.recovery import RecoveredLog, RecoveryReport, recover_partition
@@ -43,32 +45,10 @@ from tiered.storage.truncate import TruncateReport, truncate_partition_dir
 
 log = logging.getLogger("tiered.storage")
 
-# The highest seq a log takes: the catalog (and every store of seqs beside the wire) holds them as signed 64-bit
-# integers, so a seq above this would be appended here and then never committed. TANK's wire allows up to 2**64 - 1.
-MAX_SEQ = (1 << 63) - 1
 
 
 class InvalidSeqnums(ValueError):
     """Produce error 0x0a: an explicit first seq not above last_assigned, or a last seq below the first."""
-
-
-class AppendResult(NamedTuple):
-    """One append; a NamedTuple rather than a frozen dataclass, as the produce path builds one per bundle."""
-
-    first_seq: int
-    last_seq: int
-    segment_base: int
-    position: int
-    end_position: int
-    # Exactly the bytes written, {varint length, bundle}: bytes, or a read-only view of the produce request's payload
-    # (ProducePartition.record), which keeps the payload alive. Consumers only read it, as a bytes-like object.
-    record: bytes | memoryview
-    header: BundleFacts  # the bundle's header and timestamp bounds, so later stages need not read it again
-
-
-# AppendResult(...) runs the NamedTuple's generated __new__, a Python function (~2,300 instructions per append,
-# measured with callgrind); this builds the same instance from C, from one tuple of its fields in order.
-_append_result: Callable[[tuple[object, ...]], AppendResult] = functools.partial(tuple.__new__, AppendResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,24 +212,29 @@ class PartitionLog:
         try:
             if self._closed:
                 self._check_open()
-            if facts.first_seq is not None and facts.last_seq is not None:  # set iff the bundle is sparse
-                first, last = facts.first_seq, facts.last_seq
-            elif base_seq is not None:
-                first, last = base_seq, base_seq + facts.messages - 1
-            else:
-                first, last = self._last_assigned + 1, self._last_assigned + facts.messages
-            explicit = facts.sparse or base_seq is not None
+            now = self._now_s()
+            config = self.config
+            active = self._active
+            if record is not None and active is not None:
+                # Most records: one native call assigns the seqs after last_assigned (kept here, its one owner),
+                # decides that the active segment takes the record, writes and indexes it (SegmentAppender.append_next).
+                appended = active.append_next(record, facts, base_seq, self._last_assigned, now, config)
+                if appended is not None:
+                    self._last_assigned = appended.last_seq
+                    if config.flush_messages or self._next_flush_s is not None:
+                        self._count_for_flush(facts.messages, now)
+                    return appended
+            # The rest: seqs refused, no segment or an empty one, a roll, or a record not laid out in the request.
+            first, last, explicit = next_seqs(facts, base_seq, self._last_assigned)
             if explicit and first <= self._last_assigned:
                 raise InvalidSeqnums(f"first seq {first} is not above the last assigned seq {self._last_assigned}")
-            if first < 1 or last < first or last > MAX_SEQ:
+            if not seqs_valid(first, last, explicit, self._last_assigned):
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
             # Without the request's own layout, the bundle is copied once, from the request.
             written = record if record is not None else b"".join((encode_varint(size), bundle))
-            now = self._now_s()
-            config = self.config
-            # Most records go into the active segment as it is: one native call decides and writes.
-            active = self._active
-            position = None if active is None else active.append_record(written, first, last, facts, now, config)
+            # A record laid out in the request was offered to the active segment above; one built here is offered now.
+            position = None if active is None or record is not None else \
+                active.append_record(written, first, last, facts, now, config)
             if active is None or position is None:
                 active = self._segment_for(first, last, facts.sparse, len(written), now)
                 position = active.append(written, first, last, config.log_index_interval_bytes,
@@ -257,7 +242,7 @@ class PartitionLog:
             self._last_assigned = last
             if config.flush_messages or self._next_flush_s is not None:
                 self._count_for_flush(facts.messages, now)
-            return _append_result((first, last, active.base, position, position + len(written), written, facts))
+            return append_result((first, last, active.base, position, position + len(written), written, facts))
         finally:
             lock.release()
 

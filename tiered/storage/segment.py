@@ -219,6 +219,9 @@ class ActiveSegment(SegmentFiles):
         # segment holds a record and takes this one (the produce path's one native call); None otherwise, and nothing
         # is written. The appender's own method, bound once: no Python frame per record.
         self.append_record = self._appender.append_record
+        # append_next(record, facts, base_seq, last_assigned, now_s, config) -> AppendResult | None: the seqs
+        # assigned and append_record, in the same one call (PartitionLog.append's common case).
+        self.append_next = self._appender.append_next
         self._reader: SegmentReader | None = SegmentReader(self.path)
 
     @property

@@ -15,10 +15,13 @@ The builder is pure bookkeeping: no I/O, no clock of its own (callers pass `now_
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 from tiered.catalog.blocks import RunMeta
 from tiered.protocol.bundle import BundleFacts, bundle_facts, maybe_record
+from tiered.storage.appender import PRODUCE_PATH_ENV
 from tiered.tier_interface import AckOutcome
 from tiered.tiering.blocks.block_format import INDEX_EVERY_BYTES
 from tiered.tiering.partition_state import TierState
@@ -28,8 +31,9 @@ from tiered.tiering.objects.store import Piece
 
 
 @dataclass
-class PendingRun:
-    """One partition's records of one local segment, waiting for the next block."""
+class PyPendingRun:
+    """One partition's records of one local segment, waiting for the next block. The reference; PendingRun below is
+    the same fields held in C (_builder.Run) when the native module is built."""
 
     topic: str
     partition: int
@@ -51,6 +55,32 @@ class PendingRun:
     def meta(self) -> RunMeta:
         return RunMeta(self.topic, self.partition, self.from_seq, self.first_seq, self.last_seq, self.messages,
                        self.min_ts_ms, self.max_ts_ms, self.leader_epoch)
+
+
+def run_fields(run: PyPendingRun | PendingRun) -> tuple:
+    """Every field of a run, in PyPendingRun's order: what two runs are compared by, whichever class holds them."""
+    return tuple(getattr(run, f.name) for f in fields(PyPendingRun))
+
+
+_add_to_run_native: Callable[..., int | None] | None
+try:
+    from tiered.tiering.blocks._builder import Run as _Run, add_to_run as _add_to_run_native
+except ImportError:  # built without a C compiler: the reference serves
+    PendingRun = PyPendingRun
+else:
+    class PendingRun(_Run):  # type: ignore[no-redef]
+        """PyPendingRun's fields held in C, so that `add_to_run` updates them without a lookup each."""
+
+        __slots__ = ()
+        meta = PyPendingRun.meta
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, (PendingRun, PyPendingRun)) and run_fields(self) == run_fields(other)
+
+        __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass
+
+        def __repr__(self) -> str:
+            return "PendingRun" + repr(run_fields(self))
 
 
 @dataclass
@@ -85,6 +115,50 @@ def record_stats(record: Piece, facts: BundleFacts | None = None) -> tuple[int, 
     return (facts.messages, *recorded_ts_bounds(facts.min_ts_ms, facts.max_ts_ms))
 
 
+def _add_record(run: PendingRun, first_seq: int, last_seq: int, record: Piece, messages: int, low: int, high: int,
+                index_every: int, next_from: dict[TopicPartition, int], key: TopicPartition) -> int:
+    """The record added to `run`, its partition's open run, and the partition's next seq moved past it; its size.
+    How a run grows on the Python paths (the native add_to_run does the same)."""
+    size = len(record)
+    if run.size_bytes - run.indexed_at >= index_every:
+        run.index.append((first_seq, run.size_bytes))
+        run.indexed_at = run.size_bytes
+    run.last_seq = last_seq
+    run.records.append(record)
+    run.messages += messages
+    if low < run.min_ts_ms:
+        run.min_ts_ms = low
+    if high > run.max_ts_ms:
+        run.max_ts_ms = high
+    run.size_bytes += size
+    next_from[key] = last_seq + 1
+    return size
+
+
+def _add_to_run_py(runs: dict[TopicPartition, list[PendingRun]], next_from: dict[TopicPartition, int],
+                   key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
+                   facts: BundleFacts | None, index_every: int) -> int | None:
+    """BlockBuilder.add's common case, the reference of the native `add_to_run` (_builder.c): a record of a partition
+    led by the builder that follows its last, with the append path's facts in range, into the partition's open run
+    (the same segment): added (_add_record), and its size. Otherwise None, and nothing changed."""
+    following = next_from.get(key)
+    if following is None or first_seq < following or facts is None or facts.max_ts_ms > MAX_RECORDED_TS_MS:
+        return None
+    partition_runs = runs.get(key)
+    if not partition_runs or partition_runs[-1].segment_base != segment_base:
+        return None
+    return _add_record(partition_runs[-1], first_seq, last_seq, record, facts.messages, facts.min_ts_ms,
+                       facts.max_ts_ms, index_every, next_from, key)
+
+
+def add_to_run_for(path: str | None = None) -> Callable[..., int | None]:
+    """The implementation of BlockBuilder.add's common case a builder made now uses: the reference with `path`
+    "python" or the environment's TIERED_PRODUCE_PATH=python (as the segment appender), else the native one when
+    built."""
+    choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
+    return _add_to_run_py if choice == "python" or _add_to_run_native is None else _add_to_run_native
+
+
 class NotLeading(Exception):
     """A record for a partition the builder was not told to lead (`lead`), or one that does not follow its last."""
 
@@ -105,6 +179,7 @@ class BlockBuilder:
         self.pending_bytes = 0
         self._opened_ms: float | None = None
         self._next_from: dict[TopicPartition, int] = {}  # per partition opened here: its next run's from_seq
+        self._add_to_run = add_to_run_for()
 
     @property
     def opened_ms(self) -> float | None:
@@ -143,8 +218,25 @@ class BlockBuilder:
         """Adds one record; True when it opened the pending block (the builder was empty). Records of a partition
         must arrive in seq order (the partition log's append order). `facts`: what validate_bundle found for its
         bundle (AppendResult.header), when the caller has them."""
-        next_from = self._next_from.get(key)
         epoch = self.state.epoch_of(key)
+        # Most records: one native call adds it to the partition's open run (add_to_run); the rest in _add.
+        size = None if epoch is None else self._add_to_run(self._runs, self._next_from, key, first_seq, last_seq,
+                                                           record, segment_base, facts, INDEX_EVERY_BYTES)
+        if size is None:
+            size = self._add(key, first_seq, last_seq, record, segment_base, epoch, facts)
+        self.pending_bytes += size
+        if ack is not None:
+            self._acks.append((key, ack))
+        if self._opened_ms is None:
+            self._opened_ms = now_ms
+            return True
+        return False
+
+    def _add(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
+             epoch: int | None, facts: BundleFacts | None) -> int:
+        """`add` of a record add_to_run did not take: refused (NotLeading), the first of its run, or without the
+        append path's facts in range. Returns its size."""
+        next_from = self._next_from.get(key)
         if next_from is None or epoch is None:
             raise NotLeading(f"{key} is not led by this builder")
         if first_seq < next_from:
@@ -163,26 +255,8 @@ class BlockBuilder:
             run = PendingRun(key.topic, key.partition, epoch, segment_base, next_from, first_seq, last_seq,
                              min_ts_ms=low, max_ts_ms=high)
             runs.append(run)
-        size = len(record)
-        if run.size_bytes - run.indexed_at >= INDEX_EVERY_BYTES:
-            run.index.append((first_seq, run.size_bytes))
-            run.indexed_at = run.size_bytes
-        run.last_seq = last_seq
-        run.records.append(record)
-        run.messages += messages
-        if low < run.min_ts_ms:
-            run.min_ts_ms = low
-        if high > run.max_ts_ms:
-            run.max_ts_ms = high
-        run.size_bytes += size
-        self._next_from[key] = last_seq + 1
-        self.pending_bytes += size
-        if ack is not None:
-            self._acks.append((key, ack))
-        if self._opened_ms is None:
-            self._opened_ms = now_ms
-            return True
-        return False
+        return _add_record(run, first_seq, last_seq, record, messages, low, high, INDEX_EVERY_BYTES,
+                           self._next_from, key)
 
     def due_ms(self) -> float | None:
         """When the pending block must close by age, or None when nothing is pending."""

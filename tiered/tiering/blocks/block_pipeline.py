@@ -84,7 +84,6 @@ class BlockPipeline:
         self._tasks: set[asyncio.Task] = set()
         self._open: dict[asyncio.Task, ClosedBlock] = {}
         self._last_commit: asyncio.Future | None = None
-        self._expands_in_commit = catalog_blocks.expands_in_commit(catalog.catalog)
         self._expansions: set[asyncio.Task] = set()
         self._room = asyncio.Event()
         self._room.set()
@@ -216,15 +215,15 @@ class BlockPipeline:
                 self.store.meter.transferred(Attribution.topic(topic), Direction.INGESTED, int(size))
             self.on_committed(runs)
             self._answer(block, runs, AckOutcome.REFUSED)
-            self._expand_later(block_id)
+            self._expand_later(block_id, len(rows))
             return
 
-    def _expand_later(self, block_id: int) -> None:
+    def _expand_later(self, block_id: int, runs: int) -> None:
         """After the acknowledgements: the block's runs into block_runs, in a task of its own on the catalog's read
         pool, beside the write thread, so that neither the acks nor the next block's commit wait for it. A failure
         leaves the block to the sweep; nothing is lost meanwhile (readers find the runs in the block's row)."""
-        if self._expands_in_commit:
-            return
+        if catalog_blocks.expands_in_commit(self.catalog.catalog, runs):
+            return  # the commit inserted the rows itself
         task = asyncio.get_running_loop().create_task(self._expand(block_id))
         self._expansions.add(task)
         task.add_done_callback(self._expansions.discard)

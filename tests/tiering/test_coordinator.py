@@ -25,6 +25,18 @@ from tests.support.clock import ManualClock
 ME, OTHER = 1, 2
 LEASE_MS = 10_000
 
+async def _until(condition, clock: ManualClock | None = None, step_s: float = 0.0, polls: int = 3000) -> None:
+    """Waits for `condition`, moving `clock` on by `step_s` at each of at most `polls` polls (10 ms of real time each,
+    for the catalog's threads): a wait that never ends fails the test instead of hanging it."""
+    for _ in range(polls):
+        if condition():
+            return
+        if clock is not None:
+            clock.advance(step_s)
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not true after {polls} polls: {condition}")
+
+
 
 class Sink:
     """The server's side, recorded: what it was told."""
@@ -147,13 +159,10 @@ async def test_a_handover_asked_by_rebalance_is_seen(pg_url):
         assert ("t", 1, Leader(OTHER, "127.0.0.2:11011"), 0) in coordinator.sink.follows
         request_handover(cat, "t", 0, OTHER)
         ticking = asyncio.create_task(coordinator.tick())  # sees it: gives up, assigns, waits for the claim
-        while assignment(cat, "t", 0).leader_broker != OTHER:
-            await asyncio.sleep(0.01)
+        await _until(lambda: assignment(cat, "t", 0).leader_broker == OTHER)
         assert coordinator.leadership.leading() == {}
         claim_partitions(cat, OTHER, "t", [0])  # the other broker's next tick
-        while not ticking.done():
-            clock.advance(CLAIM_POLL_S)
-            await asyncio.sleep(0.01)
+        await _until(ticking.done, clock, CLAIM_POLL_S)
         await ticking
         assert coordinator.sink.follows[-1] == ("t", 0, Leader(OTHER, "127.0.0.2:11011"), 0)
     finally:
@@ -384,9 +393,7 @@ async def test_a_stopping_broker_gives_up_each_chunk_once_the_one_before_is_clai
             return [p for p in range(6) if assignment(cat, "t", p).leader_broker == OTHER]
 
         async def until(condition) -> None:
-            while not condition():
-                clock.advance(PACE_POLL_S)
-                await asyncio.sleep(0.01)
+            await _until(condition, clock, PACE_POLL_S)
 
         leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + 60))
         await until(lambda: assigned_to_other() == [0, 1])
@@ -432,13 +439,11 @@ async def test_past_the_shutdowns_reserve_the_rest_is_handed_over_at_once(pg_url
         create_topic(cat, "t", 6, leaders={p: ME for p in range(6)})
         await coordinator.tick()
         leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + PACE_RESERVE_S - 1))
-        while [p for p in range(6) if assignment(cat, "t", p).leader_broker == OTHER] != list(range(6)):
-            await asyncio.sleep(0.01)  # the clock does not move: nothing waited for the claims
+        # The clock does not move: nothing waited for the claims.
+        await _until(lambda: [p for p in range(6) if assignment(cat, "t", p).leader_broker == OTHER] == list(range(6)))
         assert coordinator.leadership.leading() == {}
         claim_partitions(cat, OTHER, "t", range(6))
-        while not leaving.done():
-            clock.advance(PACE_POLL_S)
-            await asyncio.sleep(0.01)
+        await _until(leaving.done, clock, PACE_POLL_S)
         await leaving
     finally:
         access.close()
@@ -463,9 +468,7 @@ async def test_each_new_leader_is_handed_its_next_chunk_at_its_own_pace(pg_url):
             return [p for p in range(8) if assignment(cat, "t", p).leader_broker == broker]
 
         async def until(condition) -> None:
-            while not condition():
-                clock.advance(PACE_POLL_S)
-                await asyncio.sleep(0.01)
+            await _until(condition, clock, PACE_POLL_S)
 
         leaving = asyncio.create_task(coordinator.leave(clock.monotonic() + 60))
         await until(lambda: len(assigned(OTHER)) == 2 and len(assigned(third)) == 2)

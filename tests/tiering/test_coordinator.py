@@ -87,10 +87,11 @@ def cat(catalog_url):
     return Catalog.open(catalog_url)  # closed with the AsyncCatalog that serves it
 
 
-async def joined(access: AsyncCatalog, sink: Sink, cat: Catalog) -> Coordinator:
-    """A coordinator of broker ME on a manual clock, joined as member."""
+async def joined(access: AsyncCatalog, sink: Sink, cat: Catalog, **options) -> Coordinator:
+    """A coordinator of broker ME on a manual clock (`coordinator.clock`), joined as member; `options` are the
+    Coordinator's own keywords (claim_batch, handover_chunk, ...)."""
     coordinator = Coordinator(access, sink, Leadership(cat), broker_id=ME, lease_ms=LEASE_MS, metrics=Metrics(),
-                              clock=ManualClock())
+                              clock=ManualClock(), **options)
     await coordinator.join(Endpoints("127.0.0.1:11011", ""))
     return coordinator
 
@@ -380,10 +381,8 @@ async def test_a_stopping_broker_gives_up_each_chunk_once_the_one_before_is_clai
     cat = Catalog.open(pg_url)
     access = AsyncCatalog(cat)
     try:
-        clock = ManualClock()
-        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
-                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
-        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        coordinator = await joined(access, Sink(), cat, handover_chunk=2, handover_ahead=1)
+        clock = coordinator.clock
         register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
         create_topic(cat, "t", 6, leaders={p: ME for p in range(6)})
         await coordinator.tick()
@@ -431,10 +430,8 @@ async def test_past_the_shutdowns_reserve_the_rest_is_handed_over_at_once(pg_url
     cat = Catalog.open(pg_url)
     access = AsyncCatalog(cat)
     try:
-        clock = ManualClock()
-        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
-                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
-        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        coordinator = await joined(access, Sink(), cat, handover_chunk=2, handover_ahead=1)
+        clock = coordinator.clock
         register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
         create_topic(cat, "t", 6, leaders={p: ME for p in range(6)})
         await coordinator.tick()
@@ -455,10 +452,8 @@ async def test_each_new_leader_is_handed_its_next_chunk_at_its_own_pace(pg_url):
     cat = Catalog.open(pg_url)
     access = AsyncCatalog(cat)
     try:
-        clock = ManualClock()
-        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=LEASE_MS,
-                                  metrics=Metrics(), clock=clock, handover_chunk=2, handover_ahead=1)
-        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        coordinator = await joined(access, Sink(), cat, handover_chunk=2, handover_ahead=1)
+        clock = coordinator.clock
         register(cat, OTHER, "other", "127.0.0.2:11011", "", LEASE_MS)
         register(cat, third, "third", "127.0.0.3:11011", "", LEASE_MS)
         create_topic(cat, "t", 8, leaders={p: ME for p in range(8)})

@@ -42,7 +42,7 @@ from operator import attrgetter
 from sqlalchemy import Connection, bindparam, delete, exists, insert, null, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
-from tiered.catalog.arrays import RowSource, statement
+from tiered.catalog.arrays import ArraySource, RowSource, statement
 from tiered.catalog.engine import Catalog, inline_limit, utcnow
 from tiered.catalog.errors import (CatalogUnavailable, Discontinuity, IllegalTransition, StaleEpoch, UnknownBlock,
                                    UnknownPartition)
@@ -167,9 +167,10 @@ _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
 _RUN_TYPES = {"topic": "text", "partition": "integer", "messages": "integer"}
 RUNS = RowSource("r", tuple((f, _RUN_TYPES.get(f, "bigint")) for f in _RUN_FIELDS))
 # One row per partition of the block, sorted by (topic, partition): the epoch the broker holds it at, the epoch its
-# first run was stamped with, where its first run answers from, and what the commit sets.
-HEADS = RowSource("h", (("topic", "text"), ("partition", "integer"), ("epoch", "bigint"), ("run_epoch", "bigint"),
-                        ("from_seq", "bigint"), ("first", "bigint"), ("hwmark", "bigint")))
+# first run was stamped with, where its first run answers from, and what the commit sets. Bound as arrays on
+# PostgreSQL (tiered.catalog.arrays.ArraySource: the server neither parses JSON nor casts each field).
+HEADS = ArraySource("h", (("topic", "text"), ("partition", "integer"), ("epoch", "bigint"), ("run_epoch", "bigint"),
+                          ("from_seq", "bigint"), ("first", "bigint"), ("hwmark", "bigint")))
 _QUOTED_RUN_FIELDS = [f'"{f}"' for f in _RUN_FIELDS]
 _INSERT_RUNS = (f"INSERT INTO block_runs (block_id, {', '.join(_QUOTED_RUN_FIELDS)})\n"
                 f"SELECT :block_id, {', '.join('r.' + f for f in _QUOTED_RUN_FIELDS)} FROM {{r}}")
@@ -239,15 +240,30 @@ def insert_pending_block(
         return existing.block_id
 
 
-def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], list]:
-    """What the commit checks and sets per partition of the block, after the checks that need no database: one
-    `HEADS` row each (topic, partition, the epoch the broker holds it at, its first run's epoch, from_seq and
-    first_seq, its last run's last_seq), keyed by (topic, partition). One pass over the runs (a block may hold
-    thousands), without building a list of runs per partition."""
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """What the commit checks and sets per partition of a block, one entry per partition in (topic, partition)
+    order (the lock order): HEADS' columns (topic, partition, the epoch the broker holds it at, its first run's
+    epoch, from_seq and first_seq, its last run's last_seq)."""
+
+    columns: tuple[tuple, ...]
+
+    def keys(self) -> list[tuple[str, int]]:
+        return list(zip(self.columns[0], self.columns[1]))
+
+    def hwmarks(self) -> dict[tuple[str, int], int]:
+        """What the commit raises each partition's hwmark_seq to."""
+        return dict(zip(self.keys(), self.columns[6]))
+
+
+def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> Heads:
+    """The block's Heads, after the checks that need no database. One pass over the runs (a block may hold
+    thousands), without building a list of runs per partition; then one sort of the partitions' rows and one
+    transposition into columns."""
     if not runs:
         raise ValueError("a block holds at least one run")
     heads: dict[tuple[str, int], list] = {}
-    for run in runs:
+    for run in runs:  # reading the attributes one by one costs less than an attrgetter's tuple
         topic, partition = run.topic, run.partition
         from_seq, first_seq, last_seq = run.from_seq, run.first_seq, run.last_seq
         if not 1 <= from_seq <= first_seq <= last_seq:
@@ -263,7 +279,8 @@ def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> dic
             raise ValueError(f"runs of {topic}/{partition} in one block do not follow each other")
         else:
             head[6] = last_seq
-    return heads
+    # Sorting the rows sorts by (topic, partition): no two rows share both.
+    return Heads(tuple(zip(*sorted(heads.values()))))
 
 
 def commit_block(
@@ -293,8 +310,10 @@ def commit_block(
     CatalogUnavailable) returns the hwmarks as they are. A block that is not pending (abandoned) raises
     IllegalTransition; another broker's block raises ValueError.
     """
-    by_partition = _heads(runs, epochs)
-    heads = sorted(by_partition.values())  # by (topic, partition): the lock order
+    heads = _heads(runs, epochs)
+    backend = cat.backend
+    bound = {"broker_id": broker_id, **HEADS.params(backend, heads.columns)}
+    partitions = len(heads.columns[0])
     committed_at = utcnow(now)
     if expand is None:
         expand = expands_in_commit(cat, len(runs))
@@ -302,31 +321,27 @@ def commit_block(
     for _ in range(_REFUSAL_TRIES):
         try:
             with cat.write() as conn:
-                backend = conn.dialect.name
-                raised = conn.execute(statement(backend, _RAISE, HEADS),
-                                      {"broker_id": broker_id, **HEADS.params(heads)})
-                if raised.rowcount != len(heads):
+                raised = conn.execute(statement(backend, _RAISE, HEADS), bound)
+                if raised.rowcount != partitions:
                     raise _Refused
                 moved = conn.execute(_MARK_COMMITTED, {"b_id": block_id, "b_broker": broker_id, "b_at": committed_at,
                                                        "b_runs": packed})
                 if moved.rowcount == 0:
                     # Every partition continued, so this is no retry of a landed commit (which raised them past its
                     # runs): the block is not this broker's pending block. Raising rolls the raise back.
-                    _committed_before(conn, block_id, broker_id, by_partition)  # raises for most blocks
+                    _committed_before(conn, block_id, broker_id, heads)  # raises for most blocks
                     raise IllegalTransition("block", f"{block_id}", BlockState.COMMITTED, BlockState.COMMITTED)
                 if expand:
                     _insert_runs(cat, conn, block_id, runs)
-            return {key: head[6] for key, head in by_partition.items()}
+            return heads.hwmarks()
         except _Refused:
             pass
         with cat.write() as conn:
             # The block's own state comes first: a retry of a landed commit finds every partition already raised.
-            landed = _committed_before(conn, block_id, broker_id, by_partition)
+            landed = _committed_before(conn, block_id, broker_id, heads)
             if landed is not None:
                 return landed
-            backend = conn.dialect.name
-            refused = conn.execute(statement(backend, _REFUSED[backend], HEADS),
-                                   {"broker_id": broker_id, **HEADS.params(heads)}).first()
+            refused = conn.execute(statement(backend, _REFUSED[backend], HEADS), bound).first()
         if refused is not None:
             topic, partition, known, leader_broker, leader_epoch, hwmark, from_seq = refused
             if not known:
@@ -364,12 +379,13 @@ def pack_runs(runs: Sequence[RunRow]) -> bytes:
     names: dict[str, int] = {}
     pack = _PACKED_RUN.pack
     records = []
+    append = records.append
     for run in runs:
-        values = _run_values(run)
-        index = names.get(values[0])
+        topic = run.topic
+        index = names.get(topic)
         if index is None:
-            index = names[values[0]] = len(names)
-        records.append(pack(index, *values[1:]))
+            index = names[topic] = len(names)
+        append(pack(index, *_run_numbers(run)))
     head = [bytes((_PACKED_FORMAT,)), _U32.pack(len(names))]
     for name in names:
         encoded = name.encode()
@@ -442,7 +458,7 @@ def _copy_text(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
-def _committed_before(conn: Connection, block_id: int, broker_id: int, by_partition) -> dict[tuple[str, int], int] | None:
+def _committed_before(conn: Connection, block_id: int, broker_id: int, heads: Heads) -> dict[tuple[str, int], int] | None:
     """When the block cannot be committed now: the hwmarks of its partitions if its commit already landed (a
     retry), None if it is this broker's pending block (the partitions decide); raises for any other block."""
     block = conn.execute(select(BlockModel.state, BlockModel.broker_id).where(BlockModel.block_id == block_id)).first()
@@ -451,14 +467,16 @@ def _committed_before(conn: Connection, block_id: int, broker_id: int, by_partit
     if block.broker_id != broker_id:
         raise ValueError(f"block {block_id} belongs to broker {block.broker_id}, not {broker_id}")
     if block.state == BlockState.COMMITTED:
-        partitions = lock_partitions(conn, by_partition)
-        return {key: partitions[key].hwmark_seq for key in by_partition}
+        keys = heads.keys()
+        partitions = lock_partitions(conn, keys)
+        return {key: partitions[key].hwmark_seq for key in keys}
     if block.state != BlockState.PENDING:
         BLOCK_TRANSITIONS.check(block.state, BlockState.COMMITTED, f"{block_id}")  # raises: only pending commits
     return None
 
 
 _run_values = attrgetter(*_RUN_FIELDS)
+_run_numbers = attrgetter(*_RUN_FIELDS[1:])  # all but the topic
 
 
 def abandon_block(

@@ -189,6 +189,9 @@ UPLOAD_LAG_BYTES = Gauge("tiered_upload_lag_bytes", "bytes appended locally and 
 REMOTE_READ_BYTES = Gauge("tiered_remote_read_bytes",
                           "memory of remote reads: range GET buffers and caches (within remote_read_budget_bytes)")
 LEADERSHIPS = Gauge("tiered_leaderships", "partitions this broker leads")
+PARTITIONS_DAMAGED = Gauge("tiered_partitions_damaged",
+                           "partitions whose directory could not be opened at start or claim: opened again empty "
+                           "(served=\"true\") or not served here (served=\"false\"); /readyz names them")
 LEASE_HELD = Gauge("tiered_lease_held", "1 while this broker's membership lease is renewed in time (it may acknowledge)")
 UPLOAD_LAG_SECONDS = Gauge("tiered_upload_lag_seconds", "age of the oldest record not yet committed to the bucket")
 COMPACTION_RUNNING = Gauge("tiered_compaction_running", "1 while a key compaction pass runs")

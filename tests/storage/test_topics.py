@@ -82,13 +82,41 @@ def test_scan(tmp_path):
     (tmp_path / "stray-file").write_text("x")
     (tmp_path / "events" / "notes").write_text("x")
     topics, problems = scan_report(str(tmp_path))
-    assert topics == [TopicDir("events", 2, "retention.segments.count=3\n"), TopicDir("logs", 1, "")]
+    # A partition without its directory is the registry's to report; the topic's other partitions are loaded.
+    assert topics == [TopicDir("events", 2, "retention.segments.count=3\n"), TopicDir("gappy", 3, "", (1,)),
+                      TopicDir("logs", 1, "")]
     assert len(problems) == 6
     for word in (".half", "gappy", "empty", "bad name", "stray-file", "notes"):
         assert any(word in p for p in problems), word
     assert not any(".tiered" in p or ".cleanup.log" in p for p in problems)
     assert os.path.isdir(tmp_path / ".half")  # reported, not deleted
     assert scan(str(tmp_path)) == topics
+
+
+def test_scan_counts_a_file_where_a_partition_directory_should_be(tmp_path):
+    create_topic_dir(str(tmp_path), "t", 4)
+    os.rmdir(tmp_path / "t" / "3")
+    (tmp_path / "t" / "3").write_text("not a directory")  # the last one: the count still includes it
+    os.rmdir(tmp_path / "t" / "1")  # and one in the middle with nothing at all
+    os.makedirs(tmp_path / "t" / "4096")  # past any partition count: not a partition
+    topics, problems = scan_report(str(tmp_path))
+    assert topics == [TopicDir("t", 4, "", (1, 3))]
+    assert any("not a directory, where partition 3's should be" in p for p in problems)
+    assert any("partitions [1, 3] have no directory" in p for p in problems)
+    assert any("4096" in p and "ignored" in p for p in problems)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a directory whatever its mode")
+def test_scan_reports_a_topic_it_cannot_read_and_loads_the_others(tmp_path):
+    create_topic_dir(str(tmp_path), "a", 1)
+    create_topic_dir(str(tmp_path), "b", 1)
+    os.chmod(tmp_path / "a", 0)
+    try:
+        topics, problems = scan_report(str(tmp_path))
+    finally:
+        os.chmod(tmp_path / "a", 0o755)
+    assert topics == [TopicDir("b", 1, "")]
+    assert any("cannot be read" in p for p in problems)
 
 
 def test_read_partition_config(tmp_path):

@@ -27,6 +27,7 @@ from tiered.acl import RELOAD_INTERVAL_S as ACL_RELOAD_INTERVAL_S
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.tls import RELOAD_INTERVAL_S, CertReloader
 from tiered.config import Settings
+from tiered import metrics as m
 from tiered.metrics import Metrics
 from tiered.server.access import Access
 from tiered.server.admin import AdminHandler
@@ -104,6 +105,7 @@ class Broker:
         self.stop_requested = asyncio.Event()
         self.exit_code = 0
         self._creating = asyncio.Lock()  # one local topic creation at a time (a request, or the catalog's view)
+        metrics.gauge(m.PARTITIONS_DAMAGED, self._damaged_gauge)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -168,7 +170,8 @@ class Broker:
     async def _open_partitions(self) -> None:
         if not self.tier.lower_tier:
             for part in self.registry.all_partitions():
-                part.role = Role.LEADER
+                if self.registry.servable(part):  # one that could not be opened is never written
+                    part.role = Role.LEADER
             return
         applied = self.local_state.applied_epoch if self.local_state is not None else (lambda t, p: None)
         plan = await self.tier.open_partitions(self.registry.local_view(applied))
@@ -201,13 +204,23 @@ class Broker:
             if part is None:
                 log.error("%s/%d: planned but not open locally; not served", plan.topic, plan.partition)
                 continue
-            try:
-                if plan.truncate_after is not None:
-                    part.log.truncate_after(plan.truncate_after)
-                part.log.ensure_next_seq(plan.next_seq)
-            except Exception as exc:
-                log.error("%s/%d cannot be opened and is not served: %s", plan.topic, plan.partition, exc)
+            if not self.registry.servable(part) and not self.registry.reopen_empty(part, "not opened", self.tier):
+                log.error("%s", self.registry.damaged[part.tp].describe())
                 continue
+            try:
+                self._carry_out(part, plan)
+            except Exception as exc:
+                # The local log cannot take the plan (an I/O error, a damaged file): with the catalog holding the
+                # history, the partition starts again empty, as on a lost disk; the plan then only continues.
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+                if not self.registry.reopen_empty(part, reason, self.tier):
+                    log.error("%s/%d cannot be opened and is not served: %s", plan.topic, plan.partition, reason)
+                    continue
+                try:
+                    self._carry_out(part, plan)
+                except Exception as again:
+                    log.error("%s/%d cannot be opened and is not served: %s", plan.topic, plan.partition, again)
+                    continue
             part.committed = plan.committed
             part.catalog_first_moved(plan.first_available)
             part.leader = None
@@ -223,6 +236,16 @@ class Broker:
             part.role = Role.LEADER
             for segment in part.log.segments:
                 self.tier.sealed(part.tp, segment)
+
+    @staticmethod
+    def _carry_out(part: Partition, plan: PartitionPlan) -> None:
+        if plan.truncate_after is not None:
+            part.log.truncate_after(plan.truncate_after)
+        part.log.ensure_next_seq(plan.next_seq)
+
+    def _damaged_gauge(self) -> dict[str, float]:
+        served = sum(d.served for d in self.registry.damaged.values())
+        return {'served="true"': served, 'served="false"': len(self.registry.damaged) - served}
 
     @property
     def port(self) -> int:
@@ -315,9 +338,13 @@ class Broker:
         return deleted
 
     async def check_ready(self) -> tuple[bool, str]:
+        """Ready or not, and why; ready with the partitions that could not be opened named (each darkens only
+        itself: the broker serves the others)."""
+        damaged = self.registry.damaged_report()
         if not self.ready:
-            return False, "the broker is not serving"
-        problems = self.supervisor.problems()
-        if problems:
-            return False, problems
-        return await self.tier.check_ready()
+            ok, why = False, "the broker is not serving"
+        elif problems := self.supervisor.problems():
+            ok, why = False, problems
+        else:
+            ok, why = await self.tier.check_ready()
+        return ok, "\n".join(w for w in (why, damaged) if w)

@@ -96,7 +96,9 @@ class HttpEndpoint:
                 ok, why = await asyncio.wait_for(self.ready_check(), READY_TIMEOUT_S)
             except asyncio.TimeoutError:
                 ok, why = False, f"the readiness check timed out after {READY_TIMEOUT_S} s"
-            return (200, "ready\n", "text/plain") if ok else (503, f"not ready: {why}\n", "text/plain")
+            if ok:  # ready, and what it serves without (a partition that could not be opened), line by line
+                return 200, "ready\n" + (f"{why}\n" if why else ""), "text/plain"
+            return 503, f"not ready: {why}\n", "text/plain"
         return 404, "not found\n", "text/plain"
 
 

@@ -5,6 +5,16 @@ A topic's effective config is layered: TANK's built-in defaults < the broker's `
 `config` file < the partition's `config` file. Partition logs are opened (and recovered) when the broker starts,
 so a torn tail is reported at start-up rather than on the first request that happens to touch it.
 
+A partition that cannot be opened (recovery refuses it, an I/O or permission error, a file or nothing where its
+directory should be) darkens only itself, never its topic: it is recorded in `damaged` (logged, counted by the
+`tiered_partitions_damaged` gauge, named by /readyz) and
+- with a tier below (the catalog holds its history), its directory is moved aside, whole, into
+  `<data>/.tiered/damaged/` for an operator, and the partition opens again empty: the path of a lost disk, where
+  a claim continues from the catalog's high-water mark and older seqs are read from the bucket;
+- otherwise (a plain TANK broker, whose disk is the only history: starting empty would hand its seqs out again),
+  or when the move fails, it stays in the registry with an empty log that is never written and never led (a
+  produce is answered "no leader", a consume finds nothing), until an operator repairs it and restarts.
+
 Only the server changes a Partition: its request handlers and its TierSink (tiered.server.tier_events).
 """
 
@@ -14,7 +24,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -23,6 +33,7 @@ from typing import Any, Callable, Mapping
 from tiered.bounds import PartitionBounds
 from tiered.storage import topics as topic_dirs
 from tiered.storage.partition_log import PartitionLog
+from tiered.storage.segment import fsync_dir
 from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
 from tiered.tier_interface import Leader, LocalPartition, LocalTopic, Tier
 from tiered.topic_partition import TopicPartition
@@ -98,6 +109,22 @@ class Partition:
         return self.bounds().first_available
 
 
+@dataclass(frozen=True, slots=True)
+class Damaged:
+    """A partition whose directory could not be opened: why, and what became of it."""
+
+    tp: TopicPartition
+    reason: str  # the error, one line
+    served: bool  # opened again empty (its history is the catalog's); False: not served here
+    kept_at: str | None = None  # where its files were moved (None: there was nothing to move, or they stayed)
+
+    def describe(self) -> str:
+        what = ("opened again empty, its history served from the bucket" if self.served
+                else "not served here until it is repaired")
+        kept = f"; its files are in {self.kept_at}" if self.kept_at else ""
+        return f"partition {self.tp} could not be opened ({self.reason}): {what}{kept}"
+
+
 @dataclass
 class Topic:
     name: str
@@ -115,6 +142,9 @@ class Registry:
         self.now_s = now_s
         self.topics: dict[str, Topic] = {}
         self.open_time_ms = 0
+        # The partitions that could not be opened (see the module's docstring). Their files go to `damaged_dir`.
+        self.damaged: dict[TopicPartition, Damaged] = {}
+        self.damaged_dir = self.data_dir / ".tiered" / "damaged"
 
     def topic_config(self, config_text: str, partition_values: Mapping[str, str] | None = None) -> TopicConfig:
         """Raises ConfigError naming the key and value that cannot be used."""
@@ -133,18 +163,85 @@ class Registry:
             log.warning("data directory: %s", problem)
         for found in found_topics:
             try:
-                self.open_topic(found.name, found.partitions, found.config_text, tier)
-            except Exception as exc:  # one topic that cannot be opened does not keep the others dark
+                self.open_topic(found.name, found.partitions, found.config_text, tier, missing=found.missing)
+            except Exception as exc:  # one topic that cannot be opened (its config) does not keep the others dark
                 log.error("topic %s cannot be opened and is not served: %s", found.name, exc)
         self.open_time_ms = int((time.monotonic() - started) * 1000)
 
-    def open_topic(self, name: str, partitions: int, config_text: str, tier: Tier) -> Topic:
+    def open_topic(self, name: str, partitions: int, config_text: str, tier: Tier,
+                   missing: Collection[int] = ()) -> Topic:
+        """Opens the topic's partitions; `missing` are those without a directory (tiered.storage.topics.scan_report).
+        Raises ConfigError for a topic config that cannot be used; a partition that cannot be opened is `damaged`."""
         config = self.topic_config(config_text)
         topic = Topic(name, config_text, config)
         for p in range(partitions):
-            topic.partitions.append(self._open_partition(name, p, self._partition_config(name, p, config_text), tier))
+            part_config = self._partition_config(name, p, config_text)
+            try:
+                if p in missing:
+                    raise FileNotFoundError(f"{self.data_dir / name / str(p)} is not a partition directory")
+                part = self._open_partition(name, p, part_config, tier)
+            except Exception as exc:  # whatever it is, it is this partition's: the topic's others open
+                part = self._unopened(name, p, part_config, tier, exc)
+            topic.partitions.append(part)
         self.topics[name] = topic
         return topic
+
+    def _unopened(self, topic: str, partition: int, config: TopicConfig, tier: Tier, exc: BaseException) -> Partition:
+        """The Partition of a directory that could not be opened: with an empty log that is never written, opened
+        again empty at once when a tier below holds its history (reopen_empty)."""
+        tp = TopicPartition(topic, partition)
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        self.damaged[tp] = Damaged(tp, reason, served=False)
+        plog = PartitionLog.open_new(str(self.data_dir / topic / str(partition)), config, rng=random.Random(),
+                                     now_s=self.now_s, **self._tier_callbacks(tp, tier))
+        part = self._partition(topic, partition, plog, config, tier)
+        if not (tier.lower_tier and self.reopen_empty(part, reason, tier)):
+            log.error("%s", self.damaged[tp].describe())
+        return part
+
+    def reopen_empty(self, part: Partition, reason: str, tier: Tier) -> bool:
+        """With a tier below: moves the partition's directory aside (into `damaged_dir`, whole, for an operator)
+        and opens it again empty in place of `part.log`, as a lost disk would be; the claim that leads it continues
+        from the catalog. Only while the partition is not led here (its log is not being written). True if it was
+        reopened; False (logged by the caller) if anything failed: the partition stays unserved."""
+        tp = part.tp
+        if not tier.lower_tier or part.role is Role.LEADER:
+            return False
+        directory = self.data_dir / part.topic / str(part.partition)
+        kept_at = None
+        try:
+            part.log.close()
+            if os.path.lexists(directory):
+                self.damaged_dir.mkdir(parents=True, exist_ok=True)
+                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.now_s()))
+                kept = self.damaged_dir / f"{part.topic}.{part.partition}.{stamp}"
+                n = 1
+                while os.path.lexists(kept):
+                    n += 1
+                    kept = self.damaged_dir / f"{part.topic}.{part.partition}.{stamp}.{n}"
+                os.rename(directory, kept)
+                fsync_dir(str(directory.parent))  # the move is durable before anything is written in its place
+                kept_at = str(kept)
+            part.log = PartitionLog.open(str(directory), part.config, now_s=self.now_s,
+                                         **self._tier_callbacks(tp, tier))
+        except Exception as exc:
+            self.damaged[tp] = Damaged(tp, f"{reason}; then opening it again empty failed: "
+                                           + " ".join(f"{type(exc).__name__}: {exc}".split()), False, kept_at)
+            part.log = PartitionLog.open_new(str(directory), part.config, rng=random.Random(), now_s=self.now_s,
+                                             **self._tier_callbacks(tp, tier))  # empty, never written: not led
+            return False
+        self.damaged[tp] = Damaged(tp, reason, served=True, kept_at=kept_at)
+        log.error("%s", self.damaged[tp].describe())
+        return True
+
+    def servable(self, part: Partition) -> bool:
+        """Whether `part` may be led here: False for a partition that could not be opened and was not reopened."""
+        damaged = self.damaged.get(part.tp)
+        return damaged is None or damaged.served
+
+    def damaged_report(self) -> str:
+        """One line per partition that could not be opened, for /readyz; empty when there are none."""
+        return "\n".join(d.describe() for d in self.damaged.values())
 
     def _partition_config(self, name: str, partition: int, config_text: str) -> TopicConfig:
         """The topic's layers and the partition's own `config` file over them; a file that cannot be used is

@@ -51,6 +51,9 @@ class TopicDir:
     name: str
     partitions: int
     config_text: str  # "" when the topic has no config file
+    # Partitions below the highest found that have no directory (none, or a file in its place): each is the
+    # registry's to treat as a partition that cannot be opened, never a reason to leave the whole topic out.
+    missing: tuple[int, ...] = ()
 
 
 def topic_path(base: str, name: str) -> str:
@@ -129,7 +132,11 @@ def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
         if not is_valid_topic_name(entry):
             problems.append(f"{path}: not a valid topic name, ignored")
             continue
-        topic, topic_problems = _scan_topic(path, entry)
+        try:
+            topic, topic_problems = _scan_topic(path, entry)
+        except OSError as exc:  # its directory cannot be listed (permissions, an I/O error): the others are served
+            problems.append(f"{path}: cannot be read ({exc.strerror or exc}), topic not loaded")
+            continue
         problems.extend(topic_problems)
         if topic is not None:
             topics.append(topic)
@@ -147,24 +154,30 @@ def scan(base: str) -> list[TopicDir]:
 def _scan_topic(path: str, name: str) -> tuple[TopicDir | None, list[str]]:
     problems = []
     ids = []
+    named = []  # partition names that are not directories
     config_text = ""
     for entry in os.listdir(path):
         entry_path = os.path.join(path, entry)
         if entry == TOPIC_CONFIG and os.path.isfile(entry_path):
             with open(entry_path, encoding="utf-8") as f:
                 config_text = f.read()
-        elif entry.isdigit() and os.path.isdir(entry_path) and str(int(entry)) == entry:
-            ids.append(int(entry))
+        elif entry.isdigit() and str(int(entry)) == entry and int(entry) < MAX_PARTITIONS:
+            if os.path.isdir(entry_path):
+                ids.append(int(entry))
+            else:
+                named.append(int(entry))
+                problems.append(f"{entry_path}: not a directory, where partition {entry}'s should be")
         else:
             problems.append(f"{entry_path}: not a partition directory or topic config, ignored")
     ids.sort()
     if not ids:
         problems.append(f"{path}: topic without partition directories, not loaded")
         return None, problems
-    if ids != list(range(len(ids))):
-        problems.append(f"{path}: partition directories are not contiguous from 0 ({ids}), topic not loaded")
-        return None, problems
-    return TopicDir(name, len(ids), config_text), problems
+    count = max(ids + named) + 1
+    missing = tuple(sorted(set(range(count)) - set(ids)))
+    if missing:
+        problems.append(f"{path}: partitions {list(missing)} have no directory (found {ids}): the others are served")
+    return TopicDir(name, count, config_text, missing), problems
 
 
 class PartitionConfigError(Exception):

@@ -1,0 +1,201 @@
+"""A partition whose files are damaged darkens only itself, never its topic (tiered.server.registry).
+
+Each test writes a topic of three partitions, stops the broker, damages partition 1's files on disk the way a crash,
+a full disk or an operator's mistake leaves them, and starts a broker on the same directory again:
+- what recovery can repair (a torn tail, a truncated index) is repaired, and every partition serves as before;
+- what it cannot (segments whose seqs overlap; a file where the partition's directory should be) leaves that one
+  partition out: without a catalog it is not served (answered "no leader", its files left as they are), with one it is
+  moved aside and opened again empty, its acknowledged history read from the bucket. The topic and its other
+  partitions serve throughout, and /readyz and /metrics name what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.ops.helpers import ahttp_get, scrape
+from tests.support.broker import local_settings
+from tiered.client import Client
+from tiered.protocol.codes import ProduceStatus
+from tiered.server.app import App
+from tiered.server.registry import Role
+
+PARTITIONS = 3
+MESSAGES = 60
+SMALL_SEGMENTS = {"log.segment.bytes": "4k"}  # 60 messages of 100 bytes: a sealed segment and an active one
+
+
+def value(partition: int, i: int) -> bytes:
+    return b"p%d-%03d-" % (partition, i) + b"x" * 92
+
+
+async def write_topic(port: int, config: dict[str, str]) -> None:
+    async with await Client.connect("127.0.0.1", port) as c:
+        await c.create_topic("t", PARTITIONS, config)
+        for p in range(PARTITIONS):
+            for i in range(1, MESSAGES + 1):
+                await c.produce("t", p, [value(p, i)])
+
+
+async def read_all(port: int, partition: int) -> list[tuple[int, bytes]]:
+    async with await Client.connect("127.0.0.1", port) as c:
+        return [(m.seq, m.value) async for m in c.drain("t", partition, 1)]
+
+
+def expected(partition: int) -> list[tuple[int, bytes]]:
+    return [(i, value(partition, i)) for i in range(1, MESSAGES + 1)]
+
+
+def files(directory: Path, suffix: str) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.endswith(suffix))
+
+
+# The damages, each done to a stopped broker's partition directory.
+
+def torn_tail(directory: Path) -> None:
+    """Power lost in the middle of a write: the active segment ends in a partial bundle."""
+    with open(files(directory, ".log")[0], "ab") as f:
+        f.write(b"\x85\x01garbage that is no whole bundle")
+
+
+def truncated_index(directory: Path) -> None:
+    """The sealed segment's index lost its last bytes (a half-written entry)."""
+    index = directory / (files(directory, ".ilog")[0].name.split("-")[0] + ".index")
+    os.truncate(index, index.stat().st_size - 3)
+
+
+def overlapping_segments(directory: Path) -> None:
+    """Two sealed segments claim the same seqs: recovery cannot tell which holds them, and refuses to open."""
+    sealed = files(directory, ".ilog")[0]
+    base_last, stamp = sealed.name.split("_")
+    shutil.copy(sealed, directory / f"5-{base_last.split('-')[1]}_{stamp}")
+
+
+def file_for_directory(directory: Path) -> None:
+    """A file where the partition's directory should be."""
+    shutil.rmtree(directory)
+    directory.write_text("not a directory")
+
+
+# ------------------------------------------------------------------------------------------------- recoverable
+
+
+@pytest.mark.parametrize("damage", [torn_tail, truncated_index])
+async def test_what_recovery_repairs_is_repaired_and_every_partition_serves(tmp_path, damage):
+    settings = local_settings(tmp_path / "data", http_listen="127.0.0.1:0")
+    app = App(settings, local_only=True)
+    await app.start()
+    try:
+        await write_topic(app.broker.port, SMALL_SEGMENTS)
+    finally:
+        await app.stop()
+    damage(tmp_path / "data" / "t" / "1")
+
+    app = App(settings, local_only=True)
+    await app.start()
+    try:
+        assert app.registry.damaged == {}
+        for p in range(PARTITIONS):
+            assert await read_all(app.broker.port, p) == expected(p)
+        async with await Client.connect("127.0.0.1", app.broker.port) as c:
+            await c.produce("t", 1, [b"after"])
+        assert (await read_all(app.broker.port, 1))[-1] == (MESSAGES + 1, b"after")
+        ready = await ahttp_get(app.http.port, "/readyz")
+        assert (ready.status, ready.text) == (200, "ready\n")
+    finally:
+        await app.stop()
+
+
+# ------------------------------------------------------------------------------------------- no catalog below
+
+
+@pytest.mark.parametrize("damage", [overlapping_segments, file_for_directory])
+async def test_without_a_catalog_a_partition_that_cannot_be_opened_is_left_out_alone(tmp_path, damage):
+    settings = local_settings(tmp_path / "data", http_listen="127.0.0.1:0")
+    app = App(settings, local_only=True)
+    await app.start()
+    try:
+        await write_topic(app.broker.port, SMALL_SEGMENTS)
+    finally:
+        await app.stop()
+    damaged = tmp_path / "data" / "t" / "1"
+    damage(damaged)
+    before = sorted(os.listdir(damaged)) if damaged.is_dir() else damaged.read_text()
+
+    app = App(settings, local_only=True)
+    await app.start()
+    try:
+        # The topic and its other partitions serve.
+        for p in (0, 2):
+            assert await read_all(app.broker.port, p) == expected(p)
+        async with await Client.connect("127.0.0.1", app.broker.port) as c:
+            await c.produce("t", 2, [b"after"])
+            # The damaged one is not led here: a produce is answered "no leader", and nothing is written.
+            assert await c.produce_raw("t", 1, _bundle(b"lost?")) == ProduceStatus.NO_LEADER
+        assert app.registry.get("t", 1).role is not Role.LEADER
+        assert after_of(damaged) == before  # its files are left as they were, for an operator
+        [record] = app.registry.damaged.values()
+        assert (str(record.tp), record.served, record.kept_at) == ("t/1", False, None)
+        ready = await ahttp_get(app.http.port, "/readyz")
+        assert ready.status == 200
+        assert ready.text.startswith("ready\npartition t/1 could not be opened (")
+        assert "not served here until it is repaired" in ready.text
+        metrics = await scrape(app.http.port)
+        assert metrics.value("tiered_partitions_damaged", served="false") == 1
+        assert metrics.value("tiered_partitions_damaged", served="true") == 0
+    finally:
+        await app.stop()
+
+
+def after_of(path: Path):
+    return sorted(os.listdir(path)) if path.is_dir() else path.read_text()
+
+
+def _bundle(payload: bytes) -> bytes:
+    from tiered.client.client import as_messages
+    from tiered.protocol.bundle import encode_bundle
+
+    return encode_bundle(as_messages([payload]))
+
+
+# ------------------------------------------------------------------------------------- with a catalog below
+
+
+@pytest.mark.parametrize("damage", [overlapping_segments, file_for_directory])
+async def test_with_a_catalog_a_damaged_partition_starts_again_from_the_bucket(brokers, tmp_path, damage):
+    """Every message was acknowledged durably, so the bucket holds it: the damaged partition's files are moved aside
+    whole and it is opened again empty, as a lost disk is; its history is read from the bucket at the same seqs,
+    and produces continue after the catalog's high-water mark."""
+    catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    app = await brokers.start("disk", catalog_url, http_listen="127.0.0.1:0")
+    await write_topic(app.broker.port, SMALL_SEGMENTS)
+    await app.stop()
+    damaged = tmp_path / "disk" / "t" / "1"
+    damage(damaged)
+    before = after_of(damaged)
+
+    app = await brokers.start("disk", catalog_url, http_listen="127.0.0.1:0")
+    for p in range(PARTITIONS):
+        assert await read_all(app.broker.port, p) == expected(p)
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        await c.produce("t", 1, [b"after"])
+    assert (await read_all(app.broker.port, 1))[-1] == (MESSAGES + 1, b"after")
+    [record] = app.registry.damaged.values()
+    assert (str(record.tp), record.served) == ("t/1", True)
+    kept = Path(record.kept_at)
+    assert kept.parent == tmp_path / "disk" / ".tiered" / "damaged" and after_of(kept) == before
+    ready = await ahttp_get(app.http.port, "/readyz")
+    assert ready.status == 200 and "partition t/1 could not be opened (" in ready.text
+    assert f"its files are in {kept}" in ready.text
+    assert (await scrape(app.http.port)).value("tiered_partitions_damaged", served="true") == 1
+    await app.stop()
+    brokers.check(catalog_url)
+
+    # The next start opens the new directory as any other: nothing is damaged any more.
+    app = await brokers.start("disk", catalog_url)
+    assert app.registry.damaged == {}
+    assert (await read_all(app.broker.port, 1))[-1] == (MESSAGES + 1, b"after")

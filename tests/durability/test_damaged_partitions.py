@@ -199,3 +199,22 @@ async def test_with_a_catalog_a_damaged_partition_starts_again_from_the_bucket(b
     app = await brokers.start("disk", catalog_url)
     assert app.registry.damaged == {}
     assert (await read_all(app.broker.port, 1))[-1] == (MESSAGES + 1, b"after")
+
+
+async def test_a_creation_a_crash_interrupted_is_done_again_at_the_next_start(brokers, tmp_path):
+    """A wiped disk is given the catalog's topics at start; a kill -9 in the middle of laying one out leaves its
+    staging directory (`.t`, empty partition directories). The next start lays it out again and serves it, instead
+    of answering "unknown topic" for it until an operator removes the directory."""
+    catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    app = await brokers.start("disk", catalog_url)
+    await write_topic(app.broker.port, SMALL_SEGMENTS)
+    await app.stop()
+    shutil.rmtree(tmp_path / "disk" / "t")  # the disk lost the topic, and its new layout was cut short:
+    for p in range(2):
+        (tmp_path / "disk" / ".t" / str(p)).mkdir(parents=True)
+
+    app = await brokers.start("disk", catalog_url)
+    assert not (tmp_path / "disk" / ".t").exists()
+    for p in range(PARTITIONS):
+        assert await read_all(app.broker.port, p) == expected(p)
+    assert app.registry.damaged == {}

@@ -62,11 +62,25 @@ def test_create_refuses_bad_config_before_touching_disk(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_create_refuses_over_a_stray_staging_dir(tmp_path):
-    os.mkdir(tmp_path / ".events")
+def test_create_refuses_over_a_stray_staging_dir_holding_more_than_a_creation_writes(tmp_path):
+    os.makedirs(tmp_path / ".events" / "0")
+    (tmp_path / ".events" / "0" / "1_0.log").write_bytes(b"x")
     with pytest.raises(TopicDirError):
         create_topic_dir(str(tmp_path), "events", 1)
     assert os.listdir(tmp_path) == [".events"]
+    assert os.listdir(tmp_path / ".events" / "0") == ["1_0.log"]
+
+
+def test_create_replaces_what_an_interrupted_creation_left(tmp_path):
+    """A kill -9 between a creation's mkdirs and its rename leaves `.events` with empty partition directories (and
+    its config): nobody has read it, so the next creation of the topic (a restart creating the catalog's topics)
+    starts over instead of leaving the topic unknown."""
+    os.makedirs(tmp_path / ".events" / "0")
+    os.makedirs(tmp_path / ".events" / "7")
+    (tmp_path / ".events" / "config").write_text("retention.segments.count=3\n")
+    create_topic_dir(str(tmp_path), "events", 2)
+    assert os.listdir(tmp_path) == ["events"]
+    assert sorted(os.listdir(tmp_path / "events")) == ["0", "1"]
 
 
 def test_scan(tmp_path):

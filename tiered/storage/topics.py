@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 
 from tiered.storage.names import PARTITION_CONFIG
@@ -84,7 +85,15 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     try:
         os.mkdir(staging, 0o755)
     except FileExistsError:
-        raise TopicDirError(f"{staging} is left from an interrupted creation; remove it to create {name!r}") from None
+        # Left by a creation that a crash interrupted (a kill -9 while a broker laid the topic out): removed when it
+        # holds only what a creation writes before its rename (empty partition directories, the config file), which
+        # no reader has ever seen; anything else is an operator's to look at.
+        if not _only_a_creation_left(staging):
+            raise TopicDirError(f"{staging} is left from an interrupted creation and holds more than a creation "
+                                f"writes; remove it to create {name!r}") from None
+        log.warning("removing %s, left by an interrupted creation of topic %r", staging, name)
+        shutil.rmtree(staging)
+        os.mkdir(staging, 0o755)
     for p in range(partitions):
         os.mkdir(os.path.join(staging, str(p)), 0o755)
     if config_text.strip():
@@ -99,6 +108,20 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
     os.rename(staging, final)
     fsync_dir(base)
     return final
+
+
+def _only_a_creation_left(staging: str) -> bool:
+    """Whether `staging` holds nothing but what create_topic_dir writes before its rename: empty partition
+    directories and the topic's config file."""
+    try:
+        for entry in os.scandir(staging):
+            if entry.name == TOPIC_CONFIG and entry.is_file(follow_symlinks=False):
+                continue
+            if not (entry.name.isdigit() and entry.is_dir(follow_symlinks=False) and not os.listdir(entry.path)):
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def write_topic_config(base: str, name: str, config_text: str) -> None:

@@ -418,7 +418,7 @@ def _raise_plan(catalog, heads) -> str:
 
     check = statement("postgresql", blocks._RAISE, blocks.HEADS)
     with catalog.engine.connect() as conn:
-        rows = conn.execute(text("EXPLAIN " + check.text), {"broker_id": 1, **blocks.HEADS.params("postgresql", tuple(zip(*heads)))}).all()
+        rows = conn.execute(text("EXPLAIN " + check.text), {"broker_id": 1, **blocks.HEADS.params("postgresql", heads)}).all()
         conn.rollback()
     return "\n".join(r[0] for r in rows)
 

@@ -76,14 +76,14 @@ class ArraySource:
             return f"unnest({arrays}) AS {self.name}({names})"
         return RowSource(self.name, self.columns).sql(backend)
 
-    def params(self, backend: str, columns: Sequence[Sequence[object]]) -> dict[str, str]:
-        """The bound values that carry the rows whose columns are `columns` (one sequence per entry of `columns`,
-        all of the same length, in the rows' order)."""
-        if len(columns) != len(self.columns) or len(set(map(len, columns))) > 1:
-            raise ValueError(f"columns of lengths {[len(c) for c in columns]} for the {len(self.columns)} of "
-                             f"{self.name}: one each, all as long")
+    def params(self, backend: str, rows: Sequence[Sequence[object]]) -> dict[str, str]:
+        """The bound values that carry `rows` (each a sequence in the order of `columns`)."""
         if backend != "postgresql":
-            return {self.name: _dumps(list(zip(*columns)))}
+            return {self.name: _dumps(rows)}
+        columns = list(zip(*rows)) or [()] * len(self.columns)  # one transposition, in C
+        if len(columns) != len(self.columns) or any(len(row) != len(self.columns) for row in rows):
+            raise ValueError(f"rows of {sorted(set(map(len, rows)))} values for the {len(self.columns)} columns of "
+                             f"{self.name}")
         return {f"{self.name}_{c}": _text_array(values) if t == "text" else _integer_array(values)
                 for (c, t), values in zip(self.columns, columns)}
 

@@ -242,24 +242,23 @@ def insert_pending_block(
 
 @dataclass(frozen=True, slots=True)
 class Heads:
-    """What the commit checks and sets per partition of a block, one entry per partition in (topic, partition)
-    order (the lock order): HEADS' columns (topic, partition, the epoch the broker holds it at, its first run's
-    epoch, from_seq and first_seq, its last run's last_seq)."""
+    """What the commit checks and sets per partition of a block: one HEADS row per partition (topic, partition, the
+    epoch the broker holds it at, its first run's epoch, from_seq and first_seq, its last run's last_seq), in
+    (topic, partition) order: the lock order."""
 
-    columns: tuple[tuple, ...]
+    rows: list[list]
 
     def keys(self) -> list[tuple[str, int]]:
-        return list(zip(self.columns[0], self.columns[1]))
+        return [(row[0], row[1]) for row in self.rows]
 
     def hwmarks(self) -> dict[tuple[str, int], int]:
         """What the commit raises each partition's hwmark_seq to."""
-        return dict(zip(self.keys(), self.columns[6]))
+        return {(row[0], row[1]): row[6] for row in self.rows}
 
 
 def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> Heads:
     """The block's Heads, after the checks that need no database. One pass over the runs (a block may hold
-    thousands), without building a list of runs per partition; then one sort of the partitions' rows and one
-    transposition into columns."""
+    thousands), without building a list of runs per partition; then one sort of the partitions' rows."""
     if not runs:
         raise ValueError("a block holds at least one run")
     heads: dict[tuple[str, int], list] = {}
@@ -280,7 +279,7 @@ def _heads(runs: Sequence[RunRow], epochs: Mapping[tuple[str, int], int]) -> Hea
         else:
             head[6] = last_seq
     # Sorting the rows sorts by (topic, partition): no two rows share both.
-    return Heads(tuple(zip(*sorted(heads.values()))))
+    return Heads(sorted(heads.values()))
 
 
 def commit_block(
@@ -312,8 +311,8 @@ def commit_block(
     """
     heads = _heads(runs, epochs)
     backend = cat.backend
-    bound = {"broker_id": broker_id, **HEADS.params(backend, heads.columns)}
-    partitions = len(heads.columns[0])
+    bound = {"broker_id": broker_id, **HEADS.params(backend, heads.rows)}
+    partitions = len(heads.rows)
     committed_at = utcnow(now)
     if expand is None:
         expand = expands_in_commit(cat, len(runs))

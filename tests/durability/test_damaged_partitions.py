@@ -218,3 +218,41 @@ async def test_a_creation_a_crash_interrupted_is_done_again_at_the_next_start(br
     for p in range(PARTITIONS):
         assert await read_all(app.broker.port, p) == expected(p)
     assert app.registry.damaged == {}
+
+
+async def test_with_a_catalog_a_partition_that_cannot_be_moved_aside_is_left_out_until_repaired(brokers, tmp_path):
+    """When the damaged directory cannot be moved aside (here `.tiered/damaged` is a file), the partition is not
+    served here, even once claimed: no produce is appended to its damaged files, the topic's other partitions serve,
+    and /readyz says why. Once the obstacle is gone, the next start moves it aside and serves it from the bucket."""
+    catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    app = await brokers.start("disk", catalog_url, http_listen="127.0.0.1:0")
+    await write_topic(app.broker.port, SMALL_SEGMENTS)
+    await app.stop()
+    damaged = tmp_path / "disk" / "t" / "1"
+    overlapping_segments(damaged)
+    before = after_of(damaged)
+    obstacle = tmp_path / "disk" / ".tiered" / "damaged"
+    obstacle.write_text("in the way")
+
+    app = await brokers.start("disk", catalog_url, http_listen="127.0.0.1:0")
+    for p in (0, 2):
+        assert await read_all(app.broker.port, p) == expected(p)
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        assert await c.produce_raw("t", 1, _bundle(b"lost?")) == ProduceStatus.NO_LEADER
+        await c.produce("t", 0, [b"after"])
+    assert app.registry.get("t", 1).role is not Role.LEADER
+    assert after_of(damaged) == before
+    [record] = app.registry.damaged.values()
+    assert (str(record.tp), record.served) == ("t/1", False)
+    assert "RecoveryError" in record.reason and "FileExistsError" in record.reopen_error
+    ready = await ahttp_get(app.http.port, "/readyz")
+    assert ready.status == 200 and "partition t/1 could not be opened (" in ready.text
+    assert "not served here until it is repaired (moving it aside failed: FileExistsError" in ready.text
+    await app.stop()
+
+    obstacle.unlink()
+    app = await brokers.start("disk", catalog_url)
+    assert await read_all(app.broker.port, 1) == expected(1)
+    [record] = app.registry.damaged.values()
+    assert record.served and after_of(Path(record.kept_at)) == before
+    brokers.check(catalog_url)

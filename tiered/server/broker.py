@@ -204,9 +204,13 @@ class Broker:
             if part is None:
                 log.error("%s/%d: planned but not open locally; not served", plan.topic, plan.partition)
                 continue
-            if not self.registry.servable(part) and not self.registry.reopen_empty(part, "not opened", self.tier):
-                log.error("%s", self.registry.damaged[part.tp].describe())
-                continue
+            # A partition that could not be opened is not claimed (TierEvents.local_partition); should a plan come
+            # for one anyway, it is moved aside first, or not served.
+            damaged = self.registry.damaged.get(part.tp)
+            if damaged is not None and not damaged.served:
+                if not self.registry.reopen_empty(part, damaged.reason, self.tier):
+                    log.error("%s", self.registry.damaged[part.tp].describe())
+                    continue
             try:
                 self._carry_out(part, plan)
             except Exception as exc:

@@ -117,12 +117,14 @@ class Damaged:
     reason: str  # the error, one line
     served: bool  # opened again empty (its history is the catalog's); False: not served here
     kept_at: str | None = None  # where its files were moved (None: there was nothing to move, or they stayed)
+    reopen_error: str | None = None  # why moving it aside and opening it again empty failed
 
     def describe(self) -> str:
         what = ("opened again empty, its history served from the bucket" if self.served
                 else "not served here until it is repaired")
         kept = f"; its files are in {self.kept_at}" if self.kept_at else ""
-        return f"partition {self.tp} could not be opened ({self.reason}): {what}{kept}"
+        failed = f" (moving it aside failed: {self.reopen_error})" if self.reopen_error else ""
+        return f"partition {self.tp} could not be opened ({self.reason}): {what}{failed}{kept}"
 
 
 @dataclass
@@ -225,8 +227,7 @@ class Registry:
             part.log = PartitionLog.open(str(directory), part.config, now_s=self.now_s,
                                          **self._tier_callbacks(tp, tier))
         except Exception as exc:
-            self.damaged[tp] = Damaged(tp, f"{reason}; then opening it again empty failed: "
-                                           + " ".join(f"{type(exc).__name__}: {exc}".split()), False, kept_at)
+            self.damaged[tp] = Damaged(tp, reason, False, kept_at, " ".join(f"{type(exc).__name__}: {exc}".split()))
             part.log = PartitionLog.open_new(str(directory), part.config, rng=random.Random(), now_s=self.now_s,
                                              **self._tier_callbacks(tp, tier))  # empty, never written: not led
             return False

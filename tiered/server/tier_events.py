@@ -128,8 +128,8 @@ class TierEvents:
 
     def local_partition(self, tp: TopicPartition) -> LocalPartition | None:
         part = self.registry.get(*tp)
-        if part is None:
-            return None
+        if part is None or not self.registry.servable(part):
+            return None  # not claimed: a partition that could not be opened is never led here
         state = self.broker.local_state
         applied = state.applied_epoch(tp.topic, tp.partition) if state is not None else None
         return LocalPartition(tp.topic, tp.partition, part.log.first_available, part.log.last_held, applied)

@@ -11,6 +11,7 @@ a full disk or an operator's mistake leaves them, and starts a broker on the sam
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -147,6 +148,10 @@ async def test_without_a_catalog_a_partition_that_cannot_be_opened_is_left_out_a
         metrics = await scrape(app.http.port)
         assert metrics.value("tiered_partitions_damaged", served="false") == 1
         assert metrics.value("tiered_partitions_damaged", served="true") == 0
+        view = await ahttp_get(app.http.port, "/v1/tier")  # the per-partition view shows it, empty and not led
+        assert view.status == 200 and {"topic": "t", "partition": 1, "role": "opening", "local_last": 0}.items() <= \
+            next(p for p in json.loads(view.text) if (p["topic"], p["partition"]) == ("t", 1)).items()
+        assert app.broker.enforce_retention() == 0  # the timers pass over it
     finally:
         await app.stop()
 

@@ -261,3 +261,24 @@ async def test_with_a_catalog_a_partition_that_cannot_be_moved_aside_is_left_out
     [record] = app.registry.damaged.values()
     assert record.served and after_of(Path(record.kept_at)) == before
     brokers.check(catalog_url)
+
+
+async def test_with_a_catalog_a_partition_whose_directory_is_gone_is_served_again(brokers, tmp_path):
+    """The last partition's directory deleted: the disk alone cannot tell the topic had it, the catalog can. The
+    partition is opened again empty and served from the bucket, like a partition of a lost disk."""
+    catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    app = await brokers.start("disk", catalog_url)
+    await write_topic(app.broker.port, SMALL_SEGMENTS)
+    await app.stop()
+    shutil.rmtree(tmp_path / "disk" / "t" / str(PARTITIONS - 1))
+
+    app = await brokers.start("disk", catalog_url)
+    for p in range(PARTITIONS):
+        assert await read_all(app.broker.port, p) == expected(p)
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        await c.produce("t", PARTITIONS - 1, [b"after"])
+    [record] = app.registry.damaged.values()
+    assert (str(record.tp), record.served, record.kept_at) == (f"t/{PARTITIONS - 1}", True, None)
+    assert (tmp_path / "disk" / "t" / str(PARTITIONS - 1)).is_dir()
+    await app.stop()
+    brokers.check(catalog_url)

@@ -188,6 +188,19 @@ class Registry:
         self.topics[name] = topic
         return topic
 
+    def add_missing_partitions(self, name: str, partitions: int, tier: Tier) -> int:
+        """The catalog counts `partitions` for a topic whose disk has fewer (its last partitions' directories are
+        gone, which no scan of the disk can tell): each missing one is a partition without a directory, reopened empty
+        with a tier below. Returns how many were added."""
+        topic = self.topics[name]
+        added = 0
+        for p in range(len(topic.partitions), partitions):
+            config = self._partition_config(name, p, topic.config_text)
+            missing = FileNotFoundError(f"{self.data_dir / name / str(p)} is not a partition directory")
+            topic.partitions.append(self._unopened(name, p, config, tier, missing))
+            added += 1
+        return added
+
     def _unopened(self, topic: str, partition: int, config: TopicConfig, tier: Tier, exc: BaseException) -> Partition:
         """The Partition of a directory that could not be opened: with an empty log that is never written, opened
         again empty at once when a tier below holds its history (reopen_empty)."""

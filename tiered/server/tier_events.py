@@ -101,6 +101,8 @@ class TierEvents:
             if known is not None:
                 if known.config_text != topic.config_text:
                     self._reconfigure(topic.name, topic.config_text)
+                if len(known.partitions) < topic.partitions:  # the disk lost its last partitions' directories
+                    self.registry.add_missing_partitions(topic.name, topic.partitions, self.broker.tier)
                 continue
             if topic.name in self._unservable:
                 continue

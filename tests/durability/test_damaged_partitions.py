@@ -20,7 +20,7 @@ import pytest
 
 from tests.ops.helpers import ahttp_get, scrape
 from tests.support.broker import local_settings
-from tiered.client import Client
+from tiered.client import Client, TankError
 from tiered.protocol.codes import ProduceStatus
 from tiered.server.app import App
 from tiered.server.registry import Role
@@ -280,5 +280,63 @@ async def test_with_a_catalog_a_partition_whose_directory_is_gone_is_served_agai
     [record] = app.registry.damaged.values()
     assert (str(record.tp), record.served, record.kept_at) == (f"t/{PARTITIONS - 1}", True, None)
     assert (tmp_path / "disk" / "t" / str(PARTITIONS - 1)).is_dir()
+    await app.stop()
+    brokers.check(catalog_url)
+
+
+async def test_a_claim_plan_the_local_log_cannot_take_reopens_the_partition_empty_and_continues(
+        brokers, tmp_path, s3_faults, monkeypatch):
+    """Broker.apply_plans: the disk opened cleanly, but carrying the claim's plan out on it fails (here its
+    truncation of records the catalog never committed, replaced by another volume's, meets segments that overlap,
+    put there after the broker opened the directory and before its claim). The partition is moved aside and opened again empty, the plan
+    continues on the empty log: every acknowledged message reads back from the bucket at its seq, and produces
+    continue after the catalog's high-water mark."""
+    from tiered.server.broker import Broker
+
+    catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    a = await brokers.start("disk", catalog_url, produce_ack_timeout_ms=500, shutdown_timeout_s=1.0)
+    acked = [b"a-%03d" % i for i in range(60)]
+    async with await Client.connect("127.0.0.1", a.broker.port) as c:
+        await c.create_topic("t", 1, {"log.segment.bytes": "1m"})
+        for i in range(0, 60, 10):
+            await c.produce("t", 0, acked[i:i + 10])
+        s3_faults.go_away()  # 61..63 are appended on the disk but never committed
+        for i in range(3):
+            with pytest.raises(TankError):
+                await c.produce("t", 0, [b"never-%d" % i])
+    await a.stop()
+    s3_faults.come_back()
+    b = await brokers.start("disk-b", catalog_url)  # another volume leads and commits 61..70: A's 61..63 must go
+    async with await Client.connect("127.0.0.1", b.broker.port) as c:
+        acked += [b"b-%03d" % i for i in range(10)]
+        await c.produce("t", 0, acked[60:])
+    await b.stop()
+
+    directory = tmp_path / "disk" / "t" / "0"
+    plans_seen = []
+    apply_plans = Broker.apply_plans
+
+    async def damaged_before_the_claim(self, plans):
+        for plan in plans:
+            plans_seen.append(plan)
+            if (plan.topic, plan.partition) == ("t", 0):
+                [active] = files(directory, ".log")  # a copy of the active segment claiming its first seq
+                shutil.copy(active, directory / "1-1.ilog")
+        await apply_plans(self, plans)
+
+    monkeypatch.setattr(Broker, "apply_plans", damaged_before_the_claim)
+    app = await brokers.start("disk", catalog_url)
+    [plan] = plans_seen
+    assert plan.truncate_after == 60  # the plan had to change the local log: the path under test
+    async with await Client.connect("127.0.0.1", app.broker.port) as c:
+        assert [(m.seq, m.value) async for m in c.drain("t", 0, 1)] == list(enumerate(acked, start=1))
+        await c.produce("t", 0, [b"after"])
+        assert [(m.seq, m.value) async for m in c.drain("t", 0, 1)][-1] == (71, b"after")
+    [record] = app.registry.damaged.values()
+    assert (str(record.tp), record.served) == ("t/0", True)
+    assert record.reason.startswith("RecoveryError:") and "overlap" in record.reason
+    kept = Path(record.kept_at)
+    assert kept.parent == tmp_path / "disk" / ".tiered" / "damaged" and (kept / "1-1.ilog").is_file()
+    assert app.registry.get("t", 0).role is Role.LEADER
     await app.stop()
     brokers.check(catalog_url)

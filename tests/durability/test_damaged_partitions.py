@@ -3,7 +3,7 @@
 Each test writes a topic of three partitions, stops the broker, damages partition 1's files on disk the way a crash,
 a full disk or an operator's mistake leaves them, and starts a broker on the same directory again:
 - what recovery can repair (a torn tail, a truncated index) is repaired, and every partition serves as before;
-- what it cannot (segments whose seqs overlap; a file where the partition's directory should be) leaves that one
+- what it cannot (segments whose seqs overlap; garbage over a sealed segment's head; a file where the partition's directory should be) leaves that one
   partition out: without a catalog it is not served (answered "no leader", its files left as they are), with one it is
   moved aside and opened again empty, its acknowledged history read from the bucket. The topic and its other
   partitions serve throughout, and /readyz and /metrics name what happened.
@@ -76,6 +76,13 @@ def overlapping_segments(directory: Path) -> None:
     shutil.copy(sealed, directory / f"5-{base_last.split('-')[1]}_{stamp}")
 
 
+def garbage_head(directory: Path) -> None:
+    """Bytes overwritten at the head of a sealed segment (its index left as it was): no cut can repair that, and
+    recovery refuses to open the directory rather than serve the garbage."""
+    with open(files(directory, ".ilog")[0], "r+b") as f:
+        f.write(b"\xff" * 64)
+
+
 def file_for_directory(directory: Path) -> None:
     """A file where the partition's directory should be."""
     shutil.rmtree(directory)
@@ -114,7 +121,7 @@ async def test_what_recovery_repairs_is_repaired_and_every_partition_serves(tmp_
 # ------------------------------------------------------------------------------------------- no catalog below
 
 
-@pytest.mark.parametrize("damage", [overlapping_segments, file_for_directory])
+@pytest.mark.parametrize("damage", [overlapping_segments, garbage_head, file_for_directory])
 async def test_without_a_catalog_a_partition_that_cannot_be_opened_is_left_out_alone(tmp_path, damage):
     settings = local_settings(tmp_path / "data", http_listen="127.0.0.1:0")
     app = App(settings, local_only=True)
@@ -170,7 +177,7 @@ def _bundle(payload: bytes) -> bytes:
 # ------------------------------------------------------------------------------------- with a catalog below
 
 
-@pytest.mark.parametrize("damage", [overlapping_segments, file_for_directory])
+@pytest.mark.parametrize("damage", [overlapping_segments, garbage_head, file_for_directory])
 async def test_with_a_catalog_a_damaged_partition_starts_again_from_the_bucket(brokers, tmp_path, damage):
     """Every message was acknowledged durably, so the bucket holds it: the damaged partition's files are moved aside
     whole and it is opened again empty, as a lost disk is; its history is read from the bucket at the same seqs,

@@ -5,7 +5,9 @@ What is checked and repaired, in order:
    directory holds either a group's input segments or its output, never both and never neither.
 1. Every entry is classified by name (names.py); anything unknown is reported and left alone.
 2. A zero-size `.log` (or `.ilog`) holds nothing: it is deleted with its index, as in TANK.
-3. Sealed segments are validated cheaply: a name with base <= last, a non-empty file, and an index whose size is
+3. Sealed segments are validated cheaply: a name with base <= last, a non-empty file that begins with a whole,
+   decodable bundle within its name's seqs (a sealed segment was whole when it was sealed: bytes overwritten at its
+   head are damage no cut can repair, RecoveryError, nothing is touched), and an index whose size is
    whole entries and whose last entry points inside the file. A missing or insane index is rebuilt by walking the
    file (which also finds and cuts a damaged tail, renaming the segment if the cut changed its last seq, or if
    it holds seqs above its name). A compacted segment may end below its name's last seq: that is not a damage.
@@ -40,7 +42,7 @@ from tiered.storage.names import (
     format_ilog_name,
     parse_name,
 )
-from tiered.storage.records import TornRecord, iter_records
+from tiered.storage.records import ReadAhead, TornRecord, iter_records, read_record_info
 from tiered.storage.segment import ActiveSegment, SealedSegment, fsync_dir, make_private, roll_age_s
 from tiered.storage.topic_config import TopicConfig
 
@@ -229,6 +231,7 @@ def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int
                     report: RecoveryReport) -> SealedSegment | None:
     path = os.path.join(directory, filename)
     st = os.stat(path)
+    _check_sealed_head(path, st.st_size, name)
     freeze_ts = name.freeze_ts if name.freeze_ts is not None else int(st.st_mtime)
     index_path = os.path.join(directory, f"{name.base}.index")
     if _sealed_index_is_sane(index_path, st.st_size, name):
@@ -254,6 +257,21 @@ def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int
         log.warning("sealed segment %s actually ends at seq %d: renamed to %s", filename, last, new_name)
         filename = new_name
     return SealedSegment(directory, name.base, last, freeze_ts, size, filename=filename, index=scan.index)
+
+
+def _check_sealed_head(path: str, size: int, name: IlogName) -> None:
+    """A sealed segment begins with a whole, decodable bundle whose first seq is within its name's (one read)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        first = read_record_info(ReadAhead(fd, size), 0, name.base)
+    except TornRecord as exc:
+        raise RecoveryError(f"{path}: sealed segment does not begin with a whole bundle ({exc.reason}); "
+                            "refusing to open") from None
+    finally:
+        os.close(fd)
+    if first.first_seq > name.last:
+        raise RecoveryError(f"{path}: sealed segment begins with seq {first.first_seq}, past its name's last "
+                            f"({name.last}); refusing to open")
 
 
 def _sealed_index_is_sane(index_path: str, size: int, name: IlogName) -> bool:

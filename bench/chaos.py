@@ -8,6 +8,12 @@ round's action hits the broker:
     wipe      kill -9, the disk is lost: restart on an empty data directory
     takeover  kill -9, another volume (a new one, or one that served before: a fail-back) takes the partitions over
     stop      SIGTERM: a graceful stop, restart on the same disk
+    damage    kill -9, then one partition directory (the seed picks which) is damaged in a way recovery cannot
+              repair, restart on the same disk: garbage over the head of a sealed segment (and of its index, or
+              not), which recovery refuses (when no partition has a sealed segment, one gets instead a copy of its
+              active segment under a name whose seqs overlap it, refused too), a file where the directory should
+              be, or the directory removed. The partition is moved aside and opened again empty, its history served from the bucket
+              after its claim (tiered.server.registry); /readyz must name it, and it is read back as any other.
 Then every partition is read from its first seq to its end and checked:
     - every acknowledged value is there exactly once;
     - a value's seq never changes once read (nothing is overwritten or moved);
@@ -63,7 +69,8 @@ there is one producer per partition instead of two, and `--writers` connections 
 produces (up to 64 of its partitions at a time, 1-2 values each, every partition's outcome its own), so that produce
 is spread over every partition without a connection per producer; every partition is read back the same way and the
 catalog checked for every topic after each round. The seed decides the rounds (actions, durations, which disk takes
-over); the values produced do not draw from it, so a seed's rounds are the same run after run.
+over, which partition is damaged and how); the values produced do not draw from it, so a seed's rounds are the same
+run after run.
 """
 
 from __future__ import annotations
@@ -93,7 +100,8 @@ PARTITIONS_PER_PRODUCE = 64
 READERS = 32  # partitions read back at once
 TOPIC_CONFIG = {"log.segment.bytes": "16k", "log.index.interval.bytes": "512", "retention.segments.count": "2",
                 "produce.ack": "durable"}
-ACTIONS = ("kill", "wipe", "takeover", "stop")
+ACTIONS = ("kill", "wipe", "takeover", "stop", "damage")
+DAMAGES = ("garbage", "file", "removed")  # the damage action's kinds (module docstring)
 RETENTION_INTERVAL_MS = 1000  # the broker's remote retention pass, with --remote-retention-secs
 RETENTION_SEGMENT_BYTES = "2k"  # with --remote-retention-secs: many segments, so that some expire in a short run
 # ... and kept on the local disk for longer than in the bucket: the disk holds seqs remote retention expired, which
@@ -120,6 +128,8 @@ class ChaosReport:
     losses: list[str] = field(default_factory=list)  # acknowledged values missing, moved, doubled or out of order
     catalog_problems: list[str] = field(default_factory=list)
     start_faults: list[str] = field(default_factory=list)  # a first available seq moved back or below the catalog's
+    damaged: Counter = field(default_factory=Counter)  # the damage action's kinds, as done
+    damage_faults: list[str] = field(default_factory=list)  # a damaged partition /readyz did not name as reopened
     partitions_checked: int = 0  # by the catalog check, summed over the rounds
     retention: bool = False  # --remote-retention-secs: the rows below are shown
     expired: int = 0  # acknowledged values shown below their partition's first available seq
@@ -133,13 +143,17 @@ class ChaosReport:
 
     @property
     def ok(self) -> bool:
-        return not self.losses and not self.catalog_problems and not self.start_faults
+        return not self.losses and not self.catalog_problems and not self.start_faults and not self.damage_faults
 
     def table(self) -> str:
         actions = ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items()))
         rows = [("rounds", str(self.rounds)), ("actions", actions), ("acknowledged messages", str(self.acks)),
                 ("unconfirmed produces", str(self.unconfirmed)), ("acknowledged messages lost", str(len(self.losses))),
                 ("catalog problems", str(len(self.catalog_problems))),
+                ("partitions damaged (garbage over a sealed segment's head / overlapping segment / file for "
+                 "directory / removed)", " / ".join(str(self.damaged[k]) for k in (*DAMAGES[:1], "overlap",
+                                                                                    *DAMAGES[1:]))),
+                ("  of which /readyz did not name as opened again from the bucket", str(len(self.damage_faults))),
                 ("blocks committed" + (" (all packed, expanded after their acks)" if self.expand_in_commit_runs == 0
                                        else f" (up to {self.expand_in_commit_runs} runs expanded in the commit)"),
                  str(self.blocks_committed)),
@@ -154,6 +168,7 @@ class ChaosReport:
         lines += [f"  lost: {loss}" for loss in self.losses[:20]]
         lines += [f"  catalog: {problem}" for problem in self.catalog_problems[:20]]
         lines += [f"  start: {fault}" for fault in self.start_faults[:20]]
+        lines += [f"  damage: {fault}" for fault in self.damage_faults[:20]]
         return "\n".join(lines)
 
 
@@ -280,15 +295,78 @@ class Chaos:
         committed, unexpanded = await asyncio.to_thread(self._count_blocks)
         self.report.blocks_committed += committed
         self.report.left_unexpanded += unexpanded
+        damaged = None
         if action == "wipe":
             shutil.rmtree(disk, ignore_errors=True)
+        elif action == "damage":
+            damaged = self._damage(disk)
         elif action == "takeover":
             others = [d for d in self.disks if d != disk and d.exists()]
             disk = self.rng.choice(others) if others and self.rng.random() < 0.5 else self._new_disk()
         self.log(f"round {number}: {action}, {committed} blocks committed, {unexpanded} left unexpanded, "
                  f"restarting on {disk.name}")
         self._start(disk)
+        if damaged is not None:
+            await self._damage_named(number, *damaged)
         return disk, unexpanded
+
+    def _damage(self, disk: Path) -> tuple[str, int, str]:
+        """Damages one partition directory of the killed broker's disk, as the seed picks (module docstring).
+        Returns (topic, partition, kind)."""
+        kind = self.rng.choice(DAMAGES)
+        everyone = [(t, p) for t in self.topics for p in range(self.partitions)]
+        # Garbage goes over a sealed segment: a partition that has one, if any does.
+        holding = [(t, p) for t, p in everyone if kind == "garbage" and any(disk.joinpath(t, str(p)).glob("*.ilog"))]
+        topic, partition = self.rng.choice(holding or everyone)
+        directory = disk / topic / str(partition)
+        sealed = sorted(directory.glob("*.ilog")) if kind == "garbage" else []
+        with_index = kind == "garbage" and self.rng.random() < 0.5
+        if sealed:
+            segment = self.rng.choice(sealed)
+            with open(segment, "r+b") as f:
+                f.write(b"\xff" * 64)
+            index = directory / f"{segment.name.split('-')[0]}.index"
+            if with_index and index.is_file():
+                with open(index, "r+b") as f:
+                    f.write(b"\xff" * 16)
+        elif kind == "garbage":
+            kind = "overlap"
+            # A copy of its newest segment whose name claims its seqs and one below: the ranges overlap.
+            segments = sorted((p for p in directory.iterdir() if p.name.endswith((".log", ".ilog"))),
+                              key=lambda p: int(p.name.split("-")[0].split("_")[0].split(".")[0]))
+            if segments:
+                newest = segments[-1]
+                base = int(newest.name.split("-")[0].split("_")[0].split(".")[0])
+                shutil.copy(newest, directory / f"{max(base - 1, 1)}-{base}.ilog")
+            else:  # nothing written yet: a segment overlapping a copy of itself
+                (directory / "1-2.ilog").write_bytes(b"\0" * 64)
+                (directory / "2-3.ilog").write_bytes(b"\0" * 64)
+        elif kind == "file":
+            shutil.rmtree(directory)
+            directory.write_text("not a directory")
+        else:
+            shutil.rmtree(directory)
+        self.report.damaged[kind] += 1
+        self.log(f"damaged {topic}/{partition}: {kind}")
+        return topic, partition, kind
+
+    async def _damage_named(self, number: int, topic: str, partition: int, kind: str) -> None:
+        """The restarted broker's /readyz names the damaged partition as opened again, served from the bucket."""
+        import urllib.error
+        import urllib.request
+
+        def get() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.broker.http_port}/readyz", timeout=30) as r:
+                    return r.read().decode()
+            except urllib.error.HTTPError as exc:  # not ready yet (503): the text names the damage all the same
+                return exc.read().decode()
+
+        text = await asyncio.to_thread(get)
+        line = next((l for l in text.splitlines() if l.startswith(f"partition {topic}/{partition} could not be")),
+                    None)
+        if line is None or "opened again empty, its history served from the bucket" not in line:
+            self.report.damage_faults.append(f"round {number} ({kind} {topic}/{partition}): /readyz said {text!r}")
 
     async def _produce(self, port: int, producer: Producer, stop: asyncio.Event) -> None:
         from tiered.client import Client, TankError

@@ -1,5 +1,7 @@
-"""A few rounds of the kill -9 / disk wipe / takeover loop (bench/chaos.py; the benchmark runs 20 and more): every
-acknowledged message reads back byte for byte at its seq after every round, and the catalog stays consistent.
+"""A few rounds of the kill -9 / disk wipe / takeover / damage loop (bench/chaos.py; the benchmark runs 20 and more):
+every acknowledged message reads back byte for byte at its seq after every round, and the catalog stays consistent.
+Both seeds draw the damage action (a partition directory removed or, seed 11, garbage over a sealed segment's head,
+after a kill -9): the partition is served again from the bucket and /readyz names it.
 Seed 11 and the retention case run as the benchmark does, every block left unexpanded by its commit
 (block_expand_in_commit_runs = 0, the expansions held back before each kill); seed 29 with a broker's default, so
 that the commits that expand their small blocks themselves are attacked too."""
@@ -22,6 +24,8 @@ async def test_no_acknowledged_message_is_lost_to_kills_wipes_and_takeovers(tmp_
     # With expand_in_commit_runs 0, each kill fell while expansions were held back (bench/chaos.py): report.ok says
     # the next broker's sweep expanded what it left and the catalog checked after it held.
     assert report.blocks_committed > 0
+    assert report.actions["damage"] >= 1 and sum(report.damaged.values()) == report.actions["damage"]  # report.ok:
+    # /readyz named each damaged partition as opened again from the bucket
 
 
 async def test_retention_expires_only_below_the_first_available_seq_under_kills_wipes_and_takeovers(

@@ -294,6 +294,23 @@ def test_overlapping_segments_refuse_to_open(tmp_path):
     assert sorted(os.listdir(directory)) == ["1-5_100.ilog", "3_200.log"]  # nothing touched
 
 
+@pytest.mark.parametrize("index", ["kept", "damaged"])
+def test_a_sealed_segment_with_garbage_over_its_head_refuses_to_open(tmp_path, index):
+    """Bytes overwritten at the head of a sealed segment: with its index sane, the cheap validation alone would open
+    it and serve the garbage; with its index damaged too, the walk that rebuilds it would find no whole bundle and
+    delete the segment. Both refuse to open, and nothing is touched."""
+    directory = tmp_path / "p"
+    os.makedirs(directory)
+    record = bytes([len(bundle_for_record(60))]) + bundle_for_record(60)
+    (directory / "1-5_100.ilog").write_bytes(b"\xff" * 8 + (record * 5)[8:])
+    (directory / "1.index").write_bytes(b"" if index == "damaged" else (0).to_bytes(4, "little") * 2)
+    (directory / "6_200.log").write_bytes(record)
+    before = {name: read(directory / name) for name in os.listdir(directory)}
+    with pytest.raises(RecoveryError, match="does not begin with a whole bundle"):
+        PartitionLog.open(str(directory), CONFIG)
+    assert {name: read(directory / name) for name in os.listdir(directory)} == before
+
+
 def test_unknown_files_are_reported_and_left_alone(tmp_path):
     directory = tmp_path / "p"
     os.makedirs(directory)

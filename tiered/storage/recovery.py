@@ -259,11 +259,19 @@ def _recover_sealed(directory: str, name: IlogName, filename: str, interval: int
     return SealedSegment(directory, name.base, last, freeze_ts, size, filename=filename, index=scan.index)
 
 
+class _HeadRead(ReadAhead):
+    """ReadAhead's interface reading only what is asked (a record's head), not a window: one small pread per sealed
+    segment at open."""
+
+    def get(self, position: int, length: int) -> bytes:
+        return os.pread(self.fd, min(length, self.end - position), position)
+
+
 def _check_sealed_head(path: str, size: int, name: IlogName) -> None:
     """A sealed segment begins with a whole, decodable bundle whose first seq is within its name's (one read)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        first = read_record_info(ReadAhead(fd, size), 0, name.base)
+        first = read_record_info(_HeadRead(fd, size), 0, name.base)
     except TornRecord as exc:
         raise RecoveryError(f"{path}: sealed segment does not begin with a whole bundle ({exc.reason}); "
                             "refusing to open") from None

@@ -1,7 +1,8 @@
 """A few rounds of the kill -9 / disk wipe / takeover / damage loop (bench/chaos.py; the benchmark runs 20 and more):
 every acknowledged message reads back byte for byte at its seq after every round, and the catalog stays consistent.
-Both seeds draw the damage action (a partition directory removed or, seed 11, garbage over a sealed segment's head,
-after a kill -9): the partition is served again from the bucket and /readyz names it.
+Both seeds draw the damage action after a kill -9 (a partition directory removed; seed 11 also a segment overlapping
+another, its fallback for garbage while no partition has a sealed segment): the partition is served again from the
+bucket and /readyz names it. Garbage over a sealed segment's head: tests/durability/test_damaged_partitions.py.
 Seed 11 and the retention case run as the benchmark does, every block left unexpanded by its commit
 (block_expand_in_commit_runs = 0, the expansions held back before each kill); seed 29 with a broker's default, so
 that the commits that expand their small blocks themselves are attacked too."""

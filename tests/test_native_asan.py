@@ -36,6 +36,7 @@ TESTS = [
     "tests/spark/test_native_decoding.py",  # _decode
     "tests/storage/test_appender.py",  # _appender
     "tests/tiering/test_block_builder.py",  # _builder
+    "tests/server/test_produce_native.py",  # _produce
 ]
 
 RUNNER = r"""

@@ -60,6 +60,8 @@ class World:
         self.topics["a"].partitions[2].role = Role.FOLLOWER  # led elsewhere
         self.topics["a"].partitions[2].leader = Leader(7, "10.0.0.7:11011", "")
         self.metrics = Metrics()
+        # Partitions a long-poll waits on: `visible` is called for these (on a topic that is not durable) only.
+        self.waiting = {self.topics["a"].partitions[1].tp: {"a waiter"}}
         self.broker = SimpleNamespace(metrics=self.metrics, advertised_host="127.0.0.1")
         self.handler = ProduceHandler(self.broker, path="python")
 
@@ -68,14 +70,15 @@ class World:
         return f"ack-{len(self.calls)}" if durable else None
 
     def visible(self, tp, first_seq, size):
-        self.calls.append(("visible", tp, first_seq, size))
+        if tp in self.waiting:  # as Waiters.visible: nothing happens for a partition without waiters
+            self.calls.append(("visible", tp, first_seq, size))
 
     def produced(self, name, size, messages):
-        self.calls.append(("produced", name, size, messages))
+        self.metrics.produced(name, size, messages)
 
     def args(self, req, facts):
         return (req.topics, facts, req.with_seqnum, self.topics, Role.LEADER, self.tier_appended, self.visible,
-                self.produced, ProduceHandler._append_failed)
+                self.waiting, self.metrics.produced_bytes, self.metrics.produced_msgs, ProduceHandler._append_failed)
 
     def native(self, req, facts):
         return _produce.append_request(*self.args(req, facts))
@@ -146,6 +149,8 @@ def test_the_native_appends_are_the_loop_s(tmp_path_factory, data):
                 TAKEN.append(len(req.topics))
             assert got == reference.reference(req, facts)
             assert native.calls == reference.calls
+            assert (native.metrics.produced_bytes, native.metrics.produced_msgs) == (
+                reference.metrics.produced_bytes, reference.metrics.produced_msgs)
         assert native.files() == reference.files()
         # What the native call took, it took whole: every one of its appends is in the calls compared above.
         assert took == 0 or any(call[0] == "appended" for call in native.calls)
@@ -208,7 +213,7 @@ def test_hostile_arguments_raise_and_never_crash(tmp_path_factory, data):
     try:
         req, facts = scanned(data.draw(requests(1)))
         args = list(world.args(req, facts))
-        spoil = data.draw(st.sampled_from(["topics", "facts", "partition", "short", "registry", "none"]))
+        spoil = data.draw(st.sampled_from(["topics", "facts", "partition", "short", "registry", "counters", "none"]))
         if spoil == "topics":
             args[0] = data.draw(st.one_of(junk, st.tuples(junk), st.tuples(st.tuples(junk, junk))))
         elif spoil == "facts":
@@ -221,8 +226,10 @@ def test_hostile_arguments_raise_and_never_crash(tmp_path_factory, data):
             args[1] = facts[:-1]
         elif spoil == "registry":
             args[3] = data.draw(st.one_of(junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2)))
+        elif spoil == "counters":
+            args[data.draw(st.sampled_from([7, 8, 9]))] = data.draw(junk)
         try:
-            _produce.append_request(*args[: data.draw(st.integers(0, 9))] if spoil == "none" else args)
+            _produce.append_request(*args[: data.draw(st.integers(0, 11))] if spoil == "none" else args)
         except (TypeError, ValueError, AttributeError, OverflowError, IndexError):
             pass
     finally:

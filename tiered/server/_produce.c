@@ -30,7 +30,8 @@
 #define RESULT_RECORD 5
 #define OK_CODE 0x00
 
-static PyObject *partitions_name, *role_name, *log_name, *tp_name, *durable_name, *append_name;
+static PyObject *partitions_name, *role_name, *log_name, *tp_name, *append_name, *lower_tier_name, *config_name,
+    *produce_ack_name, *durable_text; /* interned */
 
 static int is_tuple_of(PyObject *obj, Py_ssize_t n)
 {
@@ -121,11 +122,55 @@ static int resolve(PyObject *topics, PyObject *registry, PyObject *leader, Py_ss
     return 1;
 }
 
+/* The calls and handles of the loop the appends use: the tier's `appended`, the waiters' `visible` and the dict of
+ * partitions with waiters (Waiters.waiting: `visible` has nothing to do for a partition without any), the metrics'
+ * produced bytes and messages per topic (Metrics.produced's two dicts), and `failed` for a refused append. */
+typedef struct {
+    PyObject *tier_appended, *visible, *waiting, *produced_bytes, *produced_msgs, *failed;
+} calls;
+
+/* counter[name] += by, on a mapping (a defaultdict: a missing name starts at 0), as Metrics.produced counts. */
+static int count(PyObject *counter, PyObject *name, PyObject *by)
+{
+    PyObject *value = PyObject_GetItem(counter, name);
+    if (value == NULL)
+        return -1;
+    PyObject *sum = PyNumber_Add(value, by);
+    Py_DECREF(value);
+    if (sum == NULL)
+        return -1;
+    int set = PyObject_SetItem(counter, name, sum);
+    Py_DECREF(sum);
+    return set;
+}
+
+/* registry.Partition.durable, read from its fields: a tier below the disk, and the topic's produce.ack "durable"
+ * (visibility follows durability). 1, 0, or -1 with an exception set. */
+static int is_durable(PyObject *part)
+{
+    PyObject *lower = PyObject_GetAttr(part, lower_tier_name);
+    if (lower == NULL)
+        return -1;
+    int below = PyObject_IsTrue(lower);
+    Py_DECREF(lower);
+    if (below <= 0)
+        return below;
+    PyObject *config = PyObject_GetAttr(part, config_name);
+    if (config == NULL)
+        return -1;
+    PyObject *ack = PyObject_GetAttr(config, produce_ack_name);
+    Py_DECREF(config);
+    if (ack == NULL)
+        return -1;
+    int durable = PyObject_RichCompareBool(ack, durable_text, Py_EQ);
+    Py_DECREF(ack);
+    return durable;
+}
+
 /* One led partition's append, as the loop makes it; its code in `code`, and its durable ack (a new reference, or
  * NULL) in `ack`. 0, or -1 with an exception set. */
-static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *facts, int with_seqnum,
-                      PyObject *tier_appended, PyObject *visible, PyObject *produced, PyObject *failed, int *code,
-                      PyObject **ack)
+static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *facts, int with_seqnum, const calls *c,
+                      int *code, PyObject **ack)
 {
     *ack = NULL;
     PyObject *log = PyObject_GetAttr(part, log_name);
@@ -137,7 +182,7 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
     PyObject *appended = PyObject_VectorcallMethod(append_name, argv, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(log);
     if (appended == NULL) {
-        /* The loop's except clauses: `failed` logs the refusal and answers its code, or raises what it does not
+        /* The loop's except clause: `failed` logs the refusal and answers its code, or raises what it does not
          * answer. */
         PyObject *type, *exc, *traceback;
         PyErr_Fetch(&type, &exc, &traceback);
@@ -150,7 +195,7 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
             PyException_SetTraceback(exc, traceback);
         Py_XDECREF(type);
         Py_XDECREF(traceback);
-        PyObject *got = PyObject_CallFunctionObjArgs(failed, name, PyTuple_GET_ITEM(p, PARTITION_ID), exc, NULL);
+        PyObject *got = PyObject_CallFunctionObjArgs(c->failed, name, PyTuple_GET_ITEM(p, PARTITION_ID), exc, NULL);
         Py_DECREF(exc);
         if (got == NULL)
             return -1;
@@ -161,7 +206,7 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
         *code = (int)value;
         return 0;
     }
-    PyObject *durable = NULL, *tp = NULL, *got = NULL, *record_len = NULL;
+    PyObject *tp = NULL, *got = NULL, *record_len = NULL;
     int result = -1;
     if (!is_tuple_of(appended, 7) || !is_tuple_of(facts, 8)) {
         PyErr_SetString(PyExc_TypeError, "an append must answer an AppendResult of the bundle's BundleFacts");
@@ -170,26 +215,30 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
     Py_ssize_t len = PyObject_Length(PyTuple_GET_ITEM(appended, RESULT_RECORD));
     if (len < 0 || (record_len = PyLong_FromSsize_t(len)) == NULL)
         goto done;
-    got = PyObject_CallFunctionObjArgs(produced, name, record_len, PyTuple_GET_ITEM(facts, FACTS_MESSAGES), NULL);
-    if (got == NULL)
+    if (count(c->produced_bytes, name, record_len) < 0
+        || count(c->produced_msgs, name, PyTuple_GET_ITEM(facts, FACTS_MESSAGES)) < 0)
         goto done;
-    Py_CLEAR(got);
     /* The tier takes the record (its block, and on a durable topic the ack's future). A topic that is not durable
      * shows it at once (visibility follows durability). */
-    if ((durable = PyObject_GetAttr(part, durable_name)) == NULL || (tp = PyObject_GetAttr(part, tp_name)) == NULL)
+    int durable = is_durable(part);
+    if (durable < 0 || (tp = PyObject_GetAttr(part, tp_name)) == NULL)
         goto done;
-    got = PyObject_CallFunctionObjArgs(tier_appended, tp, appended, durable, NULL);
+    got = PyObject_CallFunctionObjArgs(c->tier_appended, tp, appended, durable ? Py_True : Py_False, NULL);
     if (got == NULL)
         goto done;
-    int is_durable = PyObject_IsTrue(durable);
-    if (is_durable < 0)
-        goto done;
-    if (!is_durable) {
-        PyObject *shown = PyObject_CallFunctionObjArgs(visible, tp, PyTuple_GET_ITEM(appended, RESULT_FIRST_SEQ),
-                                                      record_len, NULL);
-        if (shown == NULL)
+    if (!durable) {
+        PyObject *bucket = PyDict_GetItemWithError(c->waiting, tp); /* borrowed */
+        int wakes = bucket == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_IsTrue(bucket);
+        if (wakes < 0)
             goto done;
-        Py_DECREF(shown);
+        if (wakes) {
+            PyObject *shown = PyObject_CallFunctionObjArgs(c->visible, tp,
+                                                          PyTuple_GET_ITEM(appended, RESULT_FIRST_SEQ), record_len,
+                                                          NULL);
+            if (shown == NULL)
+                goto done;
+            Py_DECREF(shown);
+        }
     }
     if (got != Py_None)
         *ack = Py_NewRef(got);
@@ -198,31 +247,33 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
 done:
     Py_XDECREF(got);
     Py_XDECREF(tp);
-    Py_XDECREF(durable);
     Py_XDECREF(record_len);
     Py_DECREF(appended);
     return result;
 }
 
 PyDoc_STRVAR(append_request_doc,
-"append_request(topics, facts, with_seqnum, registry_topics, leader, tier_appended, visible, produced, failed, /)\n"
+"append_request(topics, facts, with_seqnum, registry_topics, leader, tier_appended, visible, waiting,\n"
+"               produced_bytes, produced_msgs, failed, /)\n"
 "--\n\n"
 "ProduceHandler.handle's loop over a request whose every topic is known and every partition led here: appends\n"
 "each partition's bundle in request order and answers (answers, pending) as the loop builds them; None, with\n"
-"nothing appended, for any other request. `failed(name, partition, exc)` answers the code of a refused append.");
+"nothing appended, for any other request. `waiting`: the waiters' partitions (Waiters.waiting); `produced_*`:\n"
+"Metrics.produced's counters; `failed(name, partition, exc)` answers the code of a refused append.");
 
 static PyObject *append_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
+    if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "append_request takes (topics, facts, with_seqnum, registry_topics, leader, "
-                                         "tier_appended, visible, produced, failed)");
+                                         "tier_appended, visible, waiting, produced_bytes, produced_msgs, failed)");
         return NULL;
     }
     PyObject *topics = args[0], *facts = args[1], *registry = args[3], *leader = args[4];
-    if (!PyTuple_Check(topics) || !PyList_Check(facts) || !PyDict_Check(registry)) {
-        PyErr_SetString(PyExc_TypeError, "append_request takes a tuple of topics, a list of facts and a dict");
+    if (!PyTuple_Check(topics) || !PyList_Check(facts) || !PyDict_Check(registry) || !PyDict_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "append_request takes a tuple of topics, a list of facts and two dicts");
         return NULL;
     }
+    calls c = {args[5], args[6], args[7], args[8], args[9], args[10]};
     int with_seqnum = PyObject_IsTrue(args[2]);
     if (with_seqnum < 0)
         return NULL;
@@ -261,8 +312,8 @@ static PyObject *append_request(PyObject *module, PyObject *const *args, Py_ssiz
                 goto done;
             }
             PyObject *bundle_facts = Py_NewRef(PyList_GET_ITEM(facts, i));
-            int bad = append_one(r.parts[i], name, PyTuple_GET_ITEM(wanted, j), bundle_facts, with_seqnum, args[5],
-                                 args[6], args[7], args[8], &code, &ack);
+            int bad = append_one(r.parts[i], name, PyTuple_GET_ITEM(wanted, j), bundle_facts, with_seqnum, &c, &code,
+                                 &ack);
             Py_DECREF(bundle_facts);
             if (bad < 0)
                 goto done;
@@ -297,9 +348,11 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__produce(void)
 {
-    PyObject **names[] = {&partitions_name, &role_name, &log_name, &tp_name, &durable_name, &append_name};
-    const char *texts[] = {"partitions", "role", "log", "tp", "durable", "append"};
-    for (int i = 0; i < 6; i++)
+    PyObject **names[] = {&partitions_name, &role_name, &log_name, &tp_name, &append_name, &lower_tier_name,
+                          &config_name, &produce_ack_name, &durable_text};
+    const char *texts[] = {"partitions", "role", "log", "tp", "append", "lower_tier", "config", "produce_ack",
+                           "durable"};
+    for (int i = 0; i < 9; i++)
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
             return NULL;
     return PyModule_Create(&module_def);

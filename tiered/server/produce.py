@@ -126,8 +126,8 @@ class ProduceHandler:
         # The commonest request (every topic known, every partition led here, no access rules): the loop below in
         # one native call (_produce.append_request), or None with nothing appended and the loop decides.
         done = None if self._append_request is None or access is not None or read_only else self._append_request(
-            req.topics, facts, base_seqs, registry_topics, LEADER, tier_appended, visible, produced,
-            self._append_failed)
+            req.topics, facts, base_seqs, registry_topics, LEADER, tier_appended, visible, broker.waiters.waiting,
+            broker.metrics.produced_bytes, broker.metrics.produced_msgs, self._append_failed)
         if done is not None:
             answers, pending = done
         else:

@@ -62,6 +62,11 @@ for name, path in BUILT.items():
 import hypothesis
 import tests.protocol.strategies as strategies
 
+# No deadlines: the sanitized C runs several times slower, and a loaded machine stretches one example past any
+# deadline (a timing, not a fault: faults abort the process).
+hypothesis.settings.register_profile("asan", deadline=None)
+hypothesis.settings.load_profile("asan")
+
 usual = strategies.budget
 strategies.budget = lambda n: usual(max(5, n // 4))
 import tests.spark.test_native_decoding as decoding  # imported before pytest collects it: its loop shrinks too

@@ -35,6 +35,7 @@ TESTS = [
     "tests/protocol/test_chunk.py",  # _bundlescan: read_chunk, scan_chunk
     "tests/spark/test_native_decoding.py",  # _decode
     "tests/storage/test_appender.py",  # _appender
+    "tests/storage/test_log_append.py",  # _appender: LogCore, log_append
     "tests/tiering/test_block_builder.py",  # _builder
     "tests/server/test_produce_native.py",  # _produce
 ]

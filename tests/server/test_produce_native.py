@@ -22,7 +22,7 @@ from tiered.protocol.codes import ProduceStatus
 from tiered.server.produce import ProduceHandler
 from tiered.server.registry import Partition, Role, Topic
 from tiered.storage.appender import AppendResult
-from tiered.storage.partition_log import InvalidSeqnums, PartitionLog
+from tiered.storage.partition_log import InvalidSeqnums, PartitionLog, log_append_for
 from tiered.storage.topic_config import TopicConfig
 from tiered.tier_interface import Leader
 
@@ -78,7 +78,8 @@ class World:
 
     def args(self, req, facts):
         return (req.topics, facts, req.with_seqnum, self.topics, Role.LEADER, self.tier_appended, self.visible,
-                self.waiting, self.metrics.produced_bytes, self.metrics.produced_msgs, ProduceHandler._append_failed)
+                self.waiting, self.metrics.produced_bytes, self.metrics.produced_msgs, ProduceHandler._append_failed,
+                log_append_for())
 
     def native(self, req, facts):
         return _produce.append_request(*self.args(req, facts))
@@ -191,7 +192,7 @@ def test_refused_appends_answer_their_codes_and_other_failures_raise(tmp_path):
             raise RuntimeError(f"not answered: {exc}")
 
         args = list(world.args(*scanned(again._replace(request_id=3))))
-        args[-1] = failing
+        args[10] = failing
         with pytest.raises(RuntimeError, match="not answered"):
             _produce.append_request(*args)
         with pytest.raises(ZeroDivisionError):
@@ -227,9 +228,9 @@ def test_hostile_arguments_raise_and_never_crash(tmp_path_factory, data):
         elif spoil == "registry":
             args[3] = data.draw(st.one_of(junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2)))
         elif spoil == "counters":
-            args[data.draw(st.sampled_from([7, 8, 9]))] = data.draw(junk)
+            args[data.draw(st.sampled_from([7, 8, 9, 11]))] = data.draw(junk)
         try:
-            _produce.append_request(*args[: data.draw(st.integers(0, 11))] if spoil == "none" else args)
+            _produce.append_request(*args[: data.draw(st.integers(0, 12))] if spoil == "none" else args)
         except (TypeError, ValueError, AttributeError, OverflowError, IndexError):
             pass
     finally:

@@ -30,7 +30,7 @@
 #define RESULT_RECORD 5
 #define OK_CODE 0x00
 
-static PyObject *partitions_name, *role_name, *log_name, *tp_name, *append_name, *lower_tier_name, *config_name,
+static PyObject *partitions_name, *role_name, *log_name, *tp_name, *lower_tier_name, *config_name,
     *produce_ack_name, *durable_text; /* interned */
 
 static int is_tuple_of(PyObject *obj, Py_ssize_t n)
@@ -122,11 +122,12 @@ static int resolve(PyObject *topics, PyObject *registry, PyObject *leader, Py_ss
     return 1;
 }
 
-/* The calls and handles of the loop the appends use: the tier's `appended`, the waiters' `visible` and the dict of
+/* The calls and handles of the loop the appends use: the log's append as a function of (log, bundle, base_seq, facts,
+ * record) (partition_log.log_append_for: natively, or PartitionLog.append itself), the tier's `appended`, the waiters' `visible` and the dict of
  * partitions with waiters (Waiters.waiting: `visible` has nothing to do for a partition without any), the metrics'
  * produced bytes and messages per topic (Metrics.produced's two dicts), and `failed` for a refused append. */
 typedef struct {
-    PyObject *tier_appended, *visible, *waiting, *produced_bytes, *produced_msgs, *failed;
+    PyObject *tier_appended, *visible, *waiting, *produced_bytes, *produced_msgs, *failed, *log_append;
 } calls;
 
 /* counter[name] += by, on a mapping (a defaultdict: a missing name starts at 0), as Metrics.produced counts. */
@@ -179,7 +180,7 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
     PyObject *argv[5] = {log, PyTuple_GET_ITEM(p, PARTITION_BUNDLE),
                          with_seqnum ? PyTuple_GET_ITEM(p, PARTITION_BASE_SEQ) : Py_None, facts,
                          PyTuple_GET_ITEM(p, PARTITION_RECORD)};
-    PyObject *appended = PyObject_VectorcallMethod(append_name, argv, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *appended = PyObject_Vectorcall(c->log_append, argv, 5, NULL);
     Py_DECREF(log);
     if (appended == NULL) {
         /* The loop's except clause: `failed` logs the refusal and answers its code, or raises what it does not
@@ -254,18 +255,20 @@ done:
 
 PyDoc_STRVAR(append_request_doc,
 "append_request(topics, facts, with_seqnum, registry_topics, leader, tier_appended, visible, waiting,\n"
-"               produced_bytes, produced_msgs, failed, /)\n"
+"               produced_bytes, produced_msgs, failed, log_append, /)\n"
 "--\n\n"
 "ProduceHandler.handle's loop over a request whose every topic is known and every partition led here: appends\n"
 "each partition's bundle in request order and answers (answers, pending) as the loop builds them; None, with\n"
 "nothing appended, for any other request. `waiting`: the waiters' partitions (Waiters.waiting); `produced_*`:\n"
-"Metrics.produced's counters; `failed(name, partition, exc)` answers the code of a refused append.");
+"Metrics.produced's counters; `failed(name, partition, exc)` answers the code of a refused append;\n"
+"`log_append(log, bundle, base_seq, facts, record)` appends (partition_log.log_append_for).");
 
 static PyObject *append_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11) {
+    if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "append_request takes (topics, facts, with_seqnum, registry_topics, leader, "
-                                         "tier_appended, visible, waiting, produced_bytes, produced_msgs, failed)");
+                                         "tier_appended, visible, waiting, produced_bytes, produced_msgs, failed, "
+                                         "log_append)");
         return NULL;
     }
     PyObject *topics = args[0], *facts = args[1], *registry = args[3], *leader = args[4];
@@ -273,7 +276,7 @@ static PyObject *append_request(PyObject *module, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "append_request takes a tuple of topics, a list of facts and two dicts");
         return NULL;
     }
-    calls c = {args[5], args[6], args[7], args[8], args[9], args[10]};
+    calls c = {args[5], args[6], args[7], args[8], args[9], args[10], args[11]};
     int with_seqnum = PyObject_IsTrue(args[2]);
     if (with_seqnum < 0)
         return NULL;
@@ -348,11 +351,10 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__produce(void)
 {
-    PyObject **names[] = {&partitions_name, &role_name, &log_name, &tp_name, &append_name, &lower_tier_name,
-                          &config_name, &produce_ack_name, &durable_text};
-    const char *texts[] = {"partitions", "role", "log", "tp", "append", "lower_tier", "config", "produce_ack",
-                           "durable"};
-    for (int i = 0; i < 9; i++)
+    PyObject **names[] = {&partitions_name, &role_name, &log_name, &tp_name, &lower_tier_name, &config_name,
+                          &produce_ack_name, &durable_text};
+    const char *texts[] = {"partitions", "role", "log", "tp", "lower_tier", "config", "produce_ack", "durable"};
+    for (int i = 0; i < 8; i++)
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
             return NULL;
     return PyModule_Create(&module_def);

@@ -50,7 +50,7 @@ from tiered.protocol.responses import (
 from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
 from tiered.storage.appender import PRODUCE_PATH_ENV
-from tiered.storage.partition_log import InvalidSeqnums
+from tiered.storage.partition_log import InvalidSeqnums, log_append_for
 from tiered.tier_interface import AckOutcome
 
 log = logging.getLogger("tiered.server")
@@ -87,6 +87,7 @@ class ProduceHandler:
     def __init__(self, broker, path: str | None = None):
         self.broker = broker
         self._append_request = append_request_for(path)
+        self._log_append = log_append_for(path)
 
     def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts],
                started: float | None = None) -> Coroutine[Any, Any, None] | None:
@@ -127,7 +128,7 @@ class ProduceHandler:
         # one native call (_produce.append_request), or None with nothing appended and the loop decides.
         done = None if self._append_request is None or access is not None or read_only else self._append_request(
             req.topics, facts, base_seqs, registry_topics, LEADER, tier_appended, visible, broker.waiters.waiting,
-            broker.metrics.produced_bytes, broker.metrics.produced_msgs, self._append_failed)
+            broker.metrics.produced_bytes, broker.metrics.produced_msgs, self._append_failed, self._log_append)
         if done is not None:
             answers, pending = done
         else:

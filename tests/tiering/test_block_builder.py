@@ -453,8 +453,10 @@ def _appended_steps(native: bool, ops) -> list:
         bases = {tp: 1 for tp in TPS}
 
         def _closed(block):
+            # A block closed inside `appended` (full) holds the ack that call is about to return: the next index.
             return None if block is None else ([run_fields(r) for r in block.runs], block.size_bytes,
-                                               [(k, acks.index(a)) for k, a in block.acks], block.opened_ms)
+                                               [(k, acks.index(a) if a in acks else len(acks)) for k, a in block.acks],
+                                               block.opened_ms)
 
         for op in ops:
             if op[0] == "close":

@@ -55,8 +55,16 @@ static int u64_of(PyObject *obj, const char *what, uint64_t *out)
         PyErr_Format(PyExc_TypeError, "%s must be an int", what);
         return -1;
     }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    /* Most values fit a signed 64-bit integer, which CPython reads without its byte-array conversion (what
+     * PyLong_AsUnsignedLongLong always takes): that one only for the values past it. */
+    int overflow;
+    long long small = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow == 0 && small >= 0) {
+        *out = (uint64_t)small;
+        return 0;
+    }
+    unsigned long long v = overflow > 0 ? PyLong_AsUnsignedLongLong(obj) : (unsigned long long)-1;
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || overflow < 0 || (overflow == 0 && small < 0)) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s %R is not a u64", what, obj);
         return -1;

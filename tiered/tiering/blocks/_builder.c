@@ -139,6 +139,16 @@ static int u64_of(PyObject *obj, uint64_t *out)
 {
     if (!PyLong_Check(obj))
         return 0;
+    /* Most values fit a signed 64-bit integer, which CPython reads without its byte-array conversion (what
+     * PyLong_AsUnsignedLongLong always takes): that one only for the values past it, or below 0 (its error). */
+    int overflow;
+    long long small = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (small == -1 && overflow == 0 && PyErr_Occurred())
+        return -1;
+    if (overflow == 0 && small >= 0) {
+        *out = (uint64_t)small;
+        return 1;
+    }
     unsigned long long v = PyLong_AsUnsignedLongLong(obj);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))

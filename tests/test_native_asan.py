@@ -122,6 +122,7 @@ def build(cc: str, modules: list[dict], out: Path) -> dict[str, str]:
     return {name: str(target) for name, (target, _, _) in made.items()}
 
 
+@pytest.mark.timeout(900)  # every module built, and every file of TESTS run, under the sanitizers: minutes, not seconds
 def test_the_native_modules_under_address_sanitizer(tmp_path):
     cc = compiler()
     asan = runtime(cc)
@@ -132,6 +133,6 @@ def test_the_native_modules_under_address_sanitizer(tmp_path):
     import json
 
     run = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(built), *TESTS], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=840)
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-6000:]}\n{run.stderr[-6000:]}"
     assert " passed" in run.stdout, run.stdout

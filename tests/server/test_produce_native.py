@@ -207,7 +207,7 @@ junk = st.one_of(st.none(), st.integers(-2, 2**70), st.binary(max_size=8), st.te
                  st.tuples(), st.lists(st.integers(), max_size=3))
 
 
-@budget(200)
+@budget(100)
 @given(data=st.data())
 def test_hostile_arguments_raise_and_never_crash(tmp_path_factory, data):
     world = World(tmp_path_factory.mktemp("hostile"))

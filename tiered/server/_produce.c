@@ -2,9 +2,13 @@
  *
  * `append_request` is the common case of ProduceHandler.handle's loop (tiered/server/produce.py), which stays the
  * reference: every topic of the request known here and every partition named led by this broker. It walks the
- * request as scan_produce read it and, per partition in request order, makes the calls the loop makes (the log's
- * append, the metrics, the tier's `appended`, `visible` for a topic that is not durable), and returns the answers
- * and durable acks the loop would have built. Anything else (an unknown topic or partition, a partition led
+ * request as scan_produce read it and, per partition in request order, does what the loop does: the log's append
+ * (natively, _appender.log_append), the topic's produced bytes and messages counted (Metrics.produced's dicts), the
+ * tier's `appended` (natively, _builder.Appended), and on a topic that is not durable `visible` for a partition a
+ * long-poll waits on (Waiters.waiting); it returns the answers and durable acks the loop would have built. Its
+ * callees are native where it matters: a call from C into a Python function costs ~1.5k instructions more than a
+ * call between Python functions (benchmarks.md, "The produce path in native code (issue 26, fourth step ...").
+ * Anything else (an unknown topic or partition, a partition led
  * elsewhere or not yet) answers None before anything is appended, and the loop decides: the redirects, the unknown
  * names and their codes are the loop's alone.
  *

@@ -2,7 +2,7 @@
 
     valgrind --tool=callgrind --instr-atstart=no --separate-threads=no --callgrind-out-file=OUT/cg.out \\
         python -m bench.profile_produce [--local-only] [--requests N]
-    callgrind_annotate --inclusive=yes OUT/cg.out.<pid>.1
+    callgrind_annotate --inclusive=yes OUT/cg.out.1
 
 An in-process broker (`App`, embedded defaults in a temporary directory; `--local-only`: without its tiering layer)
 with one topic (`produce.ack=local`, 1 partition); then the produce path as the connection's request task runs it,

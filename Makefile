@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 venv: $(STAMP)
 
 # Native modules are compiled by the install: a changed C source or header reinstalls.
-$(STAMP): pyproject.toml $(wildcard tiered/spark/_decode*.[ch] tiered/protocol/_*.[ch] tiered/storage/_*.[ch] tiered/tiering/blocks/_*.[ch])
+$(STAMP): pyproject.toml $(wildcard tiered/spark/_decode*.[ch] tiered/protocol/_*.[ch] tiered/storage/_*.[ch] tiered/server/_*.[ch] tiered/tiering/blocks/_*.[ch])
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tiered needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "could not create a virtual environment: install the python3-venv package" >&2; exit 1; }
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip

@@ -39,6 +39,10 @@ compare whole-broker figures only at similar requests per block.
 `--smoke` counts one window of 50 requests of the first workload on the whole broker only (unless `--server` says
 otherwise), after a warm-up of 50: every step once, figures that mean nothing.
 
+`--keep DIR` copies each server's callgrind dumps (one per window, counted and idle, in the order taken) to
+DIR/<workload>-<server>/ before its temporary directory is removed: where the instructions go, by function, is then
+`callgrind_annotate --inclusive=yes DIR/.../callgrind.out.<pid>.<n>`.
+
 `--tree PATH` runs the brokers from another checkout of this repository (working directory and PYTHONPATH; its
 native extensions must be built): the before/after of a change, in instructions. The floor servers are always this
 tree's. The spread is (max - min) / min over the `repeats` windows of one process.
@@ -231,7 +235,7 @@ async def _produce(port: int, topic: str, w: Workload, requests: int) -> int:
 
 
 async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, log=print,
-              workloads: tuple[str, ...] = ()) -> list[Result]:
+              workloads: tuple[str, ...] = (), keep: Path | None = None) -> list[Result]:
     results = []
     chosen = [w for w in WORKLOADS if w.shape.label in workloads] if workloads else list(WORKLOADS)
     for w in chosen[:1] if size is Size.SMOKE else chosen:
@@ -240,6 +244,10 @@ async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, lo
             try:
                 results.append(await measure(w, name, tree, root, size, repeats, log))
             finally:
+                if keep is not None:
+                    kept = keep / re.sub(r"[^A-Za-z0-9]+", "_", f"{w.shape.label}-{name}")
+                    shutil.copytree(root / "callgrind", kept, dirs_exist_ok=True)
+                    log(f"  callgrind dumps kept in {kept}")
                 shutil.rmtree(root, ignore_errors=True)
     return results
 
@@ -280,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", action="append", choices=[w.shape.label for w in WORKLOADS],
                         help="only this workload (repeatable)")
     parser.add_argument("--repeats", type=int, help="counted windows per server process (default 2, 1 with --smoke)")
+    parser.add_argument("--keep", type=Path, help="copy the callgrind dumps here (for callgrind_annotate)")
     args = parser.parse_args(argv)
     size = size_of(args)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -291,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    print(report(asyncio.run(run(size, tree, servers, repeats, log, tuple(args.workload or ()))), tree))
+    print(report(asyncio.run(run(size, tree, servers, repeats, log, tuple(args.workload or ()),
+                                 args.keep)), tree))
     return 0
 
 

@@ -13,7 +13,7 @@ from tiered.client import Client
 from tests.support.broker import REPO, BrokerProcess
 
 NATIVE = ("tiered.protocol._bundlescan", "tiered.storage._appender", "tiered.tiering.blocks._builder",
-          "tiered.spark._decode")
+          "tiered.server._produce", "tiered.spark._decode")
 
 # Loaded by every Python process started with its directory first on PYTHONPATH: the native modules cannot be imported.
 BLOCKER = f"""
@@ -46,12 +46,12 @@ def _env(tmp_path) -> dict[str, str]:
 
 
 def test_the_native_modules_are_blocked_in_the_fallback_environment(tmp_path):
-    code = ("import tiered.tiering.blocks.block_builder as b, tiered.storage.appender as a; "
-            "print(b.add_to_run_for() is b._add_to_run_py, b.PendingRun is b.PyPendingRun)")
+    code = ("import tiered.tiering.blocks.block_builder as b, tiered.storage.appender as a, tiered.server.produce as p; "
+            "print(b.add_to_run_for() is b._add_to_run_py, b.PendingRun is b.PyPendingRun, p.append_request_for() is None)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **_env(tmp_path)}, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True"]
+    assert out.stdout.split() == ["True", "True", "True"]
 
 
 async def test_a_broker_without_its_native_modules_produces_and_consumes(tmp_path):

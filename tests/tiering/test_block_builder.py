@@ -317,6 +317,8 @@ def _run_steps(path: str, run_class, ops) -> list:
         seqs = {tp: 10 for tp in TPS}
         bases = {tp: 1 for tp in TPS}
         seen = []
+        loop = asyncio.new_event_loop()
+        futures: list[asyncio.Future] = []
         for op in ops:
             if op[0] == "add":
                 _, p, step, messages, size, new_segment, kind, (low, high) = op
@@ -330,21 +332,30 @@ def _run_steps(path: str, run_class, ops) -> list:
                                                                   2**63 + 5 if kind == "huge ts" else max(low, high))
                 if kind == "none":  # a record the builder reads itself
                     rec = memoryview(record([b"v"] * messages, ts=low)).toreadonly()
+                ack = None
+                if size % 3 == 0:  # a durable record: its ack waits in the builder
+                    ack = loop.create_future()
+                    futures.append(ack)
                 try:
-                    seen.append(builder.add(tp, first, last, rec, bases[tp], 0.0, None, facts))
+                    seen.append(builder.add(tp, first, last, rec, bases[tp], float(len(seen)), ack, facts))
                     seqs[tp] = last
                 except NotLeading as exc:
                     seen.append(str(exc))
             elif op[0] == "close":
                 block = builder.close()
-                seen.append(None if block is None else ([run_fields(r) for r in block.runs], block.size_bytes))
+                seen.append(None if block is None else ([run_fields(r) for r in block.runs], block.size_bytes,
+                                                        [(k, futures.index(a)) for k, a in block.acks],
+                                                        block.opened_ms))
             elif op[0] == "release":
                 builder.release(TPS[op[1]])
             else:
                 builder.lead(TPS[op[1]])
                 seqs[TPS[op[1]]] = builder._next_from[TPS[op[1]]] - 1
         pending = {tp: [run_fields(r) for r in runs] for tp, runs in builder._runs.items()}
-        return [seen, pending, dict(builder._next_from), builder.pending_bytes]
+        acks = [(k, futures.index(a)) for k, a in builder._acks]
+        refused = [i for i, f in enumerate(futures) if f.done()]  # released partitions' acks
+        loop.close()
+        return [seen, pending, dict(builder._next_from), builder.pending_bytes, acks, refused, builder.opened_ms]
 
 
 @budget(150)
@@ -353,6 +364,21 @@ def test_native_runs_and_add_to_run_build_what_the_reference_builds(ops):
     reference = _run_steps("python", builder_module.PyPendingRun, ops)
     assert _run_steps("native", builder_module.PendingRun, ops) == reference
     assert _run_steps("python", builder_module.PendingRun, ops) == reference  # the reference on the C fields too
+
+
+def test_the_native_add_takes_the_reference_s_arguments_and_refuses_others():
+    builder = leading(TPS[0])
+    first = record([b"x"])
+    assert builder.add(TPS[0], 1, 1, first, 1, now_ms=5.0) is True
+    assert builder.add(TPS[0], 2, 2, b"y", 1, 6.0, facts=BundleFacts(0, 1, False, None, None, 1, 5, 5)) is False
+    for args, kwargs in [((TPS[0], 3, 3, b"z", 1), {}), ((TPS[0], 3, 3, b"z", 1, 7.0), {"nosuch": 1}),
+                         ((TPS[0], 3, 3, b"z", 1, 7.0, None, None, None), {}),
+                         ((TPS[0], 3, 3, b"z", 1, 7.0), {"key": TPS[0]})]:
+        with pytest.raises(TypeError):
+            builder.add(*args, **kwargs)
+    with pytest.raises(NotLeading):
+        builder.add(TPS[1], 1, 1, b"z", 1, 7.0)
+    assert builder.pending_bytes == len(first) + 1 and builder.opened_ms == 5.0 and builder._next_from[TPS[0]] == 3
 
 
 def test_native_add_to_run_reads_bundle_facts_by_these_positions():
@@ -394,3 +420,92 @@ def test_native_add_to_run_takes_only_its_common_case_and_survives_misuse():
     with pytest.raises(TypeError):
         add_to_run(*args[:5], 5, *args[6:])  # a record without a length
     assert add_to_run(*args) == 1 and builder._runs[tp][0].records == [b"x", b"y"]
+
+
+# -- DurablePath.appended natively (_builder.Appended) against its reference -------------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from tiered.storage.appender import AppendResult  # noqa: E402
+from tiered.tiering.blocks.durable import DurablePath  # noqa: E402
+
+# One step: (partition, seq step, messages, record bytes, new segment?, durable?, clock moves?) or ("close",).
+appended_steps = st.lists(st.one_of(
+    st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(1, 4), st.integers(1, 3_000), st.booleans(),
+              st.booleans(), st.booleans()),
+    st.tuples(st.just("close"))), max_size=50)
+
+
+def _appended_steps(native: bool, ops) -> list:
+    """What a durable path's `appended` did with `ops`: each call's answer (an ack's index, None, or the refusal),
+    the blocks it closed (when full), the timer's kicks, and the builder at the end."""
+    async def run() -> list:
+        builder = leading(*TPS, committed=10, max_bytes=4_000)
+        seen: list = []
+        acks: list = []
+        now = [1000.0]
+        path = SimpleNamespace(builder=builder, clock=SimpleNamespace(now_ms=lambda: now[0]),
+                               _close_block=lambda: seen.append(("closed", _closed(builder.close()))),
+                               _kick=SimpleNamespace(set=lambda: seen.append("kick")))
+        appended = (native_builder.Appended(builder, path.clock.now_ms, path._close_block, path._kick.set) if native
+                    else lambda tp, result, durable: DurablePath.appended(path, tp, result, durable))
+        seqs = {tp: 10 for tp in TPS}
+        bases = {tp: 1 for tp in TPS}
+
+        def _closed(block):
+            # A block closed inside `appended` (full) holds the ack that call is about to return: the next index.
+            return None if block is None else ([run_fields(r) for r in block.runs], block.size_bytes,
+                                               [(k, acks.index(a) if a in acks else len(acks)) for k, a in block.acks],
+                                               block.opened_ms)
+
+        for op in ops:
+            if op[0] == "close":
+                seen.append(_closed(builder.close()))
+                continue
+            p, step, messages, size, new_segment, durable, moves = op
+            tp = TPS[p]
+            first = seqs[tp] + 1 + step if step < 2 else seqs[tp]
+            last = first + messages - 1
+            if new_segment:
+                bases[tp] = first
+            if moves:
+                now[0] += 7.0
+            rec = memoryview(bytes([p]) * size).toreadonly()
+            facts = BundleFacts(0, messages, False, None, None, 1, 5, 9)
+            try:
+                ack = appended(tp, AppendResult(first, last, bases[tp], 0, size, rec, facts), durable)
+                seqs[tp] = last
+                if ack is not None:
+                    acks.append(ack)
+                seen.append(None if ack is None else acks.index(ack))
+            except NotLeading as exc:
+                seen.append(str(exc))
+        return [seen, {tp: [run_fields(r) for r in runs] for tp, runs in builder._runs.items()},
+                builder.pending_bytes, builder.opened_ms, [(k, acks.index(a)) for k, a in builder._acks]]
+
+    return asyncio.run(run())
+
+
+@budget(100)
+@given(appended_steps)
+def test_the_native_appended_does_what_the_durable_path_s_does(ops):
+    assert _appended_steps(True, ops) == _appended_steps(False, ops)
+
+
+def test_the_native_appended_reads_append_results_by_these_positions_and_refuses_misuse():
+    assert [AppendResult._fields.index(f) for f in ("first_seq", "last_seq", "segment_base", "record", "header")] == [
+        0, 1, 2, 5, 6]
+    builder = leading(TPS[0])
+    appended = native_builder.Appended(builder, lambda: 1.0, lambda: None, lambda: None)
+    facts = BundleFacts(0, 1, False, None, None, 1, 5, 9)
+    assert appended(TPS[0], AppendResult(1, 1, 1, 0, 1, b"x", facts), durable=False) is None
+    for args in [(), (TPS[0],), (TPS[0], (1, 2), False), (TPS[0], AppendResult(2, 2, 1, 0, 1, b"y", facts), False, 1)]:
+        with pytest.raises(TypeError):
+            appended(*args)
+    with pytest.raises(RuntimeError):  # a durable record's future needs the running loop
+        appended(TPS[0], AppendResult(2, 2, 1, 0, 1, b"y", facts), True)
+    with pytest.raises(TypeError):
+        native_builder.Appended(object(), None, None, None)
+    with pytest.raises(ValueError):
+        native_builder.Appended.__new__(native_builder.Appended)(TPS[0], AppendResult(2, 2, 1, 0, 1, b"y", facts),
+                                                                  False)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+import os
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tiered import metrics as m
@@ -48,10 +49,17 @@ from tiered.protocol.responses import (
 )
 from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
-from tiered.storage.partition_log import InvalidSeqnums
+from tiered.storage.appender import PRODUCE_PATH_ENV
+from tiered.storage.partition_log import InvalidSeqnums, log_append_for
 from tiered.tier_interface import AckOutcome
 
 log = logging.getLogger("tiered.server")
+
+_append_request_native: Callable[..., tuple | None] | None
+try:
+    from tiered.server._produce import append_request as _append_request_native
+except ImportError:  # built without a C compiler: the handler's loop serves
+    _append_request_native = None
 
 # Python 3.11's EnumType defines __getattr__, so every `Enum.MEMBER` read is a call through it (~850 instructions,
 # measured with callgrind): the produce path reads members bound once here.
@@ -68,9 +76,18 @@ OUTCOME_STATUS = {
 TopicAnswer = tuple[str, "int | None", bytearray]
 
 
+def append_request_for(path: str | None = None) -> Callable[..., tuple | None] | None:
+    """The native appends of a whole request (_produce.append_request), or None: the handler's own loop serves, as it
+    does with `path` "python" or the environment's TIERED_PRODUCE_PATH=python (as the appender and the builder)."""
+    choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
+    return None if choice == "python" else _append_request_native
+
+
 class ProduceHandler:
-    def __init__(self, broker):
+    def __init__(self, broker, path: str | None = None):
         self.broker = broker
+        self._append_request = append_request_for(path)
+        self._log_append = log_append_for(path)
 
     def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts],
                started: float | None = None) -> Coroutine[Any, Any, None] | None:
@@ -106,9 +123,36 @@ class ProduceHandler:
         read_only = broker.settings.read_only
         access = broker.access if broker.access.active else None
         base_seqs = req.with_seqnum
+        redirects: dict[tuple[int, int], object] = {}  # (answer index, partition index) -> the leader's endpoint
+        # The commonest request (every topic known, every partition led here, no access rules): the loop below in
+        # one native call (_produce.append_request), or None with nothing appended and the loop decides.
+        done = None if self._append_request is None or access is not None or read_only else self._append_request(
+            req.topics, facts, base_seqs, registry_topics, LEADER, tier_appended, visible, broker.waiters.waiting,
+            broker.metrics.produced_bytes, broker.metrics.produced_msgs, self._append_failed, self._log_append)
+        if done is not None:
+            answers, pending = done
+        else:
+            answers, pending = self._append_each(conn, req, facts, registry_topics, tier_appended, visible, produced,
+                                                 read_only, access, redirects)
+        if pending:
+            # Wait outside the request loop so later requests on this connection are not held up by this one.
+            conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
+            return None
+        frame = self._answer(req, answers, started, redirects)
+        if conn.try_send_frame(frame):
+            return None
+        return conn.send_frame(frame)
+
+    def _append_each(self, conn, req: ProduceRequest, facts: list[BundleFacts], registry_topics, tier_appended,
+                     visible, produced, read_only: bool, access,
+                     redirects: dict) -> tuple[list[TopicAnswer], list[tuple[int, int, asyncio.Future]]]:
+        """The appends of a request, partition by partition in request order, and its answers: the reference of
+        _produce.append_request, and the path of every request it does not take (an unknown topic or partition, a
+        partition led elsewhere, access rules, a read-only broker). Fills `redirects`."""
+        broker = self.broker
+        base_seqs = req.with_seqnum
         answers: list[TopicAnswer] = []
         pending: list[tuple[int, int, asyncio.Future]] = []  # (answer index, partition index, durable ack)
-        redirects: dict[tuple[int, int], object] = {}  # (answer index, partition index) -> the leader's endpoint
         i = 0  # the next bundle's index in `facts`
         for topic in req.topics:
             name = topic.name
@@ -142,13 +186,8 @@ class ProduceHandler:
                     continue
                 try:
                     appended = part.log.append(p.bundle, p.base_seq if base_seqs else None, bundle_facts, p.record)
-                except InvalidSeqnums as exc:
-                    log.info("produce %s/%d refused: %s", name, p.partition, exc)
-                    codes.append(ProduceStatus.INVALID_SEQNUMS)
-                    continue
-                except OSError as exc:
-                    log.error("produce %s/%d: append failed: %s", name, p.partition, exc)
-                    codes.append(ProduceStatus.SYSTEM)
+                except (InvalidSeqnums, OSError) as exc:
+                    codes.append(self._append_failed(name, p.partition, exc))
                     continue
                 record_len = len(appended.record)
                 produced(name, record_len, bundle_facts.messages)
@@ -162,14 +201,18 @@ class ProduceHandler:
                     pending.append((len(answers), len(codes), ack))
                 codes.append(OK)
             answers.append((name, None, codes))
-        if pending:
-            # Wait outside the request loop so later requests on this connection are not held up by this one.
-            conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
-            return None
-        frame = self._answer(req, answers, started, redirects)
-        if conn.try_send_frame(frame):
-            return None
-        return conn.send_frame(frame)
+        return answers, pending
+
+    @staticmethod
+    def _append_failed(name: str, partition: int, exc: BaseException) -> int:
+        """The code of an append the log refused (logged here), or `exc` raised again when it is not one."""
+        if isinstance(exc, InvalidSeqnums):
+            log.info("produce %s/%d refused: %s", name, partition, exc)
+            return ProduceStatus.INVALID_SEQNUMS
+        if isinstance(exc, OSError):
+            log.error("produce %s/%d: append failed: %s", name, partition, exc)
+            return ProduceStatus.SYSTEM
+        raise exc
 
     async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
                                      started: float) -> None:

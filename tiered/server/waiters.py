@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tiered.topic_partition import TopicPartition
@@ -53,6 +54,12 @@ class Waiters:
 
     def __init__(self) -> None:
         self._by_partition: dict[TopicPartition, set[Waiter]] = {}
+
+    @property
+    def waiting(self) -> Mapping[TopicPartition, set[Waiter]]:
+        """The partitions with waiters, as kept here (not a copy; changed only by add and remove): `visible` has
+        nothing to do for a partition not in it, which the produce path's native call checks itself."""
+        return self._by_partition
 
     def add(self, waiter: Waiter) -> None:
         for tp in waiter.seqs:

@@ -17,10 +17,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "structmember.h"
 
 #define INDEX_WRITE_BATCH 4096
 #define ENTRY_BYTES 8
@@ -53,8 +55,16 @@ static int u64_of(PyObject *obj, const char *what, uint64_t *out)
         PyErr_Format(PyExc_TypeError, "%s must be an int", what);
         return -1;
     }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    /* Most values fit a signed 64-bit integer, which CPython reads without its byte-array conversion (what
+     * PyLong_AsUnsignedLongLong always takes): that one only for the values past it. */
+    int overflow;
+    long long small = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow == 0 && small >= 0) {
+        *out = (uint64_t)small;
+        return 0;
+    }
+    unsigned long long v = overflow > 0 ? PyLong_AsUnsignedLongLong(obj) : (unsigned long long)-1;
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || overflow < 0 || (overflow == 0 && small < 0)) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s %R is not a u64", what, obj);
         return -1;
@@ -583,6 +593,174 @@ static PyObject *appender_append_next(Appender *t, PyObject *const *args, Py_ssi
     return result;
 }
 
+/* -- the partition log's append ----------------------------------------------------------------------------------- */
+
+/* The base of partition_log.py's PartitionLog when this module is built: the fields its append reads and writes,
+ * held in C so that log_append reaches them without a lookup each. The log owns every one (Python reads and writes
+ * them as attributes, under the same names); log_append keeps nothing. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *lock, *closed, *now_s, *config, *active, *last_assigned, *next_flush_s;
+} LogCore;
+
+static int core_traverse(LogCore *l, visitproc visit, void *arg)
+{
+    Py_VISIT(l->lock);
+    Py_VISIT(l->closed);
+    Py_VISIT(l->now_s);
+    Py_VISIT(l->config);
+    Py_VISIT(l->active);
+    Py_VISIT(l->last_assigned);
+    Py_VISIT(l->next_flush_s);
+    return 0;
+}
+
+static int core_clear(LogCore *l)
+{
+    Py_CLEAR(l->lock);
+    Py_CLEAR(l->closed);
+    Py_CLEAR(l->now_s);
+    Py_CLEAR(l->config);
+    Py_CLEAR(l->active);
+    Py_CLEAR(l->last_assigned);
+    Py_CLEAR(l->next_flush_s);
+    return 0;
+}
+
+static void core_dealloc(LogCore *l)
+{
+    PyObject_GC_UnTrack(l);
+    core_clear(l);
+    Py_TYPE(l)->tp_free((PyObject *)l);
+}
+
+#define CORE_MEMBER(name, field) {name, T_OBJECT_EX, offsetof(LogCore, field), 0, NULL}
+static PyMemberDef core_members[] = {
+    CORE_MEMBER("_lock", lock), CORE_MEMBER("_closed", closed), CORE_MEMBER("_now_s", now_s),
+    CORE_MEMBER("config", config), CORE_MEMBER("_active", active), CORE_MEMBER("_last_assigned", last_assigned),
+    CORE_MEMBER("_next_flush_s", next_flush_s),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject LogCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.storage._appender.LogCore",
+    .tp_basicsize = sizeof(LogCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields of a partition log its append reads and writes (partition_log.PartitionLog's base).",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_members = core_members,
+};
+
+static PyObject *append_next_name, *flush_messages_name, *count_for_flush_name, *log_append_name, *acquire_name,
+    *release_name; /* interned */
+
+/* lock.release(), keeping the exception being raised, if any; -1 when the release itself failed. */
+static int release_lock(PyObject *lock)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *got = PyObject_CallMethodNoArgs(lock, release_name);
+    if (got == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return -1;
+    }
+    Py_DECREF(got);
+    PyErr_Restore(type, value, traceback);
+    return 0;
+}
+
+/* PartitionLog.append's common case under the log's lock: the AppendResult, None when the log's own path must decide
+ * (nothing written), or NULL with an exception set. */
+static PyObject *append_locked(LogCore *l, PyObject *record, PyObject *facts, PyObject *base_seq)
+{
+    if (l->closed == NULL || l->now_s == NULL || l->config == NULL || l->active == NULL || l->last_assigned == NULL
+        || l->next_flush_s == NULL)
+        return Py_NewRef(Py_None); /* not set up as __init__ sets it up: the log's path */
+    int is_closed = PyObject_IsTrue(l->closed);
+    if (is_closed != 0 || l->active == Py_None)
+        return is_closed < 0 ? NULL : Py_NewRef(Py_None); /* closed (the log's path raises), or no segment yet */
+    PyObject *now = PyObject_CallNoArgs(l->now_s), *config = Py_NewRef(l->config), *active = Py_NewRef(l->active);
+    PyObject *append_next = NULL, *appended = NULL, *flush = NULL;
+    if (now == NULL || (append_next = PyObject_GetAttr(active, append_next_name)) == NULL)
+        goto done;
+    PyObject *argv[6] = {record, facts, base_seq, l->last_assigned, now, config};
+    appended = PyObject_Vectorcall(append_next, argv, 6, NULL);
+    if (appended == NULL || appended == Py_None)
+        goto done;
+    if (!PyTuple_Check(appended) || PyTuple_GET_SIZE(appended) != RESULT_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "append_next must answer an AppendResult");
+        Py_CLEAR(appended);
+        goto done;
+    }
+    /* Written: the log keeps the last seq assigned (its one owner), then counts the record for a flush when the topic
+     * asks for one. */
+    Py_XSETREF(l->last_assigned, Py_NewRef(PyTuple_GET_ITEM(appended, 1)));
+    int by_count = -1;
+    if ((flush = PyObject_GetAttr(config, flush_messages_name)) == NULL || (by_count = PyObject_IsTrue(flush)) < 0) {
+        Py_CLEAR(appended);
+        goto done;
+    }
+    if (by_count || (l->next_flush_s != NULL && l->next_flush_s != Py_None)) {
+        PyObject *counted = PyObject_CallMethodObjArgs((PyObject *)l, count_for_flush_name,
+                                                       PyTuple_GET_ITEM(facts, FACT_MESSAGES), now, NULL);
+        if (counted == NULL)
+            Py_CLEAR(appended);
+        Py_XDECREF(counted);
+    }
+done:
+    Py_XDECREF(now);
+    Py_DECREF(config);
+    Py_DECREF(active);
+    Py_XDECREF(append_next);
+    Py_XDECREF(flush);
+    return appended;
+}
+
+PyDoc_STRVAR(log_append_doc,
+"log_append(log, bundle, base_seq, facts, record, /)\n--\n\n"
+"PartitionLog.append(bundle, base_seq, facts, record) in one native call for its common case (a record laid out in\n"
+"the request, an open log whose active segment takes it: the seqs assigned after the log's last_assigned by\n"
+"append_next, which the log then keeps), on the fields of its LogCore; the rest, and the reference, is the method.");
+
+static PyObject *log_append(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "log_append takes (log, bundle, base_seq, facts, record)");
+        return NULL;
+    }
+    PyObject *log = args[0], *base_seq = args[2], *facts = args[3], *record = args[4];
+    PyObject *appended = Py_NewRef(Py_None);
+    if (PyObject_TypeCheck(log, &LogCoreType) && record != Py_None && PyTuple_Check(facts)
+        && PyTuple_GET_SIZE(facts) == FACTS_FIELDS && ((LogCore *)log)->lock != NULL) {
+        LogCore *l = (LogCore *)log;
+        PyObject *lock = Py_NewRef(l->lock);
+        Py_INCREF(log); /* held: append_next and the flush run Python code */
+        PyObject *got = PyObject_CallMethodNoArgs(lock, acquire_name);
+        if (got != NULL) {
+            Py_DECREF(got);
+            Py_SETREF(appended, append_locked(l, record, facts, base_seq));
+            if (release_lock(lock) < 0)
+                Py_CLEAR(appended);
+        } else
+            Py_CLEAR(appended);
+        Py_DECREF(lock);
+        Py_DECREF(log);
+        if (appended == NULL)
+            return NULL;
+    }
+    if (appended != Py_None)
+        return appended;
+    Py_DECREF(appended);
+    /* Not the common case (nothing was written): the log's own path, the reference, decides. */
+    PyObject *argv[5] = {log, args[1], base_seq, facts, record};
+    return PyObject_VectorcallMethod(log_append_name, argv, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
 static PyObject *appender_write_entries(Appender *t, PyObject *unused)
 {
     write_entries(t);
@@ -677,6 +855,7 @@ static PyTypeObject TailType = {
 
 static PyMethodDef module_methods[] = {
     {"register", register_result, METH_O, register_doc},
+    {"log_append", (PyCFunction)(void (*)(void))log_append, METH_FASTCALL, log_append_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -693,6 +872,14 @@ PyMODINIT_FUNC PyInit__appender(void)
         || (index_max_bytes_name = PyUnicode_InternFromString("log_index_size_max_bytes")) == NULL
         || (interval_name = PyUnicode_InternFromString("log_index_interval_bytes")) == NULL)
         return NULL;
+    if (PyType_Ready(&LogCoreType) < 0)
+        return NULL;
+    PyObject **names[] = {&append_next_name, &flush_messages_name, &count_for_flush_name, &log_append_name,
+                          &acquire_name, &release_name};
+    const char *texts[] = {"append_next", "flush_messages", "_count_for_flush", "append", "acquire", "release"};
+    for (int i = 0; i < 6; i++)
+        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
+            return NULL;
     PyObject *logging = PyImport_ImportModule("logging");
     if (logging == NULL)
         return NULL;
@@ -703,7 +890,8 @@ PyMODINIT_FUNC PyInit__appender(void)
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "SegmentAppender", (PyObject *)&TailType) < 0) {
+    if (PyModule_AddObjectRef(m, "SegmentAppender", (PyObject *)&TailType) < 0
+        || PyModule_AddObjectRef(m, "LogCore", (PyObject *)&LogCoreType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

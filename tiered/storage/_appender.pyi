@@ -51,3 +51,9 @@ class SegmentAppender:
     def close(self) -> None: ...
 
 def register(append_result: type[AppendResult], /) -> None: ...
+
+class LogCore:
+    """partition_log.PartitionLog's base: the fields its append reads and writes, held in C (typed there)."""
+
+def log_append(log: object, bundle: bytes | memoryview, base_seq: int | None, facts: BundleFacts | None,
+               record: memoryview | None, /) -> AppendResult: ...

@@ -34,7 +34,7 @@ from tiered.protocol.errors import ProtocolError
 from tiered.protocol.varint import MAX_VARINT, encode_varint
 # AppendResult and MAX_SEQ are the appender's (it builds the one and checks the other), named here as before.
 from tiered.storage.appender import MAX_SEQ as MAX_SEQ, AppendResult as AppendResult
-from tiered.storage.appender import append_result, next_seqs, seqs_valid
+from tiered.storage.appender import PRODUCE_PATH_ENV, append_result, next_seqs, seqs_valid
 from tiered.storage.reads import ReadRange, Segment, find_start, range_end
 from tiered.storage.records import RecordInfo, iter_records, pread_exact
 from tiered.storage.recovery import RecoveredLog, RecoveryReport, recover_partition
@@ -45,6 +45,12 @@ from tiered.storage.truncate import TruncateReport, truncate_partition_dir
 
 log = logging.getLogger("tiered.storage")
 
+_log_append_native: Callable[..., AppendResult] | None
+try:
+    from tiered.storage._appender import LogCore as _LogCore, log_append as _log_append_native
+except ImportError:  # built without a C compiler: PartitionLog.append serves
+    _log_append_native = None
+    _LogCore = object  # type: ignore[misc,assignment]
 
 
 class InvalidSeqnums(ValueError):
@@ -70,8 +76,12 @@ def _keep_everything(_segment: SealedSegment) -> bool:
     return True
 
 
-class PartitionLog:
-    """Open with PartitionLog.open(); the constructor takes an already recovered directory."""
+class PartitionLog(_LogCore):
+    """Open with PartitionLog.open(); the constructor takes an already recovered directory.
+
+    With the native module built, the fields `append` reads and writes (its lock, closed flag, clock, config, active
+    segment, last assigned seq, next flush time) are held in C (`_appender.LogCore`, the base: the same attributes),
+    so that `log_append` (_appender.c), the common case of `append` in one call, reaches them directly."""
 
     def __init__(
         self,
@@ -467,3 +477,11 @@ class PartitionLog:
                 self._active.close()
         for segment in self._sealed:
             segment.close()
+
+
+def log_append_for(path: str | None = None) -> Callable[..., AppendResult]:
+    """PartitionLog.append as a function of (log, bundle, base_seq, facts, record): natively (_appender.log_append: its
+    common case in one call, the rest through the method), or with `path` "python" or the environment's
+    TIERED_PRODUCE_PATH=python (as the appender) the method itself, the reference."""
+    choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
+    return PartitionLog.append if choice == "python" or _log_append_native is None else _log_append_native

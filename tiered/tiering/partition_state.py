@@ -14,7 +14,7 @@ It is sans-IO: no catalog, no store, no clock; the callers do the I/O and tell i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -84,6 +84,12 @@ class TierState:
     def led_epochs(self) -> dict[TopicPartition, int]:
         """The partitions led here, with the epoch each is led under (a copy)."""
         return dict(self._led)
+
+    def led_epochs_held(self) -> Mapping[TopicPartition, int]:
+        """What `led_epochs` copies, itself: the one dict the state keeps (never rebound, changed only by its writes
+        below), so that a reader holding it sees every change. `epoch_of(tp)` is its `get(tp)`; the block builder's
+        native `add` reads it so, once per produced record, without a Python call."""
+        return self._led
 
     # -- writes -----------------------------------------------------------------------------------------------------
 

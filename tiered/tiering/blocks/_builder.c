@@ -139,6 +139,16 @@ static int u64_of(PyObject *obj, uint64_t *out)
 {
     if (!PyLong_Check(obj))
         return 0;
+    /* Most values fit a signed 64-bit integer, which CPython reads without its byte-array conversion (what
+     * PyLong_AsUnsignedLongLong always takes): that one only for the values past it, or below 0 (its error). */
+    int overflow;
+    long long small = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (small == -1 && overflow == 0 && PyErr_Occurred())
+        return -1;
+    if (overflow == 0 && small >= 0) {
+        *out = (uint64_t)small;
+        return 1;
+    }
     unsigned long long v = PyLong_AsUnsignedLongLong(obj);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
@@ -247,6 +257,331 @@ not_common:
     Py_RETURN_NONE;
 }
 
+/* -- Builder ------------------------------------------------------------------------------------------------------- */
+
+/* The base of block_builder.py's BlockBuilder when this module is built: the builder's state the produce path changes
+ * per record, held in C so that `add` reaches it without a lookup each. The builder owns every field (Python reads
+ * and writes them as attributes, under the same names as before). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *state;       /* the TierState: whether, and under which epoch, a partition is led here */
+    PyObject *led;         /* _led_epochs: the state's own dict of them (TierState.led_epochs_held), read per record */
+    PyObject *runs;        /* _runs: dict, partition -> its pending runs (list) */
+    PyObject *next_from;   /* _next_from: dict, partition -> its next run's from_seq */
+    PyObject *acks;        /* _acks: list of (partition, future) */
+    PyObject *opened_ms;   /* _opened_ms: when the oldest pending record arrived, or None */
+    PyObject *add_to_run;  /* _add_to_run: the implementation of add's common case (add_to_run_for) */
+    long long pending_bytes, max_bytes, index_every; /* bytes pending and the block's size limit; the index step */
+} Builder;
+
+static PyObject *add_py_name, *add_name; /* interned */
+static PyObject *add_to_run_function; /* this module's add_to_run: `add` takes its common case itself when chosen */
+
+static int builder_traverse(Builder *b, visitproc visit, void *arg)
+{
+    Py_VISIT(b->state);
+    Py_VISIT(b->led);
+    Py_VISIT(b->runs);
+    Py_VISIT(b->next_from);
+    Py_VISIT(b->acks);
+    Py_VISIT(b->opened_ms);
+    Py_VISIT(b->add_to_run);
+    return 0;
+}
+
+static int builder_clear(Builder *b)
+{
+    Py_CLEAR(b->state);
+    Py_CLEAR(b->led);
+    Py_CLEAR(b->runs);
+    Py_CLEAR(b->next_from);
+    Py_CLEAR(b->acks);
+    Py_CLEAR(b->opened_ms);
+    Py_CLEAR(b->add_to_run);
+    return 0;
+}
+
+static void builder_dealloc(Builder *b)
+{
+    PyObject_GC_UnTrack(b);
+    builder_clear(b);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+/* BlockBuilder.add on C values: `now_ms` the time, or NULL and `now_fn()` called for it only when the record opens
+ * the pending block (the time is read for nothing else). True when it opened the block, or NULL with an exception. */
+static PyObject *add_core(Builder *b, PyObject *key, PyObject *first_seq, PyObject *last_seq, PyObject *record,
+                          PyObject *segment_base, PyObject *now_ms, PyObject *now_fn, PyObject *ack, PyObject *facts)
+{
+    if (b->add_to_run != add_to_run_function || b->led == NULL || !PyDict_Check(b->led) || b->runs == NULL
+        || b->next_from == NULL || b->acks == NULL || !PyList_Check(b->acks)) {
+        /* The reference add (TIERED_PRODUCE_PATH=python, or a builder not set up as __init__ sets it up). */
+        PyObject *now = now_ms != NULL ? Py_NewRef(now_ms) : PyObject_CallNoArgs(now_fn);
+        if (now == NULL)
+            return NULL;
+        PyObject *argv[9] = {(PyObject *)b, key, first_seq, last_seq, record, segment_base, now, ack, facts};
+        PyObject *got = PyObject_VectorcallMethod(add_py_name, argv, 9 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(now);
+        return got;
+    }
+    /* TierState.epoch_of(key), read from the state's own dict (a call into Python from here would cost more than
+     * all of the rest). */
+    PyObject *epoch = PyDict_GetItemWithError(b->led, key);
+    if (epoch == NULL && PyErr_Occurred())
+        return NULL;
+    epoch = Py_NewRef(epoch != NULL ? epoch : Py_None);
+    PyObject *size_obj = Py_NewRef(Py_None);
+    Py_INCREF(b); /* held: the calls below may run Python code */
+    if (epoch != Py_None) {
+        PyObject *index_every = PyLong_FromLongLong(b->index_every);
+        if (index_every == NULL)
+            goto failed;
+        PyObject *argv[9] = {b->runs, b->next_from, key, first_seq, last_seq, record, segment_base, facts,
+                             index_every};
+        Py_SETREF(size_obj, add_to_run(NULL, argv, 9));
+        Py_DECREF(index_every);
+        if (size_obj == NULL)
+            goto failed;
+    }
+    if (size_obj == Py_None) { /* the first record of a run, a refusal, facts to read: the Python path */
+        PyObject *argv[8] = {(PyObject *)b, key, first_seq, last_seq, record, segment_base, epoch, facts};
+        Py_SETREF(size_obj, PyObject_VectorcallMethod(add_name, argv, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+        if (size_obj == NULL)
+            goto failed;
+    }
+    long long size = PyLong_AsLongLong(size_obj);
+    if (size == -1 && PyErr_Occurred())
+        goto failed;
+    if (size < 0 || size > (1LL << 62) || b->pending_bytes > (1LL << 62)) {
+        PyErr_SetString(PyExc_ValueError, "a record's size out of range");
+        goto failed;
+    }
+    PyObject *opened = Py_False;
+    if (b->opened_ms == NULL || b->opened_ms == Py_None) {
+        PyObject *now = now_ms != NULL ? Py_NewRef(now_ms) : PyObject_CallNoArgs(now_fn);
+        if (now == NULL)
+            goto failed; /* nothing changed yet but the run (as a failed clock read after the reference's add) */
+        Py_XSETREF(b->opened_ms, now);
+        opened = Py_True;
+    }
+    b->pending_bytes += size;
+    if (ack != Py_None) {
+        PyObject *entry = PyTuple_Pack(2, key, ack);
+        if (entry == NULL || PyList_Append(b->acks, entry) < 0) {
+            Py_XDECREF(entry);
+            goto failed;
+        }
+        Py_DECREF(entry);
+    }
+    Py_DECREF(size_obj);
+    Py_DECREF(epoch);
+    Py_DECREF(b);
+    return Py_NewRef(opened);
+failed:
+    Py_XDECREF(size_obj);
+    Py_DECREF(epoch);
+    Py_DECREF(b);
+    return NULL;
+}
+
+PyDoc_STRVAR(builder_add_doc,
+"add(key, first_seq, last_seq, record, segment_base, now_ms, ack=None, facts=None, /)\n--\n\n"
+"BlockBuilder.add natively (block_builder.py's `add_py` is the reference, and serves when `_add_to_run` is not\n"
+"this module's add_to_run): the record added; True when it opened the pending block.");
+
+static const char *const add_params[] = {"key", "first_seq", "last_seq", "record", "segment_base", "now_ms", "ack",
+                                         "facts"};
+
+static PyObject *builder_add(Builder *b, PyObject *const *given, Py_ssize_t nargs_f, PyObject *kwnames)
+{
+    /* The arguments by position, keywords placed by name (as the reference's signature takes them). */
+    PyObject *args[8] = {NULL, NULL, NULL, NULL, NULL, NULL, Py_None, Py_None};
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargs_f), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs > 8)
+        goto usage;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        args[i] = given[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        int placed = 0;
+        for (int i = (int)nargs; i < 8 && !placed; i++)
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), add_params[i]) == 0) {
+                args[i] = given[nargs + k];
+                placed = 1;
+            }
+        if (!placed)
+            goto usage;
+    }
+    for (int i = 0; i < 6; i++)
+        if (args[i] == NULL)
+            goto usage;
+    return add_core(b, args[0], args[1], args[2], args[3], args[4], args[5], NULL, args[6], args[7]);
+usage:
+    PyErr_SetString(PyExc_TypeError,
+                    "add takes (key, first_seq, last_seq, record, segment_base, now_ms, ack=None, facts=None)");
+    return NULL;
+}
+
+static PyMethodDef builder_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))builder_add, METH_FASTCALL | METH_KEYWORDS, builder_add_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+#define LL_MEMBER(name, field) {name, T_LONGLONG, offsetof(Builder, field), 0, NULL}
+#define OBJ_MEMBER(name, field) {name, T_OBJECT, offsetof(Builder, field), 0, NULL}
+static PyMemberDef builder_members[] = {
+    OBJ_MEMBER("state", state), OBJ_MEMBER("_led_epochs", led), OBJ_MEMBER("_runs", runs), OBJ_MEMBER("_next_from", next_from),
+    OBJ_MEMBER("_acks", acks), OBJ_MEMBER("_opened_ms", opened_ms), OBJ_MEMBER("_add_to_run", add_to_run),
+    LL_MEMBER("pending_bytes", pending_bytes), LL_MEMBER("max_bytes", max_bytes),
+    LL_MEMBER("index_every", index_every),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BuilderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.tiering.blocks._builder.Builder",
+    .tp_basicsize = sizeof(Builder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The block builder's per-record state (block_builder.BlockBuilder's base) and its native `add`.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)builder_dealloc,
+    .tp_traverse = (traverseproc)builder_traverse,
+    .tp_clear = (inquiry)builder_clear,
+    .tp_members = builder_members,
+    .tp_methods = builder_methods,
+};
+
+/* -- Appended ------------------------------------------------------------------------------------------------------ */
+
+/* durable.py's DurablePath.appended natively, for a DurablePath whose builder takes the native add: one call per
+ * appended record that hands it to the builder (the ack's future made first on a durable topic), closes the block at
+ * once when it is full, and wakes the block timer when the record opened the block. It holds the builder and the
+ * path's calls; every piece of state stays the builder's or the path's. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *builder;     /* a Builder */
+    PyObject *now_ms;      /* the clock's now_ms: read only when a record opens the block */
+    PyObject *close_block; /* DurablePath._close_block */
+    PyObject *kick;        /* the block timer's event's set */
+} Appended;
+
+static PyObject *get_running_loop, *create_future_name; /* asyncio.get_running_loop (C), "create_future" */
+
+/* AppendResult's fields read here (tiered.storage.appender; the tests check them against its _fields). */
+#define RESULT_FIELDS 7
+#define RESULT_FIRST_SEQ 0
+#define RESULT_LAST_SEQ 1
+#define RESULT_SEGMENT_BASE 2
+#define RESULT_RECORD 5
+#define RESULT_HEADER 6
+
+static int appended_init(Appended *a, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"builder", "now_ms", "close_block", "kick", NULL};
+    PyObject *builder, *now_ms, *close_block, *kick;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOO", names, &BuilderType, &builder, &now_ms, &close_block,
+                                     &kick))
+        return -1;
+    Py_XSETREF(a->builder, Py_NewRef(builder));
+    Py_XSETREF(a->now_ms, Py_NewRef(now_ms));
+    Py_XSETREF(a->close_block, Py_NewRef(close_block));
+    Py_XSETREF(a->kick, Py_NewRef(kick));
+    return 0;
+}
+
+static int appended_traverse(Appended *a, visitproc visit, void *arg)
+{
+    Py_VISIT(a->builder);
+    Py_VISIT(a->now_ms);
+    Py_VISIT(a->close_block);
+    Py_VISIT(a->kick);
+    return 0;
+}
+
+static int appended_clear(Appended *a)
+{
+    Py_CLEAR(a->builder);
+    Py_CLEAR(a->now_ms);
+    Py_CLEAR(a->close_block);
+    Py_CLEAR(a->kick);
+    return 0;
+}
+
+static void appended_dealloc(Appended *a)
+{
+    PyObject_GC_UnTrack(a);
+    appended_clear(a);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyObject *appended_call(Appended *a, PyObject *args, PyObject *kwargs)
+{
+    PyObject *tp, *result, *durable_obj;
+    if (a->builder == NULL) {
+        PyErr_SetString(PyExc_ValueError, "an Appended not initialised");
+        return NULL;
+    }
+    static char *names[] = {"tp", "appended", "durable", NULL};
+    if (kwargs == NULL ? !PyArg_UnpackTuple(args, "appended", 3, 3, &tp, &result, &durable_obj)
+                       : !PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:appended", names, &tp, &result, &durable_obj))
+        return NULL;
+    if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != RESULT_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "appended takes an AppendResult");
+        return NULL;
+    }
+    int durable = PyObject_IsTrue(durable_obj);
+    if (durable < 0)
+        return NULL;
+    PyObject *ack = Py_NewRef(Py_None);
+    if (durable) {
+        PyObject *loop = PyObject_CallNoArgs(get_running_loop);
+        if (loop == NULL)
+            goto failed;
+        Py_SETREF(ack, PyObject_CallMethodNoArgs(loop, create_future_name));
+        Py_DECREF(loop);
+        if (ack == NULL)
+            return NULL;
+    }
+    Builder *b = (Builder *)a->builder;
+    Py_INCREF(a); /* held: the calls below may run Python code */
+    PyObject *opened = add_core(b, tp, PyTuple_GET_ITEM(result, RESULT_FIRST_SEQ),
+                                PyTuple_GET_ITEM(result, RESULT_LAST_SEQ), PyTuple_GET_ITEM(result, RESULT_RECORD),
+                                PyTuple_GET_ITEM(result, RESULT_SEGMENT_BASE), NULL, a->now_ms, ack,
+                                PyTuple_GET_ITEM(result, RESULT_HEADER));
+    if (opened == NULL) {
+        Py_DECREF(a);
+        goto failed;
+    }
+    PyObject *then = NULL; /* at once: the timer task may only run after many more appends */
+    if (b->pending_bytes >= b->max_bytes)
+        then = PyObject_CallNoArgs(a->close_block);
+    else if (opened == Py_True)
+        then = PyObject_CallNoArgs(a->kick);
+    else
+        then = Py_NewRef(Py_None);
+    Py_DECREF(opened);
+    Py_DECREF(a);
+    if (then == NULL)
+        goto failed;
+    Py_DECREF(then);
+    return ack;
+failed:
+    Py_XDECREF(ack);
+    return NULL;
+}
+
+static PyTypeObject AppendedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiered.tiering.blocks._builder.Appended",
+    .tp_basicsize = sizeof(Appended),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Appended(builder, now_ms, close_block, kick): DurablePath.appended natively (see _builder.c); called "
+              "as appended(tp, append_result, durable) -> the ack's future or None.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)appended_init,
+    .tp_call = (ternaryfunc)appended_call,
+    .tp_dealloc = (destructor)appended_dealloc,
+    .tp_traverse = (traverseproc)appended_traverse,
+    .tp_clear = (inquiry)appended_clear,
+};
+
 static PyMethodDef methods[] = {
     {"add_to_run", (PyCFunction)(void (*)(void))add_to_run, METH_FASTCALL, add_to_run_doc},
     {NULL, NULL, 0, NULL},
@@ -259,12 +594,25 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__builder(void)
 {
-    if (PyType_Ready(&RunType) < 0)
+    if (PyType_Ready(&RunType) < 0 || PyType_Ready(&BuilderType) < 0 || PyType_Ready(&AppendedType) < 0)
+        return NULL;
+    PyObject *asyncio = PyImport_ImportModule("asyncio");
+    if (asyncio == NULL)
+        return NULL;
+    get_running_loop = PyObject_GetAttrString(asyncio, "get_running_loop");
+    Py_DECREF(asyncio);
+    if (get_running_loop == NULL || (create_future_name = PyUnicode_InternFromString("create_future")) == NULL)
+        return NULL;
+    if ((add_py_name = PyUnicode_InternFromString("add_py")) == NULL
+        || (add_name = PyUnicode_InternFromString("_add")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Run", (PyObject *)&RunType) < 0) {
+    if (PyModule_AddObjectRef(m, "Run", (PyObject *)&RunType) < 0
+        || PyModule_AddObjectRef(m, "Builder", (PyObject *)&BuilderType) < 0
+        || PyModule_AddObjectRef(m, "Appended", (PyObject *)&AppendedType) < 0
+        || (add_to_run_function = PyObject_GetAttrString(m, "add_to_run")) == NULL) {
         Py_DECREF(m);
         return NULL;
     }

@@ -63,11 +63,13 @@ def run_fields(run: PyPendingRun | PendingRun) -> tuple:
 
 
 _add_to_run_native: Callable[..., int | None] | None
+_BuilderBase: type
 try:
-    from tiered.tiering.blocks._builder import Run as _Run, add_to_run as _add_to_run_native
+    from tiered.tiering.blocks._builder import Builder as _BuilderBase, Run as _Run, add_to_run as _add_to_run_native
 except ImportError:  # built without a C compiler: the reference serves
     PendingRun = PyPendingRun
     _add_to_run_native = None
+    _BuilderBase = object
 else:
     class PendingRun(_Run):  # type: ignore[no-redef]
         """PyPendingRun's fields held in C, so that `add_to_run` updates them without a lookup each."""
@@ -164,13 +166,19 @@ class NotLeading(Exception):
     """A record for a partition the builder was not told to lead (`lead`), or one that does not follow its last."""
 
 
-class BlockBuilder:
+class BlockBuilder(_BuilderBase):  # type: ignore[misc,valid-type]
     """Gathers the records of the partitions led here into the next block. Whether a partition is led, and under which
     epoch, is the tier state's (tiered.tiering.partition_state); the builder keeps only where each partition's next
-    run continues from."""
+    run continues from.
+
+    With the native module built, the fields `add` changes per record are held in C (`_builder.Builder`, the base:
+    the same attributes) and `add` is its native method, which takes the common case itself and hands the rest to
+    `_add`; `add_py` is the reference, and serves whenever `_add_to_run` is not the native add_to_run
+    (TIERED_PRODUCE_PATH=python)."""
 
     def __init__(self, state: TierState, max_bytes: int = 8 << 20, max_age_ms: int = 250):
         self.state = state
+        self._led_epochs = state.led_epochs_held()  # epoch_of's answers, as the native add reads them
         self.max_bytes = max_bytes
         self.max_age_ms = max_age_ms
         self._runs: dict[TopicPartition, list[PendingRun]] = {}
@@ -181,6 +189,7 @@ class BlockBuilder:
         self._opened_ms: float | None = None
         self._next_from: dict[TopicPartition, int] = {}  # per partition opened here: its next run's from_seq
         self._add_to_run = add_to_run_for()
+        self.index_every = INDEX_EVERY_BYTES
 
     @property
     def opened_ms(self) -> float | None:
@@ -214,13 +223,13 @@ class BlockBuilder:
             if not self._runs:
                 self._opened_ms = None
 
-    def add(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
-            now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> bool:
+    def add_py(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
+               now_ms: float, ack: asyncio.Future | None = None, facts: BundleFacts | None = None) -> bool:
         """Adds one record; True when it opened the pending block (the builder was empty). Records of a partition
         must arrive in seq order (the partition log's append order). `facts`: what validate_bundle found for its
-        bundle (AppendResult.header), when the caller has them."""
+        bundle (AppendResult.header), when the caller has them. The reference of the native `add`."""
         epoch = self.state.epoch_of(key)
-        # Most records: one native call adds it to the partition's open run (add_to_run); the rest in _add.
+        # Most records: one call adds it to the partition's open run (add_to_run); the rest in _add.
         size = None if epoch is None else self._add_to_run(self._runs, self._next_from, key, first_seq, last_seq,
                                                            record, segment_base, facts, INDEX_EVERY_BYTES)
         if size is None:
@@ -232,6 +241,9 @@ class BlockBuilder:
             self._opened_ms = now_ms
             return True
         return False
+
+    if _BuilderBase is object:  # built without a C compiler: the reference is `add`
+        add = add_py
 
     def _add(self, key: TopicPartition, first_seq: int, last_seq: int, record: Piece, segment_base: int,
              epoch: int | None, facts: BundleFacts | None) -> int:

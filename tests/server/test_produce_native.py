@@ -1,0 +1,237 @@
+"""The native appends of a whole request (tiered/server/_produce.c, `append_request`) against their reference, the
+produce handler's own loop (ProduceHandler._append_each): the same requests on two copies of the same partitions
+give the same answers, the same calls to the tier, the metrics and the waiters in the same order, and the same
+segment and index files. A request the native call does not take (an unknown topic or partition, a partition not
+led here) answers None with nothing appended. Hostile arguments raise, never crash (the ASan build runs this file:
+tests/test_native_asan.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiered.metrics import Metrics
+from tiered.protocol import requests as rq
+from tiered.protocol.bundle import BundleFacts, Message, encode_bundle
+from tiered.protocol.codes import ProduceStatus
+from tiered.server.produce import ProduceHandler
+from tiered.server.registry import Partition, Role, Topic
+from tiered.storage.appender import AppendResult
+from tiered.storage.partition_log import InvalidSeqnums, PartitionLog, log_append_for
+from tiered.storage.topic_config import TopicConfig
+from tiered.tier_interface import Leader
+
+from tests.protocol.strategies import budget
+
+_produce = pytest.importorskip("tiered.server._produce")
+
+CONFIG = TopicConfig.from_layers({"log.segment.bytes": "600", "log.index.interval.bytes": "128",
+                                  "produce.ack": "local"})
+DURABLE = TopicConfig.from_layers({"log.segment.bytes": "600", "log.index.interval.bytes": "128",
+                                    "produce.ack": "durable"})
+NOW = 1_700_000_000.0
+
+
+def test_the_native_call_reads_the_fields_it_was_built_for():
+    assert rq.ProduceTopic._fields[:2] == ("name", "partitions")
+    assert rq.ProducePartition._fields == ("partition", "bundle", "base_seq", "record")
+    assert BundleFacts._fields[1] == "messages"
+    assert (AppendResult._fields[0], AppendResult._fields[5]) == ("first_seq", "record")
+
+
+class World:
+    """Two topics' partitions on disk, as the registry holds them, and a record of every call the appends make."""
+
+    def __init__(self, root):
+        self.calls: list[tuple] = []
+        self.topics: dict[str, Topic] = {}
+        for name, config, count in (("a", CONFIG, 3), ("d", DURABLE, 2)):
+            topic = Topic(name, "", config)
+            for i in range(count):
+                log = PartitionLog.open(os.path.join(root, f"{name}-{i}"), config, now_s=lambda: NOW)
+                part = Partition(name, i, log, config, lower_tier=True, role=Role.LEADER)
+                topic.partitions.append(part)
+            self.topics[name] = topic
+        self.topics["a"].partitions[2].role = Role.FOLLOWER  # led elsewhere
+        self.topics["a"].partitions[2].leader = Leader(7, "10.0.0.7:11011", "")
+        self.metrics = Metrics()
+        # Partitions a long-poll waits on: `visible` is called for these (on a topic that is not durable) only.
+        self.waiting = {self.topics["a"].partitions[1].tp: {"a waiter"}}
+        self.broker = SimpleNamespace(metrics=self.metrics, advertised_host="127.0.0.1")
+        self.handler = ProduceHandler(self.broker, path="python")
+
+    def tier_appended(self, tp, appended, durable):
+        self.calls.append(("appended", tp, tuple(appended[:5]), bytes(appended.record), appended.header, durable))
+        return f"ack-{len(self.calls)}" if durable else None
+
+    def visible(self, tp, first_seq, size):
+        if tp in self.waiting:  # as Waiters.visible: nothing happens for a partition without waiters
+            self.calls.append(("visible", tp, first_seq, size))
+
+    def produced(self, name, size, messages):
+        self.metrics.produced(name, size, messages)
+
+    def args(self, req, facts):
+        return (req.topics, facts, req.with_seqnum, self.topics, Role.LEADER, self.tier_appended, self.visible,
+                self.waiting, self.metrics.produced_bytes, self.metrics.produced_msgs, ProduceHandler._append_failed,
+                log_append_for())
+
+    def native(self, req, facts):
+        return _produce.append_request(*self.args(req, facts))
+
+    def reference(self, req, facts):
+        redirects: dict = {}
+        conn = SimpleNamespace(plaintext=True)
+        answers, pending = self.handler._append_each(conn, req, facts, self.topics, self.tier_appended, self.visible,
+                                                     self.produced, False, None, redirects)
+        return answers, pending
+
+    def files(self) -> dict[str, bytes]:
+        out = {}
+        for topic in self.topics.values():
+            for part in topic.partitions:
+                part.log.flush()
+                for name in sorted(os.listdir(part.log.directory)):
+                    with open(os.path.join(part.log.directory, name), "rb") as f:
+                        # A sealed segment's name ends in its freeze time (the .log's mtime): not compared.
+                        out[f"{topic.name}/{part.partition}/" + re.sub(r"_\d+\.(ilog|log)$", r".\1", name)] = f.read()
+        return out
+
+    def close(self):
+        for topic in self.topics.values():
+            for part in topic.partitions:
+                part.log.close()
+
+
+def scanned(request: rq.ProduceRequest):
+    return rq.read_checked_produce(rq.encode_produce_request(request), request.with_seqnum)
+
+
+TAKEN: list[int] = []  # topics of each request the native call took (looked at by hand: -s)
+partition_ids = st.sampled_from([("a", 0), ("a", 1), ("d", 0), ("d", 1), ("a", 2), ("a", 9), ("x", 0)])
+
+
+@st.composite
+def requests(draw, request_id: int) -> rq.ProduceRequest:
+    with_seqnum = draw(st.booleans()) and draw(st.booleans())
+    chosen = draw(st.lists(partition_ids, min_size=1, max_size=4))
+    topics: dict[str, list] = {}
+    for name, partition in chosen:
+        count = draw(st.integers(1, 12))
+        size = draw(st.sampled_from([1, 30, 120]))
+        bundle = encode_bundle([Message(bytes([i % 251]) * size, None, 1_000 + i) for i in range(count)])
+        base = draw(st.sampled_from([1, 500, 10_000 + request_id * 100])) if with_seqnum else None
+        topics.setdefault(name, []).append(rq.ProducePartition(partition, bundle, base))
+    return rq.ProduceRequest(request_id, tuple(rq.ProduceTopic(n, tuple(ps)) for n, ps in topics.items()),
+                             with_seqnum=with_seqnum)
+
+
+@budget(40)
+@given(st.data())
+def test_the_native_appends_are_the_loop_s(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("twin")
+    native, reference = World(root / "native"), World(root / "reference")
+    took = 0
+    try:
+        for request_id in range(1, data.draw(st.integers(1, 25))):
+            req, facts = scanned(data.draw(requests(request_id)))
+            got = native.native(req, facts)
+            if got is None:
+                # Not taken: nothing was appended, and the loop serves both copies.
+                assert native.calls == reference.calls
+                got = native.reference(req, facts)
+            else:
+                took += 1
+                TAKEN.append(len(req.topics))
+            assert got == reference.reference(req, facts)
+            assert native.calls == reference.calls
+            assert (native.metrics.produced_bytes, native.metrics.produced_msgs) == (
+                reference.metrics.produced_bytes, reference.metrics.produced_msgs)
+        assert native.files() == reference.files()
+        # What the native call took, it took whole: every one of its appends is in the calls compared above.
+        assert took == 0 or any(call[0] == "appended" for call in native.calls)
+    finally:
+        native.close()
+        reference.close()
+
+
+def test_a_request_the_native_call_does_not_take_changes_nothing(tmp_path):
+    world = World(tmp_path)
+    try:
+        before = world.files()
+        bundle = encode_bundle([Message(b"v", None, 1)])
+        for names in ([("a", 0), ("a", 2)], [("a", 0), ("a", 9)], [("d", 0), ("x", 0)]):
+            topics: dict[str, list] = {}
+            for name, partition in names:
+                topics.setdefault(name, []).append(rq.ProducePartition(partition, bundle))
+            req, facts = scanned(rq.ProduceRequest(1, tuple(rq.ProduceTopic(n, tuple(p)) for n, p in topics.items())))
+            assert world.native(req, facts) is None
+        assert world.calls == [] and world.files() == before
+    finally:
+        world.close()
+
+
+def test_refused_appends_answer_their_codes_and_other_failures_raise(tmp_path):
+    world = World(tmp_path)
+    try:
+        bundle = encode_bundle([Message(b"v", None, 1)])
+        first = rq.ProduceRequest(1, (rq.ProduceTopic("a", (rq.ProducePartition(0, bundle, 50),)),),
+                                  with_seqnum=True)
+        answers, pending = world.native(*scanned(first))
+        assert answers == [("a", None, bytearray([ProduceStatus.OK]))] and pending == []
+        again = first._replace(request_id=2)  # the same first seq: not above the last assigned
+        answers, _ = world.native(*scanned(again))
+        assert answers == [("a", None, bytearray([ProduceStatus.INVALID_SEQNUMS]))]
+
+        def failing(name, partition, exc):
+            raise RuntimeError(f"not answered: {exc}")
+
+        args = list(world.args(*scanned(again._replace(request_id=3))))
+        args[10] = failing
+        with pytest.raises(RuntimeError, match="not answered"):
+            _produce.append_request(*args)
+        with pytest.raises(ZeroDivisionError):
+            ProduceHandler._append_failed("a", 0, ZeroDivisionError())
+        assert ProduceHandler._append_failed("a", 0, InvalidSeqnums("x")) == ProduceStatus.INVALID_SEQNUMS
+        assert ProduceHandler._append_failed("a", 0, OSError("disk")) == ProduceStatus.SYSTEM
+    finally:
+        world.close()
+
+
+junk = st.one_of(st.none(), st.integers(-2, 2**70), st.binary(max_size=8), st.text(max_size=4),
+                 st.tuples(), st.lists(st.integers(), max_size=3))
+
+
+@budget(100)
+@given(data=st.data())
+def test_hostile_arguments_raise_and_never_crash(tmp_path_factory, data):
+    world = World(tmp_path_factory.mktemp("hostile"))
+    try:
+        req, facts = scanned(data.draw(requests(1)))
+        args = list(world.args(req, facts))
+        spoil = data.draw(st.sampled_from(["topics", "facts", "partition", "short", "registry", "counters", "none"]))
+        if spoil == "topics":
+            args[0] = data.draw(st.one_of(junk, st.tuples(junk), st.tuples(st.tuples(junk, junk))))
+        elif spoil == "facts":
+            args[1] = data.draw(st.one_of(junk, st.lists(junk, max_size=6)))
+        elif spoil == "partition":
+            topic = req.topics[0]
+            bad = data.draw(st.one_of(junk, st.tuples(junk, junk, junk, junk)))
+            args[0] = ((topic.name, (bad, *topic.partitions[1:])), *req.topics[1:])
+        elif spoil == "short":
+            args[1] = facts[:-1]
+        elif spoil == "registry":
+            args[3] = data.draw(st.one_of(junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2)))
+        elif spoil == "counters":
+            args[data.draw(st.sampled_from([7, 8, 9, 11]))] = data.draw(junk)
+        try:
+            _produce.append_request(*args[: data.draw(st.integers(0, 12))] if spoil == "none" else args)
+        except (TypeError, ValueError, AttributeError, OverflowError, IndexError):
+            pass
+    finally:
+        world.close()

@@ -34,5 +34,6 @@ async def test_three_brokers_through_pgbouncer_take_over_a_killed_one(pooled_clu
     finally:
         await producers.stop()
         await client.close()
-    assert producers.acked() > 6 * 8
+    # 5 acks before the kill and 3 after, on every partition: the read-back below checks no fewer than those.
+    assert producers.acked() >= 6 * (5 + 3)
     await read_back(cluster, "ev", producers)

@@ -103,3 +103,23 @@ async def test_a_listener_that_cannot_connect_fails_with_one_line_and_says_it_do
     with pytest.raises(CatalogUnavailable, match="change notices: cannot connect"):
         await Notices(url, lambda: None, states.append).run()
     assert states == []  # never listened: the coordinator was never told it does
+
+
+async def test_a_listener_whose_connection_is_cut_fails_with_one_line_and_says_it_stopped_listening(pg_url):
+    states: list[bool] = []
+    noticed: list[None] = []
+    with Catalog.open(pg_url) as cat:
+        task = asyncio.create_task(Notices(cat.engine.url, lambda: noticed.append(None), states.append).run())
+        try:
+            await _until(lambda: states == [True])
+            create_topic(cat, "t", 1)  # a version taken: a notice
+            await _until(lambda: len(noticed) >= 2)  # the one at start, and this one
+            with cat.write() as conn:
+                conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                     "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()")
+            await _until(task.done)
+            with pytest.raises(CatalogUnavailable, match="change notices: the connection failed"):
+                await task
+        finally:
+            await stop(task)
+    assert states == [True, False]

@@ -6,7 +6,8 @@ what changed. A notice carries nothing but "look": what changed is read from the
 notice lost while the listener reconnects, or never sent, delays a look by at most an idle tick and loses nothing.
 
 One connection per broker, outside the catalog's pool (a pooled connection is handed back after each transaction
-and would stop listening), on the event loop (psycopg's asyncio connection: no thread). Its loop runs under the
+and would stop listening), on the event loop (psycopg's asyncio connection to connect, then a reader on its socket: no thread, and nothing runs
+while no notice comes). Its loop runs under the
 tier's supervisor: a lost connection is one line, retried with the supervisor's backoff, and while it is down the
 coordinator looks every `TICK_S` as if nobody told it anything. Behind a transaction-mode pooler (PgBouncer) LISTEN
 does not work: no listener, the coordinator looks every `TICK_S`.
@@ -56,13 +57,35 @@ class Notices:
         try:
             async with conn:
                 await asyncio.wait_for(conn.execute(f"LISTEN {NOTICE_CHANNEL}"), CONNECT_S)
-                self.listening(True)
-                log.info("listening for the catalog's change notices")
-                self.noticed()  # what changed while nobody listened is looked at now
-                async for _ in conn.notifies():
-                    self.noticed()
-                raise CatalogUnavailable("change notices: the connection ended")
+                await self._receive(conn)
         except (psycopg.Error, OSError, asyncio.TimeoutError) as exc:
             raise CatalogUnavailable(f"change notices: the connection failed: {exc}") from None
         finally:
             self.listening(False)
+
+    async def _receive(self, conn: psycopg.AsyncConnection) -> None:
+        """Reads the notices as the socket brings them, with a reader on the event loop: nothing runs while none
+        come (psycopg's own `notifies()` wakes every 0.1 s to look, ten times a second on an idle broker). Returns
+        never; raises when the connection fails or ends."""
+        loop = asyncio.get_running_loop()
+        failed: asyncio.Future[None] = loop.create_future()
+        pgconn = conn.pgconn
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()  # raises on a closed or failed connection
+                while pgconn.notifies() is not None:
+                    self.noticed()
+            except psycopg.Error as exc:
+                if not failed.done():
+                    failed.set_exception(exc)
+
+        fd = pgconn.socket
+        loop.add_reader(fd, readable)
+        try:
+            self.listening(True)
+            log.info("listening for the catalog's change notices")
+            self.noticed()  # what changed while nobody listened is looked at now
+            await failed
+        finally:
+            loop.remove_reader(fd)

@@ -9,7 +9,7 @@ The history is written with tiered.storage.PartitionLog (`log.segment.bytes=8mb`
 100 B random values, uncompressed; keys drawn uniformly from one tenth of the message count, 5% of the messages
 tombstones and 2% keyless), then recorded as the durable path and the copier leave it
 (bench_remote_compaction.copy_history) in a file store with a SQLite catalog, so both read segments from the
-store. Timed, each the median of `--repeats` after one untimed pass:
+store. Timed, each the median of `--repeats` after one untimed pass (none at --smoke):
 - replay: `export_parquet` of everything, then with `latest_per_key` (two passes: every segment read twice unless a
   split holds nothing kept), Parquet to a local directory;
 - spark: a fresh `local[2]` session; the sum of key and value lengths over the plain read (which decodes every
@@ -85,8 +85,9 @@ def fill(partition: PartitionLog, messages: int, rng: random.Random) -> int:
     return keyless + sum(latest.values())
 
 
-def timed(repeats: int, run) -> tuple[float, int]:
-    run()  # untimed: workers start, code is compiled
+def timed(repeats: int, run, warm: bool) -> tuple[float, int]:
+    if warm:
+        run()  # untimed: workers start, code is compiled
     times, out = [], 0
     for _ in range(repeats):
         started = time.perf_counter()
@@ -95,7 +96,8 @@ def timed(repeats: int, run) -> tuple[float, int]:
     return statistics.median(times), out
 
 
-def bench_replay(url: str, store_url: str, root: Path, repeats: int, messages: int, expected: int) -> list[Result]:
+def bench_replay(url: str, store_url: str, root: Path, repeats: int, messages: int, expected: int,
+                 warm: bool) -> list[Result]:
     from tiered.spark.options import ReadOptions
     from tiered.spark.replay import export_parquet
 
@@ -110,14 +112,14 @@ def bench_replay(url: str, store_url: str, root: Path, repeats: int, messages: i
             shutil.rmtree(dest)
             return stats.messages
 
-        seconds, out = timed(repeats, run)
+        seconds, out = timed(repeats, run, warm)
         if out != (expected if latest else messages):
             raise RuntimeError(f"replay {query}: {out} rows, expected {expected if latest else messages}")
         results.append(Result("tiered replay", query, messages, out, seconds))
     return results
 
 
-def bench_spark(url: str, store_url: str, repeats: int, messages: int, expected: int) -> list[Result]:
+def bench_spark(url: str, store_url: str, repeats: int, messages: int, expected: int, warm: bool) -> list[Result]:
     from pyspark.sql import functions as F
 
     from tiered.spark.session import local_session
@@ -137,7 +139,7 @@ def bench_spark(url: str, store_url: str, repeats: int, messages: int, expected:
         results = []
         for query, run, want in (("everything", everything, messages),
                                  ("latest per key", lambda: latest_per_key(df).count(), expected)):
-            seconds, out = timed(repeats, run)
+            seconds, out = timed(repeats, run, warm)
             if out != want:
                 raise RuntimeError(f"spark {query}: {out} rows, expected {want}")
             results.append(Result("spark local[2]", query, messages, out, seconds))
@@ -146,7 +148,7 @@ def bench_spark(url: str, store_url: str, repeats: int, messages: int, expected:
         spark.stop()
 
 
-def run(total_bytes: int, root: Path, repeats: int) -> list[Result]:
+def run(total_bytes: int, root: Path, repeats: int, warm: bool) -> list[Result]:
     url = f"sqlite:///{root / 'catalog.db'}"
     upgrade(url)
     cat = Catalog.open(url)
@@ -161,9 +163,9 @@ def run(total_bytes: int, root: Path, repeats: int) -> list[Result]:
         local.close()
         store_url = f"file://{root / 'objects'}"
         log("snapshot: tiered replay ...")
-        results = bench_replay(url, store_url, root, repeats, messages, expected)
+        results = bench_replay(url, store_url, root, repeats, messages, expected, warm)
         log("snapshot: spark ...")
-        return results + bench_spark(url, store_url, repeats, messages, expected)
+        return results + bench_spark(url, store_url, repeats, messages, expected, warm)
     finally:
         cat.close()
 
@@ -189,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-snapshot-"))
     try:
-        results = run(total, root, args.repeats or size.pick(3, 3, 1))
+        # A smoke run has no untimed pass first: its figures mean nothing, each step runs once.
+        results = run(total, root, args.repeats or size.pick(3, 3, 1), warm=size.pick(True, True, False))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(report(results, total))

@@ -17,6 +17,7 @@
   from the SIGTERM until it is acknowledged again after the exit. Goal: at most 1 s.
 After a failover or a handover, `tiered catalog check`'s check of every partition (every seq from the first available
 to the high-water mark has exactly one location): its problems are printed and fail the run.
+`--profile DIR` profiles broker 0 over the idle window (bench/profiled_serve.py: per thread, per function).
 `--tree DIR` runs the brokers from another checkout (e.g. `git archive main | tar -x -C DIR`) for a before/after.
 Real parts throughout; the store is a local directory so that the catalog and the brokers are what is measured.
 """
@@ -28,6 +29,7 @@ import asyncio
 import random
 from collections import Counter
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -48,8 +50,10 @@ def log(text: str) -> None:
 
 
 class Service:
-    def __init__(self, root: Path, pg: PgCluster, lease_ms: int, tree: Path, log_level: str = "warning"):
+    def __init__(self, root: Path, pg: PgCluster, lease_ms: int, tree: Path, log_level: str = "warning",
+                 profile: Path | None = None):
         self.root = root
+        self.profile = profile
         self.log_level = log_level
         self.tree = tree
         self.pg = pg
@@ -59,7 +63,10 @@ class Service:
     def start(self, broker_id: int) -> BrokerProcess:
         bp = BrokerProcess(self.root / f"disk{broker_id}", "--catalog", self.pg.url(), "--store",
                            f"file://{self.root}/objects", "--broker-id", str(broker_id), "--cluster-lease-ms",
-                           str(self.lease_ms), "--log-level", self.log_level, tree=self.tree)
+                           str(self.lease_ms), "--log-level", self.log_level, tree=self.tree,
+                           env={"TIERED_PROFILE_DIR": str(self.profile)} if self.profile and broker_id == 0 else None)
+        if self.profile is not None and broker_id == 0:
+            bp.program = ["bench.profiled_serve"]  # broker 0's CPU over the measured window, by function
         self.brokers[broker_id] = bp
         return bp.start(timeout_s=600.0)
 
@@ -125,10 +132,20 @@ def measure_idle(service: Service, settle_s: float, measure_s: float) -> dict[st
     before = {name: process_cpu_s(pid) for name, pid in pids.items()}
     pg_before = service.pg.cpu_s()
     started = time.monotonic()
+    if service.profile is not None:
+        service.brokers[0].proc.send_signal(signal.SIGUSR1)  # opens broker 0's profile window (bench.profiled_serve)
     time.sleep(measure_s)
     elapsed = time.monotonic() - started
+    if service.profile is not None:
+        service.brokers[0].proc.send_signal(signal.SIGUSR1)
     cores = {name: (process_cpu_s(pid) - before[name]) / elapsed for name, pid in pids.items()}
     cores["PostgreSQL (all processes)"] = (service.pg.cpu_s() - pg_before) / elapsed
+    if service.profile is not None:
+        report = service.profile / "window.txt"
+        deadline = time.monotonic() + 60
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log(f"broker 0's profile of the window: {report} (and window.prof for `python -m pstats`)")
     return cores
 
 
@@ -317,7 +334,11 @@ async def run(args: argparse.Namespace) -> int:
         cannot_run("bench_scale_idle: PostgreSQL binaries not found (run `sh .ci/system-deps`)")
     root = Path(tempfile.mkdtemp(prefix="tiered-bench-scale-"))
     pg = PgCluster(bindir).start()
-    service = Service(root, pg, args.lease_ms, args.tree.resolve(), "info" if args.keep_logs else "warning")
+    if args.profile is not None:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
+    service = Service(root, pg, args.lease_ms, args.tree.resolve(), "info" if args.keep_logs else "warning",
+                      args.profile)
     try:
         for broker_id in range(BROKERS):
             service.start(broker_id)
@@ -370,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the checkout whose brokers run (another commit's export, for a before/after)")
     parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
                         help="the brokers log at level info, and their logs are copied into DIR at the end")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="broker 0 runs under bench.profiled_serve: its CPU over the measured window, per thread "
+                             "and per function, into DIR (window.txt, window.prof); the profiler slows it")
     args = parser.parse_args(argv)
     for name in ("topics", "partitions", "lease_ms", "sample"):
         if getattr(args, name) < 1:

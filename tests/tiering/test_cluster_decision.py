@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
 from tiered.tiering.cluster.cluster_decision import (
-    Assignments, ClusterView, Follow, affected, claim_batches, decide, decide_changes, handover_chunks, handover_queues,
-    may_hand_over_next, membership, plan_rebalance, ready_targets, spread,
+    Assignments, ClusterView, Follow, Pace, affected, claim_batches, decide, decide_changes, handover_chunks,
+    handover_queues, may_hand_over_next, membership, next_look_in, plan_rebalance, ready_targets, spread,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -326,3 +326,20 @@ def test_a_decision_without_claims_tells_the_same_losses_and_follows():
     follows_only = decide_changes(v, state, state.rows.keys(), leading, NOW, claims_too=False)
     assert full.claims and not follows_only.claims and not follows_only.renew_first
     assert (follows_only.lost, follows_only.follows) == (full.lost, full.follows)
+
+
+PACE = Pace(led_s=0.01, follow_s=0.05, tick_s=0.25, idle_s=1.0, expiry_margin_s=0.05)
+
+
+@pytest.mark.parametrize("led, moved, told, expiries, expected", [
+    (True, True, True, [], 0.01),  # its claims were led: a stopping broker's next chunk comes soon
+    (False, True, True, [], 0.05),  # changes come in bursts
+    (False, False, False, [9.0], 0.25),  # nobody tells it of changes: it looks every tick
+    (False, False, True, [], 1.0),  # told of changes, alone: the idle tick
+    (False, False, True, [6.7, 9.9], 1.0),  # the other leases expire after the idle tick
+    (False, False, True, [9.9, 0.4], 0.45),  # one expires first: looked at just after it
+    (False, False, True, [-0.2], 0.05),  # expired since the look read it as live: at once
+    (False, True, True, [0.001], 0.05),  # changes first: a lease's expiry does not delay them
+])
+def test_the_next_look(led, moved, told, expiries, expected):
+    assert next_look_in(PACE, led=led, moved=moved, told=told, expiries=expiries) == pytest.approx(expected)

@@ -17,6 +17,12 @@ A writer of many rows (a claim, a handover's assignment, a creation) takes one v
 it on every row it changes, so the counter row is updated once, not once per partition (per row it was half of a
 claim's time in PostgreSQL, and made the claims of several brokers queue on that row); a statement that leaves
 `change_version` as it was is versioned by the row trigger instead.
+
+Notices (PostgreSQL): the transactions that take a version here (claims, a handover's assignment, a creation) also
+notify `NOTICE_CHANNEL`, delivered at their commit to every broker listening (tiered.tiering.cluster.notices), which
+then looks at once instead of at its next idle tick. A notice only wakes a look: what changed is still read from the
+versions, so a notice lost (a listener reconnecting) or never sent (a change versioned by the row trigger) is seen
+at the next idle tick instead.
 """
 
 from __future__ import annotations
@@ -27,10 +33,15 @@ from sqlalchemy import Connection
 # counter go back looks at everything again: tiered.tiering.cluster.coordinator).
 _TAKE = ("INSERT INTO cluster_changes (id, version) VALUES (1, 1) "
          "ON CONFLICT (id) DO UPDATE SET version = cluster_changes.version + 1 RETURNING version")
+NOTICE_CHANNEL = "tiered_changes"
+# The same, and the notice, in one statement (delivered when the transaction commits; PostgreSQL sends one notice per
+# transaction and channel however many it was asked for).
+_TAKE_AND_NOTIFY = f"WITH v AS ({_TAKE}) SELECT v.version, pg_notify('{NOTICE_CHANNEL}', '') FROM v"
 
 
 def take_version(conn: Connection) -> int:
     """The next change version, for the rows this transaction changes: the counter moved once, its row locked until
     the transaction ends (take it after locking the partition rows, and as late as the statements allow: other
     writers of versions wait for it)."""
-    return int(conn.exec_driver_sql(_TAKE).scalar_one())
+    take = _TAKE_AND_NOTIFY if conn.dialect.name == "postgresql" else _TAKE
+    return int(conn.exec_driver_sql(take).first()[0])

@@ -146,27 +146,41 @@ def members(cat: Catalog) -> list[Member]:
 
 @dataclass(frozen=True, slots=True)
 class Look:
-    """One tick's look at the catalog: the members, and the change counter (migration 0006; None: no row)."""
+    """One tick's look at the catalog: the members, and the change counter (migration 0006; None: no row), and the
+    catalog's clock when it was read (what the leases are compared with)."""
 
     members: tuple[Member, ...]
     changes: int | None
+    now: datetime | None = None
+
+    def expiries(self, broker_id: int) -> list[float]:
+        """Seconds from this look until the lease of each live member other than `broker_id` expires, by the
+        catalog's clock: when the next look would find one of them gone."""
+        if self.now is None:
+            return []
+        return [(mb.lease_expires_at - self.now).total_seconds() for mb in self.members
+                if mb.live and mb.broker_id != broker_id and mb.lease_expires_at is not None]
 
 
 def look(cat: Catalog) -> Look:
     """The members and the change counter, in one small statement: what a broker reads every tick. The assignments
     are re-read only when the counter moved or the members changed (tiered.tiering.cluster.coordinator)."""
     changes = select(ClusterChangeModel.version).where(ClusterChangeModel.id == 1).scalar_subquery()
+    now = _now(cat)
     with cat.read() as conn:
         rows = conn.execute(
             select(BrokerModel.broker_id, BrokerModel.advertised, BrokerModel.http_endpoint,
-                   (BrokerModel.lease_expires_at > _now(cat)).label("live"), BrokerModel.lease_expires_at,
-                   BrokerModel.advertised_plain, changes.label("changes"))
+                   (BrokerModel.lease_expires_at > now).label("live"), BrokerModel.lease_expires_at,
+                   BrokerModel.advertised_plain, changes.label("changes"),
+                   now.label("now") if cat.backend == "postgresql" else literal(None).label("now"))
             .order_by(BrokerModel.broker_id)
         ).all()
         if not rows:
             return Look((), conn.execute(select(changes)).scalar())
+    # On SQLite the catalog's clock is this host's, and `now` the same value the liveness was compared with.
+    taken = rows[0].now if cat.backend == "postgresql" else now.value
     return Look(tuple(Member(r.broker_id, r.advertised or "", r.http_endpoint or "", bool(r.live),
-                             r.lease_expires_at, r.advertised_plain or "") for r in rows), rows[0].changes)
+                             r.lease_expires_at, r.advertised_plain or "") for r in rows), rows[0].changes, taken)
 
 
 def assignment(cat: Catalog, topic: str, partition: int) -> Assignment | None:

@@ -238,7 +238,10 @@ class Broker:
                                                                                  part.log.last_held)
             await self.tier.resume(plan, part.config, tail)
             part.role = Role.LEADER
-            for segment in part.log.segments:
+            segments = part.log.segments
+            if segments:
+                self.registry.note_sealed(part.tp)  # a truncation recovered its log anew
+            for segment in segments:
                 self.tier.sealed(part.tp, segment)
 
     @staticmethod
@@ -334,10 +337,12 @@ class Broker:
         self.enforce_retention()
 
     def enforce_retention(self) -> int:
-        """TANK checks retention only on roll; we also check on a timer so idle partitions are trimmed too."""
+        """TANK checks retention only on roll; we also check on a timer so idle partitions are trimmed too. Only
+        the partitions holding sealed segments are visited (`Registry.with_sealed`): retention never deletes an
+        active segment, so a partition without sealed segments has nothing it could delete."""
         deleted = 0
         now = self.now_s()
-        for part in self.registry.all_partitions():
+        for part in self.registry.with_sealed():
             deleted += len(part.log.enforce_retention(now, part.log.may_delete))
         return deleted
 

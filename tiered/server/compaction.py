@@ -188,10 +188,10 @@ class Compactor:
         """The partitions to compact now, those asked for by hand first (forced)."""
         asked = [(part, True) for key in self._asked if (part := self.registry.get(*key)) is not None]
         self._asked.clear()
-        chosen = {(p.topic, p.partition) for p, _ in asked}
+        chosen = {p.tp for p, _ in asked}
+        # The policy first: most partitions are not compacted, and this walks every partition every interval.
         candidates = [p for p in self.registry.all_partitions()
-                      if (p.topic, p.partition) not in chosen and p.role is Role.LEADER
-                      and p.config.log_cleanup_policy == "cleanup"]
+                      if p.config.log_cleanup_policy == "cleanup" and p.role is Role.LEADER and p.tp not in chosen]
         # Reading the checkpoints touches the disk: off the event loop.
         due = await asyncio.to_thread(lambda: [p for p in candidates if _due_safely(p)
                                                or (p.lower_tier and p.tp not in self._remote_synced)])

@@ -147,6 +147,12 @@ class Registry:
         # The partitions that could not be opened (see the module's docstring). Their files go to `damaged_dir`.
         self.damaged: dict[TopicPartition, Damaged] = {}
         self.damaged_dir = self.data_dir / ".tiered" / "damaged"
+        # The partitions whose log may hold sealed segments: the only ones local retention can delete from (the
+        # active segment is never a candidate), so the only ones its periodic pass visits. A partition enters at
+        # open (a log recovered with sealed segments), at each roll (`on_seal`) and when a plan rewrote its log
+        # (`note_sealed`); it leaves when a pass finds no sealed segment left (`with_sealed`). An idle broker's
+        # pass then costs what the disks hold, not how many partitions exist.
+        self._with_sealed: set[TopicPartition] = set()
 
     def topic_config(self, config_text: str, partition_values: Mapping[str, str] | None = None) -> TopicConfig:
         """Raises ConfigError naming the key and value that cannot be used."""
@@ -284,15 +290,44 @@ class Registry:
         return list(topic.partitions)
 
     def _open_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier) -> Partition:
+        tp = TopicPartition(topic, partition)
         plog = PartitionLog.open(str(self.data_dir / topic / str(partition)), config, now_s=self.now_s,
-                                 **self._tier_callbacks(TopicPartition(topic, partition), tier))
+                                 **self._tier_callbacks(tp, tier))
+        if plog.segments:
+            self._with_sealed.add(tp)
         return self._partition(topic, partition, plog, config, tier)
 
-    @staticmethod
-    def _tier_callbacks(tp: TopicPartition, tier: Tier) -> dict[str, Any]:
+    def _tier_callbacks(self, tp: TopicPartition, tier: Tier) -> dict[str, Any]:
         """PartitionLog's on_seal and may_delete keywords for a partition of `tier`."""
-        return {"on_seal": lambda segment: tier.sealed(tp, segment),
-                "may_delete": lambda segment: tier.may_delete_local(tp, segment)}
+        with_sealed = self._with_sealed
+
+        def on_seal(segment) -> None:
+            with_sealed.add(tp)
+            tier.sealed(tp, segment)
+
+        return {"on_seal": on_seal, "may_delete": lambda segment: tier.may_delete_local(tp, segment)}
+
+    def note_sealed(self, tp: TopicPartition) -> None:
+        """The partition's log was rewritten (a plan's truncation): local retention looks at it again."""
+        self._with_sealed.add(tp)
+
+    def with_sealed(self) -> list[Partition]:
+        """The partitions whose logs hold sealed segments (local retention's candidates); those found with none
+        left are forgotten until their next roll."""
+        found = []
+        for tp in list(self._with_sealed):
+            part = self.get(*tp)
+            if part is None:
+                self._with_sealed.discard(tp)
+            elif part.log.segments:
+                found.append(part)
+            else:
+                # Forgotten first, looked at second: a roll in between (on_seal, any thread) adds it back.
+                self._with_sealed.discard(tp)
+                if part.log.segments:
+                    self._with_sealed.add(tp)
+                    found.append(part)
+        return found
 
     @staticmethod
     def _partition(topic: str, partition: int, plog: PartitionLog, config: TopicConfig, tier: Tier) -> Partition:

@@ -48,6 +48,7 @@ from tiered.tier_interface import (
 )
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
+from tiered.tiering.cluster.notices import Notices
 from tiered.tiering.blocks.durable import DurablePath
 from tiered.tiering.blocks.block_pipeline import EXPANSION_SWEEP_INTERVAL_S
 from tiered.tiering.objects.meter import CATALOG, Direction
@@ -153,6 +154,10 @@ class TieringService:
         self.produce_calls = replace(self.produce_calls, may_acknowledge=coordinator.holds_lease)
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
+        catalog = self.catalog.catalog
+        if catalog.backend == "postgresql" and not catalog.pooled:  # LISTEN needs a session of its own
+            notices = Notices(catalog.engine.url, coordinator.noticed, coordinator.listening)
+            self.supervisor.start("change notices", notices.run)
         self.supervisor.start("cluster", coordinator.tick_loop)
 
     def may_acknowledge(self) -> bool:
@@ -170,6 +175,7 @@ class TieringService:
         if self.coordinator is None:
             return
         await self.supervisor.stop_task("cluster")
+        await self.supervisor.stop_task("change notices")
         await self.supervisor.stop_task("lease")
         try:
             await self.coordinator.leave(deadline)

@@ -329,3 +329,28 @@ def plan_rebalance(assignments: Sequence[Assignment], live: Iterable[int]) -> di
         held[most].remove(key)
         held[fewest].append(key)
         moves[key] = fewest
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How soon a broker looks at the catalog again (tiered.tiering.cluster.coordinator's constants)."""
+
+    led_s: float  # after a look whose claims were led: a stopping broker gives up its next chunk once they land
+    follow_s: float  # after a look that found changes: they come in bursts
+    tick_s: float  # otherwise, when nothing tells it of changes
+    idle_s: float  # otherwise, when the catalog's change notices do (tiered.tiering.cluster.notices)
+    expiry_margin_s: float  # looked this long after a lease's expiry, so that the look finds it expired
+
+
+def next_look_in(pace: Pace, *, led: bool, moved: bool, told: bool, expiries: Iterable[float]) -> float:
+    """Seconds until the next look. A broker told of every change by notices looks only when one comes, and
+    otherwise at `idle_s` or just after the soonest of the other live members' leases expires (`expiries`, seconds
+    from the look, by the catalog's clock), whichever is first: a lease ending is not a change anyone notifies,
+    and a failover must not wait an idle tick longer."""
+    if led:
+        return pace.led_s
+    if moved:
+        return pace.follow_s
+    if not told:
+        return pace.tick_s
+    return min(pace.idle_s, max(0.0, min(expiries, default=pace.idle_s)) + pace.expiry_margin_s)

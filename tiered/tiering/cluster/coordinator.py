@@ -33,24 +33,33 @@ from typing import Protocol
 from tiered import metrics as m
 from tiered.catalog import cluster as catalog_cluster
 from tiered.catalog.topics import TopicRow
-from tiered.clock import SYSTEM_CLOCK, Clock
+from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
-    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, affected, claim_batches, decide_changes, handover_queues,
-    leader_of, lease_fresh, membership, ready_targets, spread,
+    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, Pace, affected, claim_batches, decide_changes,
+    handover_queues, leader_of, lease_fresh, membership, next_look_in, ready_targets, spread,
 )
 from tiered.topic_partition import TopicPartition
 
 log = logging.getLogger("tiered.cluster")
 
-TICK_S = 0.25  # how often an idle broker looks at the catalog (one small statement)
+TICK_S = 0.25  # how often an idle broker looks at the catalog (one small statement) when no notices tell it of changes
+IDLE_TICK_S = 1.0  # and when they do (tiered.tiering.cluster.notices): a look for what no notice names (a lost one,
+# a change versioned by the row trigger: `tiered cluster rebalance`, retention's first available seq)
+EXPIRY_MARGIN_S = 0.05  # a look comes this long after a live member's lease expires (cluster_decision.next_look_in)
 FOLLOW_S = 0.05  # how soon it looks again after a look that found changes: a handover's or a failover's moves come
 # in bursts, and a new leader that sees them at once claims at once
 LED_S = 0.01  # and after a look whose claims were led: a stopping broker gives up its next chunk once they land
 BETWEEN_S = 0.5  # between claim batches, at most this often a look at what changed (each costs the claims a little)
-FULL_LOOK_S = 300.0  # every partition's assignment read again (the safety net): 0.35 s at 100,000 partitions
+# Every partition's assignment read again, the safety net for a change no version names. Every writer's change is
+# versioned (by its transaction or by the row triggers, whoever writes), and a counter that goes back (an emptied
+# or restored catalog) brings a full look at once, so what is left is a row whose version was set back by hand: an
+# hour is soon enough for that. It costs 0.5-1 s of CPU at 100,000 partitions (reading, then deciding over every
+# row): every 300 s, as it was, that was 0.002-0.003 cores of an idle broker, and a 30 s measurement that met one
+# read 0.02-0.03 cores more.
+FULL_LOOK_S = 3600.0
 CLAIM_POLL_S = 0.05  # how often a handover or a topic creation looks whether the new leaders have claimed
 CLAIM_WAIT_S = 5.0  # and for how long at most
 HANDOVER_CHUNK = 512  # partitions a stopping broker hands to one new leader at a time (cluster_decision)
@@ -58,6 +67,7 @@ HANDOVER_AHEAD = 1  # chunks given up to one new leader whose claims have not al
 PACE_POLL_S = 0.01  # how often a stopping broker looks whether its chunks were claimed
 PACE_WAIT_S = 2.0  # a chunk not claimed in this time is waited for no longer (a new leader gone or stuck)
 PACE_RESERVE_S = 5.0  # of the shutdown's budget, kept for what follows the handover: past it, no more pacing
+PACE = Pace(LED_S, FOLLOW_S, TICK_S, IDLE_TICK_S, EXPIRY_MARGIN_S)
 
 
 class Leadership(Protocol):
@@ -123,6 +133,12 @@ class Coordinator:
         # `_follow`): a full look re-tells only what changed. A partition led here is not in it.
         self._followed: dict[TopicPartition, Follow] = {}
         self._bounds_asked: dict[TopicPartition, float] = {}  # monotonic time a read last asked for a follower's
+        # The catalog's change notices (tiered.tiering.cluster.notices): while they come (`_told`), an idle broker
+        # looks every IDLE_TICK_S, or when one wakes it (`_wake`), or just after a live member's lease expires
+        # (`_expiry_at`: monotonic times, from the last look's members).
+        self._told = False
+        self._wake = asyncio.Event()
+        self._expiry_at: list[float] = []
         # One tick at a time (the loop's, a topic creation's): a tick reads the epochs, then compares them with what
         # is led here; a claim by another tick in between would look like a partition lost.
         self._ticking = asyncio.Lock()
@@ -173,6 +189,7 @@ class Coordinator:
         if not self._lease_fresh(started):
             self._lapsed = True
             log.warning("the lease was not renewed in time: no acknowledgements until the partitions are checked")
+            self._wake.set()  # the next look checks them: at once, not at the next idle tick
         self._renewed_at = started
 
     async def leave(self, deadline: float) -> None:
@@ -264,10 +281,25 @@ class Coordinator:
 
     # -- the tick ---------------------------------------------------------------------------------------------
 
+    def noticed(self) -> None:
+        """A change notice came (tiered.tiering.cluster.notices): look now."""
+        self._wake.set()
+
+    def listening(self, live: bool) -> None:
+        """Whether change notices come: they decide how often an idle broker looks (cluster_decision.next_look_in)."""
+        self._told = live
+
     async def tick_loop(self) -> None:
         while True:
+            self._wake.clear()  # a notice from here on (during the look too) brings the next look at once
             moved = await self.tick()
-            await self.clock.sleep(LED_S if self._led else FOLLOW_S if moved else TICK_S)
+            now = self.clock.monotonic()
+            delay = next_look_in(PACE, led=self._led, moved=moved, told=self._told,
+                                 expiries=[at - now for at in self._expiry_at])
+            if self._told:
+                await wait_for_event(self.clock, self._wake, delay)
+            else:
+                await self.clock.sleep(delay)
 
     async def _refresh_members(self) -> None:
         self._take_members(await self.catalog.read(catalog_cluster.members))
@@ -297,6 +329,7 @@ class Coordinator:
         started = self.clock.monotonic()
         self._led = False
         look = await self.catalog.read(catalog_cluster.look)
+        self._expiry_at = [started + s for s in look.expiries(self.broker_id)]
         self._take_members(look.members)
         view = self.view(())
         members = membership(view)

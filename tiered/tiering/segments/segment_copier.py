@@ -140,7 +140,10 @@ class SegmentCopier:
             job = self._next_ready()
             if job is None:
                 self._wake.clear()
-                await wait_for_event(self.clock, self._wake, 0.5)  # woken by commits and new segments
+                if self._queue:  # woken by commits and new segments, and every 0.5 s (a queued segment deleted)
+                    await wait_for_event(self.clock, self._wake, 0.5)
+                else:  # nothing queued: only a new segment (enqueue) gives it work; an idle broker never wakes it
+                    await self._wake.wait()
                 continue
             if job.segment.deleted:
                 self._finish(job)

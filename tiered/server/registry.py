@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 from tiered.bounds import PartitionBounds
 from tiered.storage import topics as topic_dirs
 from tiered.storage.partition_log import PartitionLog
-from tiered.storage.segment import fsync_dir
+from tiered.storage.segment import SealedSegment, fsync_dir
 from tiered.storage.topic_config import ConfigError, TopicConfig, parse_config_text
 from tiered.tier_interface import Leader, LocalPartition, LocalTopic, Tier
 from tiered.topic_partition import TopicPartition
@@ -301,7 +301,7 @@ class Registry:
         """PartitionLog's on_seal and may_delete keywords for a partition of `tier`."""
         with_sealed = self._with_sealed
 
-        def on_seal(segment) -> None:
+        def on_seal(segment: SealedSegment) -> None:
             with_sealed.add(tp)
             tier.sealed(tp, segment)
 

@@ -92,8 +92,8 @@ def file_for_directory(directory: Path) -> None:
 # ------------------------------------------------------------------------------------------------- recoverable
 
 
-@pytest.mark.parametrize("damage", [torn_tail, truncated_index])
-async def test_what_recovery_repairs_is_repaired_and_every_partition_serves(tmp_path, damage):
+async def written_without_a_catalog(tmp_path: Path):
+    """The settings of a broker without a catalog whose topic `t` was written and that then stopped."""
     settings = local_settings(tmp_path / "data", http_listen="127.0.0.1:0")
     app = App(settings, local_only=True)
     await app.start()
@@ -101,6 +101,12 @@ async def test_what_recovery_repairs_is_repaired_and_every_partition_serves(tmp_
         await write_topic(app.broker.port, SMALL_SEGMENTS)
     finally:
         await app.stop()
+    return settings
+
+
+@pytest.mark.parametrize("damage", [torn_tail, truncated_index])
+async def test_what_recovery_repairs_is_repaired_and_every_partition_serves(tmp_path, damage):
+    settings = await written_without_a_catalog(tmp_path)
     damage(tmp_path / "data" / "t" / "1")
 
     app = App(settings, local_only=True)
@@ -123,13 +129,7 @@ async def test_what_recovery_repairs_is_repaired_and_every_partition_serves(tmp_
 
 @pytest.mark.parametrize("damage", [overlapping_segments, garbage_head, file_for_directory])
 async def test_without_a_catalog_a_partition_that_cannot_be_opened_is_left_out_alone(tmp_path, damage):
-    settings = local_settings(tmp_path / "data", http_listen="127.0.0.1:0")
-    app = App(settings, local_only=True)
-    await app.start()
-    try:
-        await write_topic(app.broker.port, SMALL_SEGMENTS)
-    finally:
-        await app.stop()
+    settings = await written_without_a_catalog(tmp_path)
     damaged = tmp_path / "data" / "t" / "1"
     damage(damaged)
     before = sorted(os.listdir(damaged)) if damaged.is_dir() else damaged.read_text()

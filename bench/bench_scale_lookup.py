@@ -416,7 +416,6 @@ def retention(pg: PgCluster, url: str, shape: Shape, now: datetime, root: Path, 
     grace = timedelta(minutes=10)
     store = LocalObjectStore(root / "objects")
     keys = [(topic_name(g // shape.per_topic), g % shape.per_topic) for g in range(shape.partitions)]
-    led = [(TopicPartition(*key), config) for key in keys]
     with Catalog.open(url) as cat:
         epochs = {key: 1 for key in keys}
         committer = Committer(cat, shape, THREADS * 2, THREADS * 2 + 1)
@@ -448,7 +447,7 @@ def retention(pg: PgCluster, url: str, shape: Shape, now: datetime, root: Path, 
         async def run_passes() -> None:
             catalog = _CountingCatalog(AsyncCatalog(cat))
             clock = ManualClock(start_ms=now.timestamp() * 1000)
-            tier = RemoteTier(store, catalog, _Sink(), metrics=Metrics(), state=led_state(epochs),
+            tier = RemoteTier(store, catalog, _Sink(), metrics=Metrics(), state=led_state(epochs, config=config),
                               fence=lambda tp, epoch, reason: None, grace=grace, clock=clock)
             try:
                 for name, advance in (("1 % expire, with the look for runs below the start", 0),
@@ -456,7 +455,7 @@ def retention(pg: PgCluster, url: str, shape: Shape, now: datetime, root: Path, 
                                       ("nothing to expire, with the look for runs below the start", grace.total_seconds())):
                     clock.advance(advance)
                     calls, pg_before, started = catalog.calls, pg.cpu_s(), time.perf_counter()
-                    deleted = await tier.remote_retention_pass(led)
+                    deleted = await tier.remote_retention_pass()
                     passes.append(RetentionPass(name, time.perf_counter() - started, deleted, pg.cpu_s() - pg_before,
                                                 catalog.calls - calls))
                     log(f"  retention: {name}: {passes[-1].seconds:.2f} s")

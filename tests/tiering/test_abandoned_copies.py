@@ -389,7 +389,7 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
                          what="the copy refused by the row mid-deletion, waiting to try again")
         assert states(cat)[first.base] == S.DELETE_STARTED
 
-        await tier.remote_retention_pass([(TP, TopicConfig())])
+        await tier.remote_retention_pass()
         assert states(cat) == {first.base: S.DELETE_FINISHED, second.base: S.DELETE_FINISHED,
                                third.base: S.COPY_STARTED, fourth.base: S.COPY_STARTED}  # those two are too young
         assert metrics.count(m.ABANDONED_COPIES_DELETED) == 1  # the second; the first was an interrupted pass's
@@ -403,11 +403,11 @@ async def test_the_leader_s_pass_cleans_and_its_copier_waits_for_a_deletion_in_p
     # A pass 60 s later does not look for abandoned copies, but finishes a deletion an interrupted pass left.
     catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, fourth.base, epoch, older_than=minutes(16), now=minutes(16))
     clock.advance(60)
-    await tier.remote_retention_pass([(TP, TopicConfig())])
+    await tier.remote_retention_pass()
     assert (states(cat)[third.base], states(cat)[fourth.base]) == (S.COPY_STARTED, S.DELETE_FINISHED)
     # A grace period after the last look, the next pass looks again.
     clock.advance(GRACE.total_seconds())
-    await tier.remote_retention_pass([(TP, TopicConfig())])
+    await tier.remote_retention_pass()
     assert states(cat)[third.base] == S.DELETE_FINISHED and metrics.count(m.ABANDONED_COPIES_DELETED) == 2
     await assert_consistent(s3_store, acat, cat, part)
 
@@ -437,15 +437,16 @@ async def test_a_pass_with_remote_retention_looks_for_interrupted_deletions_once
     epoch = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
     counting = CountingCatalog(acat)
     clock = ManualClock(start_ms=minutes(1).timestamp() * 1000)
-    tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), state=led_state({(TOPIC, 0): epoch},
-                                                                                    committed_seq=1 << 62),
-                      fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
     config = TopicConfig(remote_retention_secs=10 * 365 * 86400)  # nothing expires
+    tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), state=led_state({(TOPIC, 0): epoch},
+                                                                                    committed_seq=1 << 62,
+                                                                                    config=config),
+                      fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
     for seg, meta, scan in ((first, metas[0], True), (second, metas[1], False)):
         catalog_segments.segment_copy_abandoned(cat, TOPIC, 0, seg.base, epoch, older_than=minutes(1),
                                                 now=minutes(1))
         counting.leftover_looks = 0
-        await tier.remote_retention_pass([(TP, config)])
+        await tier.remote_retention_pass()
         assert counting.leftover_looks == 1, f"scan={scan}"
         assert states(cat)[seg.base] == S.DELETE_FINISHED
         assert not await exists(s3_store, meta.object_key) and not await exists(s3_store, meta.index_object_key)
@@ -481,19 +482,19 @@ async def test_a_pass_over_partitions_with_nothing_to_do_costs_two_statements(s3
     catalog_topics.create_topic(cat, "quiet", 64)
     epochs = catalog_partitions.claim_partitions(cat, B, "quiet", range(64))
     epochs = {("quiet", p): e for p, e in epochs.items()}
-    epochs[(TOPIC, 0)] = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
+    epoch = catalog_partitions.claim_partitions(cat, B, TOPIC, [0])[0]
     counting = StatementCountingCatalog(acat)
     clock = ManualClock(start_ms=(minutes(0) + GRACE + timedelta(minutes=1)).timestamp() * 1000)
     tier = RemoteTier(s3_store, counting, Sink(), metrics=Metrics(), state=led_state(epochs, committed_seq=1 << 62),
                       fence=lambda key, epoch, reason: None, grace=GRACE, clock=clock)
-    quiet = [(TopicPartition("quiet", p), TopicConfig()) for p in range(64)]
-    await tier.remote_retention_pass(quiet)
+    await tier.remote_retention_pass()  # its abandoned copy is not this broker's to clean: TP is not led here
     assert sorted(counting.calls) == ["partitions_mid_deletion", "partitions_with_stale_copies"]
     counting.calls.clear()
-    await tier.remote_retention_pass([*quiet, (TP, TopicConfig())])  # within the grace period: no scan
+    tier.state.lead(TP, epoch, TopicConfig(), 1 << 62)  # claimed here: the next scan cleans it
+    await tier.remote_retention_pass()  # within the grace period: no scan
     assert counting.calls == ["partitions_mid_deletion"]
     clock.advance(GRACE.total_seconds())
-    await tier.remote_retention_pass([*quiet, (TP, TopicConfig())])
+    await tier.remote_retention_pass()
     assert states(cat)[part.segments[0].base] == S.DELETE_FINISHED
     assert not await exists(s3_store, meta.object_key)
     assert "list_segments" in counting.calls and len(counting.calls) < 64

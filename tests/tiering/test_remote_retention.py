@@ -209,7 +209,7 @@ async def _led(s3_store, cat, acat, now: datetime):
     each, a day of retention and 2,000 bytes at most (each holds 1,100): led here, by a RemoteTier on a clock at
     `now`."""
     from tests.support.clock import ManualClock
-    from tests.tiering.tier_state import led_state
+    from tests.tiering.tier_state import configure, led_state
     from tiered.metrics import Metrics
     from tiered.tiering.remote_tier import RemoteTier
     from tiered.topic_partition import TopicPartition
@@ -234,6 +234,7 @@ async def _led(s3_store, cat, acat, now: datetime):
     led = [(TopicPartition(TOPIC, 0), TopicConfig(remote_retention_secs=90 * 60))]
     led += [(TopicPartition("quiet", p), TopicConfig(remote_retention_secs=86400, remote_retention_bytes=2000))
             for p in range(QUIET)]
+    configure(tier.state, led)
     return metas, tier, counting, sink, clock, led
 
 
@@ -257,7 +258,7 @@ async def test_a_pass_over_led_partitions_visits_only_those_past_a_limit(s3_stor
     metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
     before = _check_all(cat)
 
-    assert await tier.remote_retention_pass(led) == 1
+    assert await tier.remote_retention_pass() == 1
     assert counting.calls.count("segments_for_remote_retention") == 1  # logs/0 only
     assert _states(cat) == {1: SegmentState.DELETE_FINISHED, 11: SegmentState.COPY_FINISHED,
                             21: SegmentState.COPY_FINISHED}
@@ -269,7 +270,7 @@ async def test_a_pass_over_led_partitions_visits_only_those_past_a_limit(s3_stor
 
     counting.calls.clear()
     clock.advance(60)
-    assert await tier.remote_retention_pass(led) == 0
+    assert await tier.remote_retention_pass() == 0
     assert counting.calls == ["partitions_mid_deletion", "partitions_due_for_retention"]
 
     # An hour later the second segment of logs is past 90 minutes; a quiet partition grows past 2,000 bytes.
@@ -282,7 +283,7 @@ async def test_a_pass_over_led_partitions_visits_only_those_past_a_limit(s3_stor
     catalog_segments.segment_copy_started(cat, meta, now=now)
     catalog_segments.segment_copy_finished(cat, "quiet", 7, 11, meta.leader_epoch, now=now)
     counting.calls.clear()
-    assert await tier.remote_retention_pass(led) == 2
+    assert await tier.remote_retention_pass() == 2
     assert counting.calls.count("segments_for_remote_retention") == 2
     assert _states(cat)[11] == SegmentState.DELETE_FINISHED
     assert [s.base_seq for s in catalog_segments.list_segments(cat, "quiet", 7, states=(SegmentState.COPY_FINISHED,))] == [11]
@@ -293,13 +294,15 @@ async def test_runs_left_below_the_start_by_an_interrupted_pass_are_pruned_by_th
     """A pass that moved the first available seq and deleted the segment, then stopped before its prune, leaves
     runs below the start and nothing past a limit: the pass that scans (its first, then once a grace period) finds
     them and prunes them; the passes in between cost their two statements."""
+    from tests.tiering.tier_state import configure
     from tiered.tiering.segments.remote_retention import delete_objects
 
     now = T0 + timedelta(hours=2, minutes=1)
     metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
     led = [(tp, TopicConfig(remote_retention_secs=86400)) for tp, _ in led]  # nothing past a limit
+    configure(tier.state, led)
     before = _check_all(cat)
-    await tier.remote_retention_pass(led)  # the first pass scans: nothing below any start yet
+    await tier.remote_retention_pass()  # the first pass scans: nothing below any start yet
     assert "prune_runs_below" not in counting.calls and _state(cat).first_available_seq == 1
     catalog_partitions.set_first_available(cat, TOPIC, 0, 21)
     for base in (1, 11):
@@ -308,10 +311,10 @@ async def test_runs_left_below_the_start_by_an_interrupted_pass_are_pruned_by_th
         catalog_segments.segment_delete_finished(cat, TOPIC, 0, base, now=now)
     counting.calls.clear()
     clock.advance(60)
-    await tier.remote_retention_pass(led)
+    await tier.remote_retention_pass()
     assert counting.calls == ["partitions_mid_deletion", "partitions_due_for_retention"]
     clock.advance(600)
-    await tier.remote_retention_pass(led)
+    await tier.remote_retention_pass()
     assert "partitions_with_runs_below_start" in counting.calls and "prune_runs_below" in counting.calls
     assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 21
     _check_all(cat, before)
@@ -333,13 +336,13 @@ async def test_a_partition_a_limit_stopped_is_visited_again_until_done(s3_store,
     metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
     before = _check_all(cat)
 
-    assert await tier.remote_retention_pass(led) == 2
+    assert await tier.remote_retention_pass() == 2
     assert _state(cat).first_available_seq == 21 and sink.moved[led[0][0]] == 21
     assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 11  # one of the two runs below 21 pruned
 
     counting.calls.clear()
     clock.advance(60)  # before the next scan (a grace period): only the list to visit again names logs/0
-    assert await tier.remote_retention_pass(led) == 0
+    assert await tier.remote_retention_pass() == 0
     assert "partitions_with_runs_below_start" not in counting.calls
     assert counting.calls.count("segments_for_remote_retention") == 1 and "prune_runs_below" in counting.calls
     assert catalog_blocks.find_run(cat, TOPIC, 0, 1).first_seq == 21
@@ -347,12 +350,12 @@ async def test_a_partition_a_limit_stopped_is_visited_again_until_done(s3_store,
     # That visit pruned as many runs as its limit, so it is visited once more; it finds nothing left below the start.
     counting.calls.clear()
     clock.advance(60)
-    assert await tier.remote_retention_pass(led) == 0
+    assert await tier.remote_retention_pass() == 0
     assert counting.calls.count("segments_for_remote_retention") == 1 and "prune_runs_below" not in counting.calls
 
     counting.calls.clear()
     clock.advance(60)
-    assert await tier.remote_retention_pass(led) == 0
+    assert await tier.remote_retention_pass() == 0
     assert counting.calls == ["partitions_mid_deletion", "partitions_due_for_retention"]
     assert _states(cat) == {1: SegmentState.DELETE_FINISHED, 11: SegmentState.DELETE_FINISHED,
                             21: SegmentState.COPY_FINISHED}

@@ -13,3 +13,9 @@ def led_state(epochs: dict[tuple[str, int], int], *, committed_seq: int = 0,
     for (topic, partition), epoch in epochs.items():
         state.lead(TopicPartition(topic, partition), epoch, config or TopicConfig(), committed_seq)
     return state
+
+
+def configure(state: TierState, led: list[tuple[TopicPartition, TopicConfig]]) -> None:
+    """Each led partition's config, as a claim or `tiered topic config` hands it to the tier state."""
+    for tp, config in led:
+        state.reconfigured(tp, config)

@@ -189,9 +189,9 @@ class Compactor:
         asked = [(part, True) for key in self._asked if (part := self.registry.get(*key)) is not None]
         self._asked.clear()
         chosen = {p.tp for p, _ in asked}
-        # The policy first: most partitions are not compacted, and this walks every partition every interval.
-        candidates = [p for p in self.registry.all_partitions()
-                      if p.config.log_cleanup_policy == "cleanup" and p.role is Role.LEADER and p.tp not in chosen]
+        # Only the compacted partitions (the registry keeps them as configs change): an idle broker's pass costs
+        # what is compacted, not how many partitions exist.
+        candidates = [p for p in self.registry.compacted() if p.role is Role.LEADER and p.tp not in chosen]
         # Reading the checkpoints touches the disk: off the event loop.
         due = await asyncio.to_thread(lambda: [p for p in candidates if _due_safely(p)
                                                or (p.lower_tier and p.tp not in self._remote_synced)])

@@ -153,6 +153,10 @@ class Registry:
         # (`note_sealed`); it leaves when a pass finds no sealed segment left (`with_sealed`). An idle broker's
         # pass then costs what the disks hold, not how many partitions exist.
         self._with_sealed: set[TopicPartition] = set()
+        # The partitions whose config compacts them (`log.cleanup.policy=cleanup`): the only ones the compactor's
+        # periodic pass looks at, kept by every write of a partition's config (`_partition`, `configure`), so that
+        # an idle broker's pass costs what is compacted, not how many partitions exist.
+        self._compacted: set[TopicPartition] = set()
 
     def topic_config(self, config_text: str, partition_values: Mapping[str, str] | None = None) -> TopicConfig:
         """Raises ConfigError naming the key and value that cannot be used."""
@@ -285,9 +289,24 @@ class Registry:
         topic_dirs.write_topic_config(str(self.data_dir), name, config_text)
         topic.config_text, topic.config = config_text, config
         for part in topic.partitions:
-            part.config = self._partition_config(name, part.partition, config_text)
-            part.log.reconfigure(part.config)
+            self.configure(part, self._partition_config(name, part.partition, config_text))
         return list(topic.partitions)
+
+    def configure(self, part: Partition, config: TopicConfig) -> None:
+        """The partition's config from now on (its log's too): the one write of a served partition's config."""
+        part.config = config
+        part.log.reconfigure(config)
+        self._note_policy(part.tp, config)
+
+    def _note_policy(self, tp: TopicPartition, config: TopicConfig) -> None:
+        if config.log_cleanup_policy == "cleanup":
+            self._compacted.add(tp)
+        else:
+            self._compacted.discard(tp)
+
+    def compacted(self) -> list[Partition]:
+        """The partitions whose config compacts them (led here or not)."""
+        return [part for tp in list(self._compacted) if (part := self.get(*tp)) is not None]
 
     def _open_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier) -> Partition:
         tp = TopicPartition(topic, partition)
@@ -329,9 +348,11 @@ class Registry:
                     found.append(part)
         return found
 
-    @staticmethod
-    def _partition(topic: str, partition: int, plog: PartitionLog, config: TopicConfig, tier: Tier) -> Partition:
-        return Partition(topic, partition, plog, config, tier.lower_tier)
+    def _partition(self, topic: str, partition: int, plog: PartitionLog, config: TopicConfig,
+                   tier: Tier) -> Partition:
+        part = Partition(topic, partition, plog, config, tier.lower_tier)
+        self._note_policy(part.tp, config)
+        return part
 
     def create_topic(self, name: str, partitions: int, config_text: str, tier: Tier) -> Topic:
         """Creates the topic's directories atomically and opens it. Raises on a bad name, config or an existing topic."""

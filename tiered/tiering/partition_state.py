@@ -52,6 +52,10 @@ class TierState:
         # `led_epochs()` is one copy in C (a look asks it each time: a new leader with 50,000 partitions looks every
         # 0.01-0.05 s during a handover).
         self._led: dict[TopicPartition, int] = {}
+        # How many partitions led here keep each remote retention, by (topic, seconds, bytes), kept by the writes
+        # that change a role or a config: remote retention's pass asks the catalog about these topics, and costs
+        # what expires, not how many partitions are led.
+        self._retained: dict[tuple[str, int, int], int] = {}
 
     # -- reads ------------------------------------------------------------------------------------------------------
 
@@ -81,6 +85,11 @@ class TierState:
         """The partitions led here, with their state."""
         return ((tp, self._partitions[tp]) for tp in list(self._led))
 
+    def remote_retention_topics(self) -> list[tuple[str, int, int]]:
+        """The topics with a partition led here that keeps a remote retention: (topic, seconds, bytes), a limit of
+        0 unset, sorted."""
+        return sorted(self._retained)
+
     def led_epochs(self) -> dict[TopicPartition, int]:
         """The partitions led here, with the epoch each is led under (a copy)."""
         return dict(self._led)
@@ -97,15 +106,16 @@ class TierState:
              highest_copied_seq: int = 0) -> None:
         """The partition is led here under `epoch` from now on, continuing the catalog's committed seq."""
         old = self.of(tp)
-        self._partitions[tp] = PartitionTier(Role.LED, epoch, config, committed_seq,
-                                             max(highest_copied_seq, old.highest_copied_seq), old.locations_version)
+        new = PartitionTier(Role.LED, epoch, config, committed_seq, max(highest_copied_seq, old.highest_copied_seq),
+                            old.locations_version)
+        self._replace(tp, old, new)
         self._led[tp] = epoch
 
     def lose(self, tp: TopicPartition) -> None:
         """No longer led here (handed over, or claimed by another broker)."""
         old = self._partitions.get(tp)
         if old is not None:
-            self._partitions[tp] = replace(old, role=Role.FOLLOWING)
+            self._replace(tp, old, replace(old, role=Role.FOLLOWING))
             self._led.pop(tp, None)
 
     def fence(self, tp: TopicPartition, epoch: int | None = None) -> bool:
@@ -114,7 +124,7 @@ class TierState:
         old = self._partitions.get(tp)
         if old is None or old.role is not Role.LED or (epoch is not None and epoch != old.epoch):
             return False
-        self._partitions[tp] = replace(old, role=Role.FENCED)
+        self._replace(tp, old, replace(old, role=Role.FENCED))
         self._led.pop(tp, None)
         return True
 
@@ -140,5 +150,27 @@ class TierState:
     def reconfigured(self, tp: TopicPartition, config: TopicConfig) -> None:
         old = self._partitions.get(tp)
         if old is not None:
-            self._partitions[tp] = replace(old, config=config)
+            self._replace(tp, old, replace(old, config=config))
+
+    def _replace(self, tp: TopicPartition, old: PartitionTier, new: PartitionTier) -> None:
+        """A write that may change the role or the config: the retention counts follow."""
+        self._partitions[tp] = new
+        for state, step in ((old, -1), (new, 1)):
+            key = _retention_key(tp, state)
+            if key is not None:
+                left = self._retained.get(key, 0) + step
+                if left:
+                    self._retained[key] = left
+                else:
+                    del self._retained[key]
+
+
+def _retention_key(tp: TopicPartition, state: PartitionTier) -> tuple[str, int, int] | None:
+    """The remote retention a partition in `state` counts for (None: not led, or no remote retention)."""
+    config = state.config
+    if state.role is not Role.LED or config is None:
+        return None
+    if not (config.remote_retention_secs or config.remote_retention_bytes):
+        return None
+    return tp.topic, config.remote_retention_secs, config.remote_retention_bytes
 

@@ -89,9 +89,11 @@ class RemoteTier:
     def _now(self) -> datetime:
         return utc_now(self.clock)
 
-    async def remote_retention_pass(self, partitions: list[tuple[TopicPartition, TopicConfig]]) -> int:
+    async def remote_retention_pass(self) -> int:
         """One pass of remote retention, and of the cleanup of abandoned copies, over the partitions this broker
-        leads; returns segments deleted by retention."""
+        leads; returns segments deleted by retention. It never walks the led partitions: the catalog names those
+        with something to do (a few statements), and the tier state the topics with a remote retention, so an idle
+        broker's pass costs the same with 10 or 100,000 partitions."""
         deleted = 0
         # A copy is abandoned only once older than the grace period, so looking for them once a grace period is
         # enough; deletions an interrupted pass left are finished at every pass (one index probe), because a copy
@@ -103,18 +105,26 @@ class RemoteTier:
         # pass costs what is left to finish. A deletion interrupted after this read is finished by the next pass.
         # Likewise one statement finds the partitions with copies old enough to be abandoned: a partition without
         # one has nothing for the cleanup scan to delete.
-        mid_deletion = await self.catalog.read(catalog_segments.partitions_mid_deletion) if partitions else set()
+        leading = bool(self.state.led_epochs_held())
+        mid_deletion = await self.catalog.read(catalog_segments.partitions_mid_deletion) if leading else set()
         stale_copies = (await self.catalog.read(catalog_segments.partitions_with_stale_copies,
                                                 older_than=self._now() - self.grace)
-                        if scan and partitions else set())
-        led: dict[TopicPartition, TopicConfig] = {}
+                        if scan and leading else set())
+        led: dict[TopicPartition, TopicConfig] = {}  # of those named, the led ones with a remote retention
         unfinished: set[TopicPartition] = set()  # interrupted deletions retention finishes
-        for tp, config in partitions:
-            retention = bool(config.remote_retention_secs or config.remote_retention_bytes)
+
+        def retained(tp: TopicPartition) -> TopicConfig | None:
+            config = self.state.config_of(tp)
+            return config if config and (config.remote_retention_secs or config.remote_retention_bytes) else None
+
+        for tp in sorted({TopicPartition(*key) for key in mid_deletion | stale_copies}):
+            if self.state.epoch_of(tp) is None:
+                continue  # led elsewhere: its leader finishes and cleans
+            config = retained(tp)
             leftovers = tp in mid_deletion
             # Interrupted deletions are finished once per pass: by the cleanup scan, else by retention, else here.
-            cleaned = await self._clean_abandoned_copies(tp, tp in stale_copies, finish=leftovers and not retention)
-            if retention:
+            cleaned = await self._clean_abandoned_copies(tp, tp in stale_copies, finish=leftovers and config is None)
+            if config is not None:
                 led[tp] = config
                 if leftovers and not cleaned:
                     unfinished.add(tp)
@@ -126,7 +136,7 @@ class RemoteTier:
         visited: set[TopicPartition] = set()
 
         async def enforce(tp: TopicPartition) -> int:
-            config = led.get(tp)
+            config = led.get(tp) or retained(tp)
             if config is None or tp in visited:
                 return 0
             visited.add(tp)
@@ -139,9 +149,9 @@ class RemoteTier:
                 self._retention_again.add(tp)
             return len(report.deleted)
 
-        for tp in sorted({TopicPartition(*key) for key in mid_deletion if key in led} | again):
+        for tp in sorted(set(led) & {TopicPartition(*key) for key in mid_deletion} | again):
             deleted += await enforce(tp)
-        limits = retention_limits((tp.topic, config) for tp, config in led.items())
+        limits = retention_limits(self.state.remote_retention_topics())
         async for page in partitions_due(self.catalog, limits, self._now(), runs_below=scan):
             for topic, partition in page:
                 deleted += await enforce(TopicPartition(topic, partition))

@@ -376,8 +376,7 @@ class TieringService:
         return report
 
     async def remote_retention_pass(self) -> int:
-        led = [(tp, state.config) for tp, state in self.state.led()]
-        return await self.remote.remote_retention_pass(led)
+        return await self.remote.remote_retention_pass()
 
     async def reconcile_pass(self) -> int:
         return await self.remote.reconcile_pass()

@@ -139,13 +139,13 @@ async def enforce_remote_retention(
     return report
 
 
-def retention_limits(configs: Iterable[tuple[str, TopicConfig]]) -> list[RetentionLimits]:
-    """The remote retention of each topic with one configured, topics of equal limits grouped, for
-    partitions_due_for_retention."""
+def retention_limits(retentions: Iterable[tuple[str, int, int]]) -> list[RetentionLimits]:
+    """The remote retention of each topic with one configured ((topic, seconds, bytes), 0 unset: TierState's
+    remote_retention_topics), topics of equal limits grouped, for partitions_due_for_retention."""
     groups: dict[tuple[int, int], set[str]] = {}
-    for topic, config in configs:
-        if config.remote_retention_secs or config.remote_retention_bytes:
-            groups.setdefault((config.remote_retention_secs, config.remote_retention_bytes), set()).add(topic)
+    for topic, secs, size in retentions:
+        if secs or size:
+            groups.setdefault((secs, size), set()).add(topic)
     return [RetentionLimits(tuple(sorted(topics)), timedelta(seconds=secs) if secs else None, size or None)
             for (secs, size), topics in sorted(groups.items())]
 

@@ -1,13 +1,16 @@
 """An idle cluster at scale, and a failover at that size (issue 28 goals 1 and 2; docs/scale.md "Idle cost").
 
-    python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--settle-s 60] [--measure-s 30]
+    python -m bench.bench_scale_idle [--quick|--smoke] [--topics 25] [--partitions 4096] [--measure-s 30]
+                                     [--settle-s 300] [--flat-s 20] [--flat-cores 0.01] [--window-s 5]
                                      [--mode create|idle|failover|handover|both] [--lease-ms 10000] [--sample 64]
 
 - creation (always): the time of each CreateTopic and until every partition is claimed.
 - idle: three `tiered serve` processes on one real PostgreSQL (a temp cluster) and a local-directory store they
   share, `--topics` durable topics of `--partitions` partitions each (default 25 x 4,096 = 102,400), no traffic.
-  After `--settle-s`, each broker's CPU and PostgreSQL's (the postmaster and every backend, /proc/<pid>/stat) over
-  `--measure-s`, in cores. Goals: each broker <= 0.02 cores, PostgreSQL <= 0.05 cores.
+  Once settled (each broker's and PostgreSQL's CPU sampled every `--window-s`, until every one has stayed within
+  `--flat-cores` over `--flat-s`; at most `--settle-s`, then measured anyway and the table says so), each broker's
+  CPU and PostgreSQL's (the postmaster and every backend, /proc/<pid>/stat) over `--measure-s`, in cores. Goals: each
+  broker <= 0.02 cores, PostgreSQL <= 0.05 cores.
 - failover: then `kill -9` of the broker leading the most partitions. From the kill: when its lease expired, when
   the live brokers claimed the first, half and last of its partitions (the claims' own rows, partition_epochs), and
   for `--sample` of its partitions (spread over every topic), when a durable produce through a client that follows
@@ -28,6 +31,8 @@ import argparse
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 import shutil
 import signal
 import sys
@@ -40,6 +45,7 @@ from bench.harness import REPO, BrokerProcess, PgCluster, find_pg_bindir, proces
 from bench.sizes import Size, add_size_options, cannot_run, size_of
 
 BROKERS = 3
+PG = "PostgreSQL (all processes)"
 GOAL_BROKER_CORES = 0.02
 GOAL_PG_CORES = 0.05
 DURABLE = {"produce.ack": "durable"}
@@ -125,12 +131,63 @@ async def create_topics(service: Service, topics: int, partitions: int) -> dict[
         await asyncio.sleep(1)
 
 
-def measure_idle(service: Service, settle_s: float, measure_s: float) -> dict[str, float]:
-    log(f"settling {settle_s:.0f} s, then measuring {measure_s:.0f} s with no traffic")
-    time.sleep(settle_s)
-    pids = {f"broker {b}": bp.pid for b, bp in service.brokers.items()}
-    before = {name: process_cpu_s(pid) for name, pid in pids.items()}
-    pg_before = service.pg.cpu_s()
+@dataclass(frozen=True)
+class SettleRule:
+    """When an idle cluster has settled: every process's CPU, sampled in windows of `window_s`, has stayed within
+    `tolerance_cores` (highest window less lowest) over the last `flat_s`; given up after `max_s`."""
+
+    window_s: float = 5.0
+    flat_s: float = 20.0
+    tolerance_cores: float = 0.01
+    max_s: float = 300.0
+
+    @property
+    def windows(self) -> int:
+        return max(1, round(self.flat_s / self.window_s))
+
+
+def flat(history: Mapping[str, Sequence[float]], windows: int, tolerance_cores: float) -> bool:
+    """Whether every process's last `windows` samples (cores over each window) are within `tolerance_cores` of each
+    other: its start-up work (each claim loading what is copied) is over, whatever its steady cost is."""
+    return all(len(samples) >= windows and max(samples[-windows:]) - min(samples[-windows:]) <= tolerance_cores
+               for samples in history.values())
+
+
+def cpu_now(service: Service) -> dict[str, float]:
+    """CPU seconds so far of each broker and of PostgreSQL (every process)."""
+    now = {f"broker {b}": process_cpu_s(bp.pid) for b, bp in service.brokers.items()}
+    now[PG] = service.pg.cpu_s()
+    return now
+
+
+def settle(service: Service, rule: SettleRule) -> tuple[bool, float]:
+    """Samples every process's CPU each window until `flat` (True) or `rule.max_s` passed (False); returns that and
+    the seconds it took."""
+    started = time.monotonic()
+    history: dict[str, list[float]] = {}
+    last, last_at = cpu_now(service), started
+    while True:
+        time.sleep(rule.window_s)
+        now, at = cpu_now(service), time.monotonic()
+        for name, seconds in now.items():
+            history.setdefault(name, []).append((seconds - last[name]) / (at - last_at))
+        last, last_at = now, at
+        if flat(history, rule.windows, rule.tolerance_cores):
+            return True, at - started
+        if at - started >= rule.max_s:
+            return False, at - started
+
+
+def measure_idle(service: Service, rule: SettleRule, measure_s: float) -> tuple[dict[str, float], str]:
+    """Each process's cores over `measure_s`, once settled (or given up on), and how the settle ended, in words."""
+    log(f"settling (every process within {rule.tolerance_cores} cores over {rule.flat_s:g} s, at most "
+        f"{rule.max_s:.0f} s), then measuring {measure_s:.0f} s with no traffic")
+    settled, took = settle(service, rule)
+    settled_text = (f"after {took:.0f} s (every process within {rule.tolerance_cores} cores over {rule.flat_s:g} s)"
+                    if settled else f"NOT within {rule.tolerance_cores} cores over {rule.flat_s:g} s after "
+                                    f"{took:.0f} s: measured anyway")
+    log(f"settled: {settled_text}")
+    before = cpu_now(service)
     started = time.monotonic()
     if service.profile is not None:
         service.brokers[0].proc.send_signal(signal.SIGUSR1)  # opens broker 0's profile window (bench.profiled_serve)
@@ -138,15 +195,14 @@ def measure_idle(service: Service, settle_s: float, measure_s: float) -> dict[st
     elapsed = time.monotonic() - started
     if service.profile is not None:
         service.brokers[0].proc.send_signal(signal.SIGUSR1)
-    cores = {name: (process_cpu_s(pid) - before[name]) / elapsed for name, pid in pids.items()}
-    cores["PostgreSQL (all processes)"] = (service.pg.cpu_s() - pg_before) / elapsed
+    cores = {name: (seconds - before[name]) / elapsed for name, seconds in cpu_now(service).items()}
     if service.profile is not None:
         report = service.profile / "window.txt"
         deadline = time.monotonic() + 60
         while not report.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         log(f"broker 0's profile of the window: {report} (and window.prof for `python -m pstats`)")
-    return cores
+    return cores, settled_text
 
 
 class Samples:
@@ -315,12 +371,11 @@ def catalog_problems(service: Service) -> tuple[int, list[str]]:
     return len(report.partitions), list(report.problems)
 
 
-def print_idle(cores: dict[str, float], topics: int, partitions: int) -> None:
+def print_idle(cores: dict[str, float], settled: str, topics: int, partitions: int) -> None:
     print(f"\nidle cluster: {BROKERS} brokers, {topics} topics x {partitions} partitions = {topics * partitions} "
-          f"partitions, no traffic")
+          f"partitions, no traffic; settled {settled}")
     print(format_table(("process", "cores", "goal"), [
-        (name, f"{value:.4f}", GOAL_PG_CORES if name.startswith("PostgreSQL") else GOAL_BROKER_CORES)
-        for name, value in cores.items()]))
+        (name, f"{value:.4f}", GOAL_PG_CORES if name == PG else GOAL_BROKER_CORES) for name, value in cores.items()]))
 
 
 def print_figures(title: str, figures: dict[str, float]) -> None:
@@ -347,7 +402,9 @@ async def run(args: argparse.Namespace) -> int:
         log(f"{args.topics * args.partitions} partitions created and claimed in {time.monotonic() - started:.0f} s")
         print_figures(f"creating {args.topics * args.partitions} partitions on {BROKERS} brokers", created)
         if args.mode in ("idle", "both"):
-            print_idle(measure_idle(service, args.settle_s, args.measure_s), args.topics, args.partitions)
+            rule = SettleRule(args.window_s, args.flat_s, args.flat_cores, args.settle_s)
+            cores, settled = measure_idle(service, rule, args.measure_s)
+            print_idle(cores, settled, args.topics, args.partitions)
         if args.mode in ("failover", "both"):
             figures = await failover(service, args.sample, args.seed)
             print_figures(f"failover: kill -9 of broker {figures['killed broker']}", figures)
@@ -379,8 +436,13 @@ def main(argv: list[str] | None = None) -> int:
                      smoke="1 topic x 8 partitions, 1 s settle, 2 s measured, lease 2 s (figures mean nothing)")
     parser.add_argument("--topics", type=int, default=25)
     parser.add_argument("--partitions", type=int, default=4096, help="partitions per topic")
-    parser.add_argument("--settle-s", type=float, default=60.0,
-                        help="after the claims: the start-up work of each claim (loading what is copied) ends")
+    parser.add_argument("--settle-s", type=float, default=300.0,
+                        help="after the claims, the longest wait for the cluster to settle (the start-up work of each "
+                             "claim, loading what is copied, ends): then measured anyway, and the table says so")
+    parser.add_argument("--flat-s", type=float, default=20.0,
+                        help="settled: every process's CPU flat over this long ...")
+    parser.add_argument("--flat-cores", type=float, default=0.01, help="... within this many cores")
+    parser.add_argument("--window-s", type=float, default=5.0, help="the CPU sampling window while settling")
     parser.add_argument("--measure-s", type=float, default=30.0)
     parser.add_argument("--mode", choices=("create", "idle", "failover", "handover", "both"), default="both",
                         help="both: idle, then failover; create: only the creation")
@@ -400,9 +462,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     size = size_of(args)
     if size is Size.QUICK:
-        args.topics, args.partitions, args.settle_s, args.measure_s = 4, 256, 5.0, 10.0
+        args.topics, args.partitions, args.settle_s, args.measure_s, args.flat_s = 4, 256, 60.0, 10.0, 10.0
     elif size is Size.SMOKE:
         args.topics, args.partitions, args.settle_s, args.measure_s, args.lease_ms = 1, 8, 1.0, 2.0, 2_000
+        args.window_s, args.flat_s = 0.5, 0.5
         args.sample = min(args.sample, 4)
     return asyncio.run(run(args))
 

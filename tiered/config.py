@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from tiered.catalog.engine import mask_url
+from tiered.catalog.engine import mask_url, normalize_url, split_pooled
 from tiered.storage.topic_config import parse_size as parse_topic_size
 
 DEFAULT_PORT = 11011
@@ -36,6 +36,10 @@ class Settings:
     listen: str = f":{DEFAULT_PORT}"
     http_listen: str = f":{DEFAULT_HTTP_PORT}"
     catalog_url: str = ""  # empty: derived from data_dir
+    # A direct URL to the catalog's PostgreSQL for the change notices' listener alone (tiered.tiering.cluster.notices),
+    # when `catalog_url` reaches it through a transaction-mode pooler, where LISTEN does not work. Empty: the
+    # listener uses `catalog_url`, or, behind a pooler, there is none and the broker looks every 0.25 s.
+    catalog_notices_url: str = ""
     store_url: str = ""  # empty: derived from data_dir
     s3_path_style: bool = False
     # Server-side encryption asked of S3 for every object written (ServerSideEncryption, tiered/tiering/objects/
@@ -255,6 +259,18 @@ def _at_least(convert, minimum: float, what: str):
     return checked
 
 
+def _notices_url(url: str) -> str:
+    """A direct PostgreSQL URL (not through a pooler: LISTEN needs a session of its own), or empty."""
+    if not url:
+        return url
+    parsed, pooled = split_pooled(normalize_url(url))
+    if parsed.get_backend_name() != "postgresql":
+        raise SettingsError(f"{mask_url(url)} is not a PostgreSQL URL: the notices are PostgreSQL's LISTEN")
+    if pooled:
+        raise SettingsError(f"{mask_url(url)} says pooled=true: the notices need a direct connection to PostgreSQL")
+    return url
+
+
 def _finite_seconds(value) -> float:
     number = float(value)
     if not 0 < number < float("inf"):
@@ -267,6 +283,7 @@ _CONVERTERS = {
     "listen": _endpoint(DEFAULT_PORT),
     "http_listen": _endpoint(DEFAULT_HTTP_PORT, may_be_off=True),
     "catalog_url": str,
+    "catalog_notices_url": lambda v: _notices_url(str(v).strip()),
     "store_url": str,
     "s3_path_style": parse_bool,
     "s3_sse": lambda v: _choice(v, ("off", "s3", "kms")),
@@ -322,6 +339,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("-l", "--listen", dest="listen", help="TANK protocol listener [addr:]port (default :11011)")
     a("-P", "--http-listen", dest="http_listen", help="metrics and health [addr:]port, or off (default :9102)")
     a("--catalog", dest="catalog_url", help="catalog URL: sqlite:///path or postgresql+psycopg://user@host/db")
+    a("--catalog-notices-url", dest="catalog_notices_url",
+      help="a direct PostgreSQL URL for the change notices when --catalog goes through a transaction-mode pooler "
+           "(PgBouncer), where LISTEN does not work (default: none; the broker then looks every 0.25 s)")
     a("--store", dest="store_url", help="object store URL: file:///dir or s3://bucket/prefix")
     a("--s3-path-style", dest="s3_path_style", action="store_const", const=True, help="path-style S3 addressing")
     a("--s3-sse", dest="s3_sse",

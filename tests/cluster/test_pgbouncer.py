@@ -4,11 +4,14 @@ and every acknowledged message reads back; the catalog's check passes."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.cluster.conftest import LEASE_MS, Cluster
 from tests.cluster.producers import Producers
 from tests.cluster.test_failover import read_back, start_three
+from tests.support.broker import BrokerProcess
 
 
 @pytest.fixture
@@ -37,3 +40,30 @@ async def test_three_brokers_through_pgbouncer_take_over_a_killed_one(pooled_clu
     # 5 acks before the kill and 3 after, on every partition: the read-back below checks no fewer than those.
     assert producers.acked() >= 6 * (5 + 3)
     await read_back(cluster, "ev", producers)
+
+
+def test_behind_pgbouncer_a_broker_listens_through_catalog_notices_url_and_says_so_once_without_it(
+        tmp_path, pgbouncer_url, pg_url):
+    """`tiered serve` with its catalog through PgBouncer: without catalog_notices_url it says once that it looks
+    every 0.25 s without notices; with it (here by its environment variable), it listens through the direct URL."""
+    store = f"file://{tmp_path / 'objects'}"
+    alone = BrokerProcess(tmp_path / "disk1", "--catalog", pgbouncer_url, "--store", store, "--broker-id", "1")
+    alone.start()
+    try:
+        alone.terminate()
+    finally:
+        alone.kill()
+    assert alone.output().count("no change notices: the catalog is reached through a transaction-mode pooler") == 1
+    assert "listening for the catalog's change notices" not in alone.output()
+
+    told = BrokerProcess(tmp_path / "disk2", "--catalog", pgbouncer_url, "--store", store, "--broker-id", "2",
+                         env={"TIERED_CATALOG_NOTICES_URL": pg_url})
+    told.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "listening for the catalog's change notices" not in told.output() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "listening for the catalog's change notices" in told.output()
+        assert "no change notices" not in told.output()
+    finally:
+        told.kill()

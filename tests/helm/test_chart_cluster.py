@@ -156,3 +156,15 @@ def test_notes_explain_several_brokers(notes) -> None:
     one = " ".join(notes("one-broker").split())
     assert "with 1 broker(s)." in one and "With one broker, a restart pauses the service" in one
     assert "redirect" not in one and "loses no acknowledged message" not in one
+
+
+def test_the_notices_url_reaches_the_brokers_only_when_set(render) -> None:
+    """catalog.noticesUrl (catalog_notices_url): rendered into the brokers' environment when set, never into the
+    migration Job's (it listens to nothing), and not at all when empty."""
+    direct = "postgresql+psycopg://tiered@postgres:5432/tiered"
+    rendered = render("minimal", "--set", "catalog.url=postgresql+psycopg://tiered@pgbouncer:6432/tiered?pooled=true",
+                      "--set", f"catalog.noticesUrl={direct}")
+    assert pod_environ(rendered.broker)["TIERED_CATALOG_NOTICES_URL"] == direct
+    (job,) = rendered.one("Job")["spec"]["template"]["spec"]["containers"]
+    assert "TIERED_CATALOG_NOTICES_URL" not in pod_environ(job)
+    assert "TIERED_CATALOG_NOTICES_URL" not in pod_environ(render("minimal").broker)

@@ -38,6 +38,7 @@ SAMPLES = {
     "http_listen": ('"off"', "off", "off"),
     "catalog_url": ('"postgresql+psycopg://u@db:5432/t"', "postgresql+psycopg://u@db:5432/t",
                     "postgresql+psycopg://u@db:5432/t"),
+    "catalog_notices_url": ('"postgresql://u@db:5432/t"', "postgresql://u@db:5432/t", "postgresql://u@db:5432/t"),
     "store_url": ('"s3://bucket/prefix"', "s3://bucket/prefix", "s3://bucket/prefix"),
     "s3_path_style": ("true", "yes", True),
     "s3_sse": ('"kms"', "KMS", "kms"),
@@ -69,6 +70,7 @@ SAMPLES = {
 OTHER = {
     "data_dir": ("/other", Path("/other")), "listen": (":2345", ":2345"), "http_listen": (":9300", ":9300"),
     "catalog_url": ("sqlite:///x.db", "sqlite:///x.db"), "store_url": ("file:///objects", "file:///objects"),
+    "catalog_notices_url": ("postgresql://o@db/t", "postgresql://o@db/t"),
     "s3_path_style": ("false", False), "broker_id": ("3", 3), "read_only": ("no", False),
     "s3_sse": ("s3", "s3"), "s3_sse_kms_key_id": ("alias/other", "alias/other"),
     "block_max_bytes": ("2m", 2 << 20), "block_max_age_ms": ("7", 7), "shutdown_timeout_s": ("3", 3.0),
@@ -142,6 +144,9 @@ def _documented_defaults() -> Settings:
             values[name] = parse_broker_id(default)
         elif name in ("catalog_url", "store_url"):
             values[name] = ""  # derived from data_dir, checked below
+        elif name == "catalog_notices_url":
+            assert default == "none"  # the listener uses catalog_url (none behind a pooler)
+            values[name] = ""
         elif name == "advertise":
             assert default == "the listen address"
             values[name] = ""
@@ -194,6 +199,7 @@ BAD = {
     "shutdown_timeout_s": ("nan", "positive number of seconds"),
     "log_level": ("loud", "not one of"),
     "log_format": ("xml", "not one of"),
+    "catalog_notices_url": ("postgresql://u@pgbouncer/t?pooled=true", "need a direct connection"),
 }
 
 

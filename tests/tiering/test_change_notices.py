@@ -19,7 +19,7 @@ from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import IDLE_TICK_S, TICK_S, Coordinator, Endpoints
-from tiered.tiering.cluster.notices import Notices
+from tiered.tiering.cluster.notices import ListenPlan, Notices, listen_plan
 from tests.support.clock import ManualClock
 from tests.support.ports import free_port
 from tests.tiering.test_coordinator import LEASE_MS, ME, OTHER, Leadership, Sink, _until
@@ -123,3 +123,49 @@ async def test_a_listener_whose_connection_is_cut_fails_with_one_line_and_says_i
         finally:
             await stop(task)
     assert states == [True, False]
+
+
+CATALOG = make_url("postgresql+psycopg://tiered@pgbouncer:6432/catalog")  # as Catalog holds it: `pooled` dropped
+DIRECT = "postgresql+psycopg://tiered@postgres:5432/catalog"
+
+
+@pytest.mark.parametrize("backend, pooled, notices_url, url, note", [
+    ("postgresql", False, "", CATALOG, None),  # a direct catalog URL: the listener uses it
+    ("postgresql", False, DIRECT, make_url(DIRECT), None),  # the setting wins even so
+    ("postgresql", True, DIRECT, make_url(DIRECT), None),  # behind a pooler: the direct URL
+    ("postgresql", True, "postgresql://tiered@postgres/catalog?pooled=false", make_url(
+        "postgresql+psycopg://tiered@postgres/catalog"), None),  # read as the catalog's URLs are
+    ("postgresql", True, "", None, "no change notices"),  # behind a pooler without it: looks every TICK_S, said once
+    ("sqlite", False, "", None, None),  # one broker: nothing to listen to
+    ("sqlite", False, DIRECT, None, "catalog_notices_url is not used"),
+])
+def test_where_the_listener_connects(backend, pooled, notices_url, url, note):
+    plan = listen_plan(backend, CATALOG, pooled, notices_url)
+    assert plan.url == url
+    assert (plan.note is None) if note is None else (plan.note is not None and plan.note.startswith(note))
+    if note == "no change notices":
+        assert f"every {TICK_S:g} s" in plan.note and "catalog_notices_url" in plan.note
+
+
+async def test_behind_pgbouncer_a_claim_through_the_pooler_wakes_the_look_through_the_direct_url(pgbouncer_url,
+                                                                                                 pg_url):
+    """The coordinator's catalog goes through PgBouncer in transaction mode; its listener, given the direct URL,
+    hears a creation committed through the pooler (as another broker's would be), and the look comes at once: the
+    manual clock never moves."""
+    cat = Catalog.open(pgbouncer_url)
+    assert cat.pooled
+    coordinator, access = await coordinator_of(cat)
+    plan = listen_plan(cat.backend, cat.engine.url, cat.pooled, pg_url)
+    assert plan == ListenPlan(make_url(pg_url))
+    notices = asyncio.create_task(Notices(plan.url, coordinator.noticed, coordinator.listening).run())
+    loop = None
+    try:
+        await _until(lambda: coordinator._told)
+        loop = asyncio.create_task(coordinator.tick_loop())
+        await _until(lambda: coordinator.clock.sleeping > 0)  # looked once, waiting for a notice or the idle tick
+        with Catalog.open(pgbouncer_url) as other:  # another broker's catalog, through the pooler too
+            create_topic(other, "t", 2, leaders={0: ME, 1: ME})
+        await _until(lambda: sorted(coordinator.leadership.leading()) == [("t", 0), ("t", 1)])
+    finally:
+        await stop(*(t for t in (loop, notices) if t is not None))
+        access.close()

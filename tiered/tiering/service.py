@@ -48,7 +48,7 @@ from tiered.tier_interface import (
 )
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import Coordinator, Endpoints
-from tiered.tiering.cluster.notices import Notices
+from tiered.tiering.cluster.notices import Notices, listen_plan
 from tiered.tiering.blocks.durable import DurablePath
 from tiered.tiering.blocks.block_pipeline import EXPANSION_SWEEP_INTERVAL_S
 from tiered.tiering.objects.meter import CATALOG, Direction
@@ -155,8 +155,11 @@ class TieringService:
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
         catalog = self.catalog.catalog
-        if catalog.backend == "postgresql" and not catalog.pooled:  # LISTEN needs a session of its own
-            notices = Notices(catalog.engine.url, coordinator.noticed, coordinator.listening)
+        plan = listen_plan(catalog.backend, catalog.engine.url, catalog.pooled, self.settings.catalog_notices_url)
+        if plan.note is not None:
+            log.warning("%s", plan.note)
+        if plan.url is not None:  # LISTEN needs a session of its own, outside the pool
+            notices = Notices(plan.url, coordinator.noticed, coordinator.listening)
             self.supervisor.start("change notices", notices.run)
         self.supervisor.start("cluster", coordinator.tick_loop)
 

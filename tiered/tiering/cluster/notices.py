@@ -10,20 +10,25 @@ and would stop listening), on the event loop (psycopg's asyncio connection to co
 while no notice comes). Its loop runs under the
 tier's supervisor: a lost connection is one line, retried with the supervisor's backoff, and while it is down the
 coordinator looks every `TICK_S` as if nobody told it anything. Behind a transaction-mode pooler (PgBouncer) LISTEN
-does not work: no listener, the coordinator looks every `TICK_S`.
+does not work: the listener then connects to `catalog_notices_url` (a direct URL to the same PostgreSQL) when one is
+set, and otherwise there is none, the coordinator looks every `TICK_S` and the broker says so once at start
+(`listen_plan`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 import psycopg
 from sqlalchemy.engine import URL
 
 from tiered.catalog.changes import NOTICE_CHANNEL
+from tiered.catalog.engine import normalize_url, split_pooled
 from tiered.catalog.errors import CatalogUnavailable
+from tiered.tiering.cluster.coordinator import TICK_S
 
 log = logging.getLogger("tiered.cluster")
 
@@ -35,6 +40,30 @@ KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, 
 def conninfo(url: URL) -> str:
     """The libpq connection string of the catalog's URL (its SQLAlchemy driver name dropped)."""
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class ListenPlan:
+    """Where a broker listens for change notices (None: nowhere), and what it says about it once at start."""
+
+    url: URL | None
+    note: str | None = None
+
+
+def listen_plan(backend: str, catalog_url: URL, pooled: bool, notices_url: str) -> ListenPlan:
+    """Where the listener connects, from the catalog's backend and URL (without its `pooled` parameter), whether a
+    transaction-mode pooler is in between, and the `catalog_notices_url` setting (empty: unset)."""
+    if backend != "postgresql":
+        return ListenPlan(None, "catalog_notices_url is not used: a SQLite catalog sends no change notices"
+                          if notices_url else None)
+    if notices_url:
+        return ListenPlan(split_pooled(normalize_url(notices_url))[0])
+    if pooled:
+        return ListenPlan(None, f"no change notices: the catalog is reached through a transaction-mode pooler, where "
+                                f"LISTEN does not work, so this broker looks at the catalog every {TICK_S:g} s; set "
+                                f"catalog_notices_url (--catalog-notices-url, TIERED_CATALOG_NOTICES_URL) to a direct "
+                                f"URL to the same PostgreSQL to receive them")
+    return ListenPlan(catalog_url)
 
 
 class Notices:

@@ -361,3 +361,35 @@ async def test_a_partition_a_limit_stopped_is_visited_again_until_done(s3_store,
                             21: SegmentState.COPY_FINISHED}
     assert not await _exists(s3_store, metas[11].object_key) and await _exists(s3_store, metas[21].object_key)
     _check_all(cat, before)
+
+
+async def test_a_pass_follows_the_tier_state_as_configs_change_and_partitions_come_and_go(s3_store, cat, acat):
+    """The pass walks no led partition: what it asks the catalog about comes from the tier state. A topic whose
+    retention is turned on by a config change is expired by the next pass; a partition lost to another broker is
+    left alone however far past its limit, and taken up again by the pass after it is claimed back."""
+    from tests.tiering.tier_state import configure
+    from tiered.topic_partition import TopicPartition
+
+    now = T0 + timedelta(hours=3, minutes=1)  # segments 1 and 11 are past 90 minutes, 21 is not
+    metas, tier, counting, sink, clock, led = await _led(s3_store, cat, acat, now)
+    logs = TopicPartition(TOPIC, 0)
+    before = _check_all(cat)
+    configure(tier.state, [(logs, TopicConfig())])  # no retention on logs: nothing asked about it
+    assert await tier.remote_retention_pass() == 0
+    assert counting.calls.count("segments_for_remote_retention") == 0
+    assert _states(cat)[1] == SegmentState.COPY_FINISHED
+
+    epoch = tier.state.epoch_of(logs)
+    assert epoch is not None
+    tier.state.lose(logs)  # claimed by another broker, which now has the retention configured
+    configure(tier.state, [(logs, TopicConfig(remote_retention_secs=90 * 60))])
+    clock.advance(60)
+    assert await tier.remote_retention_pass() == 0
+    assert _states(cat)[1] == SegmentState.COPY_FINISHED  # not this broker's to expire
+
+    tier.state.lead(logs, epoch, TopicConfig(remote_retention_secs=90 * 60), 1 << 62)  # led here again
+    clock.advance(60)
+    assert await tier.remote_retention_pass() == 2
+    assert _states(cat) == {1: SegmentState.DELETE_FINISHED, 11: SegmentState.DELETE_FINISHED,
+                            21: SegmentState.COPY_FINISHED}
+    _check_all(cat, before)

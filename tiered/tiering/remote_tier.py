@@ -110,8 +110,8 @@ class RemoteTier:
         stale_copies = (await self.catalog.read(catalog_segments.partitions_with_stale_copies,
                                                 older_than=self._now() - self.grace)
                         if scan and leading else set())
-        led: dict[TopicPartition, TopicConfig] = {}  # of those named, the led ones with a remote retention
-        unfinished: set[TopicPartition] = set()  # interrupted deletions retention finishes
+        mid_retention: set[TopicPartition] = set()  # led here, with a retention and interrupted deletions
+        unfinished: set[TopicPartition] = set()  # of those, the ones whose deletions retention finishes
 
         def retained(tp: TopicPartition) -> TopicConfig | None:
             config = self.state.config_of(tp)
@@ -124,9 +124,9 @@ class RemoteTier:
             leftovers = tp in mid_deletion
             # Interrupted deletions are finished once per pass: by the cleanup scan, else by retention, else here.
             cleaned = await self._clean_abandoned_copies(tp, tp in stale_copies, finish=leftovers and config is None)
-            if config is not None:
-                led[tp] = config
-                if leftovers and not cleaned:
+            if config is not None and leftovers:
+                mid_retention.add(tp)
+                if not cleaned:
                     unfinished.add(tp)
         # Retention visits only the partitions with something to do: those one statement per page names (something
         # past a limit), those with an interrupted deletion, those a limit stopped last time, and, once a grace
@@ -136,7 +136,7 @@ class RemoteTier:
         visited: set[TopicPartition] = set()
 
         async def enforce(tp: TopicPartition) -> int:
-            config = led.get(tp) or retained(tp)
+            config = retained(tp)
             if config is None or tp in visited:
                 return 0
             visited.add(tp)
@@ -149,7 +149,7 @@ class RemoteTier:
                 self._retention_again.add(tp)
             return len(report.deleted)
 
-        for tp in sorted(set(led) & {TopicPartition(*key) for key in mid_deletion} | again):
+        for tp in sorted(mid_retention | again):
             deleted += await enforce(tp)
         limits = retention_limits(self.state.remote_retention_topics())
         async for page in partitions_due(self.catalog, limits, self._now(), runs_below=scan):

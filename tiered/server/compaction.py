@@ -1,8 +1,8 @@
 """The broker's key compaction: when a partition's local segments are compacted (tiered.storage.compaction), and
 what an operator sees of it (metrics, `/v1/compaction`, `tiered topic compact`, `tiered tier status`).
 
-One supervised loop (`Compactor.run`) looks at the partitions every `interval_s`, and at once when woken (a
-compaction asked for by hand). A partition is compacted when its topic's `log.cleanup.policy` is `cleanup`, this
+One supervised loop (`Compactor.run`) looks at the compacted partitions (the registry keeps them as configs are
+written: `Registry.compacted`) every `interval_s`, and at once when woken (a compaction asked for by hand). A partition is compacted when its topic's `log.cleanup.policy` is `cleanup`, this
 broker leads it (a follower's disk is a cache of the leader's history: the leader compacts), and TANK's trigger
 says so (`log.cleaner.min.cleanable.ratio`), or when someone asked. Passes run one at a time, in a worker thread:
 they read and write files for seconds, while the event loop keeps serving. Each pass has a deadline (`deadline_s`)

@@ -6,7 +6,7 @@
 
 An in-process broker (`App`, embedded defaults in a temporary directory; `--local-only`: without its tiering layer)
 with one topic (`produce.ack=local`, 1 partition); then the produce path as the connection's request task runs it,
-`read_checked_produce` and `ProduceHandler.handle` of one 100-byte message, in a loop: a warm-up of 2,000 requests,
+`ProduceHandler.handle_payload` of one 100-byte message (the payload read, appended and answered), in a loop: a warm-up of 2,000 requests,
 then N counted ones (default 5,000) between `callgrind_control --instr=on` and `--dump`. The dump's Ir over N is the
 request's in-process cost (the scan, the handler, the append, the tier's hand-over and the answer frame; not the
 connection, the event loop or the blocks' upload, which `bench.bench_instructions` counts), and the annotated dump
@@ -68,12 +68,11 @@ async def profile(local_only: bool, requests: int) -> float:
             bundle = encode_bundle([Message(b"x" * 100, None, 1_700_000_000_000)])
             payload = rq.encode_produce_request(
                 rq.ProduceRequest(1, (rq.ProduceTopic("t", (rq.ProducePartition(0, bundle),)),)))
-            handle, read, conn = app.broker.handlers.produce.handle, rq.read_checked_produce, _Connection()
+            handle, conn = app.broker.handlers.produce.handle_payload, _Connection()
 
             def loop(n: int) -> None:
                 for _ in range(n):
-                    req, facts = read(payload, False)
-                    if handle(conn, req, facts) is not None:
+                    if handle(conn, payload, False) is not None:
                         raise RuntimeError("a request was not answered at once")
 
             loop(WARMUP)

@@ -139,8 +139,7 @@ class AdminHandler:
         except ConfigError as exc:
             log.info("reload %s/%d refused: %s", req.topic, req.partition, exc)
             return ReloadConfStatus.PARSE
-        part.config = config  # a topic switched to durable acks shows only committed records from now on
-        part.log.reconfigure(config)
+        part.reconfigure(config)  # a topic switched to durable acks shows only committed records from now on
         self.broker.tier.reconfigured(part.tp, config)
         log.info("reloaded config of %s/%d", req.topic, req.partition)
         return ReloadConfStatus.OK

@@ -132,7 +132,10 @@ class ProduceHandler:
         if pending:
             conn.spawn(self._answer_when_durable(conn, request_id, ack_timeout_ms, answers, pending, started, {}))
             return None
-        self._count_latency(answers, started)
+        if len(answers) == 1:  # its topic is known here (the call resolved it): counted without _count_latency's frame
+            broker.metrics.ack_latency(answers[0][0], broker.clock.monotonic() - started)
+        else:
+            self._count_latency(answers, started)
         if frame is None:
             frame = self._frame(request_id, answers, None)
         if conn.try_send_frame(frame):

@@ -63,17 +63,13 @@ def _pieces(app, payload: bytes, conn, requests: int) -> None:
     """Each piece of the request's Python path called `requests` times between a zeroing and a dump of its own, in
     the order printed (dump 2 is the first piece): its instructions per call are the dump's total over `requests`,
     less the empty loop's (the first piece)."""
-    from tiered.server.produce import LEADER
-
     broker = app.broker
     handler = broker.handlers.produce
     calls = app.tier.produce_calls
+    context = handler._native_context(calls)
     pieces = {
         "the empty loop": lambda: None,
-        "the native call (produce_payload)": lambda: handler._produce_payload(
-            payload, False, broker.registry.topics, LEADER, calls.appended, broker.waiters.visible,
-            broker.waiters.waiting, broker.metrics.produced_bytes, broker.metrics.produced_msgs,
-            handler._append_failed, handler._log_append),
+        "the native call (produce_payload)": lambda: handler._produce_payload(payload, False, context),
         "the lease check (the tier's may_acknowledge)": app.tier.may_acknowledge,
         "admission (admits_now)": calls.admits_now,
         "the ack latency (Metrics.ack_latency)": lambda: broker.metrics.ack_latency("t", 0.001),

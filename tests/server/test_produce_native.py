@@ -22,7 +22,7 @@ from tiered.protocol import requests as rq
 from tiered.protocol.bundle import BundleFacts, Message, encode_bundle
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.errors import ProtocolError
-from tiered.server.produce import ProduceHandler
+from tiered.server.produce import NativeContext, ProduceHandler
 from tiered.server.registry import Partition, Role, Topic
 from tiered.storage.appender import AppendResult
 from tiered.storage.partition_log import InvalidSeqnums, PartitionLog, log_append_for
@@ -41,6 +41,8 @@ NOW = 1_700_000_000.0
 
 
 def test_the_native_call_reads_the_fields_it_was_built_for():
+    assert NativeContext._fields[1:] == ("registry_topics", "leader", "tier_appended", "visible", "waiting",
+                                         "produced_bytes", "produced_msgs", "failed", "log_append")
     assert rq.ProduceTopic._fields[:2] == ("name", "partitions")
     assert rq.ProducePartition._fields == ("partition", "bundle", "base_seq", "record")
     assert BundleFacts._fields[1] == "messages"
@@ -271,7 +273,7 @@ def payloads(draw, request_id: int) -> tuple[bytes, bool]:
 
 
 def payload_args(world: World, payload, with_seqnum: bool) -> list:
-    return [payload, with_seqnum, *world.args(rq.ProduceRequest(0, ()), [])[3:]]
+    return [payload, with_seqnum, NativeContext(None, *world.args(rq.ProduceRequest(0, ()), [])[3:])]
 
 
 @budget(60)
@@ -354,19 +356,24 @@ def test_hostile_payload_arguments_raise_and_never_crash(tmp_path_factory, data)
     try:
         payload, with_seqnum = data.draw(payloads(1))
         args = payload_args(world, payload, with_seqnum)
-        spoil = data.draw(st.sampled_from(["payload", "flag", "registry", "counters", "calls", "none"]))
+        spoil = data.draw(st.sampled_from(["payload", "flag", "context", "registry", "counters", "calls", "none"]))
+        context = list(args[2])
         if spoil == "payload":
             args[0] = data.draw(junk)
         elif spoil == "flag":
             args[1] = data.draw(junk)
+        elif spoil == "context":
+            args[2] = data.draw(st.one_of(junk, st.tuples(junk, junk)))
         elif spoil == "registry":
-            args[2] = data.draw(st.one_of(junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2)))
+            context[1] = data.draw(st.one_of(junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2)))
         elif spoil == "counters":
-            args[data.draw(st.sampled_from([6, 7, 8]))] = data.draw(junk)
+            context[data.draw(st.sampled_from([5, 6, 7]))] = data.draw(junk)
         elif spoil == "calls":
-            args[data.draw(st.sampled_from([4, 5, 9, 10]))] = data.draw(junk)
+            context[data.draw(st.sampled_from([3, 4, 8, 9]))] = data.draw(junk)
+        if spoil in ("registry", "counters", "calls"):
+            args[2] = tuple(context)
         try:
-            _produce.produce_payload(*args[: data.draw(st.integers(0, 11))] if spoil == "none" else args)
+            _produce.produce_payload(*args[: data.draw(st.integers(0, 3))] if spoil == "none" else args)
         except (TypeError, ValueError, AttributeError, OverflowError, IndexError, KeyError):
             pass
     finally:

@@ -470,32 +470,36 @@ static int read_bundles(const produce_framing *f, const uint8_t *data, PyObject 
 }
 
 PyDoc_STRVAR(produce_payload_doc,
-"produce_payload(payload, with_seqnum, registry_topics, leader, tier_appended, visible, waiting, produced_bytes,\n"
-"                produced_msgs, failed, log_append, /)\n"
+"produce_payload(payload, with_seqnum, context, /)\n"
 "--\n\n"
 "A produce request from its payload (bytes) to its answer: read as read_checked_produce reads it, every bundle\n"
-"validated, then append_request's appends, without the request's Python objects. Answers (answers, pending,\n"
-"frame, request_id, ack_timeout_ms): `frame` the whole answer frame when nothing waits for a durable ack and it\n"
-"is one topic's plain codes, else None; None, with nothing appended, for a request append_request would not take\n"
-"or whose framing does not parse (read_checked_produce then reads it, and names the fault). Raises ProtocolError\n"
-"for a bad bundle, as read_checked_produce does, with nothing appended.");
+"validated, then append_request's appends, without the request's Python objects. `context`: a NativeContext\n"
+"(tiered.server.produce), whose fields after the first are append_request's arguments from registry_topics on.\n"
+"Answers (answers, pending, frame, request_id, ack_timeout_ms): `frame` the whole answer frame when nothing waits\n"
+"for a durable ack and it is one topic's plain codes, else None; None, with nothing appended, for a request\n"
+"append_request would not take or whose framing does not parse (read_checked_produce then reads it, and names the\n"
+"fault). Raises ProtocolError for a bad bundle, as read_checked_produce does, with nothing appended.");
+
+/* NativeContext's fields (tiered/server/produce.py; the tests check them against its _fields): the tier's calls
+ * it was made for (not read here), then append_request's arguments from registry_topics on. */
+#define CONTEXT_FIELDS 10
+#define CONTEXT_REGISTRY 1
 
 static PyObject *produce_payload(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "produce_payload takes (payload, with_seqnum, registry_topics, leader, "
-                                         "tier_appended, visible, waiting, produced_bytes, produced_msgs, failed, "
-                                         "log_append)");
+    if (nargs != 3 || !is_tuple_of(args[2], CONTEXT_FIELDS)) {
+        PyErr_SetString(PyExc_TypeError, "produce_payload takes (payload, with_seqnum, a NativeContext)");
         return NULL;
     }
-    PyObject *payload = args[0], *registry = args[2], *leader = args[3];
-    if (!PyDict_Check(registry) || !PyDict_Check(args[6])) {
+    PyObject *const *context = &PyTuple_GET_ITEM(args[2], CONTEXT_REGISTRY);
+    PyObject *payload = args[0], *registry = context[0], *leader = context[1];
+    if (!PyDict_Check(registry) || !PyDict_Check(context[4])) {
         PyErr_SetString(PyExc_TypeError, "produce_payload takes two dicts (the registry's topics, the waiting)");
         return NULL;
     }
     if (!PyBytes_CheckExact(payload))
         Py_RETURN_NONE; /* a big frame's buffer: read_checked_produce makes it read-only */
-    calls c = {args[4], args[5], args[6], args[7], args[8], args[9], args[10]};
+    calls c = {context[2], context[3], context[4], context[5], context[6], context[7], context[8]};
     int with_seqnum = PyObject_IsTrue(args[1]);
     if (with_seqnum < 0)
         return NULL;

@@ -22,9 +22,12 @@ inside the window, so a whole-broker figure holds the tiering layer's work for i
 too: the whole broker's cluster coordinator ticks every 250 ms of wall time with catalog reads, ~10^7 instructions a
 second, and under valgrind a window lasts seconds, so in a 1-message window about a quarter of the count is that idle
 work and none of it is per request. Hence two figures. "instr/request" is the window's whole count over its requests.
-"net of idle" subtracts, from each counted window, an idle window of the same wall length measured right after it
-(after a settle of its own, so the counted window's last block commit is not in it): the background work that runs
-whether or not requests come. The catalog statements of both windows are printed (counted window / its idle twin)
+"net of idle" subtracts, from each counted window, the idle work of its wall length: each counted window has an idle
+twin of the same length measured right after it (after a settle of its own, so the counted window's last block
+commit is not in it), and the rate subtracted is the median of the twins' (instructions per second of wall time), so
+a twin that caught a late commit or a slow tick moves no figure by itself; the net figure is the median of the
+windows', and its spread is printed ("net spread %") to say whether the goal can be decided from it. That is the
+background work that runs whether or not requests come. The catalog statements of both windows are printed (counted window / its idle twin)
 to show the background ran at the same pace in both: the ticks are timers on the event loop and the catalog's thread,
 so a loaded loop runs them late, not less often, as long as the window is seconds long. An earlier version took one
 idle window after the warm-up and subtracted its rate; it held the warm-up's last commits and came out below the
@@ -92,7 +95,6 @@ WORKLOADS = (
 WARMUP_REQUESTS = 300
 SMOKE_REQUESTS = 50  # per window and for the warm-up
 SETTLE_S = 1.5  # wall time: more than block_max_age_ms (250 ms) plus an upload and commit at valgrind's speed
-IDLE_S = 3.0  # the idle window: a dozen of the coordinator's 250 ms ticks
 START_TIMEOUT_S = 300.0
 
 # PYTHONHASHSEED fixed: str hashes (dict and set layouts, so probe counts) are otherwise random per process, and two
@@ -146,13 +148,19 @@ class Result:
     workload: Workload
     server: str
     windows: list[Window] = field(default_factory=list)
-    idle_ir_per_s: float = float("nan")
 
     def per_request(self) -> list[float]:
         return [w.ir / w.requests for w in self.windows]
 
+    def idle_rate(self) -> float:
+        """The idle work's instructions per second of wall time: the median over the windows' idle twins, so that one
+        twin holding a late commit or a slow coordinator tick does not move every figure."""
+        return statistics.median(w.idle_ir / w.seconds for w in self.windows)
+
     def net_per_request(self) -> list[float]:
-        return [(w.ir - w.idle_ir) / w.requests for w in self.windows]
+        """Each window less the idle work of its length (at the median idle rate), per request."""
+        rate = self.idle_rate()
+        return [(w.ir - rate * w.seconds) / w.requests for w in self.windows]
 
 
 def _counters(server) -> tuple[float, float]:
@@ -193,11 +201,6 @@ async def measure(w: Workload, server_name: str, tree: Path, root: Path, size: S
         callgrind_control(server.pid, "--instr=on")
         await _produce(server.port, topic, w, min(warmup, count))  # freshly instrumented code, not counted
         await asyncio.sleep(SETTLE_S)
-        callgrind_control(server.pid, "--zero")
-        started = time.monotonic()
-        await asyncio.sleep(IDLE_S)
-        seconds = time.monotonic() - started
-        result.idle_ir_per_s = _dump(server.pid, out_dir) / seconds
         for i in range(repeats):
             log(f"  {w.shape.label}, {server_name}: window {i + 1}/{repeats}, {count} requests ...")
             blocks0, statements0 = _counters(server)
@@ -252,8 +255,13 @@ async def run(size: Size, tree: Path, servers: tuple[str, ...], repeats: int, lo
     return results
 
 
-HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "net of idle", "G instr/GB", "blocks",
-           "statements", "idle Ir/s", "window s")
+HEADERS = ("workload", "window", "server", "requests", "instr/request", "spread %", "net of idle", "net spread %",
+           "G instr/GB", "blocks", "statements", "idle Ir/s", "window s")
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / min, in percent."""
+    return (max(values) - min(values)) / min(values) * 100 if min(values) > 0 else float("nan")
 
 
 def report(results: list[Result], tree: Path) -> str:
@@ -262,19 +270,19 @@ def report(results: list[Result], tree: Path) -> str:
         w = r.workload
         per_request = r.per_request()
         median = statistics.median(per_request)
-        spread = (max(per_request) - min(per_request)) / min(per_request) * 100
-        net = statistics.median(r.net_per_request())
+        nets = r.net_per_request()
         per_gb = "-" if w.per_request_only else median / (w.shape.bundle_msgs * w.shape.msg_bytes)  # = 10^9 instr per GB
         whole = r.windows[0].blocks == r.windows[0].blocks  # not NaN
         blocks = "/".join(f"{x.blocks:.0f}" for x in r.windows) if whole else "-"
         statements = ", ".join(f"{x.statements:.0f}/{x.idle_statements:.0f}" for x in r.windows) if whole else "-"
-        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread, net, per_gb, blocks,
-                     statements, r.idle_ir_per_s, statistics.median(x.seconds for x in r.windows)])
+        rows.append([w.shape.label, w.window, r.server, r.windows[0].requests, median, spread(per_request),
+                     statistics.median(nets), spread(nets), per_gb, blocks, statements, r.idle_rate(),
+                     statistics.median(x.seconds for x in r.windows)])
     where = "" if tree == REPO else f", brokers from {tree}"
     return format_table(HEADERS, rows, "User-space instructions per produce request (callgrind Ir; kernel work not "
                         f"counted), produce.ack=local, 1 connection{where}; median of {len(results[0].windows)} "
-                        "windows of one process, spread (max-min)/min; net of idle: each window less an idle window of the "
-                        "same length right after it; G instr/GB: 10^9 instructions per 10^9 bytes of message content "
+                        "windows of one process, spread (max-min)/min; net of idle: each window less the idle work of "
+                        "its length, at the median rate of the idle windows measured right after each; G instr/GB: 10^9 instructions per 10^9 bytes of message content "
                         "(whole count); blocks: uploaded in each window; statements: catalog statements in each "
                         "window / in its idle twin (whole broker)")
 
@@ -287,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", action="append", choices=SERVERS, help="only this server (repeatable)")
     parser.add_argument("--workload", action="append", choices=[w.shape.label for w in WORKLOADS],
                         help="only this workload (repeatable)")
-    parser.add_argument("--repeats", type=int, help="counted windows per server process (default 2, 1 with --smoke)")
+    parser.add_argument("--repeats", type=int, help="counted windows per server process (default 3, 1 with --smoke)")
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps here (for callgrind_annotate)")
     args = parser.parse_args(argv)
     size = size_of(args)
@@ -295,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         cannot_run("valgrind (with callgrind_control) is not installed")
     tree = args.tree.resolve()
     servers = tuple(args.server or (SERVERS[:1] if size is Size.SMOKE else SERVERS))
-    repeats = max(1, args.repeats or size.pick(2, 2, 1))
+    repeats = max(1, args.repeats or size.pick(3, 3, 1))
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

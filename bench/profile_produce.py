@@ -6,13 +6,18 @@
 
 An in-process broker (`App`, embedded defaults in a temporary directory; `--local-only`: without its tiering layer)
 with one topic (`produce.ack=local`, 1 partition); then the produce path as the connection's request task runs it,
-`read_checked_produce` and `ProduceHandler.handle` of one 100-byte message, in a loop: a warm-up of 2,000 requests,
+`ProduceHandler.handle_payload` of one 100-byte message (the payload read, appended and answered), in a loop: a warm-up of 2,000 requests,
 then N counted ones (default 5,000) between `callgrind_control --instr=on` and `--dump`. The dump's Ir over N is the
 request's in-process cost (the scan, the handler, the append, the tier's hand-over and the answer frame; not the
 connection, the event loop or the blocks' upload, which `bench.bench_instructions` counts), and the annotated dump
 says by C function (the native calls by name) where it goes. Under callgrind the loop runs ~50x slower and the event
 loop does not turn while it runs, so the lease is not renewed: the handler's `may_acknowledge` is answered True here
 (one Python call, as the coordinator's `holds_lease` is). Without valgrind it prints the wall time per request.
+
+`--pieces` (whole broker) then calls each piece of the path alone as many times, each between a zeroing and a dump
+of its own (the native call, the lease check as the coordinator answers it, admission, the ack latency histogram, and
+`read_checked_produce`, the request objects the native call no longer builds), printing which dump is which: a
+piece's instructions per call are its dump's total over N, less the empty loop's.
 """
 
 from __future__ import annotations
@@ -54,7 +59,31 @@ def _control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True, timeout=120)
 
 
-async def profile(local_only: bool, requests: int) -> float:
+def _pieces(app, payload: bytes, conn, requests: int) -> None:
+    """Each piece of the request's Python path called `requests` times between a zeroing and a dump of its own, in
+    the order printed (dump 2 is the first piece): its instructions per call are the dump's total over `requests`,
+    less the empty loop's (the first piece)."""
+    broker = app.broker
+    handler = broker.handlers.produce
+    calls = app.tier.produce_calls
+    context = handler._native_context(calls)
+    pieces = {
+        "the empty loop": lambda: None,
+        "the native call (produce_payload)": lambda: handler._produce_payload(payload, False, context),
+        "the lease check (the tier's may_acknowledge)": app.tier.may_acknowledge,
+        "admission (admits_now)": calls.admits_now,
+        "the ack latency (Metrics.ack_latency)": lambda: broker.metrics.ack_latency("t", 0.001),
+        "read_checked_produce (the request objects)": lambda: rq.read_checked_produce(payload, False),
+    }
+    for n, (name, call) in enumerate(pieces.items(), start=2):
+        print(f"dump {n}: {name}", flush=True)
+        _control("--zero")
+        for _ in range(requests):
+            call()
+        _control("--dump")
+
+
+async def profile(local_only: bool, requests: int, pieces: bool = False) -> float:
     root = Path(tempfile.mkdtemp(prefix="tiered-profile-produce-"))
     try:
         settings = Settings(data_dir=root / "data", listen="127.0.0.1:0", http_listen="off")
@@ -68,12 +97,11 @@ async def profile(local_only: bool, requests: int) -> float:
             bundle = encode_bundle([Message(b"x" * 100, None, 1_700_000_000_000)])
             payload = rq.encode_produce_request(
                 rq.ProduceRequest(1, (rq.ProduceTopic("t", (rq.ProducePartition(0, bundle),)),)))
-            handle, read, conn = app.broker.handlers.produce.handle, rq.read_checked_produce, _Connection()
+            handle, conn = app.broker.handlers.produce.handle_payload, _Connection()
 
             def loop(n: int) -> None:
                 for _ in range(n):
-                    req, facts = read(payload, False)
-                    if handle(conn, req, facts) is not None:
+                    if handle(conn, payload, False) is not None:
                         raise RuntimeError("a request was not answered at once")
 
             loop(WARMUP)
@@ -88,6 +116,8 @@ async def profile(local_only: bool, requests: int) -> float:
             seconds = time.perf_counter() - started
             if under_valgrind:
                 _control("--dump")
+                if pieces:
+                    _pieces(app, payload, conn, requests)
                 _control("--instr=off")
             return seconds / requests
         finally:
@@ -100,10 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_produce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--local-only", action="store_true", help="the broker without its tiering layer")
     parser.add_argument("--requests", type=int, default=5_000, help="counted requests (default 5,000)")
+    parser.add_argument("--pieces", action="store_true",
+                        help="then each piece of the request's path alone, a dump each (under callgrind)")
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error("--requests must be at least 1")
-    per_request = asyncio.run(profile(args.local_only, args.requests))
+    per_request = asyncio.run(profile(args.local_only, args.requests, args.pieces))
     print(f"{args.requests} requests, {per_request * 1e6:.2f} us each (wall; under callgrind: read the dump)")
     return 0
 

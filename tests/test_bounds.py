@@ -95,6 +95,16 @@ def test_local_acks_and_a_broker_without_a_tier_show_every_append(tmp_path):
         part.log.close()
 
 
+def test_a_reconfigured_partition_is_durable_as_its_new_config_says(tmp_path):
+    """`durable` is an attribute its owner keeps current (the produce path reads it, natively too)."""
+    part = partition(tmp_path, "local", True)
+    part.reconfigure(TopicConfig(produce_ack="durable"))
+    assert part.durable and part.bounds().hwmark == 0 and part.log.config.produce_ack == "durable"
+    part.reconfigure(TopicConfig(produce_ack="local"))
+    assert not part.durable and part.bounds().hwmark == 3
+    part.log.close()
+
+
 def test_the_catalog_lowers_the_first_available_seq_below_the_local_disk(tmp_path):
     part = partition(tmp_path, "durable", True)
     part.log.truncate_after(0)

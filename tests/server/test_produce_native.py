@@ -2,8 +2,10 @@
 produce handler's own loop (ProduceHandler._append_each): the same requests on two copies of the same partitions
 give the same answers, the same calls to the tier, the metrics and the waiters in the same order, and the same
 segment and index files. A request the native call does not take (an unknown topic or partition, a partition not
-led here) answers None with nothing appended. Hostile arguments raise, never crash (the ASan build runs this file:
-tests/test_native_asan.py)."""
+led here) answers None with nothing appended. `produce_payload` (the same from the frame's payload, and the answer's
+frame) against read_checked_produce, the loop and the handler's frame, on valid, truncated, padded, mutated and
+random payloads: the same answers, frames, ProtocolErrors, calls, metrics and files. Hostile arguments raise, never
+crash (the ASan build runs this file: tests/test_native_asan.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from tiered.metrics import Metrics
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import BundleFacts, Message, encode_bundle
 from tiered.protocol.codes import ProduceStatus
-from tiered.server.produce import ProduceHandler
+from tiered.protocol.errors import ProtocolError
+from tiered.server.produce import NativeContext, ProduceHandler
 from tiered.server.registry import Partition, Role, Topic
 from tiered.storage.appender import AppendResult
 from tiered.storage.partition_log import InvalidSeqnums, PartitionLog, log_append_for
@@ -38,6 +41,8 @@ NOW = 1_700_000_000.0
 
 
 def test_the_native_call_reads_the_fields_it_was_built_for():
+    assert NativeContext._fields[1:] == ("registry_topics", "leader", "tier_appended", "visible", "waiting",
+                                         "produced_bytes", "produced_msgs", "failed", "log_append")
     assert rq.ProduceTopic._fields[:2] == ("name", "partitions")
     assert rq.ProducePartition._fields == ("partition", "bundle", "base_seq", "record")
     assert BundleFacts._fields[1] == "messages"
@@ -232,6 +237,144 @@ def test_hostile_arguments_raise_and_never_crash(tmp_path_factory, data):
         try:
             _produce.append_request(*args[: data.draw(st.integers(0, 12))] if spoil == "none" else args)
         except (TypeError, ValueError, AttributeError, OverflowError, IndexError):
+            pass
+    finally:
+        world.close()
+
+
+def read_or_error(payload, with_seqnum: bool):
+    """read_checked_produce's answer, or the ProtocolError it raises as (message, position)."""
+    try:
+        return rq.read_checked_produce(payload, with_seqnum)
+    except ProtocolError as exc:
+        return (str(exc), exc.position)
+
+
+@st.composite
+def payloads(draw, request_id: int) -> tuple[bytes, bool]:
+    """A request's payload and the message id's with_seqnum: valid, or truncated, padded, mutated, random bytes or
+    read with the other message id."""
+    req = draw(requests(request_id))
+    payload = rq.encode_produce_request(req)
+    with_seqnum = req.with_seqnum
+    spoil = draw(st.sampled_from(["none", "none", "none", "truncated", "padded", "mutated", "random", "other id"]))
+    if spoil == "truncated":
+        payload = payload[: draw(st.integers(0, len(payload) - 1))]
+    elif spoil == "padded":
+        payload += draw(st.binary(min_size=1, max_size=8))
+    elif spoil == "mutated":
+        at = draw(st.integers(0, len(payload) - 1))
+        payload = payload[:at] + bytes([draw(st.integers(0, 255))]) + payload[at + 1:]
+    elif spoil == "random":
+        payload = draw(st.binary(max_size=64))
+    elif spoil == "other id":
+        with_seqnum = not with_seqnum
+    return payload, with_seqnum
+
+
+def payload_args(world: World, payload, with_seqnum: bool) -> list:
+    return [payload, with_seqnum, NativeContext(None, *world.args(rq.ProduceRequest(0, ()), [])[3:])]
+
+
+@budget(60)
+@given(st.data())
+def test_the_native_payload_path_is_the_scan_the_loop_and_the_frame(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("payloads")
+    native, reference = World(root / "native"), World(root / "reference")
+    try:
+        for request_id in range(1, data.draw(st.integers(1, 25))):
+            payload, with_seqnum = data.draw(payloads(request_id))
+            expected = read_or_error(payload, with_seqnum)
+            try:
+                got = _produce.produce_payload(*payload_args(native, payload, with_seqnum))
+            except ProtocolError as exc:
+                assert (str(exc), exc.position) == expected  # the reference's error, and nothing appended
+                assert native.calls == reference.calls
+                continue
+            if isinstance(expected, tuple) and isinstance(expected[0], str):
+                assert got is None  # a framing fault: the reference reader names it
+                continue
+            req, facts = expected
+            if got is None:  # not taken: nothing appended, and the loop serves both copies
+                assert native.calls == reference.calls
+                got = native.reference(req, facts)
+                assert got == reference.reference(req, facts)
+            else:
+                answers, pending = reference.reference(req, facts)
+                got_answers, got_pending, frame, got_id, got_timeout = got
+                assert (got_answers, got_pending) == (answers, pending)
+                assert (got_id, got_timeout) == (req.request_id, req.ack_timeout_ms)
+                if len(answers) == 1 and not pending:
+                    assert frame == ProduceHandler._frame(req.request_id, answers, None)
+                else:
+                    assert frame is None
+            assert native.calls == reference.calls
+            assert (native.metrics.produced_bytes, native.metrics.produced_msgs) == (
+                reference.metrics.produced_bytes, reference.metrics.produced_msgs)
+        assert native.files() == reference.files()
+    finally:
+        native.close()
+        reference.close()
+
+
+def test_the_payload_path_takes_the_common_request_and_frames_its_answer(tmp_path):
+    world = World(tmp_path)
+    try:
+        bundle = encode_bundle([Message(b"v" * 100, None, 1)])
+        req = rq.ProduceRequest(7, (rq.ProduceTopic("a", (rq.ProducePartition(0, bundle),)),), ack_timeout_ms=9)
+        answers, pending, frame, request_id, timeout = _produce.produce_payload(
+            *payload_args(world, rq.encode_produce_request(req), False))
+        assert answers == [("a", None, bytearray([ProduceStatus.OK]))] and pending == []
+        assert frame == ProduceHandler._frame(7, answers, None) and (request_id, timeout) == (7, 9)
+        tp = world.topics["a"].partitions[0].tp
+        assert [call[:2] for call in world.calls] == [("appended", tp)]
+        durable = req._replace(topics=(rq.ProduceTopic("d", (rq.ProducePartition(1, bundle),)),))
+        answers, pending, frame, _, _ = _produce.produce_payload(
+            *payload_args(world, rq.encode_produce_request(durable), False))
+        assert pending == [(0, 0, "ack-2")] and frame is None
+    finally:
+        world.close()
+
+
+def test_the_payload_path_answers_none_for_what_it_does_not_take(tmp_path):
+    world = World(tmp_path)
+    try:
+        before = world.files()
+        bundle = encode_bundle([Message(b"v", None, 1)])
+        one = rq.encode_produce_request(rq.ProduceRequest(1, (rq.ProduceTopic("a", (rq.ProducePartition(2, bundle),)),)))
+        for payload in (one, bytearray(one), memoryview(one), one[:-1]):
+            assert _produce.produce_payload(*payload_args(world, payload, False)) is None
+        assert world.calls == [] and world.files() == before
+    finally:
+        world.close()
+
+
+@budget(100)
+@given(data=st.data())
+def test_hostile_payload_arguments_raise_and_never_crash(tmp_path_factory, data):
+    world = World(tmp_path_factory.mktemp("hostile-payload"))
+    try:
+        payload, with_seqnum = data.draw(payloads(1))
+        args = payload_args(world, payload, with_seqnum)
+        spoil = data.draw(st.sampled_from(["payload", "flag", "context", "registry", "counters", "calls", "none"]))
+        context = list(args[2])
+        if spoil == "payload":
+            args[0] = data.draw(junk)
+        elif spoil == "flag":
+            args[1] = data.draw(junk)
+        elif spoil == "context":
+            args[2] = data.draw(st.one_of(junk, st.tuples(junk, junk)))
+        elif spoil == "registry":
+            context[1] = data.draw(st.one_of(junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2)))
+        elif spoil == "counters":
+            context[data.draw(st.sampled_from([5, 6, 7]))] = data.draw(junk)
+        elif spoil == "calls":
+            context[data.draw(st.sampled_from([3, 4, 8, 9]))] = data.draw(junk)
+        if spoil in ("registry", "counters", "calls"):
+            args[2] = tuple(context)
+        try:
+            _produce.produce_payload(*args[: data.draw(st.integers(0, 3))] if spoil == "none" else args)
+        except (TypeError, ValueError, AttributeError, OverflowError, IndexError, KeyError):
             pass
     finally:
         world.close()

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "_produce_scan.h"
 #include "_tank_walk.h"
 
 #define NO_POSITION TANK_NO_POSITION
@@ -219,8 +220,9 @@ static PyObject *py_bool(int v)
     return Py_NewRef(v ? Py_True : Py_False);
 }
 
-/* The BundleFacts of the bundle `b` (whose Python object is `bundle_obj`), or NULL with ProtocolError raised. */
-static PyObject *facts_of(PyObject *bundle_obj, span b, int strict)
+/* The BundleFacts of the bundle `b`, which starts `offset` bytes into the buffer of `bundle_obj`, or NULL with
+ * ProtocolError raised. */
+static PyObject *facts_of(PyObject *bundle_obj, span b, Py_ssize_t offset, int strict)
 {
     tank_header h;
     PyObject *result = NULL, *decompressed = NULL;
@@ -230,7 +232,7 @@ static PyObject *facts_of(PyObject *bundle_obj, span b, int strict)
         return NULL;
     span d = {b.data + h.header_len, b.end - h.header_len};
     if (h.codec == CODEC_SNAPPY) {
-        decompressed = uncompress_body(bundle_obj, b, 0, h.header_len);
+        decompressed = uncompress_body(bundle_obj, b, offset, h.header_len);
         if (decompressed == NULL || PyObject_GetBuffer(decompressed, &dbuf, PyBUF_SIMPLE) < 0)
             goto done;
         d.data = dbuf.buf;
@@ -252,12 +254,9 @@ done:
 
 /* -- produce requests ------------------------------------------------------------------------------------------ */
 
-/* The framing of a produce payload (tiered/protocol/requests.py has the table):
- *
- *     client_version u16, request_id u32, client_id str8, required_acks u8, ack_timeout_ms u32
- *     topics u8 x { name str8, partitions u8 x { partition u16, bundle_len varint, [base_seq u64], bundle } }
- *
- * A framing fault makes the scan answer None: requests.py then reads the payload with its reference reader, which
+/* The framing of a produce payload (_produce_scan.h and tiered/protocol/requests.py have the table), read once by
+ * read_framing, for scan_produce here and, through the capsule `_produce_scan`, for tiered/server/_produce.c. A
+ * framing fault makes the scan answer None: requests.py then reads the payload with its reference reader, which
  * raises the ProtocolError that names it. */
 
 typedef struct {
@@ -305,108 +304,113 @@ static int take_le(cursor *c, int size, uint64_t *v)
     return 0;
 }
 
-/* A str8 as latin-1 text: a new reference, or NULL (with an exception set only if the decoding itself failed). */
-static PyObject *take_str8(cursor *c)
+static void release_framing(produce_framing *f)
 {
-    unsigned size;
+    PyMem_Free(f->parts);
+    f->parts = NULL;
+    f->part_count = 0;
+}
+
+/* _produce_scan.h's read_framing: the framing of a produce payload into `f`. */
+static int read_framing(const uint8_t *data, Py_ssize_t len, int with_seqnum, produce_framing *f)
+{
+    cursor c = {{data, len}, 0};
+    Py_ssize_t capacity = 0;
     const uint8_t *at;
-    if (take_u8(c, &size) < 0 || take(c, size, &at) < 0)
-        return NULL;
-    return PyUnicode_DecodeLatin1((const char *)at, size, NULL);
-}
-
-typedef struct {
-    PyObject *view; /* borrowed: its ProducePartition holds it */
-    Py_ssize_t start, end;
-} bundle_ref;
-
-typedef struct {
-    bundle_ref *items;
-    Py_ssize_t count, capacity;
-} bundle_refs;
-
-static int refs_push(bundle_refs *refs, bundle_ref ref)
-{
-    if (refs->count == refs->capacity) {
-        Py_ssize_t capacity = refs->capacity ? 2 * refs->capacity : 8;
-        bundle_ref *grown = PyMem_Realloc(refs->items, capacity * sizeof *grown);
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return -1;
+    unsigned size8, topic_count;
+    f->topic_count = f->part_count = 0;
+    f->parts = NULL;
+    if (take_le(&c, 2, &f->client_version) < 0 || take_le(&c, 4, &f->request_id) < 0 || take_u8(&c, &size8) < 0)
+        return 0;
+    f->client_id_at = c.position;
+    f->client_id_len = size8;
+    if (take(&c, size8, &at) < 0 || take_le(&c, 1, &f->required_acks) < 0 || take_le(&c, 4, &f->ack_timeout_ms) < 0
+        || take_u8(&c, &topic_count) < 0)
+        return 0;
+    for (unsigned t = 0; t < topic_count; t++) {
+        produce_topic_at *topic = &f->topics[t];
+        unsigned partition_count;
+        if (take_u8(&c, &size8) < 0)
+            return 0;
+        topic->name_at = c.position;
+        topic->name_len = size8;
+        if (take(&c, size8, &at) < 0 || take_u8(&c, &partition_count) < 0)
+            return 0;
+        topic->first = f->part_count;
+        topic->count = partition_count;
+        f->topic_count = t + 1;
+        for (unsigned i = 0; i < partition_count; i++) {
+            produce_part_at p = {0};
+            uint32_t bundle_len;
+            Py_ssize_t after;
+            if (take_le(&c, 2, &p.partition) < 0)
+                return 0;
+            p.length_at = c.position;
+            if (tank_varint_at(c.p.data, c.p.end, p.length_at, &bundle_len, &after) != TANK_VARINT_OK)
+                return 0;
+            c.position = after;
+            if (with_seqnum && take_le(&c, 8, &p.base_seq) < 0)
+                return 0;
+            p.start = c.position;
+            if (take(&c, bundle_len, &at) < 0)
+                return 0;
+            p.end = c.position;
+            Py_ssize_t record_len = p.end - p.length_at;
+            p.record = !with_seqnum && p.start - p.length_at == minimal_varint_size(bundle_len)
+                       && record_len >= c.p.end - record_len;
+            if (f->part_count == capacity) {
+                capacity = capacity ? 2 * capacity : 8;
+                produce_part_at *grown = PyMem_Realloc(f->parts, (size_t)capacity * sizeof *grown);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                f->parts = grown;
+            }
+            f->parts[f->part_count++] = p;
         }
-        refs->items = grown;
-        refs->capacity = capacity;
     }
-    refs->items[refs->count++] = ref;
-    return 0;
+    return c.position == c.p.end;
 }
 
-/* The topics of the payload as ProduceTopic tuples, their bundles collected in `refs`; NULL without an exception on a
- * framing fault, NULL with one on a failure of Python itself. */
-static PyObject *read_topics(cursor *c, PyObject *view, int with_seqnum, bundle_refs *refs)
+/* The topics of a request read by read_framing as ProduceTopic tuples; NULL with an exception set. */
+static PyObject *framed_topics(const produce_framing *f, const uint8_t *data, PyObject *view, int with_seqnum)
 {
-    unsigned topic_count;
-    if (take_u8(c, &topic_count) < 0)
-        return NULL;
-    PyObject *topics = PyTuple_New(topic_count);
+    PyObject *topics = PyTuple_New(f->topic_count);
     if (topics == NULL)
         return NULL;
-    for (unsigned t = 0; t < topic_count; t++) {
-        unsigned partition_count;
-        PyObject *name = take_str8(c);
-        if (name == NULL || take_u8(c, &partition_count) < 0)
-            goto fail_name;
-        PyObject *partitions = PyTuple_New(partition_count);
-        if (partitions == NULL)
-            goto fail_name;
-        for (unsigned i = 0; i < partition_count; i++) {
-            uint64_t partition, base_seq = 0;
-            uint32_t size;
-            Py_ssize_t after;
-            const uint8_t *at;
-            if (take_le(c, 2, &partition) < 0)
-                goto fail_partitions;
-            Py_ssize_t length_at = c->position;
-            if (tank_varint_at(c->p.data, c->p.end, length_at, &size, &after) != TANK_VARINT_OK)
-                goto fail_partitions;
-            c->position = after;
-            if (with_seqnum && take_le(c, 8, &base_seq) < 0)
-                goto fail_partitions;
-            Py_ssize_t start = c->position;
-            if (take(c, size, &at) < 0)
-                goto fail_partitions;
-            PyObject *bundle = PySequence_GetSlice(view, start, c->position);
-            /* requests.py's ProducePartition.record: {length, bundle} as a segment holds it, when the payload has it
-             * contiguously (no base seq between) with the length in its minimal encoding, and it is at least half
-             * of the payload, which it keeps alive. */
-            Py_ssize_t record_len = c->position - length_at;
-            PyObject *record = !with_seqnum && start - length_at == minimal_varint_size(size)
-                                       && record_len >= c->p.end - record_len
-                                   ? PySequence_GetSlice(view, length_at, c->position)
-                                   : Py_NewRef(Py_None);
-            PyObject *p = new_named(PartitionType, 4, PyLong_FromUnsignedLong((unsigned long)partition), bundle,
-                                    with_seqnum ? PyLong_FromUnsignedLongLong(base_seq) : Py_NewRef(Py_None), record);
-            if (p == NULL)
-                goto fail_partitions;
-            PyTuple_SET_ITEM(partitions, i, p);
-            if (refs_push(refs, (bundle_ref){bundle, start, c->position}) < 0)
-                goto fail_partitions;
+    for (Py_ssize_t t = 0; t < f->topic_count; t++) {
+        const produce_topic_at *topic = &f->topics[t];
+        PyObject *name = PyUnicode_DecodeLatin1((const char *)data + topic->name_at, topic->name_len, NULL);
+        PyObject *partitions = name == NULL ? NULL : PyTuple_New(topic->count);
+        if (partitions == NULL) {
+            Py_XDECREF(name);
+            Py_DECREF(topics);
+            return NULL;
         }
-        PyObject *topic = new_named(TopicType, 2, name, partitions);
-        if (topic == NULL)
-            goto fail;
-        PyTuple_SET_ITEM(topics, t, topic);
-        continue;
-    fail_partitions:
-        Py_DECREF(partitions);
-    fail_name:
-        Py_XDECREF(name);
-        goto fail;
+        for (Py_ssize_t i = 0; i < topic->count; i++) {
+            const produce_part_at *at = &f->parts[topic->first + i];
+            PyObject *p = new_named(PartitionType, 4, PyLong_FromUnsignedLong((unsigned long)at->partition),
+                                    PySequence_GetSlice(view, at->start, at->end),
+                                    with_seqnum ? PyLong_FromUnsignedLongLong(at->base_seq) : Py_NewRef(Py_None),
+                                    at->record ? PySequence_GetSlice(view, at->length_at, at->end)
+                                               : Py_NewRef(Py_None));
+            if (p == NULL) {
+                Py_DECREF(name);
+                Py_DECREF(partitions);
+                Py_DECREF(topics);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(partitions, i, p);
+        }
+        PyObject *named = new_named(TopicType, 2, name, partitions);
+        if (named == NULL) {
+            Py_DECREF(topics);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(topics, t, named);
     }
     return topics;
-fail:
-    Py_DECREF(topics);
-    return NULL;
 }
 
 PyDoc_STRVAR(scan_produce_doc,
@@ -445,41 +449,45 @@ static PyObject *scan_produce(PyObject *module, PyObject *const *args, Py_ssize_
         Py_DECREF(view);
         Py_RETURN_NONE; /* not a plain byte buffer: the reference copes */
     }
-    cursor c = {{buf->buf, buf->len}, 0};
-    bundle_refs refs = {NULL, 0, 0};
-    PyObject *result = NULL, *request = NULL, *facts = NULL, *topics = NULL;
-    uint64_t client_version, request_id, required_acks, ack_timeout_ms;
-    PyObject *client_id = NULL;
-    if (take_le(&c, 2, &client_version) < 0 || take_le(&c, 4, &request_id) < 0 || (client_id = take_str8(&c)) == NULL
-        || take_le(&c, 1, &required_acks) < 0 || take_le(&c, 4, &ack_timeout_ms) < 0
-        || (topics = read_topics(&c, view, with_seqnum, &refs)) == NULL || c.position != c.p.end)
-        goto framing;
-    request = new_named(RequestType, 7, PyLong_FromUnsignedLongLong(request_id), topics, py_bool(with_seqnum),
-                        PyLong_FromUnsignedLongLong(client_version), client_id,
-                        PyLong_FromUnsignedLongLong(required_acks), PyLong_FromUnsignedLongLong(ack_timeout_ms));
-    topics = client_id = NULL; /* stolen */
-    if (request == NULL || (facts = PyList_New(refs.count)) == NULL)
+    const uint8_t *data = buf->buf;
+    produce_framing f;
+    PyObject *result = NULL, *request = NULL, *facts = NULL;
+    int framed = read_framing(data, buf->len, with_seqnum, &f);
+    if (framed <= 0) {
+        result = framed < 0 ? NULL : Py_NewRef(Py_None);
         goto done;
-    for (Py_ssize_t i = 0; i < refs.count; i++) {
-        bundle_ref ref = refs.items[i];
-        PyObject *f = facts_of(ref.view, (span){c.p.data + ref.start, ref.end - ref.start}, 1);
-        if (f == NULL)
+    }
+    PyObject *topics = framed_topics(&f, data, view, with_seqnum);
+    request = new_named(RequestType, 7, PyLong_FromUnsignedLongLong(f.request_id), topics, py_bool(with_seqnum),
+                        PyLong_FromUnsignedLongLong(f.client_version),
+                        PyUnicode_DecodeLatin1((const char *)data + f.client_id_at, f.client_id_len, NULL),
+                        PyLong_FromUnsignedLongLong(f.required_acks), PyLong_FromUnsignedLongLong(f.ack_timeout_ms));
+    if (request == NULL || (facts = PyList_New(f.part_count)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < f.part_count; i++) {
+        const produce_part_at *at = &f.parts[i];
+        PyObject *one = facts_of(view, (span){data + at->start, at->end - at->start}, at->start, 1);
+        if (one == NULL)
             goto done;
-        PyList_SET_ITEM(facts, i, f);
+        PyList_SET_ITEM(facts, i, one);
     }
     result = PyTuple_Pack(2, request, facts);
-    goto done;
-framing:
-    if (!PyErr_Occurred())
-        result = Py_NewRef(Py_None);
 done:
-    Py_XDECREF(client_id);
-    Py_XDECREF(topics);
     Py_XDECREF(request);
     Py_XDECREF(facts);
-    PyMem_Free(refs.items);
+    release_framing(&f);
     Py_DECREF(view);
     return result;
+}
+
+/* _produce_scan.h's bundle_facts: facts_of on a bundle within a payload. */
+static PyObject *bundle_facts(PyObject *payload, const uint8_t *data, Py_ssize_t start, Py_ssize_t end)
+{
+    if (FactsType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the produce request types are not registered");
+        return NULL;
+    }
+    return facts_of(payload, (span){data + start, end - start}, start, 1);
 }
 
 /* -- consume chunks ---------------------------------------------------------------------------------------------- */
@@ -766,7 +774,7 @@ static PyObject *scan_bundle(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_buffer buf;
     if (PyObject_GetBuffer(bundle, &buf, PyBUF_SIMPLE) < 0)
         return NULL;
-    PyObject *result = facts_of(bundle, (span){buf.buf, buf.len}, strict);
+    PyObject *result = facts_of(bundle, (span){buf.buf, buf.len}, 0, strict);
     PyBuffer_Release(&buf);
     return result;
 }
@@ -910,6 +918,29 @@ static int plain_status(uint8_t code)
     return 0;
 }
 
+/* _produce_scan.h's codes_frame. */
+static PyObject *codes_frame(uint32_t request_id, const uint8_t *c, Py_ssize_t count)
+{
+    /* A partition count is at most 255 per topic (u8), so the frame's length cannot overflow its u32. */
+    if (count > 255)
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!plain_status(c[i]))
+            Py_RETURN_NONE;
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, FRAME_HEADER_BYTES + 4 + count);
+    if (frame != NULL) {
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(frame);
+        uint32_t length = (uint32_t)(4 + count);
+        out[0] = PRODUCE_MSG_ID;
+        for (int i = 0; i < 4; i++) {
+            out[1 + i] = (uint8_t)(length >> (8 * i));
+            out[5 + i] = (uint8_t)(request_id >> (8 * i));
+        }
+        memcpy(out + 9, c, (size_t)count);
+    }
+    return frame;
+}
+
 PyDoc_STRVAR(produce_codes_frame_doc,
 "produce_codes_frame($module, request_id, codes, /)\n--\n\n"
 "responses.py's `_produce_codes_frame_py`, natively: the whole frame of a one-topic produce answer, or None.");
@@ -933,32 +964,12 @@ static PyObject *produce_codes_frame(PyObject *module, PyObject *const *args, Py
     Py_buffer codes;
     if (PyObject_GetBuffer(args[1], &codes, PyBUF_SIMPLE) != 0)
         return NULL;
-    const uint8_t *c = codes.buf;
-    PyObject *frame = NULL;
-    /* A partition count is at most 255 per topic (u8), so the frame's length cannot overflow its u32. */
-    if (codes.len > 255) {
-        PyBuffer_Release(&codes);
-        Py_RETURN_NONE;
-    }
-    for (Py_ssize_t i = 0; i < codes.len; i++)
-        if (!plain_status(c[i])) {
-            PyBuffer_Release(&codes);
-            Py_RETURN_NONE;
-        }
-    frame = PyBytes_FromStringAndSize(NULL, FRAME_HEADER_BYTES + 4 + codes.len);
-    if (frame != NULL) {
-        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(frame);
-        uint32_t length = (uint32_t)(4 + codes.len), id = (uint32_t)request_id;
-        out[0] = PRODUCE_MSG_ID;
-        for (int i = 0; i < 4; i++) {
-            out[1 + i] = (uint8_t)(length >> (8 * i));
-            out[5 + i] = (uint8_t)(id >> (8 * i));
-        }
-        memcpy(out + 9, c, (size_t)codes.len);
-    }
+    PyObject *frame = codes_frame((uint32_t)request_id, codes.buf, codes.len);
     PyBuffer_Release(&codes);
     return frame;
 }
+
+static const produce_scan_api scan_api = {read_framing, release_framing, bundle_facts, codes_frame};
 
 static PyMethodDef methods[] = {
     {"receive_buffer", receive_buffer, METH_O, receive_buffer_doc},
@@ -997,5 +1008,15 @@ PyMODINIT_FUNC PyInit__bundlescan(void)
         || (uncompress = import_attr("snappy", "uncompress")) == NULL
         || (toreadonly_name = PyUnicode_InternFromString("toreadonly")) == NULL)
         return NULL;
-    return PyModule_Create(&module_def);
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    PyObject *api = PyCapsule_New((void *)&scan_api, PRODUCE_SCAN_CAPSULE, NULL);
+    int added = api == NULL ? -1 : PyModule_AddObjectRef(m, "_produce_scan", api);
+    Py_XDECREF(api);
+    if (added < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

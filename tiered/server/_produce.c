@@ -1,4 +1,4 @@
-/* tiered.server._produce: the produce handler's appends of a whole request in one native call.
+/* tiered.server._produce: a produce request's appends, and its answer, in one native call.
  *
  * `append_request` is the common case of ProduceHandler.handle's loop (tiered/server/produce.py), which stays the
  * reference: every topic of the request known here and every partition named led by this broker. It walks the
@@ -12,6 +12,13 @@
  * elsewhere or not yet) answers None before anything is appended, and the loop decides: the redirects, the unknown
  * names and their codes are the loop's alone.
  *
+ * `produce_payload` is the same from the frame's payload: the framing read by _bundlescan (through its capsule,
+ * _produce_scan.h: one reader for both), the partitions resolved as above, every bundle validated (the facts, as
+ * read_checked_produce validates them: a bad one raises its ProtocolError before anything is appended), the same
+ * appends, and the answer's whole frame when it can go at once: no ProduceRequest, topic or partition objects. The
+ * reference is read_checked_produce followed by the handler's loop and its answer; a framing fault, or a request
+ * the call does not take, answers None and that path reads the payload again.
+ *
  * State: none. The call holds what it reads only for its own length; each piece of state stays its owner's (the
  * registry's partitions, the log's seqs and segment, the tier's builder), and it is changed through the owner's own
  * calls. The event loop's thread is the only one that changes the registry, and it is this one, so what the first
@@ -20,6 +27,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+
+#include "_produce_scan.h"
 
 /* The positions of the NamedTuple fields read here (tiered.protocol.requests, .bundle, tiered.storage.appender); the
  * tests check them against the classes' _fields. */
@@ -34,39 +44,99 @@
 #define RESULT_RECORD 5
 #define OK_CODE 0x00
 
-static PyObject *partitions_name, *role_name, *log_name, *tp_name, *lower_tier_name, *config_name,
-    *produce_ack_name, *durable_text; /* interned */
+static PyObject *partitions_name, *role_name, *log_name, *tp_name, *durable_name; /* interned */
+
+static const produce_scan_api *scan; /* _bundlescan's reading of a produce payload, from its capsule */
 
 static int is_tuple_of(PyObject *obj, Py_ssize_t n)
 {
     return PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == n;
 }
 
-/* The request's partitions, resolved: new references, in request order. */
+/* One partition's append, as the request names it: new references, NULL until set. */
 typedef struct {
-    PyObject **parts;
-    Py_ssize_t count;
-} resolved;
+    PyObject *part; /* the registry's Partition, led here */
+    PyObject *bundle, *base_seq, *facts, *record;
+    uint64_t partition;
+} job;
 
-static void resolved_clear(resolved *r)
+typedef struct {
+    job *jobs;
+    Py_ssize_t count;
+} jobs;
+
+static void jobs_clear(jobs *js)
 {
-    for (Py_ssize_t i = 0; i < r->count; i++)
-        Py_DECREF(r->parts[i]);
-    PyMem_Free(r->parts);
-    r->parts = NULL;
-    r->count = 0;
+    for (Py_ssize_t i = 0; i < js->count; i++) {
+        job *j = &js->jobs[i];
+        Py_XDECREF(j->part);
+        Py_XDECREF(j->bundle);
+        Py_XDECREF(j->base_seq);
+        Py_XDECREF(j->facts);
+        Py_XDECREF(j->record);
+    }
+    PyMem_Free(js->jobs);
+    js->jobs = NULL;
+    js->count = 0;
 }
 
-/* The first pass: 1 and every partition of the request in `out` when each topic is known and each partition led
- * here; 0 (the loop decides) otherwise; -1 with an exception set. Nothing is changed. */
-static int resolve(PyObject *topics, PyObject *registry, PyObject *leader, Py_ssize_t bundles, resolved *out)
+static int jobs_alloc(jobs *js, Py_ssize_t count)
 {
-    out->parts = PyMem_Calloc(bundles > 0 ? (size_t)bundles : 1, sizeof(PyObject *));
-    out->count = 0;
-    if (out->parts == NULL) {
+    js->count = 0;
+    js->jobs = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(job));
+    if (js->jobs == NULL) {
         PyErr_NoMemory();
         return -1;
     }
+    return 0;
+}
+
+/* The registry's partitions of topic `name` (a new reference to its list) in *out: 1; 0 for a topic not known here;
+ * -1 with an exception set. */
+static int topic_partitions(PyObject *registry, PyObject *name, PyObject **out)
+{
+    PyObject *local = PyDict_GetItemWithError(registry, name); /* borrowed */
+    if (local == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *parts = PyObject_GetAttr(local, partitions_name);
+    if (parts == NULL)
+        return -1;
+    if (!PyList_Check(parts)) {
+        Py_DECREF(parts);
+        PyErr_SetString(PyExc_TypeError, "a topic's partitions must be a list");
+        return -1;
+    }
+    *out = parts;
+    return 1;
+}
+
+/* Partition `index` of a topic's `parts` when it is led here: 1 and a new reference in *out; 0 when it is not (not
+ * known, or not led here); -1 with an exception set. Nothing is changed. */
+static int led_partition(PyObject *parts, long long index, PyObject *leader, PyObject **out)
+{
+    if (index < 0 || index >= PyList_GET_SIZE(parts))
+        return 0;
+    PyObject *part = PyList_GET_ITEM(parts, index);
+    if (part == Py_None)
+        return 0;
+    PyObject *role = PyObject_GetAttr(part, role_name);
+    if (role == NULL)
+        return -1;
+    Py_DECREF(role); /* compared by identity only: the registry holds the member */
+    if (role != leader)
+        return 0;
+    *out = Py_NewRef(part);
+    return 1;
+}
+
+/* append_request's first pass: 1 and every partition of the request in `out` when each topic is known and each
+ * partition led here; 0 (the loop decides) otherwise; -1 with an exception set. Nothing is changed. */
+static int resolve(PyObject *topics, PyObject *facts, int with_seqnum, PyObject *registry, PyObject *leader,
+                   jobs *out)
+{
+    Py_ssize_t bundles = PyList_GET_SIZE(facts);
+    if (jobs_alloc(out, bundles) < 0)
+        return -1;
     Py_ssize_t topic_count = PyTuple_GET_SIZE(topics);
     for (Py_ssize_t t = 0; t < topic_count; t++) {
         PyObject *topic = PyTuple_GET_ITEM(topics, t);
@@ -74,17 +144,10 @@ static int resolve(PyObject *topics, PyObject *registry, PyObject *leader, Py_ss
             PyErr_SetString(PyExc_TypeError, "a request topic must be a ProduceTopic");
             return -1;
         }
-        PyObject *local = PyDict_GetItemWithError(registry, PyTuple_GET_ITEM(topic, TOPIC_NAME)); /* borrowed */
-        if (local == NULL)
-            return PyErr_Occurred() ? -1 : 0;
-        PyObject *parts = PyObject_GetAttr(local, partitions_name);
-        if (parts == NULL)
-            return -1;
-        if (!PyList_Check(parts)) {
-            Py_DECREF(parts);
-            PyErr_SetString(PyExc_TypeError, "a topic's partitions must be a list");
-            return -1;
-        }
+        PyObject *parts;
+        int known = topic_partitions(registry, PyTuple_GET_ITEM(topic, TOPIC_NAME), &parts);
+        if (known <= 0)
+            return known;
         PyObject *wanted = PyTuple_GET_ITEM(topic, TOPIC_PARTITIONS);
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(wanted); i++) {
             PyObject *p = PyTuple_GET_ITEM(wanted, i);
@@ -93,29 +156,24 @@ static int resolve(PyObject *topics, PyObject *registry, PyObject *leader, Py_ss
                 PyErr_SetString(PyExc_TypeError, "a request partition must be a ProducePartition");
                 return -1;
             }
-            int overflow;
-            long long index = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(p, PARTITION_ID), &overflow);
-            if (overflow || index < 0 || index >= PyList_GET_SIZE(parts) || out->count >= bundles) {
+            if (out->count >= bundles) {
                 Py_DECREF(parts);
-                return out->count >= bundles ? (PyErr_SetString(PyExc_ValueError, "more partitions than facts"), -1)
-                                             : 0;
-            }
-            PyObject *part = PyList_GET_ITEM(parts, index);
-            if (part == Py_None) {
-                Py_DECREF(parts);
-                return 0;
-            }
-            PyObject *role = PyObject_GetAttr(part, role_name);
-            if (role == NULL) {
-                Py_DECREF(parts);
+                PyErr_SetString(PyExc_ValueError, "more partitions than facts");
                 return -1;
             }
-            Py_DECREF(role); /* compared by identity only: the registry holds the member */
-            if (role != leader) {
+            int overflow;
+            long long index = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(p, PARTITION_ID), &overflow);
+            job *j = &out->jobs[out->count];
+            int found = overflow ? 0 : led_partition(parts, index, leader, &j->part);
+            if (found <= 0) {
                 Py_DECREF(parts);
-                return 0;
+                return found;
             }
-            out->parts[out->count++] = Py_NewRef(part);
+            out->count++;
+            j->partition = (uint64_t)index;
+            j->bundle = Py_NewRef(PyTuple_GET_ITEM(p, PARTITION_BUNDLE));
+            j->base_seq = Py_NewRef(with_seqnum ? PyTuple_GET_ITEM(p, PARTITION_BASE_SEQ) : Py_None);
+            j->record = Py_NewRef(PyTuple_GET_ITEM(p, PARTITION_RECORD));
         }
         Py_DECREF(parts);
     }
@@ -123,6 +181,8 @@ static int resolve(PyObject *topics, PyObject *registry, PyObject *leader, Py_ss
         PyErr_SetString(PyExc_ValueError, "fewer partitions than facts");
         return -1;
     }
+    for (Py_ssize_t i = 0; i < bundles; i++)
+        out->jobs[i].facts = Py_NewRef(PyList_GET_ITEM(facts, i));
     return 1;
 }
 
@@ -149,41 +209,28 @@ static int count(PyObject *counter, PyObject *name, PyObject *by)
     return set;
 }
 
-/* registry.Partition.durable, read from its fields: a tier below the disk, and the topic's produce.ack "durable"
- * (visibility follows durability). 1, 0, or -1 with an exception set. */
+/* registry.Partition.durable: the attribute its owner keeps current (the rule is there only). 1, 0, or -1 with an
+ * exception set. */
 static int is_durable(PyObject *part)
 {
-    PyObject *lower = PyObject_GetAttr(part, lower_tier_name);
-    if (lower == NULL)
+    PyObject *durable = PyObject_GetAttr(part, durable_name);
+    if (durable == NULL)
         return -1;
-    int below = PyObject_IsTrue(lower);
-    Py_DECREF(lower);
-    if (below <= 0)
-        return below;
-    PyObject *config = PyObject_GetAttr(part, config_name);
-    if (config == NULL)
-        return -1;
-    PyObject *ack = PyObject_GetAttr(config, produce_ack_name);
-    Py_DECREF(config);
-    if (ack == NULL)
-        return -1;
-    int durable = PyObject_RichCompareBool(ack, durable_text, Py_EQ);
-    Py_DECREF(ack);
-    return durable;
+    int is = PyObject_IsTrue(durable);
+    Py_DECREF(durable);
+    return is;
 }
 
 /* One led partition's append, as the loop makes it; its code in `code`, and its durable ack (a new reference, or
  * NULL) in `ack`. 0, or -1 with an exception set. */
-static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *facts, int with_seqnum, const calls *c,
-                      int *code, PyObject **ack)
+static int append_one(const job *j, PyObject *name, const calls *c, int *code, PyObject **ack)
 {
     *ack = NULL;
+    PyObject *part = j->part, *facts = j->facts;
     PyObject *log = PyObject_GetAttr(part, log_name);
     if (log == NULL)
         return -1;
-    PyObject *argv[5] = {log, PyTuple_GET_ITEM(p, PARTITION_BUNDLE),
-                         with_seqnum ? PyTuple_GET_ITEM(p, PARTITION_BASE_SEQ) : Py_None, facts,
-                         PyTuple_GET_ITEM(p, PARTITION_RECORD)};
+    PyObject *argv[5] = {log, j->bundle, j->base_seq, facts, j->record};
     PyObject *appended = PyObject_Vectorcall(c->log_append, argv, 5, NULL);
     Py_DECREF(log);
     if (appended == NULL) {
@@ -200,7 +247,10 @@ static int append_one(PyObject *part, PyObject *name, PyObject *p, PyObject *fac
             PyException_SetTraceback(exc, traceback);
         Py_XDECREF(type);
         Py_XDECREF(traceback);
-        PyObject *got = PyObject_CallFunctionObjArgs(c->failed, name, PyTuple_GET_ITEM(p, PARTITION_ID), exc, NULL);
+        PyObject *partition = PyLong_FromUnsignedLongLong(j->partition);
+        PyObject *got = partition == NULL ? NULL
+                                          : PyObject_CallFunctionObjArgs(c->failed, name, partition, exc, NULL);
+        Py_XDECREF(partition);
         Py_DECREF(exc);
         if (got == NULL)
             return -1;
@@ -257,6 +307,54 @@ done:
     return result;
 }
 
+/* The appends of resolved jobs in request order, topic by topic (`names[t]` has `sizes[t]` of them): the answers,
+ * one (name, None, codes) per topic, and the durable acks, (topic index, partition index, ack), as the loop builds
+ * them, in *answers_out and *pending_out (new references). 0, or -1 with an exception set. */
+static int append_all(const jobs *js, PyObject *const *names, const Py_ssize_t *sizes, Py_ssize_t topic_count,
+                      const calls *c, PyObject **answers_out, PyObject **pending_out)
+{
+    PyObject *answers = PyList_New(topic_count), *pending = PyList_New(0);
+    if (answers == NULL || pending == NULL)
+        goto fail;
+    Py_ssize_t i = 0; /* the next job */
+    for (Py_ssize_t t = 0; t < topic_count; t++) {
+        PyObject *codes = PyByteArray_FromStringAndSize(NULL, sizes[t]);
+        if (codes == NULL)
+            goto fail;
+        PyObject *answer = PyTuple_Pack(3, names[t], Py_None, codes);
+        Py_DECREF(codes); /* held by the answer */
+        if (answer == NULL)
+            goto fail;
+        PyList_SET_ITEM(answers, t, answer);
+        for (Py_ssize_t j = 0; j < sizes[t]; j++, i++) {
+            int code;
+            PyObject *ack;
+            if (i >= js->count) {
+                PyErr_SetString(PyExc_ValueError, "fewer partitions than the topics name");
+                goto fail;
+            }
+            if (append_one(&js->jobs[i], names[t], c, &code, &ack) < 0)
+                goto fail;
+            PyByteArray_AS_STRING(codes)[j] = (char)code;
+            if (ack != NULL) {
+                PyObject *entry = Py_BuildValue("(nnN)", t, j, ack);
+                if (entry == NULL || PyList_Append(pending, entry) < 0) {
+                    Py_XDECREF(entry);
+                    goto fail;
+                }
+                Py_DECREF(entry);
+            }
+        }
+    }
+    *answers_out = answers;
+    *pending_out = pending;
+    return 0;
+fail:
+    Py_XDECREF(answers); /* a list's NULL items are skipped */
+    Py_XDECREF(pending);
+    return -1;
+}
+
 PyDoc_STRVAR(append_request_doc,
 "append_request(topics, facts, with_seqnum, registry_topics, leader, tier_appended, visible, waiting,\n"
 "               produced_bytes, produced_msgs, failed, log_append, /)\n"
@@ -284,67 +382,171 @@ static PyObject *append_request(PyObject *module, PyObject *const *args, Py_ssiz
     int with_seqnum = PyObject_IsTrue(args[2]);
     if (with_seqnum < 0)
         return NULL;
-    resolved r;
-    int found = resolve(topics, registry, leader, PyList_GET_SIZE(facts), &r);
+    jobs js;
+    int found = resolve(topics, facts, with_seqnum, registry, leader, &js);
     if (found <= 0) {
-        resolved_clear(&r);
+        jobs_clear(&js);
         if (found < 0)
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *answers = PyList_New(0), *pending = PyList_New(0), *result = NULL;
-    if (answers == NULL || pending == NULL)
-        goto done;
-    Py_ssize_t i = 0; /* the next bundle's index in `facts` and in r.parts */
-    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(topics); t++) {
-        PyObject *topic = PyTuple_GET_ITEM(topics, t), *name = PyTuple_GET_ITEM(topic, TOPIC_NAME);
-        PyObject *wanted = PyTuple_GET_ITEM(topic, TOPIC_PARTITIONS);
-        PyObject *codes = PyByteArray_FromStringAndSize(NULL, PyTuple_GET_SIZE(wanted));
-        if (codes == NULL)
-            goto done;
-        PyObject *answer = PyTuple_Pack(3, name, Py_None, codes);
-        Py_DECREF(codes); /* held by the answer */
-        if (answer == NULL)
-            goto done;
-        int added = PyList_Append(answers, answer);
-        Py_DECREF(answer);
-        if (added < 0)
-            goto done;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(wanted); j++, i++) {
-            int code;
-            PyObject *ack;
-            /* The facts list may change under a callback; it is read by index, checked each time. */
-            if (i >= PyList_GET_SIZE(facts)) {
-                PyErr_SetString(PyExc_ValueError, "the facts list changed during the appends");
-                goto done;
-            }
-            PyObject *bundle_facts = Py_NewRef(PyList_GET_ITEM(facts, i));
-            int bad = append_one(r.parts[i], name, PyTuple_GET_ITEM(wanted, j), bundle_facts, with_seqnum, &c, &code,
-                                 &ack);
-            Py_DECREF(bundle_facts);
-            if (bad < 0)
-                goto done;
-            PyByteArray_AS_STRING(codes)[j] = (char)code;
-            if (ack != NULL) {
-                PyObject *entry = Py_BuildValue("(nnN)", t, j, ack);
-                if (entry == NULL || PyList_Append(pending, entry) < 0) {
-                    Py_XDECREF(entry);
-                    goto done;
-                }
-                Py_DECREF(entry);
-            }
+    Py_ssize_t topic_count = PyTuple_GET_SIZE(topics);
+    PyObject **names = PyMem_Calloc(topic_count > 0 ? (size_t)topic_count : 1, sizeof(PyObject *));
+    Py_ssize_t *sizes = PyMem_Calloc(topic_count > 0 ? (size_t)topic_count : 1, sizeof(Py_ssize_t));
+    PyObject *answers, *pending, *result = NULL;
+    if (names == NULL || sizes == NULL)
+        PyErr_NoMemory();
+    else {
+        for (Py_ssize_t t = 0; t < topic_count; t++) { /* checked by resolve */
+            PyObject *topic = PyTuple_GET_ITEM(topics, t);
+            names[t] = PyTuple_GET_ITEM(topic, TOPIC_NAME);
+            sizes[t] = PyTuple_GET_SIZE(PyTuple_GET_ITEM(topic, TOPIC_PARTITIONS));
+        }
+        if (append_all(&js, names, sizes, topic_count, &c, &answers, &pending) == 0) {
+            result = PyTuple_Pack(2, answers, pending);
+            Py_DECREF(answers);
+            Py_DECREF(pending);
         }
     }
-    result = PyTuple_Pack(2, answers, pending);
+    PyMem_Free(names);
+    PyMem_Free(sizes);
+    jobs_clear(&js);
+    return result;
+}
+
+/* produce_payload's first pass over the framing read: the topics' names (new references in `names`) and every
+ * partition of the request in `out` when each topic is known and each partition led here: 1; 0 (the handler's path
+ * decides) otherwise; -1 with an exception set. Nothing is changed. */
+static int resolve_framed(const produce_framing *f, const uint8_t *data, PyObject *registry, PyObject *leader,
+                          PyObject **names, jobs *out)
+{
+    if (jobs_alloc(out, f->part_count) < 0)
+        return -1;
+    for (Py_ssize_t t = 0; t < f->topic_count; t++) {
+        const produce_topic_at *topic = &f->topics[t];
+        names[t] = PyUnicode_DecodeLatin1((const char *)data + topic->name_at, topic->name_len, NULL);
+        if (names[t] == NULL)
+            return -1;
+        PyObject *parts;
+        int known = topic_partitions(registry, names[t], &parts);
+        if (known <= 0)
+            return known;
+        for (Py_ssize_t i = topic->first; i < topic->first + topic->count; i++) {
+            job *j = &out->jobs[out->count];
+            int found = led_partition(parts, (long long)f->parts[i].partition, leader, &j->part);
+            if (found <= 0) {
+                Py_DECREF(parts);
+                return found;
+            }
+            j->partition = f->parts[i].partition;
+            out->count++;
+        }
+        Py_DECREF(parts);
+    }
+    return 1;
+}
+
+/* The bundles of a resolved request validated in request order (the facts) and handed out as read-only views of the
+ * payload (`view`), as read_checked_produce hands them out. 0, or -1 with an exception set (ProtocolError for a bad
+ * bundle: nothing was appended). */
+static int read_bundles(const produce_framing *f, const uint8_t *data, PyObject *view, int with_seqnum, jobs *js)
+{
+    for (Py_ssize_t i = 0; i < js->count; i++) {
+        const produce_part_at *at = &f->parts[i];
+        job *j = &js->jobs[i];
+        if ((j->facts = scan->bundle_facts(view, data, at->start, at->end)) == NULL)
+            return -1;
+    }
+    for (Py_ssize_t i = 0; i < js->count; i++) {
+        const produce_part_at *at = &f->parts[i];
+        job *j = &js->jobs[i];
+        j->bundle = PySequence_GetSlice(view, at->start, at->end);
+        j->record = at->record ? PySequence_GetSlice(view, at->length_at, at->end) : Py_NewRef(Py_None);
+        j->base_seq = with_seqnum ? PyLong_FromUnsignedLongLong(at->base_seq) : Py_NewRef(Py_None);
+        if (j->bundle == NULL || j->record == NULL || j->base_seq == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(produce_payload_doc,
+"produce_payload(payload, with_seqnum, context, /)\n"
+"--\n\n"
+"A produce request from its payload (bytes) to its answer: read as read_checked_produce reads it, every bundle\n"
+"validated, then append_request's appends, without the request's Python objects. `context`: a NativeContext\n"
+"(tiered.server.produce), whose fields after the first are append_request's arguments from registry_topics on.\n"
+"Answers (answers, pending, frame, request_id, ack_timeout_ms): `frame` the whole answer frame when nothing waits\n"
+"for a durable ack and it is one topic's plain codes, else None; None, with nothing appended, for a request\n"
+"append_request would not take or whose framing does not parse (read_checked_produce then reads it, and names the\n"
+"fault). Raises ProtocolError for a bad bundle, as read_checked_produce does, with nothing appended.");
+
+/* NativeContext's fields (tiered/server/produce.py; the tests check them against its _fields): the tier's calls
+ * it was made for (not read here), then append_request's arguments from registry_topics on. */
+#define CONTEXT_FIELDS 10
+#define CONTEXT_REGISTRY 1
+
+static PyObject *produce_payload(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !is_tuple_of(args[2], CONTEXT_FIELDS)) {
+        PyErr_SetString(PyExc_TypeError, "produce_payload takes (payload, with_seqnum, a NativeContext)");
+        return NULL;
+    }
+    PyObject *const *context = &PyTuple_GET_ITEM(args[2], CONTEXT_REGISTRY);
+    PyObject *payload = args[0], *registry = context[0], *leader = context[1];
+    if (!PyDict_Check(registry) || !PyDict_Check(context[4])) {
+        PyErr_SetString(PyExc_TypeError, "produce_payload takes two dicts (the registry's topics, the waiting)");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(payload))
+        Py_RETURN_NONE; /* a big frame's buffer: read_checked_produce makes it read-only */
+    calls c = {context[2], context[3], context[4], context[5], context[6], context[7], context[8]};
+    int with_seqnum = PyObject_IsTrue(args[1]);
+    if (with_seqnum < 0)
+        return NULL;
+    const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(payload);
+    produce_framing f;
+    PyObject *names[PRODUCE_MAX_TOPICS] = {NULL};
+    Py_ssize_t sizes[PRODUCE_MAX_TOPICS];
+    jobs js = {NULL, 0};
+    PyObject *view = NULL, *answers = NULL, *pending = NULL, *frame = NULL, *result = NULL;
+    int found = scan->read_framing(data, PyBytes_GET_SIZE(payload), with_seqnum, &f);
+    if (found > 0)
+        found = resolve_framed(&f, data, registry, leader, names, &js);
+    if (found <= 0) {
+        result = found < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    /* A view of bytes is read-only: no bundle or record handed out can write into the payload. */
+    if ((view = PyMemoryView_FromObject(payload)) == NULL || read_bundles(&f, data, view, with_seqnum, &js) < 0)
+        goto done;
+    for (Py_ssize_t t = 0; t < f.topic_count; t++)
+        sizes[t] = f.topics[t].count;
+    if (append_all(&js, names, sizes, f.topic_count, &c, &answers, &pending) < 0)
+        goto done;
+    if (f.topic_count == 1 && PyList_GET_SIZE(pending) == 0) {
+        PyObject *codes = PyTuple_GET_ITEM(PyList_GET_ITEM(answers, 0), 2);
+        frame = scan->codes_frame((uint32_t)f.request_id, (const uint8_t *)PyByteArray_AS_STRING(codes),
+                                  PyByteArray_GET_SIZE(codes));
+    } else
+        frame = Py_NewRef(Py_None);
+    if (frame != NULL)
+        result = Py_BuildValue("(OOOKK)", answers, pending, frame, (unsigned long long)f.request_id,
+                               (unsigned long long)f.ack_timeout_ms);
 done:
-    resolved_clear(&r);
+    Py_XDECREF(frame);
     Py_XDECREF(answers);
     Py_XDECREF(pending);
+    Py_XDECREF(view);
+    jobs_clear(&js);
+    for (Py_ssize_t t = 0; t < PRODUCE_MAX_TOPICS && names[t] != NULL; t++)
+        Py_DECREF(names[t]);
+    scan->release_framing(&f);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"append_request", (PyCFunction)(void (*)(void))append_request, METH_FASTCALL, append_request_doc},
+    {"produce_payload", (PyCFunction)(void (*)(void))produce_payload, METH_FASTCALL, produce_payload_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -355,11 +557,16 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__produce(void)
 {
-    PyObject **names[] = {&partitions_name, &role_name, &log_name, &tp_name, &lower_tier_name, &config_name,
-                          &produce_ack_name, &durable_text};
-    const char *texts[] = {"partitions", "role", "log", "tp", "lower_tier", "config", "produce_ack", "durable"};
-    for (int i = 0; i < 8; i++)
+    PyObject **names[] = {&partitions_name, &role_name, &log_name, &tp_name, &durable_name};
+    const char *texts[] = {"partitions", "role", "log", "tp", "durable"};
+    for (int i = 0; i < 5; i++)
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
             return NULL;
+    PyObject *scanner = PyImport_ImportModule("tiered.protocol._bundlescan"); /* the capsule's module, imported */
+    if (scanner == NULL)
+        return NULL;
+    Py_DECREF(scanner);
+    if ((scan = PyCapsule_Import(PRODUCE_SCAN_CAPSULE, 0)) == NULL)
+        return NULL;
     return PyModule_Create(&module_def);
 }

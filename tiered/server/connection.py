@@ -56,7 +56,6 @@ WRITE_BUFFER_HIGH_BYTES = 1 << 20  # past this much unsent, a sender waits for t
 TLS_COPY_BYTES = 256 * 1024  # over TLS a file chunk is read and written in pieces of this size
 # The produce ids, read per request: an Enum member read costs a call through Python 3.11's EnumType.__getattr__.
 _PRODUCE, _PRODUCE_WITH_SEQNUM = MsgType.PRODUCE, MsgType.PRODUCE_WITH_SEQNUM
-_read_checked_produce = rq.read_checked_produce
 
 
 class CloseConnection(Exception):
@@ -399,7 +398,7 @@ class Connection(asyncio.BufferedProtocol):
         frames = self._frames
         try:
             await self.send(MsgType.PING, b"")  # TANK introduces itself with one ping on accept
-            produce = self.broker.handlers.produce.handle  # dispatch's first case, here: no frame per produce
+            produce = self.broker.handlers.produce.handle_payload  # dispatch's first case, here: no frame per produce
             while not self.closed:
                 if not frames:
                     if self._error is not None:
@@ -417,8 +416,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._busy = True
                 try:
                     if msg_id == _PRODUCE:
-                        req, facts = _read_checked_produce(payload, False)
-                        handling = produce(self, req, facts)
+                        handling = produce(self, payload, False)
                     else:
                         handling = self.dispatch(msg_id, payload)
                     if handling is not None:
@@ -438,15 +436,14 @@ class Connection(asyncio.BufferedProtocol):
     def dispatch(self, msg_id: int, payload) -> Coroutine[Any, Any, None] | None:
         """The request read (ProtocolError here, before anything ran) and its handler's coroutine for the request
         task to await, or None when there is nothing to await (a ping; a produce answered at once,
-        ProduceHandler.handle); returned rather than awaited, so a request costs no coroutine of its own. `run` reads
+        ProduceHandler.handle_payload, which reads its payload itself); returned rather than awaited, so a request
+        costs no coroutine of its own. `run` reads
         a plain produce (0x01) itself, as the first case here does."""
         h = self.broker.handlers
         if msg_id == _PRODUCE:
-            req, facts = _read_checked_produce(payload, False)
-            return h.produce.handle(self, req, facts)
+            return h.produce.handle_payload(self, payload, False)
         if msg_id == _PRODUCE_WITH_SEQNUM:
-            req, facts = _read_checked_produce(payload, True)
-            return h.produce.handle(self, req, facts)
+            return h.produce.handle_payload(self, payload, True)
         if msg_id == MsgType.CONSUME:
             return h.consume.handle(self, rq.read_consume_request(payload))
         if msg_id == MsgType.PING:

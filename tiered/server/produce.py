@@ -30,15 +30,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, NamedTuple
 
 from tiered import metrics as m
 from tiered.acl import Op
 from tiered.protocol.bundle import BundleFacts
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.frame import MsgType, encode_frame
-from tiered.protocol.requests import ProduceRequest
+from tiered.protocol.requests import ProduceRequest, read_checked_produce
 from tiered.protocol.responses import (
     PartitionStatus,
     ProduceResponse,
@@ -56,14 +56,17 @@ from tiered.tier_interface import AckOutcome
 log = logging.getLogger("tiered.server")
 
 _append_request_native: Callable[..., tuple | None] | None
+_produce_payload_native: Callable[..., tuple | None] | None
 try:
     from tiered.server._produce import append_request as _append_request_native
+    from tiered.server._produce import produce_payload as _produce_payload_native
 except ImportError:  # built without a C compiler: the handler's loop serves
-    _append_request_native = None
+    _append_request_native = _produce_payload_native = None
 
 # Python 3.11's EnumType defines __getattr__, so every `Enum.MEMBER` read is a call through it (~850 instructions,
 # measured with callgrind): the produce path reads members bound once here.
 OK = ProduceStatus.OK
+_read_checked_produce = read_checked_produce  # read per request: a module global, not an attribute of the module
 LEADER = Role.LEADER
 PRODUCE = MsgType.PRODUCE
 MAX_ACK_TIMEOUT_MS = 300_000  # a request may ask for a longer wait than the broker's default, up to this
@@ -76,18 +79,88 @@ OUTCOME_STATUS = {
 TopicAnswer = tuple[str, "int | None", bytearray]
 
 
+class NativeContext(NamedTuple):
+    """What _produce.produce_payload works with, read once rather than per request (its 9 arguments cost ~2k
+    instructions a request in attribute reads). Each is its owner's for the broker's whole life (made once by its
+    constructor), but for the tier's calls, which start() and join() replace: the context is made again when
+    `tier_calls` is no longer the tier's (ProduceHandler.handle_payload)."""
+
+    tier_calls: object  # the tier's ProduceCalls it was made from
+    registry_topics: dict
+    leader: Role
+    tier_appended: Callable[..., Any]
+    visible: Callable[..., Any]
+    waiting: Mapping
+    produced_bytes: dict
+    produced_msgs: dict
+    failed: Callable[..., int]
+    log_append: Callable[..., Any]
+
+
 def append_request_for(path: str | None = None) -> Callable[..., tuple | None] | None:
     """The native appends of a whole request (_produce.append_request), or None: the handler's own loop serves, as it
     does with `path` "python" or the environment's TIERED_PRODUCE_PATH=python (as the appender and the builder)."""
-    choice = path or os.environ.get(PRODUCE_PATH_ENV, "native")
-    return None if choice == "python" else _append_request_native
+    return None if _python_path(path) else _append_request_native
+
+
+def produce_payload_for(path: str | None = None) -> Callable[..., tuple | None] | None:
+    """The native read, appends and answer of a request from its payload (_produce.produce_payload), or None (as
+    append_request_for): read_checked_produce and `handle` serve."""
+    return None if _python_path(path) else _produce_payload_native
+
+
+def _python_path(path: str | None) -> bool:
+    return (path or os.environ.get(PRODUCE_PATH_ENV, "native")) == "python"
 
 
 class ProduceHandler:
     def __init__(self, broker, path: str | None = None):
         self.broker = broker
         self._append_request = append_request_for(path)
+        self._produce_payload = produce_payload_for(path)
         self._log_append = log_append_for(path)
+        self._context: NativeContext | None = None  # made at the first request (the tier's calls are set by then)
+
+    def handle_payload(self, conn, payload: bytes | bytearray,
+                       with_seqnum: bool) -> Coroutine[Any, Any, None] | None:
+        """A produce frame's payload, read (ProtocolError: nothing appended, the connection closes), appended and
+        answered, as `handle` answers read_checked_produce's request; the request task's call (Connection.run).
+
+        The commonest request (this broker may acknowledge and admits at once, no access rules, not read-only, every
+        topic known and every partition led here) is read, appended and framed in one native call
+        (_produce.produce_payload), which builds no request objects; what is left here is the ack latency and the
+        send. Anything else, or a payload the call does not take (None: nothing appended), goes through
+        read_checked_produce and `handle`."""
+        broker = self.broker
+        native = self._produce_payload
+        if native is None or broker.stopping or broker.settings.read_only or broker.access.active:
+            req, facts = _read_checked_produce(payload, with_seqnum)
+            return self.handle(conn, req, facts)
+        tier_calls = broker.tier.produce_calls
+        if not (tier_calls.may_acknowledge() and tier_calls.admits_now()):
+            req, facts = _read_checked_produce(payload, with_seqnum)
+            return self.handle(conn, req, facts)
+        started = broker.clock.monotonic()
+        context = self._context
+        if context is None or context.tier_calls is not tier_calls:
+            context = self._context = self._native_context(tier_calls)
+        done = native(payload, with_seqnum, context)
+        if done is None:
+            req, facts = _read_checked_produce(payload, with_seqnum)
+            return self.handle(conn, req, facts, started)  # checked and admitted above
+        answers, pending, frame, request_id, ack_timeout_ms = done
+        if pending:
+            conn.spawn(self._answer_when_durable(conn, request_id, ack_timeout_ms, answers, pending, started, {}))
+            return None
+        if len(answers) == 1:  # its topic is known here (the call resolved it): counted without _count_latency's frame
+            broker.metrics.ack_latency(answers[0][0], broker.clock.monotonic() - started)
+        else:
+            self._count_latency(answers, started)
+        if frame is None:
+            frame = self._frame(request_id, answers, None)
+        if conn.try_send_frame(frame):
+            return None
+        return conn.send_frame(frame)
 
     def handle(self, conn, req: ProduceRequest, facts: list[BundleFacts],
                started: float | None = None) -> Coroutine[Any, Any, None] | None:
@@ -136,12 +209,20 @@ class ProduceHandler:
                                                  read_only, access, redirects)
         if pending:
             # Wait outside the request loop so later requests on this connection are not held up by this one.
-            conn.spawn(self._answer_when_durable(conn, req, answers, pending, started, redirects))
+            conn.spawn(self._answer_when_durable(conn, req.request_id, req.ack_timeout_ms, answers, pending, started,
+                                                 redirects))
             return None
-        frame = self._answer(req, answers, started, redirects)
+        self._count_latency(answers, started)
+        frame = self._frame(req.request_id, answers, redirects)
         if conn.try_send_frame(frame):
             return None
         return conn.send_frame(frame)
+
+    def _native_context(self, tier_calls) -> NativeContext:
+        broker = self.broker
+        return NativeContext(tier_calls, broker.registry.topics, LEADER, tier_calls.appended, broker.waiters.visible,
+                             broker.waiters.waiting, broker.metrics.produced_bytes, broker.metrics.produced_msgs,
+                             self._append_failed, self._log_append)
 
     def _append_each(self, conn, req: ProduceRequest, facts: list[BundleFacts], registry_topics, tier_appended,
                      visible, produced, read_only: bool, access,
@@ -224,9 +305,8 @@ class ProduceHandler:
         if waiting is not None:
             await waiting
 
-    def _answer(self, req: ProduceRequest, answers: list[TopicAnswer], started: float,
-                redirects: dict | None = None) -> bytes:
-        """The response's whole frame; counts the request's ack latency once per known topic it names."""
+    def _count_latency(self, answers: list[TopicAnswer], started: float) -> None:
+        """Counts the request's ack latency once per known topic it names."""
         elapsed = self.broker.clock.monotonic() - started
         metrics = self.broker.metrics
         topics = self.broker.registry.topics
@@ -236,13 +316,17 @@ class ProduceHandler:
         else:
             for name in {name for name, _, _ in answers if name in topics}:  # never a label per unknown name
                 metrics.ack_latency(name, elapsed)
+
+    @staticmethod
+    def _frame(request_id: int, answers: list[TopicAnswer], redirects: dict | None) -> bytes:
+        """The response's whole frame."""
         if redirects:
-            return encode_frame(PRODUCE, encode_produce_response(_with_leaders(req.request_id, answers, redirects)))
+            return encode_frame(PRODUCE, encode_produce_response(_with_leaders(request_id, answers, redirects)))
         if len(answers) == 1 and answers[0][1] is None:  # the commonest answer, framed in one native call
-            frame = produce_codes_frame(req.request_id, answers[0][2])
+            frame = produce_codes_frame(request_id, answers[0][2])
             if frame is not None:
                 return frame
-        return encode_frame(PRODUCE, encode_produce_codes(req.request_id, answers))
+        return encode_frame(PRODUCE, encode_produce_codes(request_id, answers))
 
     async def _answer_all(self, conn, req: ProduceRequest, status: int) -> None:
         topics = self.broker.registry.topics
@@ -250,16 +334,18 @@ class ProduceHandler:
                    else (t.name, ProduceStatus.UNKNOWN_TOPIC, None) for t in req.topics]
         await conn.send(MsgType.PRODUCE, encode_produce_codes(req.request_id, answers))
 
-    def _ack_timeout_s(self, req: ProduceRequest) -> float:
-        if req.ack_timeout_ms:
-            return min(req.ack_timeout_ms, MAX_ACK_TIMEOUT_MS) / 1000.0
+    def _ack_timeout_s(self, ack_timeout_ms: int) -> float:
+        """The request's own ack timeout (0: none named), else the broker's."""
+        if ack_timeout_ms:
+            return min(ack_timeout_ms, MAX_ACK_TIMEOUT_MS) / 1000.0
         return self.broker.settings.produce_ack_timeout_ms / 1000.0
 
-    async def _answer_when_durable(self, conn, req, answers: list[TopicAnswer], pending, started: float,
-                                   redirects: dict) -> None:
+    async def _answer_when_durable(self, conn, request_id: int, ack_timeout_ms: int, answers: list[TopicAnswer],
+                                   pending, started: float, redirects: dict) -> None:
         clock = self.broker.clock
         acks = {ack for _, _, ack in pending}
-        timer = asyncio.ensure_future(clock.sleep(max(0.0, started + self._ack_timeout_s(req) - clock.monotonic())))
+        timeout_s = self._ack_timeout_s(ack_timeout_ms)
+        timer = asyncio.ensure_future(clock.sleep(max(0.0, started + timeout_s - clock.monotonic())))
         try:
             while not timer.done() and not all(ack.done() for ack in acks):
                 await asyncio.wait({*(a for a in acks if not a.done()), timer}, return_when=asyncio.FIRST_COMPLETED)
@@ -275,9 +361,9 @@ class ProduceHandler:
             self.broker.metrics.inc(m.ACK_TIMEOUTS, not_confirmed)
             trouble = self.broker.tier.durable_trouble()
             log.error("request %d: %d durable produces not confirmed within %.1f s (answered 0x03; their block "
-                      "keeps retrying)%s", req.request_id, not_confirmed, self._ack_timeout_s(req),
-                      f": {trouble}" if trouble else "")
-        await conn.send_frame(self._answer(req, answers, started, redirects))
+                      "keeps retrying)%s", request_id, not_confirmed, timeout_s, f": {trouble}" if trouble else "")
+        self._count_latency(answers, started)
+        await conn.send_frame(self._frame(request_id, answers, redirects))
 
 
 def _with_leaders(request_id: int, answers: list[TopicAnswer], redirects: dict) -> ProduceResponse:

@@ -65,14 +65,23 @@ class Partition:
     trusted_local: int = 0
     # Its name as one value, built once here: what the server passes to the tier (tiered.tier_interface).
     tp: TopicPartition = field(init=False, repr=False, compare=False)
+    # Visibility follows durability: with a tier below, a durable topic shows only committed records. Kept current
+    # here, its one owner (at construction and by `reconfigure`, the one writer of `config`; `lower_tier` never
+    # changes), and read as a plain attribute by the produce path, Python and native (server/_produce.c) alike.
+    durable: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.tp = TopicPartition(self.topic, self.partition)
+        self._set_config(self.config)
 
-    @property
-    def durable(self) -> bool:
-        """Visibility follows durability: with a tier below, a durable topic shows only committed records."""
-        return self.lower_tier and self.config.produce_ack == "durable"
+    def reconfigure(self, config: TopicConfig) -> None:
+        """The partition's configuration is now `config`: its log's limits and whether it is durable follow."""
+        self._set_config(config)
+        self.log.reconfigure(config)
+
+    def _set_config(self, config: TopicConfig) -> None:
+        self.config = config
+        self.durable = self.lower_tier and config.produce_ack == "durable"
 
     def bounds(self) -> PartitionBounds:
         """A leader's bounds come from its own log; a follower's from the catalog (as of its last look) and the local
@@ -293,9 +302,9 @@ class Registry:
         return list(topic.partitions)
 
     def configure(self, part: Partition, config: TopicConfig) -> None:
-        """The partition's config from now on (its log's too): the one write of a served partition's config."""
-        part.config = config
-        part.log.reconfigure(config)
+        """The partition's config from now on (its log's and durability too): the one write of a served partition's
+        config, so the compacted set follows it."""
+        part.reconfigure(config)
         self._note_policy(part.tp, config)
 
     def _note_policy(self, tp: TopicPartition, config: TopicConfig) -> None:

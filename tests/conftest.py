@@ -33,3 +33,27 @@ def fsync_off():
         patch.setattr(os, "fsync", _no_sync)
         patch.setattr(os, "fdatasync", _no_sync)
         yield
+
+
+# Whole files whose tests are the suite's longest (a minute or so each on 2 shared cores), in the order they run first.
+# pytest-xdist's worksteal hands each worker a contiguous half of the collection and, at the end, lets an idle worker
+# take the tail of the other's queue: long tests at the tail (where these files are collected) leave one worker
+# running a long test alone while the other is done. First, they run while the rest of the suite balances the two
+# workers, and the tail is made of short tests. Files move whole, so a module-scoped fixture is still built once.
+LONGEST_FIRST = (
+    "tests/test_bench_smoke.py",
+    "tests/test_native_asan.py",
+    "tests/test_packaging.py",
+    "tests/cli/test_dev.py",
+    "tests/spark/test_session.py",
+)
+
+
+def run_order(nodeid: str) -> int:
+    """An item's rank in the run: the files of LONGEST_FIRST in their order, then every other file as collected."""
+    path = nodeid.split("::", 1)[0]
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: run_order(item.nodeid))  # stable: the order within a rank is the collection's

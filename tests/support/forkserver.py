@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _SERVER = textwrap.dedent("""
-    import json, os, sys, traceback
+    import atexit, json, os, sys, threading, traceback
     shared = {"__name__": "__forked__"}
     exec(compile(sys.argv[1], "<preamble>", "exec"), shared)
     for line in sys.stdin:
@@ -35,15 +35,23 @@ _SERVER = textwrap.dedent("""
             try:
                 os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
                 os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(os.open(request.get("stdin") or os.devnull, os.O_RDONLY), 0)
+                sys.stdin = open(0, closefd=False)  # not the server's reader of requests, which may hold bytes
                 sys.argv = ["-c", *request["argv"]]
                 exec(compile(request["body"], "<child>", "exec"), dict(shared))
                 code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
+            except SystemExit as exc:  # as the interpreter reads it: None is 0, anything but an int is printed, 1
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                if not isinstance(exc.code, (int, type(None))):
+                    print(exc.code, file=sys.stderr)
             except BaseException:
                 traceback.print_exc()
             finally:
+                try:  # the interpreter's way out: non-daemon threads joined, then atexit
+                    threading._shutdown()
+                    atexit._run_exitfuncs()
+                except BaseException:
+                    traceback.print_exc()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
@@ -74,10 +82,19 @@ class ForkServer:
 
     def run(self, body: str, argv: list[str], timeout_s: float = 120.0) -> Finished:
         """Runs `body` in a fresh fork with sys.argv[1:] = argv; waits for it to exit (or be killed)."""
+        done = self.call(body, argv, timeout_s)
+        return Finished(done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
+
+    def call(self, body: str, argv: list[str], timeout_s: float = 120.0,
+             input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        """`run`, with `input` as the child's stdin (else /dev/null), its outputs as bytes."""
         self._runs += 1
-        out, err = self._dir / f"{self._runs}.out", self._dir / f"{self._runs}.err"
+        out, err, given = (self._dir / f"{self._runs}.{name}" for name in ("out", "err", "in"))
         request = {"body": textwrap.dedent(body), "argv": [str(a) for a in argv], "stdout": str(out),
                    "stderr": str(err)}
+        if input is not None:
+            given.write_bytes(input)
+            request["stdin"] = str(given)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -90,8 +107,14 @@ class ForkServer:
             self.close()
             raise AssertionError(f"a forked child did not finish within {timeout_s} s (or the server exited):\n"
                                  f"{self._server_errors()}{err.read_text(errors='replace') if err.exists() else ''}")
-        return Finished(json.loads(answer)["returncode"], out.read_text(errors="replace"),
-                        err.read_text(errors="replace"))
+        done = subprocess.CompletedProcess(argv, json.loads(answer)["returncode"], out.read_bytes(), err.read_bytes())
+        for path in (out, err, given):
+            path.unlink(missing_ok=True)
+        return done
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
 
     def _server_errors(self) -> str:
         path = self._dir / "server.err"

@@ -135,7 +135,7 @@ def test_schema_config_keys_follow_the_settings_contract() -> None:
                                 re.MULTILINE)) - {"topic_defaults"}
     assert set(schema["properties"]) == documented
     owned = {key for key, rule in schema["properties"].items() if rule is False}
-    assert owned == {"data_dir", "listen", "http_listen", "catalog_url", "store_url", "s3_path_style", "broker_id",
+    assert owned == {"data_dir", "listen", "http_listen", "catalog_url", "catalog_notices_url", "store_url", "s3_path_style", "broker_id",
                      "shutdown_timeout_s", "advertise", "tls_cert", "tls_key", "tls_client_ca", "s3_sse",
                      "s3_sse_kms_key_id", "acl"}
     assert schema["additionalProperties"] is False

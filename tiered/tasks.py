@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from tiered.catalog.errors import CatalogUnavailable
 from tiered.clock import SYSTEM_CLOCK, Clock
@@ -100,16 +100,16 @@ class Supervisor:
         """Stops one task (and its restarts) for good."""
         task = self._tasks.pop(name, None)
         if task is not None:
-            await _cancel([task])
+            await cancel_until_done([task])
         self.failing.pop(name, None)
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        await _cancel(tasks)
+        await cancel_until_done(tasks)
 
 
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+async def cancel_until_done(tasks: Sequence[asyncio.Task[Any]]) -> None:
     """Cancels the tasks and waits for them to end. A cancellation can be lost (Python 3.11's asyncio.wait_for
     returns the result of an inner future that completes as it is cancelled), so it is repeated until they end."""
     while tasks:

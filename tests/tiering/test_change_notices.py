@@ -17,6 +17,7 @@ from tiered.catalog.cluster import leave, look, register
 from tiered.catalog.errors import CatalogUnavailable
 from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
+from tiered.tasks import cancel_until_done
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import IDLE_TICK_S, TICK_S, Coordinator, Endpoints
 from tiered.tiering.cluster.notices import ListenPlan, Notices, listen_plan
@@ -34,8 +35,10 @@ async def coordinator_of(cat: Catalog) -> tuple[Coordinator, AsyncCatalog]:
 
 
 async def stop(*tasks: asyncio.Task) -> None:
-    for task in tasks:
-        task.cancel()
+    """Cancels the tasks until they end, as the supervisor does (a single cancel can be lost to Python 3.11's
+    asyncio.wait_for when a catalog call completes as it is cancelled: the tick loop then waited on the manual clock
+    forever), and collects their outcomes."""
+    await cancel_until_done(list(tasks))
     await asyncio.gather(*tasks, return_exceptions=True)
 
 

@@ -149,6 +149,16 @@ def wait_until_blocked(url: str) -> None:
     raise AssertionError("the commit never waited for the lock")
 
 
+def end_waiting_commits(url: str) -> None:
+    """Ends the backends of the commits waiting for a partition's lock, and waits (5 s at most) until they are gone."""
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT bool_and(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE '%UPDATE%partitions%'"
+        ).fetchone()[0]
+    assert ended, "the waiting commit's backend did not end"
+
+
 def test_a_lock_wait_times_out_as_catalog_unavailable(catalog_url, epochs):
     impatient = Catalog.open(catalog_url, lock_timeout_ms=200)
     block_id = insert_pending_block(impatient, "blk/1", 1, 100, now=T0)
@@ -246,6 +256,9 @@ def test_postgresql_restart_mid_commit(pg_cluster, pg_url, pg_cat):
     committer, outcome = commit_in_thread(pg_cat, block_id, runs, epochs, now=T0)
     try:
         wait_until_blocked(pg_url)
+        # The commit's own backend ends first, while the lock is still held: a fast shutdown alone ends the holder
+        # too, and the commit could take the lock and commit before its own end came (seen once in CI).
+        end_waiting_commits(pg_url)
         pg_cluster.stop("fast")
         committer.join(30)
     finally:

@@ -1,7 +1,7 @@
 """The first remote fetch after a restart, over many restarts (issue 14, "no cold start").
 
     python -m bench.bench_restarts                  24 restarts, the broker as it is
-    python -m bench.bench_restarts --no-freeze      the same without settle_heap (tiered/server/broker.py)
+    python -m bench.bench_restarts --no-freeze      the same without the heap's settle (tiered/heap.py)
     python -m bench.bench_restarts --quick | --smoke   8 restarts | 1 restart after 9 MiB (every step once)
 
 bench.bench_remote's setup at a smaller size: moto in a child process, the broker in this one, the measuring client
@@ -9,7 +9,7 @@ in another. A topic of 4 MiB segments is produced and its sealed segments copied
 stopped, its data directory emptied and the broker started again, and one fetch is made of a seq that only the block
 runs hold (the first fetch after the restart), then a second one. Each first fetch is shown with the catalog query
 and the GETs it made, and how long each took. The stall this was written to find is the cyclic garbage collector's
-full pass over the start-up heap falling on the first request, which settle_heap prevents: it depends on when the
+full pass over the start-up heap falling on the first request, which the heap's settle at start prevents: it depends on when the
 collector's threshold is crossed, so compare series of the same length, run one after the other.
 """
 
@@ -59,9 +59,9 @@ async def run(args) -> list[float]:
     import boto3
 
     if args.no_freeze:
-        import tiered.server.broker
+        import tiered.heap
 
-        tiered.server.broker.settle_heap = lambda: None
+        tiered.heap.Heap.settle = lambda self, why: None  # type: ignore[method-assign]
     for name in [n for n in os.environ if n.startswith("AWS_")]:
         del os.environ[name]
     moto = Moto()
@@ -111,14 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, help="default 24, 8 with --quick, 1 with --smoke")
     parser.add_argument("--mib", type=int, help="MiB produced before the restarts (default 12, 9 with --smoke: two "
                                                 "sealed 4 MiB segments)")
-    parser.add_argument("--no-freeze", action="store_true", help="start without settle_heap")
+    parser.add_argument("--no-freeze", action="store_true", help="start without the heap's settle")
     add_size_options(parser, quick="8 restarts", smoke="1 restart after 9 MiB")
     args = parser.parse_args(argv)
     size = size_of(args)
     args.restarts = args.restarts or size.pick(24, 8, 1)
     args.mib = args.mib or size.pick(12, 12, 9)
     print(f"first fetch after a restart, {time.strftime('%Y-%m-%d %H:%M %Z')}; load average {os.getloadavg()[0]:.2f}"
-          f"{'; without settle_heap' if args.no_freeze else ''}")
+          f"{'; without the heap settle' if args.no_freeze else ''}")
     firsts = asyncio.run(run(args))
     print(format_table(("restarts", "first byte p50 ms", "p90 ms", "max ms"),
                        [(len(firsts), br.ms(br.quantile(firsts, .5)), br.ms(br.quantile(firsts, .9)),

@@ -210,6 +210,12 @@ PROCESS_VIRTUAL = Gauge("process_virtual_memory_bytes", "virtual memory size in 
 PROCESS_START = Gauge("process_start_time_seconds", "start time of the process since the epoch, in seconds")
 PROCESS_OPEN_FDS = Gauge("process_open_fds", "open file descriptors")
 PROCESS_MAX_FDS = Gauge("process_max_fds", "the limit of open file descriptors")
+GC_COLLECTIONS = Counter("python_gc_collections_total", "number of times this generation was collected")
+GC_COLLECTED = Counter("python_gc_objects_collected_total", "objects collected during gc")
+HEAP_FROZEN_OBJECTS = Gauge("tiered_heap_frozen_objects",
+                            "long-lived objects set aside from the cyclic collector's full passes (tiered.heap)")
+HEAP_SETTLES = Counter("tiered_heap_settles_total",
+                       "times the long-lived objects were set aside after they grew (start-up, topics, claims)")
 
 
 
@@ -244,6 +250,8 @@ class Metrics:
         self.gauge(BUILD_INFO, lambda: {labels: 1.0})
         self.counter_fn(PROCESS_CPU, process_metrics.cpu_seconds)
         self.gauge(PROCESS_MAX_FDS, process_metrics.max_fds)
+        self.counter_fn(GC_COLLECTIONS, lambda: process_metrics.gc_by_generation("collections"))
+        self.counter_fn(GC_COLLECTED, lambda: process_metrics.gc_by_generation("collected"))
         memory = process_metrics.memory_bytes()
         if memory is not None:  # Linux: the families that need /proc
             self.gauge(PROCESS_RESIDENT, lambda: (process_metrics.memory_bytes() or (0.0, 0.0))[0])

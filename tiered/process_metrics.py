@@ -7,6 +7,7 @@ Read at scrape time from /proc/self (Linux); where /proc is missing, from getrus
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import platform
@@ -30,6 +31,12 @@ def cpu_seconds() -> float:
     """User + system CPU time of this process."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def gc_by_generation(key: str) -> dict[str, float]:
+    """One of the cyclic collector's counts (`collections`, `collected`) per generation, labelled as the Prometheus
+    client libraries' GC collector does."""
+    return {f'generation="{i}"': float(stats[key]) for i, stats in enumerate(gc.get_stats())}
 
 
 def _stat_fields(proc: Path = PROC_SELF) -> list[str] | None:

@@ -16,7 +16,6 @@ left; close connections; close partition logs. All within `shutdown_timeout_s`.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.tls import RELOAD_INTERVAL_S, CertReloader
 from tiered.config import Settings
 from tiered import metrics as m
+from tiered.heap import Heap
 from tiered.metrics import Metrics
 from tiered.server.access import Access
 from tiered.server.admin import AdminHandler
@@ -52,18 +52,6 @@ class Handlers:
     produce: ProduceHandler
     consume: ConsumeHandler
     admin: AdminHandler
-
-
-def settle_heap() -> None:
-    """Sets what start-up left (the catalog's engine, the S3 client's service model, the partitions: some 190,000
-    objects) aside from the cyclic collector (gc.freeze) before the first request, after collecting the young
-    generations. Otherwise the collector's next full pass falls on the first requests after a start, and every later
-    one walks those objects again: 0.2 to 0.3 s with the GIL held, seen as first fetches of 240 and 300 ms after a
-    restart. Not a full collection here: in a process that starts many brokers (the tests) each would walk the whole
-    heap. Frozen objects are still freed when their last reference goes; only a cycle among them waits for `stop`'s
-    unfreeze."""
-    gc.collect(1)
-    gc.freeze()
 
 
 class Broker:
@@ -106,6 +94,9 @@ class Broker:
         self.exit_code = 0
         self._creating = asyncio.Lock()  # one local topic creation at a time (a request, or the catalog's view)
         metrics.gauge(m.PARTITIONS_DAMAGED, self._damaged_gauge)
+        self.heap = Heap(clock.monotonic)  # long-lived objects set aside from the cyclic collector (tiered.heap)
+        metrics.gauge(m.HEAP_FROZEN_OBJECTS, self.heap.frozen)
+        metrics.counter_fn(m.HEAP_SETTLES, lambda: float(self.heap.settles))
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -138,7 +129,7 @@ class Broker:
             raise
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(AcceptErrors(loop.get_exception_handler()))
-        settle_heap()
+        self.heap.settle("start-up")
         self.server = await serve(self, sock, self.tls.listener_context if self.tls else None)
         if plain_sock is not None:
             self.plain_server = await serve(self, plain_sock)
@@ -192,6 +183,7 @@ class Broker:
             if name in self.registry.topics:
                 return False
             await asyncio.to_thread(self.registry.create_topic, name, partitions, config_text, self.tier)
+            self.heap.settle(f"topic {name} was laid out")
             return True
 
     async def apply_plans(self, plans: Sequence[PartitionPlan]) -> None:
@@ -243,6 +235,8 @@ class Broker:
                 self.registry.note_sealed(part.tp)  # a truncation recovered its log anew
             for segment in segments:
                 self.tier.sealed(part.tp, segment)
+        if ready:
+            self.heap.settle(f"{len(ready)} partitions were led")
 
     @staticmethod
     def _carry_out(part: Partition, plan: PartitionPlan) -> None:
@@ -270,7 +264,12 @@ class Broker:
             return
         self._stop_started = True
         self.ready = False
-        gc.unfreeze()  # what start-up set aside is collectable again (a process may start another broker)
+        try:
+            await self._stop(timeout_s)
+        finally:
+            self.heap.thaw()  # after the handover: a full pass over every partition would stall it
+
+    async def _stop(self, timeout_s: float | None) -> None:
         timeout_s = self.settings.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = self.clock.monotonic() + timeout_s
         if self.server is not None:

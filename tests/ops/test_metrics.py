@@ -179,7 +179,7 @@ async def test_every_exported_metric_is_documented_with_its_type(ops_broker):
     exported = dict(re.findall(r"^# TYPE (\S+) (\S+)$", m.text, re.M))
     documented = {}
     for line in (REPO / "docs" / "operations.md").read_text().splitlines():
-        row = re.match(r"^\| `((?:tanksrv|tiered|process)_[a-z_]+)(?:\{[^}]*\})?` \| (\w+) \|", line)
+        row = re.match(r"^\| `((?:tanksrv|tiered|process|python)_[a-z_]+)(?:\{[^}]*\})?` \| (\w+) \|", line)
         if row:
             documented[row.group(1)] = row.group(2)
     assert documented == exported

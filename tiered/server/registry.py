@@ -399,8 +399,9 @@ class Registry:
     def _new_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier, rng: random.Random, *,
                        made: bool) -> Partition:
         """A partition with an empty log, its directory made (and empty) or not made yet."""
-        plog = PartitionLog.open_new(str(self.data_dir / topic / str(partition)), config, rng=rng, now_s=self.now_s,
-                                     made=made, **self._tier_callbacks(TopicPartition(topic, partition), tier))
+        plog = PartitionLog.open_new(os.path.join(self.data_dir, topic, str(partition)), config, rng=rng,
+                                     now_s=self.now_s, made=made,
+                                     **self._tier_callbacks(TopicPartition(topic, partition), tier))
         return self._partition(topic, partition, plog, config, tier)
 
     def get(self, topic: str, partition: int) -> Partition | None:

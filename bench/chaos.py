@@ -13,7 +13,10 @@ round's action hits the broker:
               not), which recovery refuses (when no partition has a sealed segment, one gets instead a copy of its
               active segment under a name whose seqs overlap it, refused too), a file where the directory should
               be, or the directory removed. The partition is moved aside and opened again empty, its history served from the bucket
-              after its claim (tiered.server.registry); /readyz must name it, and it is read back as any other.
+              after its claim (tiered.server.registry); /readyz must name it, and it is read back as any other. A
+              removed directory is named only when it is the topic's last partition's: the others' directories are
+              made at their first write, so a disk without one reads as never written there (opened empty, served
+              from the bucket, read back as any other), which is what a removed one then is.
 Then every partition is read from its first seq to its end and checked:
     - every acknowledged value is there exactly once;
     - a value's seq never changes once read (nothing is overwritten or moved);
@@ -315,9 +318,11 @@ class Chaos:
         Returns (topic, partition, kind)."""
         kind = self.rng.choice(DAMAGES)
         everyone = [(t, p) for t in self.topics for p in range(self.partitions)]
-        # Garbage goes over a sealed segment: a partition that has one, if any does.
-        holding = [(t, p) for t, p in everyone if kind == "garbage" and any(disk.joinpath(t, str(p)).glob("*.ilog"))]
-        topic, partition = self.rng.choice(holding or everyone)
+        # Garbage goes over a sealed segment: a partition that has one, if any does. Garbage and a removal need a
+        # directory (a partition never written on this disk has none; the topic's last one always has one).
+        made = [(t, p) for t, p in everyone if disk.joinpath(t, str(p)).is_dir()]
+        holding = [(t, p) for t, p in made if kind == "garbage" and any(disk.joinpath(t, str(p)).glob("*.ilog"))]
+        topic, partition = self.rng.choice(holding or (everyone if kind == "file" else made))
         directory = disk / topic / str(partition)
         sealed = sorted(directory.glob("*.ilog")) if kind == "garbage" else []
         with_index = kind == "garbage" and self.rng.random() < 0.5
@@ -342,7 +347,7 @@ class Chaos:
                 (directory / "1-2.ilog").write_bytes(b"\0" * 64)
                 (directory / "2-3.ilog").write_bytes(b"\0" * 64)
         elif kind == "file":
-            shutil.rmtree(directory)
+            shutil.rmtree(directory, ignore_errors=True)
             directory.write_text("not a directory")
         else:
             shutil.rmtree(directory)
@@ -351,9 +356,13 @@ class Chaos:
         return topic, partition, kind
 
     async def _damage_named(self, number: int, topic: str, partition: int, kind: str) -> None:
-        """The restarted broker's /readyz names the damaged partition as opened again, served from the bucket."""
+        """The restarted broker's /readyz names the damaged partition as opened again, served from the bucket (a
+        removed directory only when it is the topic's last partition's: module docstring)."""
         import urllib.error
         import urllib.request
+
+        if kind == "removed" and partition != self.partitions - 1:
+            return
 
         def get() -> str:
             try:

@@ -1,5 +1,7 @@
 """Seq assignment: plain, explicit (0x05) and sparse bundles, gaps, ensure_next_seq, durable visibility."""
 
+import os
+
 import pytest
 
 from tests.support.storage_helpers import (
@@ -251,3 +253,44 @@ def test_a_log_opened_new_is_the_log_open_would_recover_from_its_empty_directory
     reopened = open_storage_log()  # what it wrote is the same files a log opened by `open` writes
     assert (reopened.first_available, reopened.last_held) == (1, 2)
     assert reopened.append(plain_bundle(b"c")).first_seq == 3
+
+
+def test_a_log_whose_directory_is_not_made_reads_empty_and_makes_it_at_its_first_write(tmp_path, storage_clock,
+                                                                                       open_storage_log, monkeypatch):
+    """A partition never written here on a disk whose directories are made at their first write: its log is empty
+    and touches nothing on disk (reads, retention, truncation, the next seq) until it writes, which makes its
+    directory; the directory's own name is synced at the first roll, with the first segment's."""
+    import random
+
+    from tiered.storage import partition_log
+    from tiered.storage.partition_log import PartitionLog
+    from tiered.storage.topic_config import TopicConfig
+
+    synced: list[str] = []
+    monkeypatch.setattr(partition_log, "fsync_dir", lambda path: synced.append(os.path.basename(path)))
+    unmade = PartitionLog.open_new(str(tmp_path / "p"), TopicConfig(), now_s=storage_clock, rng=random.Random(7),
+                                   made=False)
+    assert not unmade.made and not (tmp_path / "p").exists()
+    assert unmade.read(1, 1 << 20, 10) is None
+    assert unmade.enforce_retention(storage_clock(), lambda _segment: True) == []
+    assert unmade.truncate_after(0).records == 0 and unmade.seal_active() is None
+    unmade.ensure_next_seq(5)
+    assert (unmade.first_available, unmade.last_held, unmade.stats().segments) == (0, 0, 0)
+    assert not (tmp_path / "p").exists() and synced == []
+    assert unmade.append(plain_bundle(b"a")).first_seq == 5
+    assert unmade.made and (tmp_path / "p").is_dir() and synced == []  # no sync on the produce path
+    unmade.seal_active()
+    assert synced == ["p", tmp_path.name]  # the first roll: the segment's name, then the directory's own
+    unmade.append(plain_bundle(b"b"))
+    unmade.seal_active()
+    assert synced == ["p", tmp_path.name, "p"]
+    unmade.make_directory()  # made: nothing to do
+    unmade.close()
+    assert open_storage_log().last_held == 6
+
+    (tmp_path / "r").write_text("in the way")
+    blocked = PartitionLog.open_new(str(tmp_path / "r"), TopicConfig(), now_s=storage_clock, rng=random.Random(7),
+                                    made=False)
+    with pytest.raises(FileExistsError):  # something in its place is damage, for the caller to report
+        blocked.append(plain_bundle(b"a"))
+    assert not blocked.made

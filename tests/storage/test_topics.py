@@ -97,7 +97,7 @@ def test_scan(tmp_path):
     (tmp_path / "events" / "notes").write_text("x")
     topics, problems = scan_report(str(tmp_path))
     # A partition without its directory is the registry's to report; the topic's other partitions are loaded.
-    assert topics == [TopicDir("events", 2, "retention.segments.count=3\n"), TopicDir("gappy", 3, "", (1,)),
+    assert topics == [TopicDir("events", 2, "retention.segments.count=3\n"), TopicDir("gappy", 3, "", (1,), (1,)),
                       TopicDir("logs", 1, "")]
     assert len(problems) == 6
     for word in (".half", "gappy", "empty", "bad name", "stray-file", "notes"):
@@ -114,10 +114,41 @@ def test_scan_counts_a_file_where_a_partition_directory_should_be(tmp_path):
     os.rmdir(tmp_path / "t" / "1")  # and one in the middle with nothing at all
     os.makedirs(tmp_path / "t" / "4096")  # past any partition count: not a partition
     topics, problems = scan_report(str(tmp_path))
-    assert topics == [TopicDir("t", 4, "", (1, 3))]
+    assert topics == [TopicDir("t", 4, "", (1, 3), (1,))]
     assert any("not a directory, where partition 3's should be" in p for p in problems)
     assert any("partitions [1, 3] have no directory" in p for p in problems)
     assert any("4096" in p and "ignored" in p for p in problems)
+    # Where directories are made when led, nothing in a partition's place is no problem; a file in it still is.
+    topics, problems = scan_report(str(tmp_path), on_demand=True)
+    assert topics == [TopicDir("t", 4, "", (1, 3), (1,))]
+    assert any("partitions [3] have no directory" in p for p in problems)
+
+
+def test_a_topic_created_on_demand_has_its_last_partition_directory_only_and_scans_whole(tmp_path):
+    """With a catalog below, a creation makes only the last partition's directory: the disk alone still counts the
+    topic's partitions (as TANK's scan does), and the others are absent, not damaged, until led here."""
+    path = create_topic_dir(str(tmp_path), "t", 4096, "log.segment.bytes=1mb\n", on_demand=True)
+    assert sorted(os.listdir(path)) == ["4095", "config"]
+    assert not os.path.exists(tmp_path / ".t")
+    topics, problems = scan_report(str(tmp_path), on_demand=True)
+    assert topics == [TopicDir("t", 4096, "log.segment.bytes=1mb\n", tuple(range(4095)), tuple(range(4095)))]
+    assert problems == []
+    os.mkdir(tmp_path / "t" / "7")  # led here since
+    [topic] = scan(str(tmp_path), on_demand=True)
+    assert (topic.partitions, 7 in topic.absent, len(topic.absent)) == (4096, False, 4094)
+    # A one-partition topic is laid out whole.
+    create_topic_dir(str(tmp_path), "one", 1, on_demand=True)
+    assert os.listdir(tmp_path / "one") == ["0"]
+
+
+def test_an_interrupted_creation_on_demand_is_laid_out_again(tmp_path):
+    """The staging rule holds for a creation that makes one partition directory: what a crash leaves of it (the
+    staging directory, its last partition's directory, its config) is removed by the next creation of the topic."""
+    staging = tmp_path / ".t"
+    (staging / "3").mkdir(parents=True)
+    (staging / "config").write_text("log.segment.bytes=1mb\n")
+    create_topic_dir(str(tmp_path), "t", 4, on_demand=True)
+    assert not staging.exists() and os.listdir(tmp_path / "t") == ["3"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a directory whatever its mode")

@@ -5,6 +5,12 @@ A topic's effective config is layered: TANK's built-in defaults < the broker's `
 `config` file < the partition's `config` file. Partition logs are opened (and recovered) when the broker starts,
 so a torn tail is reported at start-up rather than on the first request that happens to touch it.
 
+With a tier below, a partition's directory is made when its log first writes a file (`PartitionLog.make_directory`:
+a produce led here, a compaction checkpoint), not when its topic is created nor when it is claimed: a creation costs
+each broker one directory per topic, not one per partition of the topic on every broker (tiered.storage.topics).
+Until then the partition has an empty log whose directory is not made (`PartitionLog.made`): led or followed, it is
+served like any other (its history read from the bucket), and nothing reads a directory an empty log does not have.
+
 A partition that cannot be opened (recovery refuses it, an I/O or permission error, a file or nothing where its
 directory should be) darkens only itself, never its topic: it is recorded in `damaged` (logged, counted by the
 `tiered_partitions_damaged` gauge, named by /readyz) and
@@ -179,23 +185,30 @@ class Registry:
         deletion of its sealed segments."""
         started = time.monotonic()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        found_topics, problems = topic_dirs.scan_report(str(self.data_dir))
+        found_topics, problems = topic_dirs.scan_report(str(self.data_dir), on_demand=tier.lower_tier)
         for problem in problems:
             log.warning("data directory: %s", problem)
         for found in found_topics:
             try:
-                self.open_topic(found.name, found.partitions, found.config_text, tier, missing=found.missing)
+                self.open_topic(found.name, found.partitions, found.config_text, tier, missing=found.missing,
+                                absent=found.absent)
             except Exception as exc:  # one topic that cannot be opened (its config) does not keep the others dark
                 log.error("topic %s cannot be opened and is not served: %s", found.name, exc)
         self.open_time_ms = int((time.monotonic() - started) * 1000)
 
     def open_topic(self, name: str, partitions: int, config_text: str, tier: Tier,
-                   missing: Collection[int] = ()) -> Topic:
-        """Opens the topic's partitions; `missing` are those without a directory (tiered.storage.topics.scan_report).
-        Raises ConfigError for a topic config that cannot be used; a partition that cannot be opened is `damaged`."""
+                   missing: Collection[int] = (), absent: Collection[int] = ()) -> Topic:
+        """Opens the topic's partitions; `missing` are those without a directory, `absent` those of them with nothing
+        in its place (tiered.storage.topics.scan_report): with a tier below, partitions not led here yet. Raises
+        ConfigError for a topic config that cannot be used; a partition that cannot be opened is `damaged`."""
         config = self.topic_config(config_text)
         topic = Topic(name, config_text, config)
+        rng = random.Random()
+        missing, absent = frozenset(missing), frozenset(absent)  # looked up per partition: thousands of them
         for p in range(partitions):
+            if tier.lower_tier and p in absent:  # no directory, no config file of its own: made at its first write
+                topic.partitions.append(self._new_partition(name, p, config, tier, rng, made=False))
+                continue
             part_config = self._partition_config(name, p, config_text)
             try:
                 if p in missing:
@@ -276,9 +289,11 @@ class Registry:
         """One line per partition that could not be opened, for /readyz; empty when there are none."""
         return "\n".join(d.describe() for d in self.damaged.values())
 
-    def _partition_config(self, name: str, partition: int, config_text: str) -> TopicConfig:
+    def _partition_config(self, name: str, partition: int, config_text: str, made: bool = True) -> TopicConfig:
         """The topic's layers and the partition's own `config` file over them; a file that cannot be used is
-        logged and left out."""
+        logged and left out. A partition whose directory is not `made` has no file of its own."""
+        if not made:
+            return self.topic_config(config_text)
         try:
             values, _ = topic_dirs.read_partition_config(str(self.data_dir), name, partition)
             return self.topic_config(config_text, values)
@@ -298,7 +313,7 @@ class Registry:
         topic_dirs.write_topic_config(str(self.data_dir), name, config_text)
         topic.config_text, topic.config = config_text, config
         for part in topic.partitions:
-            self.configure(part, self._partition_config(name, part.partition, config_text))
+            self.configure(part, self._partition_config(name, part.partition, config_text, part.log.made))
         return list(topic.partitions)
 
     def configure(self, part: Partition, config: TopicConfig) -> None:
@@ -364,21 +379,30 @@ class Registry:
         return part
 
     def create_topic(self, name: str, partitions: int, config_text: str, tier: Tier) -> Topic:
-        """Creates the topic's directories atomically and opens it. Raises on a bad name, config or an existing topic."""
+        """Creates the topic's directories atomically and opens it. Raises on a bad name, config or an existing topic.
+        With a tier below, only the last partition's directory is made now (the module's docstring)."""
         topic_dirs.validate_topic_name(name)
         self.topic_config(config_text)  # refuse a bad config before anything is written
-        topic_dirs.create_topic_dir(str(self.data_dir), name, partitions, config_text)
-        # Its partition directories were just made, empty, and hold no config file of their own: each log is opened
-        # as new (no recovery pass, no second mkdir, no config file to look for), with one random generator.
+        on_demand = tier.lower_tier
+        topic_dirs.create_topic_dir(str(self.data_dir), name, partitions, config_text, on_demand=on_demand)
+        # Its partition directories were just made, empty (or are made at their first write), and hold no config file
+        # of their own: each log is opened as new (no recovery pass, no second mkdir, no config file to look for),
+        # with one random generator.
         config = self.topic_config(config_text)
         rng = random.Random()
         topic = Topic(name, config_text, config)
-        base = os.path.join(self.data_dir, name)
-        topic.partitions = [self._partition(name, p, PartitionLog.open_new(
-            os.path.join(base, str(p)), config, rng=rng, now_s=self.now_s,
-            **self._tier_callbacks(TopicPartition(name, p), tier)), config, tier) for p in range(partitions)]
+        topic.partitions = [self._new_partition(name, p, config, tier, rng, made=not on_demand or p == partitions - 1)
+                            for p in range(partitions)]
         self.topics[name] = topic
         return topic
+
+    def _new_partition(self, topic: str, partition: int, config: TopicConfig, tier: Tier, rng: random.Random, *,
+                       made: bool) -> Partition:
+        """A partition with an empty log, its directory made (and empty) or not made yet."""
+        plog = PartitionLog.open_new(os.path.join(self.data_dir, topic, str(partition)), config, rng=rng,
+                                     now_s=self.now_s, made=made,
+                                     **self._tier_callbacks(TopicPartition(topic, partition), tier))
+        return self._partition(topic, partition, plog, config, tier)
 
     def get(self, topic: str, partition: int) -> Partition | None:
         t = self.topics.get(topic)

@@ -93,8 +93,14 @@ class PartitionLog(_LogCore):
         on_seal: Callable[[SealedSegment], None] | None,
         may_delete: Callable[[SealedSegment], bool],
         rng: random.Random,
+        made: bool = True,
     ):
         self.directory = directory
+        # Whether `directory` exists. False: the log of a partition whose directory is made when it is first written
+        # (tiered.storage.topics): only an empty log is unmade, and the first file it writes makes it
+        # (`make_directory`). `_entry_synced` False: made so, its entry in the topic's directory is not synced yet.
+        self._made = made
+        self._entry_synced = True
         self.config = config
         self.recovery: RecoveryReport = recovered.report
         self.on_seal = on_seal
@@ -151,14 +157,34 @@ class PartitionLog(_LogCore):
         on_seal: Callable[[SealedSegment], None] | None = None,
         may_delete: Callable[[SealedSegment], bool] = _keep_everything,
         rng: random.Random,
+        made: bool = True,
     ) -> PartitionLog:
-        """The log of a partition whose directory its topic's creation just made, empty: nothing to recover, no
-        directory to make, so none of `open`'s per-partition file system calls (a topic of 4,096 partitions opened
-        this way costs what its objects cost). `rng` may be shared by the topic's partitions."""
+        """The log of a partition whose directory its topic's creation just made, empty (or, with `made` False, whose
+        directory is made later, by `make_directory`): nothing to recover, so none of `open`'s per-partition file
+        system calls (a topic of 4,096 partitions opened this way costs what its objects cost). `rng` may be shared
+        by the topic's partitions."""
         return cls(directory, config, RecoveredLog([], None, 0, RecoveryReport(directory)), now_s=now_s,
-                   on_seal=on_seal, may_delete=may_delete, rng=rng)
+                   on_seal=on_seal, may_delete=may_delete, rng=rng, made=made)
 
     # ----------------------------------------------------------------------------------------------- state
+
+    @property
+    def made(self) -> bool:
+        """Whether the log's directory exists (see `make_directory`)."""
+        return self._made
+
+    def make_directory(self) -> None:
+        """Makes the log's directory unless it exists, before the first file written in it (a segment, a compaction
+        checkpoint). Raises OSError (something else in its place is damage, for the caller). Its entry in the
+        topic's directory is synced at the log's first roll, with its first segment's name (each roll syncs the
+        log's directory; a segment's name is durable from then on, not before): a new topic's first writes cost
+        one `mkdir` each, not a sync of the topic's directory each on the produce path."""
+        with self._lock:
+            if self._made:
+                return
+            os.mkdir(self.directory, 0o755)
+            self._made = True
+            self._entry_synced = False
 
     @property
     def first_available(self) -> int:
@@ -266,6 +292,7 @@ class PartitionLog(_LogCore):
                 self._roll(active, now)
                 active = None
         if active is None:
+            self.make_directory()
             active = ActiveSegment.create(self.directory, first, int(now), roll_age_s(self.config, self._rng))
             self._active = active
         return active
@@ -277,6 +304,9 @@ class PartitionLog(_LogCore):
         self._sealed.append(sealed)
         self._bases.append(sealed.base)
         fsync_dir(self.directory)
+        if not self._entry_synced:  # the directory's own name, made by the first write (make_directory)
+            fsync_dir(os.path.dirname(self.directory))
+            self._entry_synced = True
         self._pending_flush_messages = 0
         if self.on_seal is not None:
             try:

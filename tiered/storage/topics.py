@@ -5,6 +5,11 @@
     <base>/<topic>/<p>/config      partition-level overrides (read at open and by ReloadConf)
     <base>/.<topic>/               a topic being created; renamed into place when complete
 
+A broker with a catalog below makes a partition's directory when the partition's log first writes a file
+(tiered.server.registry), not at the topic's creation: a topic is then created with its last partition's directory
+only, so that the disk alone still tells the partition count as TANK's scan reads it (the highest directory + 1),
+and a partition below it without a directory is one never written here (`TopicDir.absent`), whose log is empty.
+
 Topic names follow TANK's rule (tiered.topic_rules, shared with the client), which keeps every topic path inside
 the data directory. Other entries starting with '.' (our `.tiered` state directory, TANK's `.cleanup.log`, ...)
 are ignored. Because `.tiered` is ours, a topic cannot be named `tiered`: its staging directory would be that one.
@@ -55,6 +60,9 @@ class TopicDir:
     # Partitions below the highest found that have no directory (none, or a file in its place): each is the
     # registry's to treat as a partition that cannot be opened, never a reason to leave the whole topic out.
     missing: tuple[int, ...] = ()
+    # Those of `missing` with nothing at all in their place: on a disk whose directories are made when a partition's
+    # log first writes (scan_report's `on_demand`), partitions never written here, not damage.
+    absent: tuple[int, ...] = ()
 
 
 def topic_path(base: str, name: str) -> str:
@@ -68,8 +76,9 @@ def _write_synced(path: str, data: str) -> None:
         os.fsync(f.fileno())
 
 
-def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "") -> str:
-    """Creates `<base>/<name>/` atomically (built as `.<name>`, fsynced, renamed). Returns its path.
+def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "", *, on_demand: bool = False) -> str:
+    """Creates `<base>/<name>/` atomically (built as `.<name>`, fsynced, renamed). Returns its path. With
+    `on_demand`, only the last partition's directory is made (the module's docstring): the others at their first write.
 
     Raises InvalidTopicName, ValueError (partition count), ConfigError (the config would not load),
     TopicDirExists, or TopicDirError when a stray `.<name>` from an interrupted creation is in the way.
@@ -94,7 +103,7 @@ def create_topic_dir(base: str, name: str, partitions: int, config_text: str = "
         log.warning("removing %s, left by an interrupted creation of topic %r", staging, name)
         shutil.rmtree(staging)
         os.mkdir(staging, 0o755)
-    for p in range(partitions):
+    for p in range(partitions - 1 if on_demand else 0, partitions):
         os.mkdir(os.path.join(staging, str(p)), 0o755)
     if config_text.strip():
         _write_synced(os.path.join(staging, TOPIC_CONFIG), config_text)
@@ -139,8 +148,9 @@ def write_topic_config(base: str, name: str, config_text: str) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
-    """The topics under `base` (sorted by name) and the problems found, each a sentence naming the path."""
+def scan_report(base: str, *, on_demand: bool = False) -> tuple[list[TopicDir], list[str]]:
+    """The topics under `base` (sorted by name) and the problems found, each a sentence naming the path. With
+    `on_demand` (partition directories made at their first write), a partition with nothing in its place is not one."""
     topics: list[TopicDir] = []
     problems: list[str] = []
     for entry in sorted(os.listdir(base)):
@@ -156,7 +166,7 @@ def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
             problems.append(f"{path}: not a valid topic name, ignored")
             continue
         try:
-            topic, topic_problems = _scan_topic(path, entry)
+            topic, topic_problems = _scan_topic(path, entry, on_demand)
         except OSError as exc:  # its directory cannot be listed (permissions, an I/O error): the others are served
             problems.append(f"{path}: cannot be read ({exc.strerror or exc}), topic not loaded")
             continue
@@ -166,15 +176,15 @@ def scan_report(base: str) -> tuple[list[TopicDir], list[str]]:
     return topics, problems
 
 
-def scan(base: str) -> list[TopicDir]:
+def scan(base: str, *, on_demand: bool = False) -> list[TopicDir]:
     """The topics under `base`; problems are logged as warnings (nothing is deleted)."""
-    topics, problems = scan_report(base)
+    topics, problems = scan_report(base, on_demand=on_demand)
     for problem in problems:
         log.warning("%s", problem)
     return topics
 
 
-def _scan_topic(path: str, name: str) -> tuple[TopicDir | None, list[str]]:
+def _scan_topic(path: str, name: str, on_demand: bool) -> tuple[TopicDir | None, list[str]]:
     problems = []
     ids = []
     named = []  # partition names that are not directories
@@ -198,9 +208,11 @@ def _scan_topic(path: str, name: str) -> tuple[TopicDir | None, list[str]]:
         return None, problems
     count = max(ids + named) + 1
     missing = tuple(sorted(set(range(count)) - set(ids)))
-    if missing:
-        problems.append(f"{path}: partitions {list(missing)} have no directory (found {ids}): the others are served")
-    return TopicDir(name, count, config_text, missing), problems
+    absent = tuple(sorted(set(missing) - set(named)))
+    damaged = sorted(set(named)) if on_demand else list(missing)
+    if damaged:
+        problems.append(f"{path}: partitions {damaged} have no directory (found {ids}): the others are served")
+    return TopicDir(name, count, config_text, missing, absent), problems
 
 
 class PartitionConfigError(Exception):

@@ -109,6 +109,8 @@ class RemoteCompactor:
         if remote_only and (force or remote_only[-1].last_seq > cleaned_upto):
             work = os.path.join(self.workdir, f"{topic}.{partition}")
             await asyncio.to_thread(clear_workdir, work)
+            # The pass's checkpoint may be the first file of a log never written here (tiered.server.registry).
+            await asyncio.to_thread(plog.make_directory)
             try:
                 await BucketPass(self.store, remote_only, checkpoint_dir=plog.directory, work=work,
                                  config=plog.config, now_ms=int(self.clock.now_ms()), swap=swap, step=step,

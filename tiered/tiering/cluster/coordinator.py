@@ -4,10 +4,9 @@ Two loops, under the tier's supervisor:
 - the lease: renewed every third of `cluster.lease_ms`, by the catalog's clock (tiered.catalog.cluster). A broker
   that has not renewed for 0.8 of the lease stops acknowledging at once (`ack_deadline`, compared with every produce
   request's clock read): by the time the others see its lease expire and take its partitions, it answers nothing
-  more. Its late commits
-  are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge a message the new
-  leader does not have. A renewal refused because another process took the broker id over ends its leadership for
-  good.
+  more. Its late commits are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge
+  a message the new leader does not have. A renewal refused because another process took the broker id over ends
+  its leadership for good.
 - the tick (every TICK_S; FOLLOW_S after a look that found changes, LED_S after one whose claims were led): reads
   the members and the change counter, and when the counter moved, only the partitions changed since the last look
   (their change versions: a look costs what changed, not what exists; every assignment is read at start and every

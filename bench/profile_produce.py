@@ -11,13 +11,15 @@ then N counted ones (default 5,000) between `callgrind_control --instr=on` and `
 request's in-process cost (the scan, the handler, the append, the tier's hand-over and the answer frame; not the
 connection, the event loop or the blocks' upload, which `bench.bench_instructions` counts), and the annotated dump
 says by C function (the native calls by name) where it goes. Under callgrind the loop runs ~50x slower and the event
-loop does not turn while it runs, so the lease is not renewed: the handler's `may_acknowledge` is answered True here
-(one Python call, as the coordinator's `holds_lease` is). Without valgrind it prints the wall time per request.
+loop does not turn while it runs, so the lease is not renewed: the handler compares its clock read with an ack
+deadline that never passes here (an `AckDeadline` of +inf in place of the coordinator's, read alike: one attribute).
+Without valgrind it prints the wall time per request.
 
 `--pieces` (whole broker) then calls each piece of the path alone as many times, each between a zeroing and a dump
-of its own (the native call, the lease check as the coordinator answers it, admission, the ack latency histogram, and
-`read_checked_produce`, the request objects the native call no longer builds), printing which dump is which: a
-piece's instructions per call are its dump's total over N, less the empty loop's.
+of its own (the native call, which counts the ack latency too, the lease check as the handler makes it, admission,
+the ack latency as the Python path counts it, and `read_checked_produce`, the request objects the native call no
+longer builds), printing which dump is which: a piece's instructions per call are its dump's total over N, less the
+empty loop's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tiered.config import Settings
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import Message, encode_bundle
 from tiered.server.app import App, tiering_service
+from tiered.tier_interface import AckDeadline
 
 WARMUP = 2_000
 
@@ -67,12 +70,17 @@ def _pieces(app, payload: bytes, conn, requests: int) -> None:
     handler = broker.handlers.produce
     calls = app.tier.produce_calls
     context = handler._native_context(calls)
+    clock = broker.clock
+    started = clock.monotonic()
+    deadline = calls.ack_deadline
     pieces = {
         "the empty loop": lambda: None,
-        "the native call (produce_payload)": lambda: handler._produce_payload(payload, False, context),
-        "the lease check (the tier's may_acknowledge)": app.tier.may_acknowledge,
+        "the native call (produce_payload, with the ack latency)":
+            lambda: handler._produce_payload(payload, False, context, started),
+        "the lease check (the clock read against the ack deadline)": lambda: clock.monotonic() >= deadline.until,
         "admission (admits_now)": calls.admits_now,
-        "the ack latency (Metrics.ack_latency)": lambda: broker.metrics.ack_latency("t", 0.001),
+        "the ack latency as the Python path counts it (Metrics.ack_latency)":
+            lambda: broker.metrics.ack_latency("t", 0.001),
         "read_checked_produce (the request objects)": lambda: rq.read_checked_produce(payload, False),
     }
     for n, (name, call) in enumerate(pieces.items(), start=2):
@@ -93,7 +101,8 @@ async def profile(local_only: bool, requests: int, pieces: bool = False) -> floa
             async with await Client.connect("127.0.0.1", app.broker.port) as client:
                 await client.create_topic("t", 1, {"produce.ack": "local"})
             if not local_only:
-                app.tier.produce_calls = dataclasses.replace(app.tier.produce_calls, may_acknowledge=lambda: True)
+                app.tier.produce_calls = dataclasses.replace(app.tier.produce_calls,
+                                                             ack_deadline=AckDeadline(float("inf")))
             bundle = encode_bundle([Message(b"x" * 100, None, 1_700_000_000_000)])
             payload = rq.encode_produce_request(
                 rq.ProduceRequest(1, (rq.ProduceTopic("t", (rq.ProducePartition(0, bundle),)),)))

@@ -36,14 +36,33 @@ class AckOutcome(Enum):
     REFUSED = "refused"  # it will never be committed (the partition was fenced first): safe to send again
 
 
+class AckDeadline:
+    """Until when this broker may acknowledge a produce: `until`, in seconds of the broker's clock's `monotonic` (the
+    one clock the process is built with: tiered.server.app). A request may be acknowledged only if its own clock read
+    is below it (`allows`); the produce handler compares with `until` itself, one attribute read per request, no call.
+
+    One owner writes `until` (the cluster coordinator: a renewal moves it forward, a lapsed lease, a broker id taken
+    over or the lease ended clears it to -inf, tiered.tiering.cluster.cluster_decision.ack_deadline); everyone else
+    reads it. A tier without a lease (LocalOnly) holds +inf; a tier that has not joined the service yet, -inf."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, until: float = float("-inf")):
+        self.until = until
+
+    def allows(self, now: float) -> bool:
+        return now < self.until
+
+
 @dataclass(frozen=True, slots=True)
 class ProduceCalls:
-    """The tier's calls the produce path makes per request and per record (tiered.server.produce), each bound to the
-    object that answers it, so each costs one Python call. The same answers as the Tier's methods of those names.
-    The tier owns it: it builds a new one (never changes one) when an answering object changes (TieringService:
-    start, join), and the produce handler reads `tier.produce_calls` once per request."""
+    """What the produce path asks of the tier per request and per record (tiered.server.produce): the ack deadline
+    it compares its clock read with, and the calls, each bound to the object that answers it, so each costs one
+    Python call (the same answers as the Tier's methods of those names). The tier owns it: it builds a new one (never
+    changes one) when an answering object changes (TieringService: start, join), and the produce handler reads
+    `tier.produce_calls` once per request."""
 
-    may_acknowledge: Callable[[], bool]
+    ack_deadline: AckDeadline  # may_acknowledge() is ack_deadline.allows(clock.monotonic())
     admits_now: Callable[[], bool]
     appended: Callable[[TopicPartition, AppendResult, bool], asyncio.Future[AckOutcome] | None]
 
@@ -201,7 +220,7 @@ class TierSink(Protocol):
 
 class Tier(Protocol):
     lower_tier: bool  # whether reads below the local disk can be answered
-    produce_calls: ProduceCalls  # may_acknowledge, admits_now and appended, bound to what answers them now
+    produce_calls: ProduceCalls  # the ack deadline, admits_now and appended, bound to what answers them now
 
     async def start(self) -> None: ...
 
@@ -274,7 +293,7 @@ class LocalOnly:
     lower_tier = False
 
     def __init__(self) -> None:
-        self.produce_calls = ProduceCalls(self.may_acknowledge, self.admits_now, self.appended)
+        self.produce_calls = ProduceCalls(AckDeadline(float("inf")), self.admits_now, self.appended)  # no lease
 
     async def start(self) -> None:
         return None

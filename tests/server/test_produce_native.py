@@ -9,6 +9,7 @@ crash (the ASan build runs this file: tests/test_native_asan.py)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiered.metrics import Metrics
+from tiered.metrics import LATENCY_BUCKETS_S, Histogram, Metrics
 from tiered.protocol import requests as rq
 from tiered.protocol.bundle import BundleFacts, Message, encode_bundle
 from tiered.protocol.codes import ProduceStatus
@@ -42,7 +43,9 @@ NOW = 1_700_000_000.0
 
 def test_the_native_call_reads_the_fields_it_was_built_for():
     assert NativeContext._fields[1:] == ("registry_topics", "leader", "tier_appended", "visible", "waiting",
-                                         "produced_bytes", "produced_msgs", "failed", "log_append")
+                                         "produced_bytes", "produced_msgs", "failed", "log_append", "monotonic",
+                                         "latency", "latency_bounds")
+    assert Histogram.__slots__ == ("counts", "total", "count")
     assert rq.ProduceTopic._fields[:2] == ("name", "partitions")
     assert rq.ProducePartition._fields == ("partition", "bundle", "base_seq", "record")
     assert BundleFacts._fields[1] == "messages"
@@ -272,8 +275,22 @@ def payloads(draw, request_id: int) -> tuple[bytes, bool]:
     return payload, with_seqnum
 
 
-def payload_args(world: World, payload, with_seqnum: bool) -> list:
-    return [payload, with_seqnum, NativeContext(None, *world.args(rq.ProduceRequest(0, ()), [])[3:])]
+def payload_args(world: World, payload, with_seqnum: bool, started: float = 0.0, now: float = 0.0) -> list:
+    """produce_payload's arguments: its ack latency is `now - started`."""
+    context = NativeContext(None, *world.args(rq.ProduceRequest(0, ()), [])[3:], lambda: now,
+                            world.metrics.latency, LATENCY_BUCKETS_S)
+    return [payload, with_seqnum, context, started]
+
+
+def latency_lines(metrics: Metrics) -> list[str]:
+    """The ack latency histograms' lines of /metrics (the process's own families differ between two Metrics)."""
+    return [line for line in metrics.render().splitlines() if line.startswith("tanksrv_topic_latency")]
+
+
+# Latencies at every bucket's bound, just below and just above it, and past the last: the bucket edges of
+# Histogram.observe's bisect_left.
+EDGES = [0.0, 1e-9, 1e6, *(math.nextafter(b, d) for b in LATENCY_BUCKETS_S for d in (0.0, math.inf)),
+         *LATENCY_BUCKETS_S]
 
 
 @budget(60)
@@ -285,8 +302,11 @@ def test_the_native_payload_path_is_the_scan_the_loop_and_the_frame(tmp_path_fac
         for request_id in range(1, data.draw(st.integers(1, 25))):
             payload, with_seqnum = data.draw(payloads(request_id))
             expected = read_or_error(payload, with_seqnum)
+            started = data.draw(st.sampled_from([0.0, 1000.0]))
+            latency = data.draw(st.one_of(st.sampled_from(EDGES), st.floats(0.0, 10.0)))
             try:
-                got = _produce.produce_payload(*payload_args(native, payload, with_seqnum))
+                got = _produce.produce_payload(*payload_args(native, payload, with_seqnum, started,
+                                                             started + latency))
             except ProtocolError as exc:
                 assert (str(exc), exc.position) == expected  # the reference's error, and nothing appended
                 assert native.calls == reference.calls
@@ -306,15 +326,39 @@ def test_the_native_payload_path_is_the_scan_the_loop_and_the_frame(tmp_path_fac
                 assert (got_id, got_timeout) == (req.request_id, req.ack_timeout_ms)
                 if len(answers) == 1 and not pending:
                     assert frame == ProduceHandler._frame(req.request_id, answers, None)
+                    # the call counted its latency: the reference counts the same clock reads
+                    reference.metrics.ack_latency(answers[0][0], (started + latency) - started)
                 else:
                     assert frame is None
             assert native.calls == reference.calls
             assert (native.metrics.produced_bytes, native.metrics.produced_msgs) == (
                 reference.metrics.produced_bytes, reference.metrics.produced_msgs)
+            assert latency_lines(native.metrics) == latency_lines(reference.metrics)  # /metrics, byte for byte
         assert native.files() == reference.files()
     finally:
         native.close()
         reference.close()
+
+
+def test_the_call_counts_the_ack_latency_as_the_histogram_does_at_every_bucket_edge(tmp_path):
+    """The latency histogram the native call raises (its bucket found in C) holds what Histogram.observe would
+    hold, at each bucket's bound and on either side of it, and /metrics renders the two alike, byte for byte."""
+    world, reference = World(tmp_path / "native"), Metrics()
+    try:
+        bundle = encode_bundle([Message(b"v", None, 1)])
+        for i, latency in enumerate(EDGES * 2, start=1):
+            payload = rq.encode_produce_request(rq.ProduceRequest(i, (rq.ProduceTopic("a", (rq.ProducePartition(
+                0, bundle),)),)))
+            got = _produce.produce_payload(*payload_args(world, payload, False, 50.0, 50.0 + latency))
+            assert got is not None and got[2] is not None
+            reference.ack_latency("a", (50.0 + latency) - 50.0)
+        native = world.metrics.latency["a"]
+        assert (native.counts, native.total, native.count) == (
+            reference.latency["a"].counts, reference.latency["a"].total, reference.latency["a"].count)
+        assert all(type(n) is int for n in native.counts) and type(native.total) is float
+        assert latency_lines(world.metrics) and latency_lines(world.metrics) == latency_lines(reference)
+    finally:
+        world.close()
 
 
 def test_the_payload_path_takes_the_common_request_and_frames_its_answer(tmp_path):
@@ -356,7 +400,8 @@ def test_hostile_payload_arguments_raise_and_never_crash(tmp_path_factory, data)
     try:
         payload, with_seqnum = data.draw(payloads(1))
         args = payload_args(world, payload, with_seqnum)
-        spoil = data.draw(st.sampled_from(["payload", "flag", "context", "registry", "counters", "calls", "none"]))
+        spoil = data.draw(st.sampled_from(["payload", "flag", "context", "registry", "counters", "calls", "latency",
+                                           "started", "none"]))
         context = list(args[2])
         if spoil == "payload":
             args[0] = data.draw(junk)
@@ -369,11 +414,16 @@ def test_hostile_payload_arguments_raise_and_never_crash(tmp_path_factory, data)
         elif spoil == "counters":
             context[data.draw(st.sampled_from([5, 6, 7]))] = data.draw(junk)
         elif spoil == "calls":
-            context[data.draw(st.sampled_from([3, 4, 8, 9]))] = data.draw(junk)
-        if spoil in ("registry", "counters", "calls"):
+            context[data.draw(st.sampled_from([3, 4, 8, 9, 10]))] = data.draw(junk)
+        elif spoil == "latency":
+            context[data.draw(st.sampled_from([11, 12]))] = data.draw(st.one_of(
+                junk, st.dictionaries(st.sampled_from(["a", "d"]), junk, max_size=2), st.tuples(junk, junk)))
+        elif spoil == "started":
+            args[3] = data.draw(junk)
+        if spoil in ("registry", "counters", "calls", "latency"):
             args[2] = tuple(context)
         try:
-            _produce.produce_payload(*args[: data.draw(st.integers(0, 3))] if spoil == "none" else args)
+            _produce.produce_payload(*args[: data.draw(st.integers(0, 4))] if spoil == "none" else args)
         except (TypeError, ValueError, AttributeError, OverflowError, IndexError, KeyError):
             pass
     finally:

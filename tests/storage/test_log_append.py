@@ -26,10 +26,13 @@ CONFIGS = {
     "flush by count": {"flush.messages": "3"},
     "flush by time": {"flush.secs": "1"},
 }
-# One step: ("append", messages, value size, base seq kind, laid out?), ("tick",) or ("close",).
+# One step: ("append", messages, value size, base seq kind, layout), ("tick",) or ("close",); layout: the bundle
+# alone, the record laid out in the request with it, or the record alone (the bundle None, as the native produce
+# call hands it over).
 steps = st.lists(st.one_of(
     st.tuples(st.just("append"), st.integers(1, 8), st.sampled_from([1, 40, 300]),
-              st.sampled_from([None, None, None, "jump", "old"]), st.booleans()),
+              st.sampled_from([None, None, None, "jump", "old"]),
+              st.sampled_from(["bundle", "record", "record alone"])),
     st.tuples(st.just("tick")), st.tuples(st.just("close"))), max_size=40)
 
 
@@ -46,7 +49,7 @@ def _run(root, append, config_name: str, ops) -> list:
         if op[0] == "close":
             log.close()
             continue
-        _, messages, size, base_kind, laid_out = op
+        _, messages, size, base_kind, layout = op
         bundle = encode_bundle([Message(bytes([i % 251]) * size, None, 1_000 + i) for _ in range(messages)])
         base = None if base_kind is None else (log.last_assigned + 5 if base_kind == "jump" else 1)
         req = rq.ProduceRequest(i, (rq.ProduceTopic("t", (rq.ProducePartition(0, bundle, base),)),),
@@ -54,7 +57,9 @@ def _run(root, append, config_name: str, ops) -> list:
         scanned, facts = rq.read_checked_produce(rq.encode_produce_request(req), base is not None)
         p = scanned.topics[0].partitions[0]
         try:
-            got = append(log, p.bundle, base, facts[0], p.record if laid_out else None)
+            record = None if layout == "bundle" else p.record
+            got = append(log, None if layout == "record alone" and record is not None else p.bundle, base, facts[0],
+                         record)
             seen.append((tuple(got[:5]), bytes(got.record), got.header, log.last_assigned))
         except (InvalidSeqnums, ValueError) as exc:
             seen.append((type(exc).__name__, log.last_assigned))

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from tiered.catalog.cluster import Assignment
 from tiered.tier_interface import Leader
 from tiered.tiering.cluster.cluster_decision import (
-    Assignments, ClusterView, Follow, Pace, affected, claim_batches, decide, decide_changes, handover_chunks,
-    handover_queues, may_hand_over_next, membership, next_look_in, plan_rebalance, ready_targets, spread,
+    Assignments, ClusterView, Follow, Pace, ack_deadline, affected, claim_batches, decide, decide_changes,
+    handover_chunks, handover_queues, lease_deadline, lease_fresh, may_hand_over_next, membership, next_look_in,
+    plan_rebalance, ready_targets, spread,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -343,3 +344,20 @@ PACE = Pace(led_s=0.01, follow_s=0.05, tick_s=0.25, idle_s=1.0, expiry_margin_s=
 ])
 def test_the_next_look(led, moved, told, expiries, expected):
     assert next_look_in(PACE, led=led, moved=moved, told=told, expiries=expiries) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("renewed_at, lapsed, evicted, until", [
+    (FRESH, False, False, FRESH + 8.0),  # 0.8 of a 10 s lease after the renewal's start
+    (None, False, False, float("-inf")),  # never renewed, or the lease ended
+    (FRESH, True, False, float("-inf")),  # lapsed, not checked since
+    (FRESH, False, True, float("-inf")),  # the broker id was taken over
+])
+def test_the_ack_deadline(renewed_at, lapsed, evicted, until):
+    assert ack_deadline(renewed_at, LEASE_MS, lapsed=lapsed, evicted=evicted) == until
+
+
+def test_a_lease_is_fresh_until_its_deadline_and_not_at_it():
+    """lease_fresh (the tick's and the claims' rule) and the ack deadline (the produce path's) are one rule."""
+    until = lease_deadline(FRESH, LEASE_MS)
+    assert lease_fresh(FRESH, LEASE_MS, until - 1e-9) and not lease_fresh(FRESH, LEASE_MS, until)
+    assert not lease_fresh(None, LEASE_MS, NOW) and not lease_fresh(STALE, LEASE_MS, NOW)

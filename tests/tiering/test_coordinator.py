@@ -4,12 +4,14 @@ tick follows what changed, not how many partitions exist (issue 28, "idle costs 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from tiered.catalog import Catalog
 from tiered.catalog.blocks import commit_block, insert_pending_block
 from tiered.catalog.cluster import assignment, register, request_handover
+from tiered.catalog.errors import CatalogUnavailable
 from tiered.catalog.partitions import claim_partitions
 from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
@@ -136,11 +138,84 @@ async def test_a_lapsed_lease_acknowledges_again_once_a_look_after_the_renewal_s
     assert not coordinator.holds_lease()
     await coordinator.renew()
     assert not coordinator.holds_lease()  # renewed, but whether another broker claimed meanwhile is not known yet
+    assert coordinator.ack_deadline.until == float("-inf")
     before = cat.statements
     await coordinator.tick()
     assert coordinator.holds_lease()
+    assert coordinator.ack_deadline.until == coordinator.clock.monotonic() + SAFETY_S  # renewed at this time
     assert ("t", 0) in coordinator.leadership.leading()
     assert cat.statements - before < 4  # no partition was re-read: the counter had not moved
+
+
+SAFETY_S = LEASE_MS / 1000.0 * 0.8  # cluster_decision.LEASE_SAFETY of the lease
+
+
+async def test_the_ack_deadline_is_the_last_renewal_s_and_a_request_at_it_is_not_acknowledged(coordinator):
+    """The produce path compares each request's clock read with `ack_deadline.until` (one attribute, no call): the
+    last renewal's start plus 0.8 of the lease, moved on by each renewal only; a read before it may acknowledge, one
+    at it or past it may not (holds_lease answers by the same comparison)."""
+    clock = coordinator.clock
+    assert coordinator.ack_deadline.until == clock.monotonic() + SAFETY_S  # joined now
+    clock.advance(SAFETY_S / 2)
+    assert coordinator.holds_lease()
+    await coordinator.renew()  # on time: the deadline moves on
+    renewed = clock.monotonic()
+    assert coordinator.ack_deadline.until == renewed + SAFETY_S and coordinator.holds_lease()
+    clock.advance(SAFETY_S)  # no renewal since (a paused loop, a slow catalog): the deadline is reached
+    assert not coordinator.ack_deadline.allows(clock.monotonic()) and not coordinator.holds_lease()
+    assert coordinator.ack_deadline.until == renewed + SAFETY_S  # not moved by the clock, only by a renewal
+
+
+async def test_a_renewal_the_catalog_does_not_answer_leaves_the_deadline_to_pass(cat):
+    """The catalog does not answer (its write thread is held: the renewal waits past its deadline and raises
+    CatalogUnavailable): the ack deadline stays where the last renewal put it, and from that moment the broker
+    acknowledges nothing, however often the renewal is tried."""
+    lease_ms = 300  # the renewal's deadline is a third of the lease, in real time: 0.1 s
+    access = AsyncCatalog(cat)
+    held = threading.Event()
+    stuck = None
+    try:
+        coordinator = Coordinator(access, Sink(), Leadership(cat), broker_id=ME, lease_ms=lease_ms,
+                                  metrics=Metrics(), clock=ManualClock())
+        await coordinator.join(Endpoints("127.0.0.1:11011", ""))
+        clock = coordinator.clock
+        until = coordinator.ack_deadline.until
+        assert until == clock.monotonic() + 0.8 * lease_ms / 1000.0
+        stuck = asyncio.ensure_future(access.write(lambda _: held.wait(10)))  # the write thread answers nothing
+        await asyncio.sleep(0.01)
+        for _ in range(2):
+            clock.advance(lease_ms / 3000.0)
+            with pytest.raises(CatalogUnavailable):
+                await coordinator.renew()
+            assert coordinator.ack_deadline.until == until
+        assert coordinator.holds_lease()  # 0.2 of the lease gone: still before the deadline
+        clock.advance(until - clock.monotonic() - 1e-6)
+        assert coordinator.holds_lease()
+        clock.advance(2e-6)
+        assert not coordinator.holds_lease() and not coordinator.ack_deadline.allows(clock.monotonic())
+    finally:
+        held.set()
+        if stuck is not None:
+            await stuck
+        access.close()
+
+
+async def test_a_broker_id_taken_over_clears_the_deadline_for_good(cat, coordinator):
+    """Another process registered this broker id (a new pod on the same volume): the first renewal that finds out
+    clears the ack deadline, and nothing moves it again (the renewal loop ends)."""
+    told: list[str] = []
+    coordinator.sink.evicted = told.append
+    register(cat, ME, "another-process", "127.0.0.9:11011", "", LEASE_MS)
+    await coordinator.renew()
+    assert told and coordinator.ack_deadline.until == float("-inf") and not coordinator.holds_lease()
+    await coordinator.renew()  # refused again: still cleared
+    assert coordinator.ack_deadline.until == float("-inf")
+
+
+async def test_leaving_the_service_clears_the_deadline(coordinator):
+    assert coordinator.holds_lease()
+    await coordinator.leave(coordinator.clock.monotonic() + 5)
+    assert coordinator.ack_deadline.until == float("-inf") and not coordinator.holds_lease()
 
 
 async def test_a_handover_asked_by_rebalance_is_seen(pg_url):

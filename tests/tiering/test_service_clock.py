@@ -64,18 +64,18 @@ async def test_a_block_commits_on_the_manual_clock_and_a_refused_one_fences(tmp_
 
 async def test_the_produce_calls_answer_as_the_services_own_methods(tmp_path):
     """The produce path calls the tier through `produce_calls` (the owners' methods, bound by start and join): before
-    the service joins it may not acknowledge, after start its pipeline admits and a record appended through it is
-    committed, as through the service's own `appended`."""
+    the service joins it may not acknowledge (its ack deadline never allows), after start its pipeline admits and a
+    record appended through it is committed, as through the service's own `appended`."""
     catalog, epochs = claimed_catalog(tmp_path / "catalog.db")
     clock = ManualClock()
     service = TieringService(Settings(data_dir=tmp_path / "data", broker_id=1), RecordingSink(), Metrics(),
                              disk_id="disk", store=LocalObjectStore(tmp_path / "objects"), catalog=catalog,
                              clock=clock, migrate=False)
-    assert not service.produce_calls.may_acknowledge()  # not joined
+    assert not service.produce_calls.ack_deadline.allows(clock.monotonic())  # not joined
     await service.start()
     try:
         calls = service.produce_calls
-        assert not calls.may_acknowledge() and not service.may_acknowledge()  # started, still not joined
+        assert not calls.ack_deadline.allows(clock.monotonic()) and not service.may_acknowledge()  # not joined yet
         assert calls.admits_now() and service.admits_now()
         await service.resume(plan(0, epochs[0]), TopicConfig(), [])
         ack = calls.appended(TopicPartition("t", 0), appended(1, record()), True)

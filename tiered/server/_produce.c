@@ -15,9 +15,11 @@
  * `produce_payload` is the same from the frame's payload: the framing read by _bundlescan (through its capsule,
  * _produce_scan.h: one reader for both), the partitions resolved as above, every bundle validated (the facts, as
  * read_checked_produce validates them: a bad one raises its ProtocolError before anything is appended), the same
- * appends, and the answer's whole frame when it can go at once: no ProduceRequest, topic or partition objects. The
- * reference is read_checked_produce followed by the handler's loop and its answer; a framing fault, or a request
- * the call does not take, answers None and that path reads the payload again.
+ * appends, and the answer's whole frame when it can go at once, with the request's ack latency counted (the
+ * histogram's bucket found and its counts raised here, as Metrics.ack_latency and Histogram.observe do): no
+ * ProduceRequest, topic or partition objects. The reference is read_checked_produce followed by the handler's loop,
+ * its answer and its latency; a framing fault, or a request the call does not take, answers None and that path
+ * reads the payload again.
  *
  * State: none. The call holds what it reads only for its own length; each piece of state stays its owner's (the
  * registry's partitions, the log's seqs and segment, the tier's builder), and it is changed through the owner's own
@@ -27,7 +29,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
+#include "structmember.h"
 
 #include "_produce_scan.h"
 
@@ -45,6 +49,7 @@
 #define OK_CODE 0x00
 
 static PyObject *partitions_name, *role_name, *log_name, *tp_name, *durable_name; /* interned */
+static PyObject *one; /* the int 1 */
 
 static const produce_scan_api *scan; /* _bundlescan's reading of a produce payload, from its capsule */
 
@@ -447,8 +452,9 @@ static int resolve_framed(const produce_framing *f, const uint8_t *data, PyObjec
 }
 
 /* The bundles of a resolved request validated in request order (the facts) and handed out as read-only views of the
- * payload (`view`), as read_checked_produce hands them out. 0, or -1 with an exception set (ProtocolError for a bad
- * bundle: nothing was appended). */
+ * payload (`view`), as read_checked_produce hands them out: the record where the request lays it out (then no view
+ * of the bundle alone, which only the record's absence needs: PartitionLog.append takes None for it), else the
+ * bundle. 0, or -1 with an exception set (ProtocolError for a bad bundle: nothing was appended). */
 static int read_bundles(const produce_framing *f, const uint8_t *data, PyObject *view, int with_seqnum, jobs *js)
 {
     for (Py_ssize_t i = 0; i < js->count; i++) {
@@ -460,7 +466,7 @@ static int read_bundles(const produce_framing *f, const uint8_t *data, PyObject 
     for (Py_ssize_t i = 0; i < js->count; i++) {
         const produce_part_at *at = &f->parts[i];
         job *j = &js->jobs[i];
-        j->bundle = PySequence_GetSlice(view, at->start, at->end);
+        j->bundle = at->record ? Py_NewRef(Py_None) : PySequence_GetSlice(view, at->start, at->end);
         j->record = at->record ? PySequence_GetSlice(view, at->length_at, at->end) : Py_NewRef(Py_None);
         j->base_seq = with_seqnum ? PyLong_FromUnsignedLongLong(at->base_seq) : Py_NewRef(Py_None);
         if (j->bundle == NULL || j->record == NULL || j->base_seq == NULL)
@@ -469,34 +475,165 @@ static int read_bundles(const produce_framing *f, const uint8_t *data, PyObject 
     return 0;
 }
 
+/* tiered.metrics.Histogram's slots, at the offsets its member descriptors name (read once, when this module is
+ * imported): `observe` reads and writes them as those descriptors do, without a generic attribute lookup each
+ * (~160 instructions a read, ~215 a write: as much as the rest of counting the latency). */
+static PyTypeObject *histogram_type;
+static Py_ssize_t counts_at, total_at, count_at;
+
+static int slot_offset(PyObject *type, const char *name, Py_ssize_t *at)
+{
+    PyObject *descr = PyObject_GetAttrString(type, name);
+    if (descr == NULL)
+        return -1;
+    int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type)
+               && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+    if (slot)
+        *at = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_DECREF(descr);
+    if (!slot) {
+        PyErr_Format(PyExc_TypeError, "tiered.metrics.Histogram.%s must be a slot", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject **slot_of(PyObject *obj, Py_ssize_t at)
+{
+    return (PyObject **)((char *)obj + at);
+}
+
+/* n + 1 for a counter (an int): a new reference, or NULL with an exception set. */
+static PyObject *plus_one(PyObject *n)
+{
+    if (PyLong_CheckExact(n)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(n, &overflow);
+        if (!overflow && v < LLONG_MAX && !(v == -1 && PyErr_Occurred()))
+            return PyLong_FromLongLong(v + 1);
+        PyErr_Clear();
+    }
+    return PyNumber_Add(n, one);
+}
+
+/* tiered.metrics.Histogram.observe(seconds), the reference, on `hist` (a Histogram): the bucket is the first of
+ * `bounds` (a tuple of floats, ascending: LATENCY_BUCKETS_S) not below `seconds`, as bisect_left finds it, or the
+ * last (+Inf) when every bound is below; then counts[bucket] += 1, total += seconds, count += 1, in that order. 0, or
+ * -1 with an exception set. */
+static int observe(PyObject *hist, PyObject *bounds, double seconds)
+{
+    if (!Py_IS_TYPE(hist, histogram_type)) {
+        PyErr_SetString(PyExc_TypeError, "a latency histogram must be a tiered.metrics.Histogram");
+        return -1;
+    }
+    PyObject **counts = slot_of(hist, counts_at), **total = slot_of(hist, total_at), **count = slot_of(hist, count_at);
+    if (*counts == NULL || *total == NULL || *count == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a latency histogram's slots must be set");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(bounds), bucket = 0;
+    for (; bucket < n; bucket++) {
+        PyObject *item = PyTuple_GET_ITEM(bounds, bucket);
+        double bound = PyFloat_CheckExact(item) ? PyFloat_AS_DOUBLE(item) : PyFloat_AsDouble(item);
+        if (bound == -1.0 && PyErr_Occurred())
+            return -1;
+        if (!(bound < seconds))
+            break;
+    }
+    PyObject *list = *counts;
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) != n + 1) {
+        PyErr_SetString(PyExc_TypeError, "a histogram's counts must be a list of one more than its bounds");
+        return -1;
+    }
+    /* Held while counting: adding to something other than an int could run code that changes them. */
+    PyObject *old = Py_NewRef(PyList_GET_ITEM(list, bucket));
+    Py_INCREF(list);
+    PyObject *counted = plus_one(old);
+    Py_DECREF(old);
+    int set = -1;
+    if (counted != NULL && PyList_GET_SIZE(list) == n + 1)
+        set = PyList_SetItem(list, bucket, counted); /* steals it */
+    else if (counted != NULL) {
+        Py_DECREF(counted);
+        PyErr_SetString(PyExc_RuntimeError, "a histogram's counts changed while counting");
+    }
+    Py_DECREF(list);
+    if (set < 0)
+        return -1;
+    double before = PyFloat_CheckExact(*total) ? PyFloat_AS_DOUBLE(*total) : PyFloat_AsDouble(*total);
+    if (before == -1.0 && PyErr_Occurred())
+        return -1;
+    PyObject *sum = PyFloat_FromDouble(before + seconds);
+    if (sum == NULL)
+        return -1;
+    Py_SETREF(*total, sum);
+    PyObject *counted_all = plus_one(*count);
+    if (counted_all == NULL)
+        return -1;
+    Py_SETREF(*count, counted_all);
+    return 0;
+}
+
+/* The request's ack latency, counted as Metrics.ack_latency(name, monotonic() - started) counts it: in
+ * latency[name] (Metrics.latency, a defaultdict of Histograms: a topic's first makes its histogram). 0, or -1 with an
+ * exception set. */
+static int count_latency(PyObject *monotonic, PyObject *latency, PyObject *bounds, PyObject *name, double started)
+{
+    PyObject *now = PyObject_CallNoArgs(monotonic);
+    if (now == NULL)
+        return -1;
+    double at = PyFloat_AsDouble(now);
+    Py_DECREF(now);
+    if (at == -1.0 && PyErr_Occurred())
+        return -1;
+    PyObject *hist = PyObject_GetItem(latency, name);
+    if (hist == NULL)
+        return -1;
+    int result = observe(hist, bounds, at - started);
+    Py_DECREF(hist);
+    return result;
+}
+
 PyDoc_STRVAR(produce_payload_doc,
-"produce_payload(payload, with_seqnum, context, /)\n"
+"produce_payload(payload, with_seqnum, context, started, /)\n"
 "--\n\n"
 "A produce request from its payload (bytes) to its answer: read as read_checked_produce reads it, every bundle\n"
 "validated, then append_request's appends, without the request's Python objects. `context`: a NativeContext\n"
-"(tiered.server.produce), whose fields after the first are append_request's arguments from registry_topics on.\n"
+"(tiered.server.produce), whose fields after the first are append_request's arguments from registry_topics on,\n"
+"then the clock's monotonic, the metrics' latency histograms and their bounds. `started`: the request's clock read.\n"
 "Answers (answers, pending, frame, request_id, ack_timeout_ms): `frame` the whole answer frame when nothing waits\n"
-"for a durable ack and it is one topic's plain codes, else None; None, with nothing appended, for a request\n"
-"append_request would not take or whose framing does not parse (read_checked_produce then reads it, and names the\n"
-"fault). Raises ProtocolError for a bad bundle, as read_checked_produce does, with nothing appended.");
+"for a durable ack and it is one topic's plain codes, else None; when it is a frame, the request's ack latency\n"
+"(monotonic() - started) is counted here, as Metrics.ack_latency counts it. None, with nothing appended, for a\n"
+"request append_request would not take or whose framing does not parse (read_checked_produce then reads it, and\n"
+"names the fault). Raises ProtocolError for a bad bundle, as read_checked_produce does, with nothing appended.");
 
 /* NativeContext's fields (tiered/server/produce.py; the tests check them against its _fields): the tier's calls
- * it was made for (not read here), then append_request's arguments from registry_topics on. */
-#define CONTEXT_FIELDS 10
+ * it was made for (not read here), then append_request's arguments from registry_topics on, then what the ack latency
+ * is counted with. */
+#define CONTEXT_FIELDS 13
 #define CONTEXT_REGISTRY 1
+#define CONTEXT_MONOTONIC 10
+#define CONTEXT_LATENCY 11
+#define CONTEXT_BOUNDS 12
 
 static PyObject *produce_payload(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !is_tuple_of(args[2], CONTEXT_FIELDS)) {
-        PyErr_SetString(PyExc_TypeError, "produce_payload takes (payload, with_seqnum, a NativeContext)");
+    if (nargs != 4 || !is_tuple_of(args[2], CONTEXT_FIELDS)) {
+        PyErr_SetString(PyExc_TypeError, "produce_payload takes (payload, with_seqnum, a NativeContext, started)");
         return NULL;
     }
     PyObject *const *context = &PyTuple_GET_ITEM(args[2], CONTEXT_REGISTRY);
     PyObject *payload = args[0], *registry = context[0], *leader = context[1];
-    if (!PyDict_Check(registry) || !PyDict_Check(context[4])) {
-        PyErr_SetString(PyExc_TypeError, "produce_payload takes two dicts (the registry's topics, the waiting)");
+    PyObject *monotonic = PyTuple_GET_ITEM(args[2], CONTEXT_MONOTONIC);
+    PyObject *latency = PyTuple_GET_ITEM(args[2], CONTEXT_LATENCY), *bounds = PyTuple_GET_ITEM(args[2], CONTEXT_BOUNDS);
+    if (!PyDict_Check(registry) || !PyDict_Check(context[4]) || !PyDict_Check(latency) || !PyTuple_Check(bounds)) {
+        PyErr_SetString(PyExc_TypeError, "produce_payload takes three dicts (the registry's topics, the waiting, the "
+                                         "latency histograms) and a tuple of bounds");
         return NULL;
     }
+    double started = PyFloat_AsDouble(args[3]);
+    if (started == -1.0 && PyErr_Occurred())
+        return NULL;
     if (!PyBytes_CheckExact(payload))
         Py_RETURN_NONE; /* a big frame's buffer: read_checked_produce makes it read-only */
     calls c = {context[2], context[3], context[4], context[5], context[6], context[7], context[8]};
@@ -527,11 +664,18 @@ static PyObject *produce_payload(PyObject *module, PyObject *const *args, Py_ssi
         PyObject *codes = PyTuple_GET_ITEM(PyList_GET_ITEM(answers, 0), 2);
         frame = scan->codes_frame((uint32_t)f.request_id, (const uint8_t *)PyByteArray_AS_STRING(codes),
                                   PyByteArray_GET_SIZE(codes));
+        if (frame != NULL && frame != Py_None && count_latency(monotonic, latency, bounds, names[0], started) < 0)
+            Py_CLEAR(frame);
     } else
         frame = Py_NewRef(Py_None);
-    if (frame != NULL)
-        result = Py_BuildValue("(OOOKK)", answers, pending, frame, (unsigned long long)f.request_id,
-                               (unsigned long long)f.ack_timeout_ms);
+    if (frame != NULL) { /* a tuple built directly: Py_BuildValue's format parse cost ~600 instructions a request */
+        PyObject *request_id = PyLong_FromUnsignedLongLong(f.request_id);
+        PyObject *ack_timeout = PyLong_FromUnsignedLongLong(f.ack_timeout_ms);
+        if (request_id != NULL && ack_timeout != NULL)
+            result = PyTuple_Pack(5, answers, pending, frame, request_id, ack_timeout);
+        Py_XDECREF(request_id);
+        Py_XDECREF(ack_timeout);
+    }
 done:
     Py_XDECREF(frame);
     Py_XDECREF(answers);
@@ -562,6 +706,23 @@ PyMODINIT_FUNC PyInit__produce(void)
     for (int i = 0; i < 5; i++)
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
             return NULL;
+    if ((one = PyLong_FromLong(1)) == NULL)
+        return NULL;
+    PyObject *metrics = PyImport_ImportModule("tiered.metrics");
+    if (metrics == NULL)
+        return NULL;
+    histogram_type = (PyTypeObject *)PyObject_GetAttrString(metrics, "Histogram"); /* kept for the module's life */
+    Py_DECREF(metrics);
+    if (histogram_type == NULL)
+        return NULL;
+    if (!PyType_Check(histogram_type)) {
+        PyErr_SetString(PyExc_TypeError, "tiered.metrics.Histogram must be a class");
+        return NULL;
+    }
+    if (slot_offset((PyObject *)histogram_type, "counts", &counts_at) < 0
+        || slot_offset((PyObject *)histogram_type, "total", &total_at) < 0
+        || slot_offset((PyObject *)histogram_type, "count", &count_at) < 0)
+        return NULL;
     PyObject *scanner = PyImport_ImportModule("tiered.protocol._bundlescan"); /* the capsule's module, imported */
     if (scanner == NULL)
         return NULL;

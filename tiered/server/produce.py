@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from tiered import metrics as m
 from tiered.acl import Op
+from tiered.metrics import LATENCY_BUCKETS_S
 from tiered.protocol.bundle import BundleFacts
 from tiered.protocol.codes import ProduceStatus
 from tiered.protocol.frame import MsgType, encode_frame
@@ -51,7 +52,7 @@ from tiered.server.leaders import redirect_endpoint
 from tiered.server.registry import Role
 from tiered.storage.appender import PRODUCE_PATH_ENV
 from tiered.storage.partition_log import InvalidSeqnums, log_append_for
-from tiered.tier_interface import AckOutcome
+from tiered.tier_interface import AckOutcome, ProduceCalls
 
 log = logging.getLogger("tiered.server")
 
@@ -83,9 +84,11 @@ class NativeContext(NamedTuple):
     """What _produce.produce_payload works with, read once rather than per request (its 9 arguments cost ~2k
     instructions a request in attribute reads). Each is its owner's for the broker's whole life (made once by its
     constructor), but for the tier's calls, which start() and join() replace: the context is made again when
-    `tier_calls` is no longer the tier's (ProduceHandler.handle_payload)."""
+    `tier_calls` is no longer the tier's (ProduceHandler.handle_payload). The last three count the ack latency of a
+    request the call answers with its frame, as Metrics.ack_latency would: the broker's clock's `monotonic`, the
+    metrics' histograms (Metrics.latency) and their bounds (metrics.LATENCY_BUCKETS_S)."""
 
-    tier_calls: object  # the tier's ProduceCalls it was made from
+    tier_calls: ProduceCalls  # the tier's calls it was made from
     registry_topics: dict
     leader: Role
     tier_appended: Callable[..., Any]
@@ -95,6 +98,9 @@ class NativeContext(NamedTuple):
     produced_msgs: dict
     failed: Callable[..., int]
     log_append: Callable[..., Any]
+    monotonic: Callable[[], float]
+    latency: dict
+    latency_bounds: tuple[float, ...]
 
 
 def append_request_for(path: str | None = None) -> Callable[..., tuple | None] | None:
@@ -128,35 +134,33 @@ class ProduceHandler:
 
         The commonest request (this broker may acknowledge and admits at once, no access rules, not read-only, every
         topic known and every partition led here) is read, appended and framed in one native call
-        (_produce.produce_payload), which builds no request objects; what is left here is the ack latency and the
-        send. Anything else, or a payload the call does not take (None: nothing appended), goes through
-        read_checked_produce and `handle`."""
+        (_produce.produce_payload), which builds no request objects and counts the ack latency of the answer it
+        frames; what is left here is the lease and admission checks and the send. Anything else, or a payload the
+        call does not take (None: nothing appended), goes through read_checked_produce and `handle`."""
         broker = self.broker
         native = self._produce_payload
         if native is None or broker.stopping or broker.settings.read_only or broker.access.active:
             req, facts = _read_checked_produce(payload, with_seqnum)
             return self.handle(conn, req, facts)
         tier_calls = broker.tier.produce_calls
-        if not (tier_calls.may_acknowledge() and tier_calls.admits_now()):
+        started = broker.clock.monotonic()
+        # The lease: this request's own clock read against the deadline its owner keeps (AckDeadline), no call.
+        if started >= tier_calls.ack_deadline.until or not tier_calls.admits_now():
             req, facts = _read_checked_produce(payload, with_seqnum)
             return self.handle(conn, req, facts)
-        started = broker.clock.monotonic()
         context = self._context
         if context is None or context.tier_calls is not tier_calls:
             context = self._context = self._native_context(tier_calls)
-        done = native(payload, with_seqnum, context)
+        done = native(payload, with_seqnum, context, started)
         if done is None:
             req, facts = _read_checked_produce(payload, with_seqnum)
             return self.handle(conn, req, facts, started)  # checked and admitted above
         answers, pending, frame, request_id, ack_timeout_ms = done
-        if pending:
-            conn.spawn(self._answer_when_durable(conn, request_id, ack_timeout_ms, answers, pending, started, {}))
-            return None
-        if len(answers) == 1:  # its topic is known here (the call resolved it): counted without _count_latency's frame
-            broker.metrics.ack_latency(answers[0][0], broker.clock.monotonic() - started)
-        else:
+        if frame is None:  # else the call counted the ack latency (one topic, answered now)
+            if pending:
+                conn.spawn(self._answer_when_durable(conn, request_id, ack_timeout_ms, answers, pending, started, {}))
+                return None
             self._count_latency(answers, started)
-        if frame is None:
             frame = self._frame(request_id, answers, None)
         if conn.try_send_frame(frame):
             return None
@@ -181,7 +185,7 @@ class ProduceHandler:
                 # leader" sends TANK's client to retry, on the broker that takes over; nothing was appended, so
                 # nothing doubles.
                 return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
-            if not tier_calls.may_acknowledge():
+            if started >= tier_calls.ack_deadline.until:
                 # This broker's lease was not renewed in time: another may be taking its partitions over. Nothing is
                 # appended; TANK's client retries, and finds the partition's leader.
                 return self._answer_all(conn, req, ProduceStatus.NO_LEADER)
@@ -220,9 +224,11 @@ class ProduceHandler:
 
     def _native_context(self, tier_calls) -> NativeContext:
         broker = self.broker
+        metrics = broker.metrics
         return NativeContext(tier_calls, broker.registry.topics, LEADER, tier_calls.appended, broker.waiters.visible,
-                             broker.waiters.waiting, broker.metrics.produced_bytes, broker.metrics.produced_msgs,
-                             self._append_failed, self._log_append)
+                             broker.waiters.waiting, metrics.produced_bytes, metrics.produced_msgs,
+                             self._append_failed, self._log_append, broker.clock.monotonic, metrics.latency,
+                             LATENCY_BUCKETS_S)
 
     def _append_each(self, conn, req: ProduceRequest, facts: list[BundleFacts], registry_topics, tier_appended,
                      visible, produced, read_only: bool, access,
@@ -297,9 +303,15 @@ class ProduceHandler:
 
     async def _produce_when_admitted(self, conn, req: ProduceRequest, facts: list[BundleFacts],
                                      started: float) -> None:
-        if not await self.broker.tier.admission():
+        broker = self.broker
+        if not await broker.tier.admission():
             # Uploads are stalled: refuse before appending rather than pile up records nobody can make durable.
             await self._answer_all(conn, req, ProduceStatus.SYSTEM)
+            return
+        if broker.stopping or not broker.tier.produce_calls.ack_deadline.allows(broker.clock.monotonic()):
+            # The wait for admission may have outlasted the lease (or the broker began to stop): checked again, as
+            # `handle` checked it before the wait, so that nothing is acknowledged past the lease's deadline.
+            await self._answer_all(conn, req, ProduceStatus.NO_LEADER)
             return
         waiting = self.handle(conn, req, facts, started)
         if waiting is not None:

@@ -231,18 +231,22 @@ class PartitionLog(_LogCore):
 
     # ------------------------------------------------------------------------------------------- writes
 
-    def append(self, bundle: bytes | memoryview, base_seq: int | None = None,
+    def append(self, bundle: bytes | memoryview | None, base_seq: int | None = None,
                facts: BundleFacts | None = None, record: memoryview | None = None) -> AppendResult:
         """Appends one bundle as `{varint length, bundle}`. `base_seq` is the 0x05 produce's first seq.
 
         The log holds only whole, valid bundles: the bundle is validated completely (ProtocolError, nothing written)
         unless the caller passes the `facts` validate_bundle already returned for it. `record`: those bytes already
         laid out, as the request holds them (ProducePartition.record: the length minimally encoded, read-only, never
-        written again); without it the record is built here, copying the bundle once."""
-        facts = facts or validate_bundle(bundle)
-        size = len(bundle)
-        if size > MAX_VARINT:
-            raise ProtocolError(f"bundle of {size} bytes does not fit a segment record")
+        written again); without it the record is built here, copying the bundle once. With a record and its facts,
+        `bundle` may be None (the produce path's native call makes no view of the bundle alone: the record holds it,
+        and its length, read from the request as a varint, fits one)."""
+        if bundle is not None:
+            facts = facts or validate_bundle(bundle)
+            if len(bundle) > MAX_VARINT:
+                raise ProtocolError(f"bundle of {len(bundle)} bytes does not fit a segment record")
+        if facts is None:
+            raise TypeError("an append without the bundle needs its record and facts")
         lock = self._lock  # acquire/release: ~2x cheaper than `with` per append (no special-method lookups)
         lock.acquire()
         try:
@@ -267,7 +271,7 @@ class PartitionLog(_LogCore):
             if not seqs_valid(first, last, explicit, self._last_assigned):
                 raise InvalidSeqnums(f"seq range {first}..{last} is invalid (seqs are 1..{MAX_SEQ})")
             # Without the request's own layout, the bundle is copied once, from the request.
-            written = record if record is not None else b"".join((encode_varint(size), bundle))
+            written = record if record is not None else _record_of(bundle)
             # A record laid out in the request was offered to the active segment above; one built here is offered now.
             position = None if active is None or record is not None else \
                 active.append_record(written, first, last, facts, now, config)
@@ -507,6 +511,13 @@ class PartitionLog(_LogCore):
                 self._active.close()
         for segment in self._sealed:
             segment.close()
+
+
+def _record_of(bundle: bytes | memoryview | None) -> bytes:
+    """`{varint length, bundle}`: the bundle copied once."""
+    if bundle is None:
+        raise TypeError("an append without the bundle needs its record and facts")
+    return b"".join((encode_varint(len(bundle)), bundle))
 
 
 def log_append_for(path: str | None = None) -> Callable[..., AppendResult]:

@@ -35,6 +35,7 @@ from tiered.storage.segment import SealedSegment
 from tiered.storage.topic_config import TopicConfig
 from tiered.tasks import OUTAGES, Supervisor
 from tiered.tier_interface import (
+    AckDeadline,
     Expired,
     LocalTopic,
     NewLocalTopic,
@@ -85,8 +86,9 @@ class TieringService:
         self.state = TierState()  # the one owner of what the tier knows of each partition
         self.coordinator: Coordinator | None = None  # set by join()
         # The produce path's calls (Tier.produce_calls), read per request and per record: until start() and join()
-        # this object's own methods, then the owners' methods bound directly, so each costs one Python frame, not two.
-        self.produce_calls = ProduceCalls(self.may_acknowledge, self.admits_now, self.appended)
+        # this object's own methods, then the owners' methods bound directly, so each costs one Python frame, not two;
+        # the ack deadline, until join(), one that never allows (the coordinator's own after).
+        self.produce_calls = ProduceCalls(AckDeadline(), self.admits_now, self.appended)
         # Set by start():
         self.store: ObjectStore
         self.catalog: AsyncCatalog
@@ -151,7 +153,7 @@ class TieringService:
                                   lease_ms=self.settings.cluster_lease_ms, metrics=self.metrics, clock=self.clock)
         await coordinator.join(Endpoints(advertised, http, advertised_plain))
         self.coordinator = coordinator
-        self.produce_calls = replace(self.produce_calls, may_acknowledge=coordinator.holds_lease)
+        self.produce_calls = replace(self.produce_calls, ack_deadline=coordinator.ack_deadline)
         await coordinator.tick()
         self.supervisor.start("lease", coordinator.renew_loop)
         catalog = self.catalog.catalog

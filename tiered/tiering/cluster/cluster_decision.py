@@ -72,9 +72,21 @@ class Decision:
     renew_first: bool = False  # a claim names this broker id: renew the lease before claiming (evicted: no claims)
 
 
+def lease_deadline(renewed_at: float | None, lease_ms: int) -> float:
+    """The monotonic moment from which a lease renewed at `renewed_at` may no longer be relied on (-inf: no lease,
+    never renewed or ended). The rule is stated here only: `lease_fresh` and `ack_deadline` both answer from it."""
+    return float("-inf") if renewed_at is None else renewed_at + LEASE_SAFETY * lease_ms / 1000.0
+
+
 def lease_fresh(renewed_at: float | None, lease_ms: int, now: float) -> bool:
     """Whether a lease renewed at `renewed_at` (monotonic) may still be relied on at `now`."""
-    return renewed_at is not None and now - renewed_at < LEASE_SAFETY * lease_ms / 1000.0
+    return now < lease_deadline(renewed_at, lease_ms)
+
+
+def ack_deadline(renewed_at: float | None, lease_ms: int, *, lapsed: bool, evicted: bool) -> float:
+    """Until when (monotonic) a broker may acknowledge: its lease's deadline, or -inf while the lease lapsed and was
+    not checked since (a partition may have been claimed meanwhile) and once its broker id was taken over."""
+    return float("-inf") if lapsed or evicted else lease_deadline(renewed_at, lease_ms)
 
 
 def leader_of(view: ClusterView, broker_id: int | None) -> Leader | None:

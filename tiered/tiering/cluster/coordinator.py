@@ -2,11 +2,11 @@
 
 Two loops, under the tier's supervisor:
 - the lease: renewed every third of `cluster.lease_ms`, by the catalog's clock (tiered.catalog.cluster). A broker
-  that has not renewed for 0.8 of the lease stops acknowledging at once (`holds_lease` is asked on every produce):
-  by the time the others see its lease expire and take its partitions, it answers nothing more. Its late commits
-  are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge a message the new
-  leader does not have. A renewal refused because another process took the broker id over ends its leadership for
-  good.
+  that has not renewed for 0.8 of the lease stops acknowledging at once (`ack_deadline`, compared with every produce
+  request's clock read): by the time the others see its lease expire and take its partitions, it answers nothing
+  more. Its late commits are refused by the epoch check anyway, so a paused or cut-off leader can never acknowledge
+  a message the new leader does not have. A renewal refused because another process took the broker id over ends
+  its leadership for good.
 - the tick (every TICK_S; FOLLOW_S after a look that found changes, LED_S after one whose claims were led): reads
   the members and the change counter, and when the counter moved, only the partitions changed since the last look
   (their change versions: a look costs what changed, not what exists; every assignment is read at start and every
@@ -35,11 +35,11 @@ from tiered.catalog import cluster as catalog_cluster
 from tiered.catalog.topics import TopicRow
 from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from tiered.metrics import Metrics
-from tiered.tier_interface import Leader, NewLocalTopic, PartitionPlan, TierSink
+from tiered.tier_interface import AckDeadline, Leader, NewLocalTopic, PartitionPlan, TierSink
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.cluster_decision import (
-    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, Pace, affected, claim_batches, decide_changes,
-    handover_queues, leader_of, lease_fresh, membership, next_look_in, ready_targets, spread,
+    CLAIM_BATCH, Assignments, ClusterView, Decision, Follow, Pace, ack_deadline, affected, claim_batches,
+    decide_changes, handover_queues, leader_of, lease_fresh, membership, next_look_in, ready_targets, spread,
 )
 from tiered.topic_partition import TopicPartition
 
@@ -114,6 +114,9 @@ class Coordinator:
         # partition meanwhile is only known after the next tick has read the epochs. Until then: no acks.
         self._lapsed = False
         self._evicted = False  # another process took this broker id: never lead again
+        # Until when this broker may acknowledge (the produce path reads it per request): what the three fields
+        # above say, made current by `_lease_changed` after each of their changes, its one writer.
+        self.ack_deadline = AckDeadline()
         self.live: set[int] = set()
         self.addresses: dict[int, str] = {}
         self.plain_addresses: dict[int, str] = {}  # broker id -> where plaintext clients reach it ("": none known)
@@ -152,15 +155,19 @@ class Coordinator:
         await self.catalog.write(catalog_cluster.register, self.broker_id, self.incarnation, endpoints.advertised,
                                  endpoints.http, self.lease_ms, advertised_plain=endpoints.plain)
         self._renewed_at = started
+        self._lease_changed()
 
     def _lease_fresh(self, now: float) -> bool:
         return lease_fresh(self._renewed_at, self.lease_ms, now)
 
+    def _lease_changed(self) -> None:
+        """The ack deadline made current after a change of the renewal time, the lapse or the eviction."""
+        self.ack_deadline.until = ack_deadline(self._renewed_at, self.lease_ms, lapsed=self._lapsed,
+                                               evicted=self._evicted)
+
     def holds_lease(self) -> bool:
-        """Whether this broker may acknowledge: its lease was renewed in time, and never lapsed unverified."""
-        # lease_fresh called directly (not through _lease_fresh): read once per produce request.
-        return not self._evicted and not self._lapsed and lease_fresh(self._renewed_at, self.lease_ms,
-                                                                       self.clock.monotonic())
+        """Whether this broker may acknowledge now: its lease was renewed in time, and never lapsed unverified."""
+        return self.ack_deadline.allows(self.clock.monotonic())
 
     async def renew_loop(self) -> None:
         while not self._evicted:
@@ -178,6 +185,7 @@ class Coordinator:
         self.metrics.observe(m.LEASE_RENEWAL_SECONDS, self.clock.monotonic() - started)
         if not kept:
             self._evicted = True
+            self._lease_changed()
             log.error("broker id %d was taken over by another process: this one stops leading", self.broker_id)
             for tp in list(self.leadership.leading()):
                 self.leadership.lost(tp)
@@ -191,6 +199,7 @@ class Coordinator:
             log.warning("the lease was not renewed in time: no acknowledgements until the partitions are checked")
             self._wake.set()  # the next look checks them: at once, not at the next idle tick
         self._renewed_at = started
+        self._lease_changed()
 
     async def leave(self, deadline: float) -> None:
         """A graceful stop (the loops are stopped first): hands every partition led here to the other live
@@ -206,6 +215,9 @@ class Coordinator:
             await self._hand_over_paced(
                 handover_queues({key: (targets[key], leading[key]) for key in leading}, self.handover_chunk), deadline)
         if not self._evicted:
+            # No acknowledgement from here on: the lease is ended, and the others may take what is still led here.
+            self._renewed_at = None
+            self._lease_changed()
             await self.catalog.write(catalog_cluster.leave, self.broker_id, self.incarnation)
 
     async def _hand_over_paced(self, queues: Mapping[int, Sequence[dict[TopicPartition, tuple[int, int]]]],
@@ -386,6 +398,7 @@ class Coordinator:
         """The epochs were read (or known unchanged) after the look that began at `started`."""
         if self._lapsed and self._renewed_at is not None and self._renewed_at <= started:
             self._lapsed = False  # the epochs read after the renewal showed what is still led here
+            self._lease_changed()
             log.info("lease renewed and partitions checked: acknowledging again")
 
     def _follow(self, f: Follow) -> None:

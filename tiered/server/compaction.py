@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 from tiered import metrics as m
+from tiered.cancellation import within
 from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.server.registry import Partition, Registry, Role
@@ -252,8 +253,8 @@ class Compactor:
                               force: bool) -> None:
         """The tier's copy follows the local pass, within what is left of the pass's deadline."""
         try:
-            remote = await asyncio.wait_for(self.tier.compact_remote(part.tp, part.log, force),
-                                            max(1.0, deadline - self.clock.monotonic()))
+            remote = await within(self.tier.compact_remote(part.tp, part.log, force),
+                                  max(1.0, deadline - self.clock.monotonic()))
         except Exception as exc:  # the bucket or the catalog: counted, shown, and tried again with the next pass
             self.metrics.inc(m.REMOTE_COMPACTION_FAILURES)
             state.remote_failures += 1

@@ -229,10 +229,13 @@ class Compactor:
             return None
 
         started = time.monotonic()
-        self._running = asyncio.ensure_future(asyncio.to_thread(
+        running = self._running = asyncio.ensure_future(asyncio.to_thread(
             compact_partition, part.log, started_at, force=force, on_progress=progress, stop_check=stop_check))
+        # Running until the thread ends, not until this caller does: a cancel cannot stop the thread, and `stop`
+        # waits for it before the logs close.
+        running.add_done_callback(self._ended)
         try:
-            report = await asyncio.shield(self._running)
+            report = await asyncio.shield(running)
         except Exception as exc:  # a bug in the pass: counted, shown, and the other partitions go on
             log.exception("compaction of %s/%d failed", part.topic, part.partition)
             self.metrics.inc(m.COMPACTION_FAILURES)
@@ -240,14 +243,16 @@ class Compactor:
             self._answer(state, asked, Progress(started_at, time.monotonic() - started,
                                                 error=f"{type(exc).__name__}: {exc}"))
             return None
-        finally:
-            self._running = None
         self._record(part, state, report, started_at)
         synced = part.tp in self._remote_synced
         if part.lower_tier and not report.needs_reopen and (report.passes or force or not synced):
             await self._compact_remote(part, state, deadline, force)
         self._answer(state, asked, Progress.of(report, started_at))
         return report
+
+    def _ended(self, running: asyncio.Future[CompactionReport]) -> None:
+        if self._running is running:
+            self._running = None
 
     async def _compact_remote(self, part: Partition, state: PartitionCompaction, deadline: float,
                               force: bool) -> None:

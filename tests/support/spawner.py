@@ -27,8 +27,10 @@ import threading
 import time
 from pathlib import Path
 
-_SERVER = textwrap.dedent("""
-    import atexit, json, os, select, signal, sys, threading, traceback
+from tests.support.forkserver import CHILD
+
+_SERVER = CHILD + textwrap.dedent("""
+    import json, select, signal
     shared = {"__name__": "__forked__"}
     exec(compile(sys.argv[1], "<preamble>", "exec"), shared)
     assert threading.active_count() == 1, "the preamble started a thread: a fork would copy it half-done"
@@ -38,41 +40,21 @@ _SERVER = textwrap.dedent("""
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children = set()
 
-    def child(request):
-        code = 1
-        try:
-            os.setpgid(0, 0)
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.close(wake_r)
-            os.close(wake_w)
-            log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            sys.stdin = open(0, closefd=False)  # not the server's reader of requests
-            os.environ.clear()
-            os.environ.update(request["env"])
-            os.chdir(request["cwd"])
-            sys.argv = ["-c", *request["argv"]]
-            exec(compile(request["body"], "<child>", "exec"), dict(shared))
-            code = 0
-        except SystemExit as exc:  # as the interpreter reads it: None is 0, anything but an int is printed, 1
-            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-            if not isinstance(exc.code, (int, type(None))):
-                print(exc.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            try:  # the interpreter's way out: non-daemon threads joined, then atexit
-                threading._shutdown()
-                atexit._run_exitfuncs()
-            except BaseException:
-                traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    def own(request):  # its own process group, signals as a fresh interpreter has them, log, environment and cwd
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(wake_r)
+        os.close(wake_w)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.stdin = open(0, closefd=False)  # not the server's reader of requests
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
 
     def answer(message):
         sys.stdout.write(json.dumps(message) + "\\n")
@@ -106,7 +88,7 @@ _SERVER = textwrap.dedent("""
                 line, pending = pending.split(b"\\n", 1)
                 pid = os.fork()
                 if pid == 0:
-                    child(json.loads(line))
+                    run_child(own, json.loads(line), shared)
                 try:
                     os.setpgid(pid, pid)  # as the child does: whichever runs first
                 except (PermissionError, ProcessLookupError):

@@ -135,15 +135,7 @@ class ForkServer:
 
     def close(self) -> None:
         """Ends the server and any child it still has (they share its process group)."""
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._proc.wait(10)
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                stream.close()
+        end_server(self._proc)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "ForkServer":
@@ -151,3 +143,21 @@ class ForkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL to a process group, which may be gone already."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def end_server(proc: subprocess.Popen[bytes]) -> None:
+    """Kills a server started in a session of its own (and whatever shares its process group); closes its pipes."""
+    if proc.poll() is None:
+        kill_group(proc.pid)
+    proc.wait(10)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()

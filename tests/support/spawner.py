@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.support.forkserver import CHILD
+from tests.support.forkserver import CHILD, end_server, kill_group
 
 _SERVER = CHILD + textwrap.dedent("""
     import json, select, signal
@@ -174,19 +173,8 @@ class Spawner:
     def close(self) -> None:
         """Kills every child still running, then the server."""
         for pid in list(self._live):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._proc.wait(10)
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                stream.close()
+            kill_group(pid)
+        end_server(self._proc)
         self._err.unlink(missing_ok=True)
 
 

@@ -1,6 +1,6 @@
 """Shared fixtures. Each module in tests/support/ is a pytest plugin owning one real part (PostgreSQL, S3, helm...);
-ports.py, forkserver.py and shared.py hold no fixture (ports.py is imported by the others), so they are not loaded as
-plugins."""
+ports.py, forkserver.py, spawner.py and shared.py hold no fixture (ports.py is imported by the others), so they are
+not loaded as plugins."""
 
 import os
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 
 pytest_plugins = sorted(
     f"tests.support.{p.stem}" for p in (Path(__file__).parent / "support").glob("*.py")
-    if p.stem not in ("__init__", "ports", "forkserver", "shared")
+    if p.stem not in ("__init__", "ports", "forkserver", "shared", "spawner")
 )
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable
 
+from tiered.cancellation import cancel_until_done
 from tiered.catalog.errors import CatalogUnavailable
 from tiered.clock import SYSTEM_CLOCK, Clock
 from tiered.metrics import TASK_FAILURES, TASK_RESTARTS, Metrics
@@ -108,12 +109,3 @@ class Supervisor:
         self._tasks.clear()
         await cancel_until_done(tasks)
 
-
-async def cancel_until_done(tasks: Sequence[asyncio.Task[Any]]) -> None:
-    """Cancels the tasks and waits for them to end. A cancellation can be lost (Python 3.11's asyncio.wait_for
-    returns the result of an inner future that completes as it is cancelled), so it is repeated until they end."""
-    while tasks:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks, timeout=0.1)
-        tasks = [t for t in tasks if not t.done()]

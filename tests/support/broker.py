@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +20,7 @@ from tiered.config import Settings
 from tiered.server.app import App
 
 from tests.support.ports import free_port  # noqa: F401 (tests import it from here too)
+from tests.support.spawner import Spawned, Spawner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,22 +50,60 @@ async def client(broker):
         await c.close()
 
 
+# What `tiered serve` imports before it binds its port (the command line, the broker, the tier and the clients of the
+# store and the catalog): imported once by the spawner, not by each broker.
+SERVE_IMPORTS = """
+import sys
+import tiered.cli, tiered.cli.main
+tiered.cli.main.build_parser()
+del sys.modules["tiered.cli.main"], tiered.cli.main
+import tiered.cli.serve, tiered.server.app, tiered.tiering.service, tiered.tiering.objects.s3_store
+import aiobotocore.session, boto3, botocore.session, psycopg, sqlalchemy
+"""
+
+# The child: `python -m tiered.cli.main ARGS...` as the interpreter runs it (runpy, as __main__).
+SERVE = """
+import runpy, sys
+sys.argv = ["-m", *sys.argv[1:]]
+runpy.run_module("tiered.cli.main", run_name="__main__", alter_sys=True)
+"""
+
+_spawning = threading.Lock()
+_spawner: Spawner | None = None
+
+
+def _spawner_of_this_process() -> Spawner:
+    global _spawner
+    with _spawning:
+        if _spawner is None or not _spawner.alive:
+            _spawner = Spawner(SERVE_IMPORTS, cwd=REPO, env={"PYTHONPATH": str(REPO)})
+            atexit.register(_spawner.close)
+        return _spawner
+
+
 class BrokerProcess:
-    """`tiered serve` in a child process, as an operator runs it."""
+    """`tiered serve` in a child process, as an operator runs it: forked from a spawner that imported it once
+    (tests/support/spawner.py), or a fresh interpreter when the environment given changes how one starts (a
+    PYTHON* variable, such as the native modules' fallback test's PYTHONPATH)."""
 
     def __init__(self, data_dir: Path, *extra: str, env: dict | None = None):
         self.data_dir = data_dir
         self.port = free_port()
         self.extra = extra
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-        self.proc: subprocess.Popen | None = None
+        self.forked = not any(name.startswith("PYTHON") for name in env or {})
+        self.proc: subprocess.Popen | Spawned | None = None
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
 
     def start(self, timeout_s: float = 30.0) -> "BrokerProcess":
-        cmd = [sys.executable, "-m", "tiered.cli.main", "serve", "-p", str(self.data_dir), "-l",
-               f"127.0.0.1:{self.port}", "-P", "off", *self.extra]
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        args = ["serve", "-p", str(self.data_dir), "-l", f"127.0.0.1:{self.port}", "-P", "off", *self.extra]
+        if self.forked:
+            self.proc = _spawner_of_this_process().spawn(SERVE, args, log=self.log_path, env=self.env,
+                                                        cwd=Path.cwd())
+        else:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen([sys.executable, "-m", "tiered.cli.main", *args], env=self.env,
+                                             stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -23,38 +23,51 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-_SERVER = textwrap.dedent("""
-    import atexit, json, os, sys, threading, traceback
+# A forked child's life, shared by this server and tests/support/spawner.py's: `setup(request)` (its files), then
+# `body` with sys.argv[1:] = argv, as the interpreter runs a script, and the interpreter's way out with its status.
+CHILD = textwrap.dedent("""
+    import atexit, os, sys, threading, traceback
+
+    def run_child(setup, request, shared):
+        code = 1
+        try:
+            setup(request)
+            sys.argv = ["-c", *request["argv"]]
+            exec(compile(request["body"], "<child>", "exec"), dict(shared))
+            code = 0
+        except SystemExit as exc:  # as the interpreter reads it: None is 0, anything but an int is printed, 1
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:  # the interpreter's way out: non-daemon threads joined, then atexit
+                threading._shutdown()
+                atexit._run_exitfuncs()
+            except BaseException:
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+""")
+
+_SERVER = CHILD + textwrap.dedent("""
+    import json
     shared = {"__name__": "__forked__"}
     exec(compile(sys.argv[1], "<preamble>", "exec"), shared)
+
+    def files(request):
+        os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        os.dup2(os.open(request.get("stdin") or os.devnull, os.O_RDONLY), 0)
+        sys.stdin = open(0, closefd=False)  # not the server's reader of requests, which may hold bytes
+
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            code = 1
-            try:
-                os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-                os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-                os.dup2(os.open(request.get("stdin") or os.devnull, os.O_RDONLY), 0)
-                sys.stdin = open(0, closefd=False)  # not the server's reader of requests, which may hold bytes
-                sys.argv = ["-c", *request["argv"]]
-                exec(compile(request["body"], "<child>", "exec"), dict(shared))
-                code = 0
-            except SystemExit as exc:  # as the interpreter reads it: None is 0, anything but an int is printed, 1
-                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-                if not isinstance(exc.code, (int, type(None))):
-                    print(exc.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                try:  # the interpreter's way out: non-daemon threads joined, then atexit
-                    threading._shutdown()
-                    atexit._run_exitfuncs()
-                except BaseException:
-                    traceback.print_exc()
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+            run_child(files, request, shared)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 """)
@@ -122,15 +135,7 @@ class ForkServer:
 
     def close(self) -> None:
         """Ends the server and any child it still has (they share its process group)."""
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._proc.wait(10)
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                stream.close()
+        end_server(self._proc)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "ForkServer":
@@ -138,3 +143,21 @@ class ForkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL to a process group, which may be gone already."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def end_server(proc: subprocess.Popen[bytes]) -> None:
+    """Kills a server started in a session of its own (and whatever shares its process group); closes its pipes."""
+    if proc.poll() is None:
+        kill_group(proc.pid)
+    proc.wait(10)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()

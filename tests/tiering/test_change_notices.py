@@ -12,12 +12,12 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.engine import make_url
 
+from tiered.cancellation import cancel_until_done
 from tiered.catalog import Catalog
 from tiered.catalog.cluster import leave, look, register
 from tiered.catalog.errors import CatalogUnavailable
 from tiered.catalog.topics import create_topic
 from tiered.metrics import Metrics
-from tiered.tasks import cancel_until_done
 from tiered.tiering.catalog_access import AsyncCatalog
 from tiered.tiering.cluster.coordinator import IDLE_TICK_S, TICK_S, Coordinator, Endpoints
 from tiered.tiering.cluster.notices import ListenPlan, Notices, listen_plan

@@ -25,6 +25,7 @@ import itertools
 import ssl
 import sys
 
+from tiered.cancellation import within
 from tiered.client.errors import CertificateRefused
 from tiered.protocol.codes import Endpoint
 from tiered.protocol.errors import ProtocolError
@@ -171,8 +172,8 @@ class Connection:
         opening = asyncio.get_running_loop().create_connection(lambda: conn._frames, endpoint.addr, endpoint.port,
                                                                **tls)
         try:
-            await asyncio.wait_for(opening, timeout_s)
-        except asyncio.TimeoutError as exc:  # before OSError, which it is
+            await within(opening, timeout_s)
+        except TimeoutError as exc:  # before OSError, which it is
             raise NotSent(f"{endpoint}: no connection within {timeout_s:g} s") from exc
         except ssl.SSLCertVerificationError as exc:  # before OSError, which it is
             refused = CertificateRefused(str(endpoint), name, exc.verify_message or str(exc),
@@ -210,8 +211,8 @@ class Connection:
     async def close(self) -> None:
         self.abort()
         try:
-            await asyncio.wait_for(asyncio.shield(self._frames.closed), CLOSE_WAIT_S)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+            await within(asyncio.shield(self._frames.closed), CLOSE_WAIT_S)
+        except (ConnectionError, OSError, TimeoutError):
             pass
 
     async def call(self, msg_id: int, request_id: int, payload: bytes, timeout_s: float | None = None) -> bytes:
@@ -228,7 +229,7 @@ class Connection:
         await self._frames.drain()
         if timeout_s is None:
             return await future
-        return await asyncio.wait_for(future, timeout_s)
+        return await within(future, timeout_s)
 
     def _frame(self, msg_id: int, payload: bytes | memoryview) -> None:
         if msg_id == MsgType.PING:

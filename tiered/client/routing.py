@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Generic, Hashable, NamedTuple, Sequence, TypeVar
 
+from tiered.cancellation import cancel_requested, cancel_until_done
 from tiered.client.connection import Connection, NotSent, reason
 from tiered.client.errors import CertificateRefused, NotConfirmed, TankError, Unreachable
 from tiered.client.server_name import check_server_name, server_name
@@ -95,7 +96,12 @@ class Router:
             task = asyncio.ensure_future(self._open(endpoint))
             self._opening[endpoint] = task
             task.add_done_callback(lambda t: (self._opening.pop(endpoint, None), t.cancelled() or t.exception()))
-        return await asyncio.shield(task)  # a caller cancelled does not cancel the others' open
+        try:
+            return await asyncio.shield(task)  # a caller cancelled does not cancel the others' open
+        except asyncio.CancelledError:
+            if task.cancelled() and not cancel_requested():  # the open was cancelled (`close`), not this caller
+                raise NotSent(f"{endpoint}: the client closed") from None
+            raise
 
     async def _open(self, endpoint: Endpoint) -> Connection:
         name = server_name(endpoint.addr, self.bootstrap_hosts, self.tls_server_name)
@@ -151,8 +157,7 @@ class Router:
         return (live or candidates or [None])[0]
 
     async def close(self) -> None:
-        for task in list(self._opening.values()):
-            task.cancel()
+        await cancel_until_done(list(self._opening.values()))  # ended: none adds a connection to the pool after this
         pool, self._pool = self._pool, {}
         for conn in pool.values():
             await conn.close()

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 from tiered import metrics as m
+from tiered.cancellation import within
 from tiered.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from tiered.metrics import Metrics
 from tiered.server.registry import Partition, Registry, Role
@@ -228,10 +229,13 @@ class Compactor:
             return None
 
         started = time.monotonic()
-        self._running = asyncio.ensure_future(asyncio.to_thread(
+        running = self._running = asyncio.ensure_future(asyncio.to_thread(
             compact_partition, part.log, started_at, force=force, on_progress=progress, stop_check=stop_check))
+        # Running until the thread ends, not until this caller does: a cancel cannot stop the thread, and `stop`
+        # waits for it before the logs close.
+        running.add_done_callback(self._ended)
         try:
-            report = await asyncio.shield(self._running)
+            report = await asyncio.shield(running)
         except Exception as exc:  # a bug in the pass: counted, shown, and the other partitions go on
             log.exception("compaction of %s/%d failed", part.topic, part.partition)
             self.metrics.inc(m.COMPACTION_FAILURES)
@@ -239,8 +243,6 @@ class Compactor:
             self._answer(state, asked, Progress(started_at, time.monotonic() - started,
                                                 error=f"{type(exc).__name__}: {exc}"))
             return None
-        finally:
-            self._running = None
         self._record(part, state, report, started_at)
         synced = part.tp in self._remote_synced
         if part.lower_tier and not report.needs_reopen and (report.passes or force or not synced):
@@ -248,12 +250,16 @@ class Compactor:
         self._answer(state, asked, Progress.of(report, started_at))
         return report
 
+    def _ended(self, running: asyncio.Future[CompactionReport]) -> None:
+        if self._running is running:
+            self._running = None
+
     async def _compact_remote(self, part: Partition, state: PartitionCompaction, deadline: float,
                               force: bool) -> None:
         """The tier's copy follows the local pass, within what is left of the pass's deadline."""
         try:
-            remote = await asyncio.wait_for(self.tier.compact_remote(part.tp, part.log, force),
-                                            max(1.0, deadline - self.clock.monotonic()))
+            remote = await within(self.tier.compact_remote(part.tp, part.log, force),
+                                  max(1.0, deadline - self.clock.monotonic()))
         except Exception as exc:  # the bucket or the catalog: counted, shown, and tried again with the next pass
             self.metrics.inc(m.REMOTE_COMPACTION_FAILURES)
             state.remote_failures += 1

@@ -14,6 +14,8 @@ import logging
 from typing import Awaitable, Callable
 from urllib.parse import parse_qsl
 
+from tiered.cancellation import within
+
 # An action: the query's arguments -> (HTTP status, JSON answer).
 Action = Callable[[dict[str, str]], tuple[int, object]]
 
@@ -51,9 +53,9 @@ class HttpEndpoint:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            head = await within(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
             status, body, ctype = await self.respond(head)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             status, body, ctype = 400, "bad request\n", "text/plain"
         except Exception:  # a failing view (a gauge, a JSON route) answers 500; the endpoint keeps serving
             log.exception("HTTP request failed")
@@ -93,8 +95,8 @@ class HttpEndpoint:
             return 200, json.dumps(self.json_routes[path]()) + "\n", "application/json"
         if path == "/readyz":
             try:
-                ok, why = await asyncio.wait_for(self.ready_check(), READY_TIMEOUT_S)
-            except asyncio.TimeoutError:
+                ok, why = await within(self.ready_check(), READY_TIMEOUT_S)
+            except TimeoutError:
                 ok, why = False, f"the readiness check timed out after {READY_TIMEOUT_S} s"
             if ok:  # ready, and what it serves without (a partition that could not be opened), line by line
                 return 200, "ready\n" + (f"{why}\n" if why else ""), "text/plain"

@@ -3,8 +3,10 @@
 One thread runs the writes, in submission order (block commits must land in block order, and one writer never
 waits behind another's lock); reads and background scans use a small pool beside it, so a slow scan never delays a
 commit. A call that does not answer within its deadline raises CatalogUnavailable, which callers treat as any
-other transient catalog failure (retried, reported by readiness); the statement itself is bounded on the server by
-the engine's lock and statement timeouts, so its worker thread comes back.
+other transient catalog failure (retried, reported by readiness). A thread's work cannot be cancelled: at the
+deadline (or when the caller is cancelled) a call still queued behind others is dropped and never runs, while one
+already running goes on, bounded on the server by the engine's lock and statement timeouts, so its worker thread
+comes back; its outcome is dropped (a write may have committed: the caller learns it as it learns any unknown one).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
+from tiered.cancellation import within
 from tiered.catalog.engine import Catalog
 from tiered.catalog.errors import CatalogUnavailable
 
@@ -43,8 +46,8 @@ class AsyncCatalog:
         future = loop.run_in_executor(pool, functools.partial(fn, self.catalog, *args, **kwargs))
         deadline = self.deadline_s if deadline_s is None else deadline_s
         try:
-            return await asyncio.wait_for(future, deadline)
-        except asyncio.TimeoutError:
+            return await within(future, deadline)
+        except TimeoutError:
             raise CatalogUnavailable(f"{getattr(fn, '__name__', fn)} did not answer within {deadline:.0f} s") from None
 
     def shutdown(self) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tiered import metrics as m
 from tiered.bounds import PartitionBounds
+from tiered.cancellation import within
 from tiered.catalog import partitions as catalog_partitions
 from tiered.catalog import topics as catalog_topics
 from tiered.catalog.blocks import DEFAULT_DELETE_GRACE
@@ -230,12 +231,11 @@ class TieringService:
 
         checks = {"catalog": self.catalog.read(catalog_topics.list_topics, deadline_s=timeout_s),
                   "object store": store_answers()}
-        results = await asyncio.gather(*(asyncio.wait_for(c, timeout_s) for c in checks.values()),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(within(c, timeout_s) for c in checks.values()), return_exceptions=True)
         for part, result in zip(checks, results):
             if isinstance(result, BaseException):  # readiness reports any failure, it never raises
                 reason = str(result) or type(result).__name__
-                if isinstance(result, asyncio.TimeoutError):
+                if isinstance(result, TimeoutError):
                     reason = f"no answer within {timeout_s:.0f} s"
                 return False, f"{part}: {reason}"
         problems = self.supervisor.problems()

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Callable, Iterable
 
 from tiered import metrics as m
+from tiered.cancellation import within
 from tiered.catalog import blocks as catalog_blocks
 from tiered.catalog.errors import Discontinuity, IllegalTransition, StaleEpoch
 from tiered.clock import Clock, utc_now
@@ -117,8 +118,8 @@ class BlockPipeline:
             if left <= 0:
                 return False
             try:
-                await asyncio.wait_for(self._room.wait(), left)
-            except asyncio.TimeoutError:
+                await within(self._room.wait(), left)
+            except TimeoutError:
                 return False
         return True
 

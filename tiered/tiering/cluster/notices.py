@@ -25,6 +25,7 @@ from typing import Callable
 import psycopg
 from sqlalchemy.engine import URL
 
+from tiered.cancellation import within
 from tiered.catalog.changes import NOTICE_CHANNEL
 from tiered.catalog.engine import normalize_url, split_pooled
 from tiered.catalog.errors import CatalogUnavailable
@@ -78,16 +79,16 @@ class Notices:
         """Listens until cancelled; raises CatalogUnavailable when the connection fails (the supervisor restarts
         it)."""
         try:
-            conn = await asyncio.wait_for(
+            conn = await within(
                 psycopg.AsyncConnection.connect(conninfo(self.url), autocommit=True, connect_timeout=int(CONNECT_S),
                                                 **KEEPALIVES), CONNECT_S)
-        except (psycopg.Error, OSError, asyncio.TimeoutError) as exc:
+        except (psycopg.Error, OSError, TimeoutError) as exc:
             raise CatalogUnavailable(f"change notices: cannot connect: {exc}") from None
         try:
             async with conn:
-                await asyncio.wait_for(conn.execute(f"LISTEN {NOTICE_CHANNEL}"), CONNECT_S)
+                await within(conn.execute(f"LISTEN {NOTICE_CHANNEL}"), CONNECT_S)
                 await self._receive(conn)
-        except (psycopg.Error, OSError, asyncio.TimeoutError) as exc:
+        except (psycopg.Error, OSError, TimeoutError) as exc:
             raise CatalogUnavailable(f"change notices: the connection failed: {exc}") from None
         finally:
             self.listening(False)

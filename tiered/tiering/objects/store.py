@@ -15,7 +15,6 @@ Store URLs (open_store):
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from tiered.cancellation import within
 from tiered.config import Settings, mask_url
 from tiered.tiering.objects.meter import Attribution, Direction, Meter, Op
 
@@ -304,8 +304,8 @@ class ObjectStore(abc.ABC):
             self.meter.request(attribution, op)
         token = _CALL_ATTRIBUTION.set(attribution)
         try:
-            return await asyncio.wait_for(awaitable, deadline)
-        except asyncio.TimeoutError:
+            return await within(awaitable, deadline)
+        except TimeoutError:
             self.counters.errors += 1
             raise StoreError(f"{self!r}: no answer within {deadline:.1f} s") from None
         except StoreError:

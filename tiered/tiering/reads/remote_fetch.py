@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tiered import metrics as m
+from tiered.cancellation import cancel_requested
 from tiered.catalog.locate import InRun, InSegment, Nowhere, locate
 from tiered.catalog.segments import SegmentRow
 from tiered.clock import Clock
@@ -398,7 +399,8 @@ class RemoteReader(RunReads):
                 try:
                     return await asyncio.shield(entry.task)
                 except asyncio.CancelledError:
-                    if entry.task.cancelled():
+                    # The read-ahead ended cancelled: the fetch reads for itself, unless it was cancelled too.
+                    if entry.task.cancelled() and not cancel_requested():
                         return None
                     entry.drop()  # this fetch is cancelled: nobody takes the read-ahead
                     raise

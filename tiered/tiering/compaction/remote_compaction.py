@@ -133,9 +133,13 @@ class RemoteCompactor:
                               f"{output_allowance(old_bytes)}")
             log.warning("remote compaction of %s/%d stopped: %s", topic, partition, report.stopped)
             return False
+        # An output's freeze time (in its key) is later than every segment it replaces: a rebuild from the bucket
+        # keeps the newest of overlapping segments by upload time, then by freeze time, and two passes within one
+        # second upload at the same (second-granular) time.
+        after = max((int(r.freeze_ts.timestamp()) for r in group.old), default=None)
         metas = []
         for segment in group.new:
-            meta = await self._upload(topic, partition, epoch, segment, step)
+            meta = await self._upload(topic, partition, epoch, segment, step, after)
             if meta is None:
                 report.stopped = f"segment {segment.filename} went away during the pass"
                 return False
@@ -168,14 +172,17 @@ class RemoteCompactor:
         return True
 
     async def _upload(self, topic: str, partition: int, epoch: int, segment: SealedSegment,
-                      step: StepHook) -> SegmentMeta | None:
+                      step: StepHook, after: int | None = None) -> SegmentMeta | None:
+        """Uploads a new segment under the first unused key from its freeze time (or from `after` + 1, when that is
+        later: the freeze time of the newest segment it replaces)."""
         if segment.deleted:
             return None
         index_size = segment.index.size_bytes
         low, high = await asyncio.to_thread(segment_timestamp_bounds, segment.path, segment.base, segment.size)
+        first = segment.freeze_ts if after is None else max(segment.freeze_ts, after + 1)
         candidates = [(keys.segment_key(topic, partition, segment.base, segment.last, ts),
                        keys.segment_index_key(topic, partition, segment.base, segment.last, ts))
-                      for ts in range(segment.freeze_ts, segment.freeze_ts + KEY_ATTEMPTS)]
+                      for ts in range(first, first + KEY_ATTEMPTS)]
         i = await self.catalog.read(catalog_compaction.first_unused_keys, candidates)
         if i is None:
             raise SwapRefused(f"{topic}/{partition}: no unused key for segment {segment.base}-{segment.last}")
@@ -183,7 +190,7 @@ class RemoteCompactor:
         step(f"upload {object_key}")
         await self.store.put_file(object_key, segment.path, attribution=Attribution.topic(topic))
         await self.store.put_file(index_key, segment.index_path, attribution=Attribution.topic(topic))
-        freeze = datetime.fromtimestamp(segment.freeze_ts + i, timezone.utc)
+        freeze = datetime.fromtimestamp(first + i, timezone.utc)
         return SegmentMeta(topic, partition, segment.base, segment.last, object_key, index_key, segment.size,
                            index_size, low, high, freeze, epoch)
 
